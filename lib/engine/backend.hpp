@@ -1,0 +1,81 @@
+// The seams a device backend replaces (issue: reference engine §7). The CPU backend
+// (cpu_backend.cpp) is the bit-exact reference; the CUDA backend (kernels/) emulates all W
+// ranks on one GPU; the NCCL backend puts one rank per GPU. Everything above this interface
+// (context derivation, diffs, reports) is backend-independent.
+//
+// All "per rank" vectors are indexed by rank, length W. Outputs are handed to a sink one
+// rank at a time so a caller can compare and drop them: a full ec-bench-criteo batch is
+// ~1 GB per rank and per stage.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/embedding_source.hpp"
+#include "engine/types.hpp"
+#include "plan/plan.hpp"
+
+namespace dynemb {
+
+// The output dist cannot run with the context it was given (splits that do not sum to the
+// rows of local_embs, a permute index out of range, ...). In a real job this is the crash
+// on one rank; in a replay it is a *context mismatch* finding (exit 1), not trouble.
+class OutputDistFailure : public std::runtime_error {
+ public:
+  OutputDistFailure(int rank, std::string field, const std::string& msg)
+      : std::runtime_error(msg), rank_(rank), field_(std::move(field)) {}
+  int rank() const { return rank_; }                   // rank whose context is at fault
+  const std::string& field() const { return field_; }  // context field, e.g. "input_splits"
+
+ private:
+  int rank_;
+  std::string field_;
+};
+
+// Receives the output of destination rank r: sequence [N_r, D], pooled [B_r, sum_D],
+// pooled VBE 1-D [sum_f B_{r,f} D_f]. Called once per rank, in rank order.
+using OutputSink = std::function<void(int rank, EmbTensor&& output)>;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;    // "cpu", "cuda", "nccl"
+  virtual std::string device() const = 0;  // e.g. "host, 2 threads" or "NVIDIA H200 (sm_90)"
+
+  // Input dist stage 1 on one rank: block_bucketize_sparse_features (§3.2, §3.3, §10.2)
+  // with the plan's dist_type and block sizes; stable order, unbucketize_permute always.
+  // Throws Error under bounds_check=error? No: routing never fails; bounds are a lookup matter.
+  virtual BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) = 0;
+
+  // Lookup on rank `rank` (§5). Sequence: [N_local, D] rows in LookupKjt value order.
+  // Pooled: partial sums [sum_s B_s, sum_D] (non-VBE) or the 1-D VBE layout
+  // [s][f][b][d]. Ids outside their table follow plan.bounds_check (error -> throws Error
+  // naming batch-independent rank, feature and position).
+  virtual EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
+                           const EmbeddingSource& source) = 0;
+
+  // RwSequenceEmbeddingDist for all W ranks (§6): forward recat permute of each rank's
+  // local_embs, all-to-all (send output_splits rows, receive input_splits rows), then
+  // out_r = recv_r[unbucketize_permute_r]; codec encode/decode around the exchange.
+  virtual void sequence_output_dist(const Plan& plan,
+                                    const std::vector<const EmbTensor*>& local_embs,
+                                    const std::vector<const ShardingContext*>& ctx,
+                                    const OutputSink& sink) = 0;
+
+  // RwPooledEmbeddingDist for all W ranks (§7): reduce-scatter by batch_size_per_rank
+  // (equal or unequal), or, when `variable_batch`, the per-feature 1-D reduce-scatter by
+  // batch_size_per_rank_per_feature. Then the MEAN divisor (plan.any_mean) computed from
+  // each destination rank's own KJT (`kjts[r]`, the features before input dist).
+  virtual void pooled_output_dist(const Plan& plan, bool variable_batch,
+                                  const std::vector<const EmbTensor*>& local_embs,
+                                  const std::vector<const ShardingContext*>& ctx,
+                                  const std::vector<const Kjt*>& kjts,
+                                  const OutputSink& sink) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0);  // 0: hardware concurrency
+
+}  // namespace dynemb

@@ -1,0 +1,116 @@
+// The sharding plan (spec: shared/spec/plan-format.md): one row-wise sharding group.
+//
+// Feature order = tables in file order, inside a table its `features` in list order. It
+// fixes the KJT key order, the block-size vector, pooled column order and F everywhere.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "common/error.hpp"
+
+namespace dynemb {
+
+enum class ModuleKind : uint8_t { sequence, pooled };
+enum class PoolingMode : uint8_t { sum, mean };
+// rw-semantics.md §3.2 / §10.2: 0 continuous, 1 roundrobin, 2 hash_roundrobin.
+enum class DistType : uint8_t { continuous = 0, roundrobin = 1, hash_roundrobin = 2 };
+enum class BoundsCheck : uint8_t { error, warn_zero_row, ignore };
+
+const char* to_string(ModuleKind m);
+const char* to_string(PoolingMode p);
+const char* to_string(DistType d);
+const char* to_string(BoundsCheck b);
+
+// One explicit RW shard, as TorchRec ShardMetadata (shard_offsets[0], shard_sizes[0]).
+struct ShardSpec {
+  int64_t rank = 0;
+  int64_t row_offset = 0;
+  int64_t rows = 0;
+  SourceLoc loc;
+};
+
+struct TableConfig {
+  std::string name;
+  int64_t num_embeddings = 0;  // rows of the unsharded table (hash_size)
+  int64_t embedding_dim = 0;   // D
+  DType data_type = DType::f32;
+  PoolingMode pooling = PoolingMode::sum;
+  DistType dist_type = DistType::continuous;
+  std::vector<std::string> features;
+  std::vector<ShardSpec> shards;  // empty: even split by the ceil rule
+  SourceLoc loc;                  // the table's mapping
+};
+
+// A feature (KJT key) in sharding order, with everything the data path needs about it.
+struct FeatureInfo {
+  std::string name;
+  int table = 0;           // index into Plan::tables (oracle table number t)
+  int64_t dim = 0;         // D_f
+  int64_t hash_size = 0;   // num_embeddings of its table
+  int64_t block_size = 0;  // blk_f = ceil(num_embeddings / W)
+  DistType dist_type = DistType::continuous;
+  PoolingMode pooling = PoolingMode::sum;
+  int64_t column_offset = 0;  // pooled: first column of this feature in [.., sum_D]
+};
+
+struct Plan {
+  int format_version = 1;
+  int64_t world_size = 1;  // W
+  ModuleKind module = ModuleKind::sequence;
+  DType comm_precision = DType::f32;
+  BoundsCheck bounds_check = BoundsCheck::error;
+  std::vector<TableConfig> tables;
+
+  std::string path;         // where it was read from ("<capture>:/plan" for embedded plans)
+  std::string source_text;  // the YAML text, verbatim
+
+  // Derived, filled by finalize().
+  std::vector<FeatureInfo> features;
+  int64_t sum_dim = 0;  // pooled: sum_f D_f; sequence: the common D
+  bool any_mean = false;
+
+  int64_t num_features() const { return static_cast<int64_t>(features.size()); }
+  // Sequence plans have one common D.
+  int64_t seq_dim() const { return features.empty() ? 0 : features.front().dim; }
+  // The lookup output dtype (all tables share one data_type; validate enforces it).
+  DType data_type() const { return tables.empty() ? DType::f32 : tables.front().data_type; }
+  // Computes `features`, `sum_dim`, `any_mean` from `tables` and `world_size`.
+  void finalize();
+};
+
+// Even RW split of rw-semantics.md §2.2: blk = ceil(N/W), ranks below N/blk get blk rows.
+int64_t rw_block_size(int64_t num_embeddings, int64_t world_size);
+std::vector<int64_t> rw_even_shard_rows(int64_t num_embeddings, int64_t world_size);
+
+// ---- Loading and validation (lib/plan/plan_loader.cpp) ----
+
+enum class Severity : uint8_t { error, warning, note };
+
+struct Diagnostic {
+  Severity severity = Severity::error;
+  SourceLoc loc;
+  std::string path;     // dotted key path, e.g. "tables[1].embedding_dim" (may be empty)
+  std::string message;  // without location prefix
+  // GCC style: "plan.yaml:12:5: error: tables[1].embedding_dim: must be >= 1, got 0"
+  std::string str() const;
+};
+
+struct PlanLoadResult {
+  std::optional<Plan> plan;          // set when there is no error
+  std::vector<Diagnostic> findings;  // errors, warnings and notes, in file order
+  bool ok() const;
+};
+
+// Parses and checks a plan; never throws for bad content (findings say what and where).
+// `display_name` is used in locations (the file path, or "capture.h5:/plan").
+PlanLoadResult parse_plan(const std::string& yaml_text, const std::string& display_name);
+// Reads the file (throws Error if unreadable) then parse_plan.
+PlanLoadResult load_plan_file(const std::string& path);
+// Convenience: returns the plan or throws PlanError for the first error.
+Plan load_plan_or_throw(const std::string& yaml_text, const std::string& display_name);
+
+}  // namespace dynemb
