@@ -47,13 +47,13 @@ class Backend {
 
   // Input dist stage 1 on one rank: block_bucketize_sparse_features (§3.2, §3.3, §10.2)
   // with the plan's dist_type and block sizes; stable order, unbucketize_permute always.
-  // Throws Error under bounds_check=error? No: routing never fails; bounds are a lookup matter.
+  // Routing never fails: out-of-table ids are a lookup (bounds_check) matter.
   virtual BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) = 0;
 
   // Lookup on rank `rank` (§5). Sequence: [N_local, D] rows in LookupKjt value order.
   // Pooled: partial sums [sum_s B_s, sum_D] (non-VBE) or the 1-D VBE layout
   // [s][f][b][d]. Ids outside their table follow plan.bounds_check (error -> throws Error
-  // naming batch-independent rank, feature and position).
+  // naming rank, feature and position).
   virtual EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
                            const EmbeddingSource& source) = 0;
 

@@ -1,0 +1,52 @@
+// The reference engine's high-level entry points: everything a replay or `synth --store`
+// derives for one batch from the plan and the W local KJTs (rw-semantics.md §3-§7).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/backend.hpp"
+#include "engine/embedding_source.hpp"
+#include "engine/types.hpp"
+#include "plan/plan.hpp"
+
+namespace dynemb {
+
+// What the input dist produces for rank r.
+struct DerivedRank {
+  BucketizedKjt bucketized;  // this rank's bucketize output (sender side)
+  LookupKjt lookup_kjt;      // what this rank looks up after the KJT all-to-all + recat
+  ShardingContext ctx;       // the context TorchRec would have filled on this rank
+};
+
+struct DerivedBatch {
+  bool variable_batch = false;  // pooled: any rank's KJT is VBE (the EBC ctx flag)
+  std::vector<DerivedRank> ranks;  // [W]
+};
+
+// Input dist for all W ranks: bucketize, splits exchange, KJT all-to-all, recat, contexts.
+// Sequence plans pad VBE KJTs to max_f B_f first, as EmbeddingCollection does (§6.2).
+// Throws Error (trouble) when the KJTs are malformed for the plan (wrong F, lengths that do
+// not sum to the ids, negative lengths).
+DerivedBatch derive_input_dist(const Plan& plan, const std::vector<const Kjt*>& kjts,
+                               Backend& backend);
+
+// Lookup for every rank; result[r] = local_embs of rank r. `batch` names the batch in
+// bounds-check errors.
+std::vector<EmbTensor> derive_local_embs(const Plan& plan, const DerivedBatch& derived,
+                                         const EmbeddingSource& source, Backend& backend,
+                                         int64_t batch);
+
+// The unsharded reference output of rank r, straight from its own KJT and the embedding
+// source with no sharding at all: sequence [N_r, D]; pooled [B_r, sum_D] (MEAN applied);
+// pooled VBE 1-D [f][b][d]. Out-of-table ids follow plan.bounds_check exactly as the sharded
+// path does (warn_zero_row: local row 0 of the rank the id is routed to).
+EmbTensor reference_output(const Plan& plan, int rank, const Kjt& kjt,
+                           const EmbeddingSource& source, int64_t batch);
+
+// Checks a KJT against the plan (F, lengths >= 0, sum(lengths) == len(values), weights
+// length, VBE strides); throws Error naming `where` (e.g. "/batches/3/rank1") on failure.
+void check_kjt(const Plan& plan, const Kjt& kjt, const std::string& where);
+
+}  // namespace dynemb
