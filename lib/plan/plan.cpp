@@ -3,21 +3,31 @@
 
 namespace dynemb {
 
-const char* to_string(ModuleKind m) { return m == ModuleKind::sequence ? "sequence" : "pooled"; }
-const char* to_string(PoolingMode p) { return p == PoolingMode::sum ? "sum" : "mean"; }
+const char* to_string(ModuleKind m) {
+  return m == ModuleKind::sequence ? "sequence" : "pooled";
+}
+const char* to_string(PoolingMode p) {
+  return p == PoolingMode::sum ? "sum" : "mean";
+}
 const char* to_string(DistType d) {
   switch (d) {
-    case DistType::continuous: return "continuous";
-    case DistType::roundrobin: return "roundrobin";
-    case DistType::hash_roundrobin: return "hash_roundrobin";
+    case DistType::continuous:
+      return "continuous";
+    case DistType::roundrobin:
+      return "roundrobin";
+    case DistType::hash_roundrobin:
+      return "hash_roundrobin";
   }
   return "?";
 }
 const char* to_string(BoundsCheck b) {
   switch (b) {
-    case BoundsCheck::error: return "error";
-    case BoundsCheck::warn_zero_row: return "warn_zero_row";
-    case BoundsCheck::ignore: return "ignore";
+    case BoundsCheck::error:
+      return "error";
+    case BoundsCheck::warn_zero_row:
+      return "warn_zero_row";
+    case BoundsCheck::ignore:
+      return "ignore";
   }
   return "?";
 }
@@ -33,9 +43,19 @@ std::vector<int64_t> rw_even_shard_rows(int64_t num_embeddings, int64_t world_si
   if (blk == 0) return rows;
   const int64_t last_rank = num_embeddings / blk;
   for (int64_t i = 0; i < world_size; ++i) {
-    if (i < last_rank) rows[i] = blk;
-    else if (i == last_rank) rows[i] = num_embeddings - blk * last_rank;
+    if (i < last_rank)
+      rows[i] = blk;
+    else if (i == last_rank)
+      rows[i] = num_embeddings - blk * last_rank;
   }
+  return rows;
+}
+
+std::vector<int64_t> shard_rows_per_rank(const TableConfig& t, int64_t world_size) {
+  if (t.shards.empty()) return rw_even_shard_rows(t.num_embeddings, world_size);
+  std::vector<int64_t> rows(static_cast<size_t>(world_size), 0);
+  for (const ShardSpec& s : t.shards)
+    if (s.rank >= 0 && s.rank < world_size) rows[static_cast<size_t>(s.rank)] = s.rows;
   return rows;
 }
 

@@ -85,6 +85,9 @@ struct Plan {
 // Even RW split of rw-semantics.md §2.2: blk = ceil(N/W), ranks below N/blk get blk rows.
 int64_t rw_block_size(int64_t num_embeddings, int64_t world_size);
 std::vector<int64_t> rw_even_shard_rows(int64_t num_embeddings, int64_t world_size);
+// Rows each rank holds of table `t` ([W]): its explicit `shards` by rank, else the even split.
+// For roundrobin/hash_roundrobin shards these are capacities, not key ranges.
+std::vector<int64_t> shard_rows_per_rank(const TableConfig& t, int64_t world_size);
 
 // ---- Loading and validation (lib/plan/plan_loader.cpp) ----
 
