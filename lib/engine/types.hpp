@@ -59,6 +59,9 @@ struct LookupKjt {
   std::vector<int64_t> lengths;  // (f, s, b) order
   std::vector<int64_t> values;   // local ids, same order
   std::vector<float> weights;    // when weighted
+  // Pooled VBE (the KJTAllToAll ran with strides): the lookup returns the 1-D [s][f][b][d]
+  // layout instead of [sum_s B_s, sum_D].
+  bool variable_batch = false;
 };
 
 // The sharding context of rank r (§4.4), TorchRec's field names. A captured context may

@@ -1,0 +1,449 @@
+// The CPU backend: the bit-exact reference of every seam of backend.hpp (rw-semantics.md
+// §3-§8). Memory: the output dists compute one destination rank at a time from index maps
+// (int64 per row) instead of materializing W send/receive buffers; only one output tensor
+// is alive at a time besides the caller's local_embs.
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <thread>
+
+#include "common/error.hpp"
+#include "engine/backend.hpp"
+#include "engine/ops.hpp"
+#include "engine/parallel.hpp"
+
+namespace dynemb {
+namespace {
+
+std::string vec_str(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size() && i < 16; ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  if (v.size() > 16) s += ",...";
+  return s + "]";
+}
+
+int64_t sum(const std::vector<int64_t>& v) {
+  return std::accumulate(v.begin(), v.end(), int64_t{0});
+}
+
+[[noreturn]] void fail(int64_t rank, const std::string& field, const std::string& msg) {
+  throw OutputDistFailure(static_cast<int>(rank), field,
+                          "rank " + std::to_string(rank) + ": " + field + ": " + msg);
+}
+
+// (s, b) of bag `col` of a lookup-KJT feature row: col = sum_{s'<s} B_{s',f} + b.
+void split_col(const LookupKjt& k, int64_t f, int64_t col, int64_t& s, int64_t& b) {
+  for (s = 0; s < k.world_size; ++s) {
+    const int64_t n = k.stride_per_key_per_rank[f][s];
+    if (col < n) break;
+    col -= n;
+  }
+  b = col;
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads)
+      : threads_(threads > 0 ? threads
+                             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))) {
+  }
+  std::string name() const override { return "cpu"; }
+  std::string device() const override { return "host, " + std::to_string(threads_) + " threads"; }
+
+  BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) override {
+    std::vector<int64_t> blk;
+    std::vector<DistType> dt;
+    for (const FeatureInfo& f : plan.features) {
+      blk.push_back(f.block_size);
+      dt.push_back(f.dist_type);
+    }
+    return block_bucketize_sparse_features(kjt, blk, dt, plan.world_size);
+  }
+
+  EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
+                   const EmbeddingSource& source) override;
+  void sequence_output_dist(const Plan& plan, const std::vector<const EmbTensor*>& local_embs,
+                            const std::vector<const ShardingContext*>& ctx,
+                            const OutputSink& sink) override;
+  void pooled_output_dist(const Plan& plan, bool variable_batch,
+                          const std::vector<const EmbTensor*>& local_embs,
+                          const std::vector<const ShardingContext*>& ctx,
+                          const std::vector<const Kjt*>& kjts, const OutputSink& sink) override;
+
+ private:
+  int threads_;
+};
+
+// Resolves the unsharded row of lookup position p (feature f, bag `bag` of f) under the
+// plan's bounds_check; throws Error naming rank, feature and position for `error`.
+RowRef resolve(const Plan& plan, int rank, const LookupKjt& k, int64_t f, int64_t col,
+               int64_t pos_in_bag, int64_t p) {
+  const RowRef ref = lookup_row(plan, f, rank, k.values[p]);
+  if (ref.oob && plan.bounds_check == BoundsCheck::error) {
+    int64_t s = 0, b = 0;
+    split_col(k, f, col, s, b);
+    const FeatureInfo& fi = plan.features[f];
+    throw Error("rank " + std::to_string(rank) + ", feature " + fi.name + ": id from rank " +
+                std::to_string(s) + " sample " + std::to_string(b) + " position " +
+                std::to_string(pos_in_bag) + " (lookup value " + std::to_string(p) +
+                ") has local row " + std::to_string(k.values[p]) +
+                " outside this rank's shard of " + plan.tables[fi.table].name +
+                " (num_embeddings " + std::to_string(fi.hash_size) + ", bounds_check=error)");
+  }
+  return ref;
+}
+
+EmbTensor CpuBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
+                             const EmbeddingSource& source) {
+  const int64_t F = k.num_features, W = k.world_size;
+  // Bags per feature (f, s, b order) and their value offsets.
+  std::vector<int64_t> bags_f(F, 0);
+  for (int64_t f = 0; f < F; ++f)
+    for (int64_t s = 0; s < W; ++s) bags_f[f] += k.stride_per_key_per_rank[f][s];
+  const std::vector<int64_t> bag0 = complete_cumsum(bags_f);
+  const std::vector<int64_t> off = complete_cumsum(k.lengths);
+  if (off.back() != static_cast<int64_t>(k.values.size()))
+    throw Error("rank " + std::to_string(rank) + ": lookup KJT lengths sum to " +
+                std::to_string(off.back()) + " but it has " + std::to_string(k.values.size()) +
+                " values");
+  const bool weighted = !k.weights.empty();
+
+  if (plan.module == ModuleKind::sequence) {
+    // [N_local, D]: row p = embedding of values[p]; exact copies of the source rows.
+    const int64_t D = plan.seq_dim(), N = static_cast<int64_t>(k.values.size());
+    EmbTensor out = EmbTensor::zeros(plan.data_type(), {N, D});
+    const int64_t nbags = bag0.back();
+    parallel_for(threads_, nbags, [&](int64_t j0, int64_t j1) {
+      int64_t f = std::upper_bound(bag0.begin(), bag0.end(), j0) - bag0.begin() - 1;
+      for (int64_t j = j0; j < j1; ++j) {
+        while (j >= bag0[f + 1]) ++f;
+        for (int64_t p = off[j]; p < off[j + 1]; ++p) {
+          const RowRef ref = resolve(plan, rank, k, f, j - bag0[f], p - off[j], p);
+          if (ref.valid) source.row(plan.features[f].table, ref.g, &out.data[p * D], D);
+        }
+      }
+    });
+    return out;
+  }
+
+  // Pooled: fp32 accumulation in bag order, one rounding to the TBE output dtype.
+  // dst[j] = first output element of lookup bag j (f, s, b):
+  //   non-VBE [sum_s B_s, sum_D]: row sum_{s'<s} B_s' + b, column offset of f;
+  //   VBE 1-D [s][f][b][d]: offset of block (s, f) + b*D_f.
+  const DType dt = plan.data_type();
+  std::vector<int64_t> dst(static_cast<size_t>(bag0.back()));
+  EmbTensor out;
+  if (!k.variable_batch) {
+    std::vector<int64_t> Bs(W, 0);
+    for (int64_t s = 0; s < W; ++s) Bs[s] = F ? k.stride_per_key_per_rank[0][s] : 0;
+    const int64_t rows = sum(Bs), sumD = plan.sum_dim;
+    out = EmbTensor::zeros(dt, {rows, sumD});
+    for (int64_t f = 0; f < F; ++f)
+      for (int64_t j = 0; j < bags_f[f]; ++j)
+        dst[bag0[f] + j] = j * sumD + plan.features[f].column_offset;
+  } else {
+    std::vector<int64_t> blk_off;  // (s, f) block offsets, s-major
+    int64_t acc = 0;
+    std::vector<std::vector<int64_t>> start(W, std::vector<int64_t>(F));
+    for (int64_t s = 0; s < W; ++s)
+      for (int64_t f = 0; f < F; ++f) {
+        start[s][f] = acc;
+        acc += k.stride_per_key_per_rank[f][s] * plan.features[f].dim;
+      }
+    out = EmbTensor::zeros(dt, {acc});
+    for (int64_t f = 0; f < F; ++f) {
+      int64_t j = bag0[f];
+      for (int64_t s = 0; s < W; ++s)
+        for (int64_t b = 0; b < k.stride_per_key_per_rank[f][s]; ++b)
+          dst[j++] = start[s][f] + b * plan.features[f].dim;
+    }
+  }
+  int64_t maxD = 1;
+  for (const FeatureInfo& fi : plan.features) maxD = std::max(maxD, fi.dim);
+  parallel_for(threads_, bag0.back(), [&](int64_t j0, int64_t j1) {
+    std::vector<float> row(static_cast<size_t>(maxD)), acc(static_cast<size_t>(maxD));
+    int64_t f = std::upper_bound(bag0.begin(), bag0.end(), j0) - bag0.begin() - 1;
+    for (int64_t j = j0; j < j1; ++j) {
+      while (j >= bag0[f + 1]) ++f;
+      const int64_t D = plan.features[f].dim;
+      std::fill(acc.begin(), acc.begin() + D, 0.0f);
+      for (int64_t p = off[j]; p < off[j + 1]; ++p) {
+        const RowRef ref = resolve(plan, rank, k, f, j - bag0[f], p - off[j], p);
+        if (!ref.valid) continue;
+        source.row(plan.features[f].table, ref.g, row.data(), D);
+        const float w = weighted ? k.weights[p] : 1.0f;
+        for (int64_t d = 0; d < D; ++d) {
+          const float prod = weighted ? w * row[d] : row[d];  // no FMA: product rounded first
+          acc[d] += prod;
+        }
+      }
+      float* o = &out.data[dst[j]];
+      for (int64_t d = 0; d < D; ++d) o[d] = round_to(dt, acc[d]);
+    }
+  });
+  return out;
+}
+
+void CpuBackend::sequence_output_dist(const Plan& plan,
+                                      const std::vector<const EmbTensor*>& local_embs,
+                                      const std::vector<const ShardingContext*>& ctx,
+                                      const OutputSink& sink) {
+  const int64_t W = plan.world_size, F = plan.num_features(), D = plan.seq_dim();
+  const DType codec = plan.comm_precision;
+  // send_rows[s][k]: row of local_embs[s] at position k of rank s's send buffer (forward
+  // recat applied); its chunk for destination d starts at send_off[s][d].
+  std::vector<std::vector<int64_t>> send_rows(W);
+  std::vector<std::vector<int64_t>> send_off(W);
+  for (int64_t s = 0; s < W; ++s) {
+    const EmbTensor& E = *local_embs[s];
+    const ShardingContext& c = *ctx[s];
+    if (E.shape.size() != 2 || E.cols() != D)
+      fail(s, "local_embs", "shape must be [N_local, " + std::to_string(D) + "]");
+    const int64_t rows = E.rows();
+    std::vector<int64_t> iota(static_cast<size_t>(rows));
+    std::iota(iota.begin(), iota.end(), int64_t{0});
+    if (W == 1) {  // alltoall_sequence returns the input untouched: no permutes, no splits
+      send_rows[s] = std::move(iota);
+      send_off[s] = {0, rows};
+      continue;
+    }
+    if (!c.lengths_after_input_dist) fail(s, "lengths_after_input_dist", "missing");
+    const std::vector<int64_t>& lens = *c.lengths_after_input_dist;
+    const int64_t cols = c.lengths_after_input_dist_cols;
+    if (static_cast<int64_t>(lens.size()) != F * cols)
+      fail(s, "lengths_after_input_dist",
+           "has " + std::to_string(lens.size()) + " entries, want F*" + std::to_string(cols));
+    if (sum(lens) != rows)
+      fail(s, "lengths_after_input_dist",
+           "sums to " + std::to_string(sum(lens)) + " ids but local_embs has " +
+               std::to_string(rows) + " rows");
+    // variable_batch = batch_size_per_rank given and not all equal (RwSequenceEmbeddingDist).
+    bool variable = false;
+    if (c.batch_size_per_rank) {
+      const auto& b = *c.batch_size_per_rank;
+      variable = std::any_of(b.begin(), b.end(), [&](int64_t x) { return x != b.front(); });
+    }
+    std::vector<int64_t> recat;
+    if (c.sparse_features_recat)
+      recat = to_i64(*c.sparse_features_recat);
+    else if (!variable)
+      recat = to_i64(get_recat(F, W));  // the module's precomputed backward_recat
+    else
+      fail(s, "sparse_features_recat", "missing with unequal batch_size_per_rank");
+    const int64_t want = variable ? F * cols : F * W;
+    if (static_cast<int64_t>(recat.size()) != want)
+      fail(s, "sparse_features_recat",
+           "has " + std::to_string(recat.size()) + " entries, want " + std::to_string(want));
+    try {
+      const std::vector<int64_t> fwd = invert_permute(recat);
+      if (!variable) {
+        if (cols % W != 0)
+          fail(s, "lengths_after_input_dist",
+               std::to_string(cols) + " columns cannot be viewed as [F*W, B] rows");
+        send_rows[s] = permute_2D_sparse_data(fwd, lens, cols / W, iota, {}).values;
+      } else {
+        send_rows[s] = permute_1D_sparse_data(fwd, lens, iota, {}).values;
+      }
+    } catch (const OutputDistFailure&) {
+      throw;
+    } catch (const Error& e) {
+      fail(s, "sparse_features_recat", e.what());
+    }
+    if (!c.output_splits || static_cast<int64_t>(c.output_splits->size()) != W)
+      fail(s, "output_splits", "missing or not of length W");
+    const std::vector<int64_t>& os = *c.output_splits;
+    if (sum(os) != rows || std::any_of(os.begin(), os.end(), [](int64_t x) { return x < 0; }))
+      fail(s, "output_splits",
+           vec_str(os) + " (send splits / D) does not split the " + std::to_string(rows) +
+               " rows of local_embs");
+    send_off[s] = complete_cumsum(os);
+  }
+  // Validate every receiver before producing any output.
+  std::vector<std::vector<int64_t>> recv_off(W);
+  for (int64_t d = 0; d < W; ++d) {
+    const ShardingContext& c = *ctx[d];
+    if (!c.unbucketize_permute) fail(d, "unbucketize_permute", "missing");
+    if (W == 1) {
+      recv_off[d] = send_off[d];
+    } else {
+      if (!c.input_splits || static_cast<int64_t>(c.input_splits->size()) != W)
+        fail(d, "input_splits", "missing or not of length W");
+      const std::vector<int64_t>& is = *c.input_splits;
+      for (int64_t s = 0; s < W; ++s) {
+        const int64_t sent = send_off[s][d + 1] - send_off[s][d];
+        if (is[s] != sent)
+          fail(d, "input_splits",
+               "expects " + std::to_string(is[s]) + " rows from rank " + std::to_string(s) +
+                   " but rank " + std::to_string(s) + " sends " + std::to_string(sent) +
+                   " (its output_splits[" + std::to_string(d) + "])");
+      }
+      recv_off[d] = complete_cumsum(is);
+    }
+    const int64_t R = recv_off[d].back();
+    const std::vector<int64_t>& perm = *c.unbucketize_permute;
+    for (size_t i = 0; i < perm.size(); ++i)
+      if (perm[i] < 0 || perm[i] >= R)
+        fail(d, "unbucketize_permute",
+             "entry " + std::to_string(i) + " = " + std::to_string(perm[i]) + " outside the " +
+                 std::to_string(R) + " received rows");
+  }
+  for (int64_t d = 0; d < W; ++d) {
+    const std::vector<int64_t>& perm = *ctx[d]->unbucketize_permute;
+    const std::vector<int64_t>& ro = recv_off[d];
+    const int64_t N = static_cast<int64_t>(perm.size());
+    EmbTensor out = EmbTensor::zeros(output_dist_dtype(plan), {N, D});
+    // out[i] = recv[perm[i]], recv = concat over s of rank s's chunk for d; the codec
+    // rounds each element exactly once (encode before, decode after the exchange).
+    parallel_for(threads_, N, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t p = perm[i];
+        const int64_t s = std::upper_bound(ro.begin(), ro.end(), p) - ro.begin() - 1;
+        const int64_t row = send_rows[s][send_off[s][W == 1 ? 0 : d] + (p - ro[s])];
+        const float* src = &local_embs[s]->data[row * D];
+        float* o = &out.data[i * D];
+        if (codec == DType::f32)
+          std::copy(src, src + D, o);
+        else
+          for (int64_t e = 0; e < D; ++e) o[e] = codec_encode(codec, src[e]);
+      }
+    });
+    sink(static_cast<int>(d), std::move(out));
+  }
+}
+
+void CpuBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
+                                    const std::vector<const EmbTensor*>& local_embs,
+                                    const std::vector<const ShardingContext*>& ctx,
+                                    const std::vector<const Kjt*>& kjts, const OutputSink& sink) {
+  const int64_t W = plan.world_size, F = plan.num_features();
+  const DType rd = pooled_reduce_dtype(plan);
+  const bool codec = plan.comm_precision != DType::f32;
+  // chunk_off[d][r]: first element of local_embs[d] reduced into rank r; chunk_len[r]: size.
+  std::vector<std::vector<int64_t>> chunk_off(W);
+  std::vector<int64_t> chunk_len(W);
+  if (!variable_batch) {
+    const int64_t sumD = plan.sum_dim;
+    std::vector<std::vector<int64_t>> bspr(W);
+    for (int64_t d = 0; d < W; ++d) {
+      const EmbTensor& E = *local_embs[d];
+      if (E.shape.size() != 2 || E.cols() != sumD)
+        fail(d, "local_embs", "shape must be [sum_s B_s, " + std::to_string(sumD) + "]");
+      if (ctx[d]->batch_size_per_rank) {
+        bspr[d] = *ctx[d]->batch_size_per_rank;
+      } else {  // ctx without batch sizes: equal-split reduce_scatter_tensor
+        if (E.rows() % W != 0)
+          fail(d, "batch_size_per_rank",
+               "missing, and " + std::to_string(E.rows()) +
+                   " rows do not split evenly over W ranks");
+        bspr[d].assign(W, E.rows() / W);
+      }
+      if (static_cast<int64_t>(bspr[d].size()) != W || sum(bspr[d]) != E.rows() ||
+          std::any_of(bspr[d].begin(), bspr[d].end(), [](int64_t x) { return x < 0; }))
+        fail(d, "batch_size_per_rank",
+             vec_str(bspr[d]) + " does not split the " + std::to_string(E.rows()) +
+                 " rows of local_embs over " + std::to_string(W) + " ranks");
+      chunk_off[d] = complete_cumsum(bspr[d]);
+      for (int64_t& x : chunk_off[d]) x *= sumD;
+    }
+    for (int64_t d = 0; d < W; ++d)
+      for (int64_t r = 0; r < W; ++r)
+        if (bspr[d][r] != bspr[r][r])
+          fail(d, "batch_size_per_rank",
+               "gives rank " + std::to_string(r) + " " + std::to_string(bspr[d][r]) +
+                   " rows but rank " + std::to_string(r) + " expects " +
+                   std::to_string(bspr[r][r]) + ": the reduce-scatter cannot match");
+    for (int64_t r = 0; r < W; ++r) chunk_len[r] = bspr[r][r] * sumD;
+  } else {
+    std::vector<std::vector<int64_t>> splits(W, std::vector<int64_t>(W, 0));
+    for (int64_t d = 0; d < W; ++d) {
+      const auto& b = ctx[d]->batch_size_per_rank_per_feature;
+      if (!b || static_cast<int64_t>(b->size()) != W)
+        fail(d, "batch_size_per_rank_per_feature", "missing or not [W][F]");
+      for (int64_t r = 0; r < W; ++r) {
+        if (static_cast<int64_t>((*b)[r].size()) != F)
+          fail(d, "batch_size_per_rank_per_feature", "row " + std::to_string(r) + " is not [F]");
+        for (int64_t f = 0; f < F; ++f) splits[d][r] += (*b)[r][f] * plan.features[f].dim;
+      }
+      // input_splits[r] = sum_f B_{r,f} * D_f elements (§7.2).
+      if (local_embs[d]->numel() != sum(splits[d]) || local_embs[d]->shape.size() != 1)
+        fail(d, "batch_size_per_rank_per_feature",
+             "input splits " + vec_str(splits[d]) + " do not cover the " +
+                 std::to_string(local_embs[d]->numel()) + " elements of the 1-D local_embs");
+      chunk_off[d] = complete_cumsum(splits[d]);
+    }
+    for (int64_t d = 0; d < W; ++d)
+      for (int64_t r = 0; r < W; ++r)
+        if (splits[d][r] != splits[r][r])
+          fail(d, "batch_size_per_rank_per_feature",
+               "sends " + std::to_string(splits[d][r]) + " elements to rank " + std::to_string(r) +
+                   " which expects " + std::to_string(splits[r][r]));
+    for (int64_t r = 0; r < W; ++r) chunk_len[r] = splits[r][r];
+  }
+  // The MEAN divisor needs each destination's own KJT to agree with its output shape.
+  std::vector<std::vector<float>> divisors(W);
+  if (plan.any_mean) {
+    for (int64_t r = 0; r < W; ++r) {
+      const Kjt& k = *kjts[r];
+      bool ok = k.num_features == F;
+      for (int64_t f = 0; ok && f < F; ++f) {
+        const int64_t want = variable_batch ? (*ctx[r]->batch_size_per_rank_per_feature)[r][f]
+                                            : chunk_len[r] / std::max<int64_t>(1, plan.sum_dim);
+        ok = k.batch_size(f) == want;
+      }
+      if (!ok)
+        fail(r, variable_batch ? "batch_size_per_rank_per_feature" : "batch_size_per_rank",
+             "the output's batch does not match this rank's KJT, needed for the MEAN divisor");
+    }
+  }
+  for (int64_t r = 0; r < W; ++r) {
+    const int64_t n = chunk_len[r];
+    EmbTensor out = EmbTensor::zeros(
+        output_dist_dtype(plan),
+        variable_batch
+            ? std::vector<int64_t>{n}
+            : std::vector<int64_t>{n / std::max<int64_t>(1, plan.sum_dim), plan.sum_dim});
+    // Sum over source ranks in rank order 0..W-1, rounding to the reduce dtype after every
+    // add (codec: inputs encoded first). fp16/bf16 sums of two values computed in fp32 and
+    // rounded once are correctly rounded (fp32 has >= 2p+2 bits for p = 11 and 8).
+    parallel_for(threads_, n, [&](int64_t e0, int64_t e1) {
+      for (int64_t e = e0; e < e1; ++e) {
+        auto in = [&](int64_t d) {
+          const float x = local_embs[d]->data[chunk_off[d][r] + e];
+          return codec ? codec_encode(rd, x) : x;
+        };
+        float acc = in(0);
+        for (int64_t d = 1; d < W; ++d) acc = round_to(rd, acc + in(d));
+        out.data[e] = acc;
+      }
+    });
+    if (plan.any_mean) {
+      const std::vector<float> div = mean_divisors(plan, *kjts[r]);
+      const Kjt& k = *kjts[r];
+      if (!variable_batch) {
+        const int64_t B = out.rows(), C = plan.sum_dim;
+        for (int64_t b = 0; b < B; ++b)
+          for (const FeatureInfo& fi : plan.features) {
+            const int64_t f = &fi - plan.features.data();
+            const float q = div[k.bag_begin(f) + b];
+            for (int64_t c = 0; c < fi.dim; ++c) out.data[b * C + fi.column_offset + c] /= q;
+          }
+      } else {  // 1-D [f][b][d], the lengths of this rank's own (pre-a2a) KJT
+        int64_t e = 0;
+        for (int64_t f = 0; f < F; ++f)
+          for (int64_t b = 0; b < k.batch_size(f); ++b) {
+            const float q = div[k.bag_begin(f) + b];
+            for (int64_t c = 0; c < plan.features[f].dim; ++c) out.data[e++] /= q;
+          }
+      }
+    }
+    sink(static_cast<int>(r), std::move(out));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) {
+  return std::make_unique<CpuBackend>(threads);
+}
+
+}  // namespace dynemb

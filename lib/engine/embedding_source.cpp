@@ -1,0 +1,55 @@
+#include "engine/embedding_source.hpp"
+
+#include <string>
+
+#include "common/error.hpp"
+#include "common/hash.hpp"
+
+namespace dynemb {
+
+OracleSource::OracleSource(uint64_t seed, const Plan& plan) : seed_(seed) {
+  for (size_t t = 0; t < plan.tables.size(); ++t) table_seed_.push_back(oracle_table_seed(seed, t));
+}
+
+void OracleSource::row(int table, uint64_t g, float* out, int64_t dim) const {
+  // capture-format.md: h = fmix64(h_t ^ g) once per row, then fmix64(h + c) per column.
+  const uint64_t h = fmix64(table_seed_[static_cast<size_t>(table)] ^ g);
+  for (int64_t c = 0; c < dim; ++c) {
+    const uint64_t k = fmix64(h + static_cast<uint64_t>(c));
+    out[c] = static_cast<float>(static_cast<int>((k >> 56) & 0xff) - 128) / 64.0f;
+  }
+}
+
+DenseSource::DenseSource(const Plan& plan, std::vector<std::optional<std::vector<float>>> weights,
+                         std::shared_ptr<const EmbeddingSource> fallback)
+    : weights_(std::move(weights)), fallback_(std::move(fallback)) {
+  weights_.resize(plan.tables.size());
+  for (size_t t = 0; t < plan.tables.size(); ++t) {
+    const TableConfig& tc = plan.tables[t];
+    rows_.push_back(tc.num_embeddings);
+    dims_.push_back(tc.embedding_dim);
+    if (weights_[t] &&
+        static_cast<int64_t>(weights_[t]->size()) != tc.num_embeddings * tc.embedding_dim)
+      throw Error("dense weights of table " + tc.name + ": " + std::to_string(weights_[t]->size()) +
+                  " values, want num_embeddings*embedding_dim = " +
+                  std::to_string(tc.num_embeddings * tc.embedding_dim));
+    if (!weights_[t] && !fallback_)
+      throw Error("table " + tc.name + " has neither dense weights nor an oracle");
+  }
+}
+
+void DenseSource::row(int table, uint64_t g, float* out, int64_t dim) const {
+  const auto& w = weights_[static_cast<size_t>(table)];
+  if (!w) {
+    fallback_->row(table, g, out, dim);
+    return;
+  }
+  // Rows past the table only come from raw (hash_)roundrobin keys: a lookup with no row.
+  if (g >= static_cast<uint64_t>(rows_[table]))
+    throw Error("dense weights of table " + std::to_string(table) + " have no row " +
+                std::to_string(g) + " (num_embeddings " + std::to_string(rows_[table]) + ")");
+  const float* src = w->data() + static_cast<int64_t>(g) * dims_[table];
+  for (int64_t c = 0; c < dim; ++c) out[c] = src[c];
+}
+
+}  // namespace dynemb

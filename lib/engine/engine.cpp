@@ -1,0 +1,198 @@
+#include "engine/engine.hpp"
+
+#include <cstdio>
+#include <string>
+
+#include "common/error.hpp"
+#include "engine/ops.hpp"
+
+namespace dynemb {
+
+void check_kjt(const Plan& plan, const Kjt& kjt, const std::string& where) {
+  const int64_t F = plan.num_features();
+  if (kjt.num_features != F)
+    throw Error(where + ": KJT has " + std::to_string(kjt.num_features) +
+                " features, the plan has " + std::to_string(F));
+  if (kjt.is_vbe()) {
+    if (static_cast<int64_t>(kjt.stride_per_feature.size()) != F)
+      throw Error(where + "/stride_per_feature: " + std::to_string(kjt.stride_per_feature.size()) +
+                  " entries, want F = " + std::to_string(F));
+    int64_t total = 0;
+    for (int64_t f = 0; f < F; ++f) {
+      if (kjt.stride_per_feature[f] < 0)
+        throw Error(where + "/stride_per_feature[" + std::to_string(f) + "]: negative");
+      total += kjt.stride_per_feature[f];
+    }
+    if (total != kjt.num_bags())
+      throw Error(where + "/lengths: " + std::to_string(kjt.num_bags()) +
+                  " entries, want sum of stride_per_feature = " + std::to_string(total));
+  } else if (F > 0 && kjt.num_bags() % F != 0) {
+    throw Error(where + "/lengths: " + std::to_string(kjt.num_bags()) +
+                " entries is not a multiple of F = " + std::to_string(F));
+  }
+  int64_t sum = 0;
+  for (int64_t j = 0; j < kjt.num_bags(); ++j) {
+    if (kjt.lengths[j] < 0)
+      throw Error(where + "/lengths[" + std::to_string(j) + "]: negative length " +
+                  std::to_string(kjt.lengths[j]));
+    sum += kjt.lengths[j];
+  }
+  if (sum != kjt.num_ids())
+    throw Error(where + "/lengths: sum " + std::to_string(sum) + " != len(values) " +
+                std::to_string(kjt.num_ids()));
+  if (kjt.weighted && static_cast<int64_t>(kjt.weights.size()) != kjt.num_ids())
+    throw Error(where + "/weights: " + std::to_string(kjt.weights.size()) +
+                " entries, want len(values) " + std::to_string(kjt.num_ids()));
+  if (!kjt.weighted && !kjt.weights.empty())
+    throw Error(where + "/weights: present but the KJT is not marked weighted");
+}
+
+DerivedBatch derive_input_dist(const Plan& plan, const std::vector<const Kjt*>& kjts,
+                               Backend& backend) {
+  const int64_t W = plan.world_size;
+  if (static_cast<int64_t>(kjts.size()) != W)
+    throw Error("derive_input_dist: " + std::to_string(kjts.size()) +
+                " KJTs for W = " + std::to_string(W) + " ranks");
+  bool weighted = false;
+  for (int64_t r = 0; r < W; ++r) {
+    check_kjt(plan, *kjts[r], "rank" + std::to_string(r));
+    if (r == 0) weighted = kjts[r]->weighted;
+    if (kjts[r]->weighted != weighted)
+      throw Error("rank" + std::to_string(r) + "/weights: some ranks are weighted, others not");
+  }
+  // Sequence: EmbeddingCollection pads VBE KJTs to max_f B_f before the input dist (§6.2).
+  std::vector<Kjt> padded;
+  std::vector<const Kjt*> in = kjts;
+  if (plan.module == ModuleKind::sequence) {
+    padded.reserve(W);
+    for (int64_t r = 0; r < W; ++r) padded.push_back(pad_vbe_kjt_lengths(*kjts[r]));
+    for (int64_t r = 0; r < W; ++r) in[r] = &padded[r];
+  }
+  DerivedBatch out;
+  out.ranks.resize(W);
+  std::vector<const BucketizedKjt*> bk(W);
+  for (int64_t r = 0; r < W; ++r) {
+    out.ranks[r].bucketized = backend.bucketize(plan, *in[r]);
+    bk[r] = &out.ranks[r].bucketized;
+  }
+  KjtAllToAllResult a2a = kjt_all_to_all(plan, in, bk);
+  out.variable_batch = plan.module == ModuleKind::pooled && a2a.variable_batch;
+  for (int64_t r = 0; r < W; ++r) {
+    out.ranks[r].lookup_kjt = std::move(a2a.lookup_kjts[r]);
+    out.ranks[r].ctx = std::move(a2a.ctx[r]);
+  }
+  return out;
+}
+
+std::vector<EmbTensor> derive_local_embs(const Plan& plan, const DerivedBatch& derived,
+                                         const EmbeddingSource& source, Backend& backend,
+                                         int64_t batch) {
+  const int64_t W = static_cast<int64_t>(derived.ranks.size());
+  if (plan.bounds_check == BoundsCheck::warn_zero_row) {
+    // TorchRec's TBE warns; we warn once per batch and feature, with the count over all ranks.
+    std::vector<int64_t> oob(static_cast<size_t>(plan.num_features()), 0);
+    for (int64_t r = 0; r < W; ++r) {
+      const LookupKjt& k = derived.ranks[r].lookup_kjt;
+      int64_t p = 0, j = 0;
+      for (int64_t f = 0; f < k.num_features; ++f)
+        for (int64_t s = 0; s < k.world_size; ++s)
+          for (int64_t b = 0; b < k.stride_per_key_per_rank[f][s]; ++b, ++j)
+            for (int64_t q = 0; q < k.lengths[j]; ++q, ++p)
+              oob[f] += lookup_row(plan, f, r, k.values[p]).oob;
+    }
+    for (int64_t f = 0; f < plan.num_features(); ++f)
+      if (oob[f])
+        std::fprintf(stderr,
+                     "warning: batch %lld, feature %s: %lld ids outside table %s, using local "
+                     "row 0 of the rank they were routed to (bounds_check=warn_zero_row)\n",
+                     static_cast<long long>(batch), plan.features[f].name.c_str(),
+                     static_cast<long long>(oob[f]),
+                     plan.tables[plan.features[f].table].name.c_str());
+  }
+  std::vector<EmbTensor> out;
+  out.reserve(W);
+  for (int64_t r = 0; r < W; ++r) {
+    try {
+      out.push_back(backend.lookup(plan, static_cast<int>(r), derived.ranks[r].lookup_kjt, source));
+    } catch (const OutputDistFailure&) {
+      throw;
+    } catch (const Error& e) {
+      throw Error("batch " + std::to_string(batch) + ": " + e.what());
+    }
+  }
+  return out;
+}
+
+EmbTensor reference_output(const Plan& plan, int rank, const Kjt& kjt,
+                           const EmbeddingSource& source, int64_t batch) {
+  check_kjt(plan, kjt, "batch " + std::to_string(batch) + " rank" + std::to_string(rank));
+  const int64_t F = plan.num_features(), W = plan.world_size;
+  // The row an original id reads: route it as the input dist does, then the lookup's
+  // bounds check on the rank it lands on (so warn_zero_row agrees with the sharded path).
+  auto row_of = [&](int64_t f, int64_t i) {
+    const FeatureInfo& fi = plan.features[f];
+    const Route rt = route_id(fi.dist_type, kjt.values[i], kjt.values_type, fi.block_size, W);
+    const RowRef ref = lookup_row(plan, f, rt.dest, rt.local);
+    if (ref.oob && plan.bounds_check == BoundsCheck::error)
+      throw Error("batch " + std::to_string(batch) + ": rank " + std::to_string(rank) +
+                  ", feature " + fi.name + ": id " + std::to_string(kjt.values[i]) +
+                  " at position " + std::to_string(i) + " is outside table " +
+                  plan.tables[fi.table].name + " [0, " + std::to_string(fi.hash_size) +
+                  ") (bounds_check=error)");
+    return ref;
+  };
+  const std::vector<int64_t> off = kjt.offsets();
+  if (plan.module == ModuleKind::sequence) {
+    const int64_t D = plan.seq_dim();
+    EmbTensor out = EmbTensor::zeros(output_dist_dtype(plan), {kjt.num_ids(), D});
+    for (int64_t f = 0; f < F; ++f)
+      for (int64_t j = kjt.bag_begin(f); j < kjt.bag_begin(f) + kjt.batch_size(f); ++j)
+        for (int64_t i = off[j]; i < off[j + 1]; ++i) {
+          const RowRef ref = row_of(f, i);
+          if (ref.valid) source.row(plan.features[f].table, ref.g, &out.data[i * D], D);
+        }
+    return out;
+  }
+  // Pooled: one fp32 sum per bag in id order, rounded once to the TBE dtype, MEAN applied.
+  const DType dt = plan.data_type();
+  const bool vbe = kjt.is_vbe();
+  EmbTensor out;
+  if (vbe) {
+    int64_t n = 0;
+    for (int64_t f = 0; f < F; ++f) n += kjt.batch_size(f) * plan.features[f].dim;
+    out = EmbTensor::zeros(output_dist_dtype(plan), {n});
+  } else {
+    out = EmbTensor::zeros(output_dist_dtype(plan), {kjt.stride(), plan.sum_dim});
+  }
+  const std::vector<float> div = plan.any_mean ? mean_divisors(plan, kjt) : std::vector<float>{};
+  std::vector<float> row, acc;
+  int64_t e1d = 0;
+  for (int64_t f = 0; f < F; ++f) {
+    const int64_t D = plan.features[f].dim;
+    row.assign(D, 0.0f);
+    for (int64_t b = 0; b < kjt.batch_size(f); ++b) {
+      const int64_t j = kjt.bag_begin(f) + b;
+      acc.assign(D, 0.0f);
+      for (int64_t i = off[j]; i < off[j + 1]; ++i) {
+        const RowRef ref = row_of(f, i);
+        if (!ref.valid) continue;
+        source.row(plan.features[f].table, ref.g, row.data(), D);
+        for (int64_t d = 0; d < D; ++d) {
+          const float prod = kjt.weighted ? kjt.weights[i] * row[d] : row[d];
+          acc[d] += prod;
+        }
+      }
+      float* o =
+          vbe ? &out.data[e1d] : &out.data[b * plan.sum_dim + plan.features[f].column_offset];
+      for (int64_t d = 0; d < D; ++d) {
+        float v = round_to(dt, acc[d]);
+        if (plan.any_mean) v /= div[j];
+        o[d] = v;
+      }
+      e1d += D;
+    }
+  }
+  return out;
+}
+
+}  // namespace dynemb

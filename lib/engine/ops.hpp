@@ -1,0 +1,134 @@
+// CPU reference versions of the FBGEMM / TorchRec ops of the RW data path, one function per
+// op and named after it (rw-semantics.md §3, §4, §10.2). Each is testable on its own; the
+// CPU backend and the context derivation are built from them.
+//
+// Ops throw dynemb::Error on inputs they cannot process (a permute index out of range, sizes
+// that do not add up); the output dists turn that into OutputDistFailure naming rank + field.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "engine/types.hpp"
+#include "plan/plan.hpp"
+
+namespace dynemb {
+
+// u64(x) of §0 for the index dtype: int32 ids are reinterpreted as uint32.
+inline uint64_t index_unsigned(int64_t id, IndexType t) {
+  return t == IndexType::i32 ? static_cast<uint64_t>(static_cast<uint32_t>(id))
+                             : static_cast<uint64_t>(id);
+}
+// A value computed in the unsigned index type, stored back into the signed index dtype
+// (int32 results are sign-extended into our int64 holders, as an int32 tensor would hold).
+inline int64_t index_store(uint64_t v, IndexType t) {
+  return t == IndexType::i32 ? static_cast<int64_t>(static_cast<int32_t>(static_cast<uint32_t>(v)))
+                             : static_cast<int64_t>(v);
+}
+
+struct Route {
+  int64_t dest = 0;   // destination rank p
+  int64_t local = 0;  // id written into the bucketized KJT (index dtype value)
+};
+
+// §3.2 / §10.2: the routing of one id of a feature with block size `blk`, for `W` ranks.
+// continuous: x < blk*W ? (x/blk, x%blk) : (x%W, x/W); roundrobin: (x%W, id);
+// hash_roundrobin: (u(fmix64(x)) % W, id), u = the unsigned index type.
+Route route_id(DistType dist, int64_t id, IndexType t, int64_t blk, int64_t W);
+
+// §3.6 block_bucketize_pos variant: pos = [o_0=0, o_1, ..., o_{W-1}, total].
+Route route_block_bucketize_pos(const std::vector<int64_t>& pos, int64_t id, IndexType t,
+                                int64_t W);
+
+// FBGEMM block_bucketize_sparse_features (stable CPU kernel, sequence=True semantics: the
+// unbucketize_permute is always produced). block_sizes/dist_types: [F]. VBE KJTs use the
+// flat VBE bag index (§3.5). `block_bucketize_pos`, when non-null, gives [F] boundary lists
+// and replaces the continuous rule (§3.6).
+BucketizedKjt block_bucketize_sparse_features(
+    const Kjt& kjt, const std::vector<int64_t>& block_sizes,
+    const std::vector<DistType>& dist_types, int64_t my_size,
+    const std::vector<std::vector<int64_t>>* block_bucketize_pos = nullptr);
+
+// TorchRec _get_recat(local_split=F, num_splits=W, stagger=1): recat[f*W+s] = s*F+f.
+std::vector<int32_t> get_recat(int64_t F, int64_t W);
+
+// FBGEMM expand_into_jagged_permute: out[output_offsets[k] + i] = input_offsets[permute[k]] + i
+// for i < output_offsets[k+1] - output_offsets[k]. Offsets are complete cumsums ([T+1]).
+std::vector<int64_t> expand_into_jagged_permute(const std::vector<int64_t>& permute,
+                                                const std::vector<int64_t>& input_offsets,
+                                                const std::vector<int64_t>& output_offsets,
+                                                int64_t output_size);
+
+// FBGEMM invert_permute: inv[permute[k]] = k. Throws when `permute` is not a permutation.
+std::vector<int64_t> invert_permute(const std::vector<int64_t>& permute);
+
+template <class T>
+std::vector<int64_t> to_i64(const std::vector<T>& v) {
+  return std::vector<int64_t>(v.begin(), v.end());
+}
+
+struct SparseData {
+  std::vector<int64_t> lengths;
+  std::vector<int64_t> values;
+  std::vector<float> weights;  // empty when unweighted
+};
+
+// FBGEMM permute_2D_sparse_data: lengths viewed [T][B]; output row k = input row permute[k]
+// (its B lengths and its contiguous block of values/weights). permute may be a subset.
+SparseData permute_2D_sparse_data(const std::vector<int64_t>& permute,
+                                  const std::vector<int64_t>& lengths, int64_t B,
+                                  const std::vector<int64_t>& values,
+                                  const std::vector<float>& weights);
+// FBGEMM permute_1D_sparse_data: output bag k = input bag permute[k].
+SparseData permute_1D_sparse_data(const std::vector<int64_t>& permute,
+                                  const std::vector<int64_t>& lengths,
+                                  const std::vector<int64_t>& values,
+                                  const std::vector<float>& weights);
+
+// Complete cumsum [n+1].
+std::vector<int64_t> complete_cumsum(const std::vector<int64_t>& v);
+
+// Sequence plans: EmbeddingCollection pads a VBE KJT's lengths to max_f B_f (§6.2).
+Kjt pad_vbe_kjt_lengths(const Kjt& kjt);
+
+// The KJTAllToAll (splits a2a + tensor a2a + recat, §4.1-§4.3) for all W ranks, plus the
+// contexts of §4.4. `kjts` are the per-sharding KJTs before bucketize (after VBE padding for
+// sequence), `bucketized[s]` their bucketize outputs.
+struct KjtAllToAllResult {
+  std::vector<LookupKjt> lookup_kjts;  // [W]
+  std::vector<ShardingContext> ctx;    // [W]
+  bool variable_batch = false;         // VBE all-to-all (pooled, some KJT is VBE)
+};
+KjtAllToAllResult kjt_all_to_all(const Plan& plan, const std::vector<const Kjt*>& kjts,
+                                 const std::vector<const BucketizedKjt*>& bucketized);
+
+// The unsharded row g (§5, capture-format oracle) that a looked-up id of feature f reads on
+// rank `rank`, after plan.bounds_check; nullopt-like `valid=false` = zeros (an empty shard
+// under warn_zero_row/ignore). `oob` tells that the bounds check fired.
+struct RowRef {
+  uint64_t g = 0;
+  bool valid = true;
+  bool oob = false;
+};
+RowRef lookup_row(const Plan& plan, int64_t f, int64_t rank, int64_t local);
+
+// §7.1 mean-pooling divisors of a pre-input-dist KJT, [num_bags] by flat bag index j:
+// float32(length, or the sum of its weights in bag order) + 1e-6f for MEAN features, and
+// 1 + 1e-6f for SUM features. Only meaningful when plan.any_mean.
+std::vector<float> mean_divisors(const Plan& plan, const Kjt& kjt);
+
+// The dtype pooled partial sums are reduced in: the codec's when there is one (§8), else the
+// TBE output dtype. Sums are rounded to it after every add (rank order 0..W-1).
+inline DType pooled_reduce_dtype(const Plan& plan) {
+  return plan.comm_precision != DType::f32 ? plan.comm_precision : plan.data_type();
+}
+// Output dtype of both dists: fp32 after a codec decode; the mean division promotes to fp32
+// (torch type promotion of `embeddings / divisor`, divisor fp32); else the TBE output dtype.
+inline DType output_dist_dtype(const Plan& plan) {
+  if (plan.comm_precision != DType::f32) return DType::f32;
+  if (plan.module == ModuleKind::pooled && plan.any_mean) return DType::f32;
+  return plan.data_type();
+}
+
+}  // namespace dynemb

@@ -1,0 +1,39 @@
+#include "engine/output_dist.hpp"
+
+#include <string>
+
+namespace dynemb {
+
+void RwSequenceEmbeddingDist::forward(const std::vector<const EmbTensor*>& local_embs,
+                                      const std::vector<const ShardingContext*>& ctx,
+                                      const OutputSink& sink) {
+  backend_.sequence_output_dist(plan_, local_embs, ctx, sink);
+}
+
+void RwPooledEmbeddingDist::forward(int64_t batch, const std::vector<const EmbTensor*>& local_embs,
+                                    const std::vector<const ShardingContext*>& ctx,
+                                    const std::vector<const Kjt*>& kjts, const OutputSink& sink) {
+  // Every rank builds its module from its own ctx; ranks that disagree cannot run one
+  // collective together, which is a context mismatch as well.
+  std::vector<bool> mode(ctx.size());
+  for (size_t r = 0; r < ctx.size(); ++r)
+    mode[r] = ctx[r]->variable_batch_per_feature.value_or(false);
+  for (size_t r = 0; r < ctx.size(); ++r) {
+    const bool want = latched_ ? *latched_ : mode[0];
+    if (mode[r] != want) {
+      const std::string why =
+          latched_
+              ? "the module was created for variable_batch_per_feature=" +
+                    std::string(want ? "true" : "false") + " on its first batch"
+              : "rank 0 has variable_batch_per_feature=" + std::string(want ? "true" : "false");
+      throw OutputDistFailure(static_cast<int>(r), "variable_batch_per_feature",
+                              "batch " + std::to_string(batch) + ": rank " + std::to_string(r) +
+                                  ": variable_batch_per_feature=" + (mode[r] ? "true" : "false") +
+                                  " but " + why);
+    }
+  }
+  if (!latched_ && !ctx.empty()) latched_ = mode[0];
+  backend_.pooled_output_dist(plan_, latched_.value_or(false), local_embs, ctx, kjts, sink);
+}
+
+}  // namespace dynemb

@@ -1,0 +1,52 @@
+// The two RW output dist modules, built like TorchRec's (rw-semantics.md §6, §7): thin
+// modules over the Backend seams, holding the state the real modules hold.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "engine/backend.hpp"
+#include "engine/types.hpp"
+#include "plan/plan.hpp"
+
+namespace dynemb {
+
+// RwSequenceEmbeddingDist (§6): forward recat permute, all-to-all, unbucketize gather.
+// Stateless across batches, as the real module (its recat buffers depend only on F, W).
+class RwSequenceEmbeddingDist {
+ public:
+  RwSequenceEmbeddingDist(const Plan& plan, Backend& backend) : plan_(plan), backend_(backend) {}
+  // local_embs[r]: [N_local_r, D]; ctx[r]: rank r's SequenceShardingContext. Throws
+  // OutputDistFailure when a context cannot work.
+  void forward(const std::vector<const EmbTensor*>& local_embs,
+               const std::vector<const ShardingContext*>& ctx, const OutputSink& sink);
+
+ private:
+  const Plan& plan_;
+  Backend& backend_;
+};
+
+// RwPooledEmbeddingDist (§7): creates its inner module lazily on the first batch, choosing
+// PooledEmbeddingsReduceScatter or VariableBatchPooledEmbeddingsReduceScatter from
+// ctx.variable_batch_per_feature, and LATCHES that choice. A later batch whose variable-batch
+// mode differs is a sharding-context mismatch: forward() throws OutputDistFailure with
+// field "variable_batch_per_feature" naming the batch, and runs nothing (the latch stays).
+class RwPooledEmbeddingDist {
+ public:
+  RwPooledEmbeddingDist(const Plan& plan, Backend& backend) : plan_(plan), backend_(backend) {}
+  // kjts[r]: rank r's KJT before input dist (MEAN divisor). A missing
+  // variable_batch_per_feature reads as false (EmbeddingShardingContext's default).
+  void forward(int64_t batch, const std::vector<const EmbTensor*>& local_embs,
+               const std::vector<const ShardingContext*>& ctx, const std::vector<const Kjt*>& kjts,
+               const OutputSink& sink);
+  // The latched mode: nullopt before the first batch.
+  std::optional<bool> latched_variable_batch() const { return latched_; }
+
+ private:
+  const Plan& plan_;
+  Backend& backend_;
+  std::optional<bool> latched_;
+};
+
+}  // namespace dynemb

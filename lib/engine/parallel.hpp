@@ -1,0 +1,37 @@
+// A minimal fork-join loop for the CPU backend: splits [0, n) into `threads` contiguous
+// chunks, runs fn(begin, end) on std::threads and rethrows the first exception (lowest chunk).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <thread>
+#include <vector>
+
+namespace dynemb {
+
+template <class Fn>
+void parallel_for(int threads, int64_t n, Fn&& fn) {
+  const int64_t t = std::max<int64_t>(1, std::min<int64_t>(threads, n / 4096 + 1));
+  if (t == 1) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  std::vector<std::exception_ptr> errs(static_cast<size_t>(t));
+  std::vector<std::thread> pool;
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t b = n * i / t, e = n * (i + 1) / t;
+    pool.emplace_back([&, i, b, e] {
+      try {
+        fn(b, e);
+      } catch (...) {
+        errs[static_cast<size_t>(i)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (auto& e : errs)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace dynemb
