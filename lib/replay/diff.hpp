@@ -1,0 +1,41 @@
+// Element-wise diff of two float tensors under a Tolerance: counts every mismatch, keeps
+// the first `max_report` with coordinates, and the max absolute / relative error.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/types.hpp"
+#include "replay/coords.hpp"
+#include "replay/tolerance.hpp"
+
+namespace dynemb {
+
+struct ElementMismatch {
+  int64_t flat = 0;  // row-major element index
+  Coords where;
+  float got = 0, want = 0;
+};
+
+struct TensorDiff {
+  bool shape_ok = true;
+  std::string shape_note;  // "shape [3, 2] vs [4, 2]" when !shape_ok
+  int64_t compared = 0;    // elements compared
+  int64_t mismatches = 0;  // elements the tolerance rejects (all of them, not only reported)
+  // Over all compared pairs where neither side is NaN: max |got - want|, and
+  // max |got - want| / |want| over those with want != 0. 0 when all equal.
+  double max_abs_err = 0;
+  double max_rel_err = 0;
+  int64_t max_ulp = 0;                 // max float32 ulp distance over finite pairs
+  std::vector<ElementMismatch> first;  // the first max_report mismatches, in flat order
+  bool ok() const { return shape_ok && mismatches == 0; }
+};
+
+std::string shape_str(const std::vector<int64_t>& shape);
+
+// `got` and `want` must have the same shape, else shape_ok = false and nothing is compared.
+TensorDiff diff_tensors(const EmbTensor& got, const EmbTensor& want, const Tolerance& tol,
+                        const TensorLayout& layout, int64_t max_report);
+
+}  // namespace dynemb

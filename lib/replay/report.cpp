@@ -1,0 +1,400 @@
+#include "replay/report.hpp"
+
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+
+namespace dynemb {
+
+const char* to_string(CheckStatus s) {
+  switch (s) {
+    case CheckStatus::pass:
+      return "pass";
+    case CheckStatus::fail:
+      return "fail";
+    case CheckStatus::error:
+      return "error";
+    case CheckStatus::skipped:
+      return "skipped";
+  }
+  return "?";
+}
+
+std::string CheckResult::name() const {
+  std::string n;
+  if (batch >= 0) n += fmt::format("batch{}.", batch);
+  if (rank >= 0) n += fmt::format("rank{}.", rank);
+  return n + stage + "." + check;
+}
+
+Summary Report::summary() const {
+  Summary s;
+  for (const CheckResult& c : checks) {
+    ++s.checks;
+    switch (c.status) {
+      case CheckStatus::pass:
+        ++s.passed;
+        break;
+      case CheckStatus::error:
+        ++s.errors;
+        break;
+      case CheckStatus::skipped:
+        ++s.skipped;
+        break;
+      case CheckStatus::fail:
+        ++s.failed;
+        if (c.stage == "ctx") ++s.context_mismatches;
+        if (c.stage == "lookup") ++s.lookup_mismatches;
+        if (c.stage == "output") {
+          ++s.output_mismatches;
+          if (c.cause != "context") ++s.data_mismatches;
+        }
+        break;
+    }
+  }
+  if (!trouble.empty() || s.errors > 0) {
+    s.status = "error";
+    s.exit_code = 2;
+  } else if (s.failed > 0) {
+    s.status = "fail";
+    s.exit_code = 1;
+  } else {
+    s.status = "pass";
+    s.exit_code = 0;
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------- text
+
+namespace {
+
+const char* kRed = "\x1b[31;1m";
+const char* kGreen = "\x1b[32;1m";
+const char* kYellow = "\x1b[33m";
+const char* kReset = "\x1b[0m";
+
+std::string paint(bool colour, const char* c, const std::string& s) {
+  return colour ? std::string(c) + s + kReset : s;
+}
+
+std::string status_word(CheckStatus s, bool colour) {
+  switch (s) {
+    case CheckStatus::pass:
+      return paint(colour, kGreen, "PASS ");
+    case CheckStatus::fail:
+      return paint(colour, kRed, "FAIL ");
+    case CheckStatus::error:
+      return paint(colour, kRed, "ERROR");
+    case CheckStatus::skipped:
+      return paint(colour, kYellow, "SKIP ");
+  }
+  return "?";
+}
+
+std::string where_prefix(const CheckResult& c) {
+  std::string s;
+  if (c.batch >= 0) s += fmt::format("batch {} ", c.batch);
+  if (c.rank >= 0) s += fmt::format("rank {} ", c.rank);
+  return s;
+}
+
+}  // namespace
+
+std::string text_header(const Report& r) {
+  const ReportInfo& i = r.info;
+  std::string s = fmt::format("# dynemb-dist {} replay\n", i.tool_version);
+  s += fmt::format("# capture    {}{}\n", i.capture.path,
+                   i.capture.sha256.empty() ? "" : "  sha256 " + i.capture.sha256);
+  s += fmt::format("# plan       {}{}\n", i.plan.path,
+                   i.plan.sha256.empty() ? "" : "  sha256 " + i.plan.sha256);
+  s += fmt::format("# module     {}, world size {}, {} batches in the capture, {} replayed\n",
+                   i.module, i.world_size, i.num_batches, i.batches.size());
+  s += fmt::format("# backend    {} ({})\n", i.backend, i.device);
+  s += fmt::format("# ctx        {}    tolerance {}\n", i.ctx_mode, i.tolerance);
+  return s;
+}
+
+std::string text_check_line(const CheckResult& c, bool colour) {
+  std::string s = fmt::format("{} {}{} {}: {}", status_word(c.status, colour), where_prefix(c),
+                              c.stage, c.check, c.message);
+  if (!c.cause.empty()) s += fmt::format(" [cause: {}]", c.cause);
+  s += "\n";
+  for (const Detail& d : c.details) {
+    s += fmt::format("        at {}: {} {}, {} {}", to_string(d.where), c.got_label, d.got,
+                     c.want_label, d.want);
+    if (!d.note.empty()) s += " (" + d.note + ")";
+    s += "\n";
+  }
+  if (c.mismatches > int64_t(c.details.size()) && !c.details.empty())
+    s += fmt::format("        ... {} more\n", c.mismatches - int64_t(c.details.size()));
+  return s;
+}
+
+std::string text_summary(const Report& r, bool colour) {
+  struct Row {
+    int64_t checks = 0, passed = 0, failed = 0, errors = 0, skipped = 0;
+  };
+  std::map<std::string, Row> rows;
+  const char* order[] = {"capture", "ctx", "lookup", "output"};
+  for (const CheckResult& c : r.checks) {
+    Row& row = rows[c.stage];
+    ++row.checks;
+    row.passed += c.status == CheckStatus::pass;
+    row.failed += c.status == CheckStatus::fail;
+    row.errors += c.status == CheckStatus::error;
+    row.skipped += c.status == CheckStatus::skipped;
+  }
+  const Summary sum = r.summary();
+  std::string s = "#\n";
+  s += fmt::format("# {:<8} {:>8} {:>8} {:>8} {:>8} {:>8}\n", "stage", "checks", "passed", "failed",
+                   "errors", "skipped");
+  auto line = [&](const std::string& name, const Row& row) {
+    s += fmt::format("# {:<8} {:>8} {:>8} {:>8} {:>8} {:>8}\n", name, row.checks, row.passed,
+                     row.failed, row.errors, row.skipped);
+  };
+  for (const char* st : order) {
+    if (rows.count(st)) line(st, rows[st]);
+  }
+  for (const auto& [name, row] : rows) {  // any other stage, after the known ones
+    bool known = false;
+    for (const char* st : order) known |= name == st;
+    if (!known) line(name, row);
+  }
+  line("total", Row{sum.checks, sum.passed, sum.failed, sum.errors, sum.skipped});
+  s += "#\n";
+  for (const std::string& w : r.warnings) s += fmt::format("# warning: {}\n", w);
+  if (!r.trouble.empty()) s += fmt::format("# trouble: {}\n", r.trouble);
+  const std::string word = sum.exit_code == 0   ? paint(colour, kGreen, "PASS")
+                           : sum.exit_code == 1 ? paint(colour, kRed, "FAIL")
+                                                : paint(colour, kRed, "ERROR");
+  s += fmt::format(
+      "# result: {} (exit {}): {} context mismatches, {} lookup mismatches, {} output "
+      "mismatches ({} data), {} errors\n",
+      word, sum.exit_code, sum.context_mismatches, sum.lookup_mismatches, sum.output_mismatches,
+      sum.data_mismatches, sum.errors);
+  return s;
+}
+
+// ---------------------------------------------------------------- JSON
+
+namespace {
+
+nlohmann::json opt_number(const std::optional<double>& v) {
+  if (!v || !std::isfinite(*v)) return nullptr;
+  return *v;
+}
+
+nlohmann::json opt_string(const std::string& s) {
+  if (s.empty()) return nullptr;
+  return s;
+}
+
+nlohmann::json where_json(const Coords& c) {
+  nlohmann::json w = nlohmann::json::object();
+  for (const Coord& x : c) {
+    if (!x.label.empty()) {
+      w[x.key] = x.label;
+      w[x.key + "_index"] = x.value;
+    } else {
+      w[x.key] = x.value;
+    }
+  }
+  return w;
+}
+
+}  // namespace
+
+std::string json_report(const Report& r) {
+  using nlohmann::json;
+  const ReportInfo& i = r.info;
+  const Summary sum = r.summary();
+  json j;
+  j["schema_version"] = kReportSchemaVersion;
+  j["tool"] = {{"name", "dynemb-dist"}, {"version", i.tool_version}};
+  j["command"] = "replay";
+  j["argv"] = i.argv;
+  j["backend"] = {{"name", i.backend}, {"device", i.device}};
+  j["capture"] = {{"path", i.capture.path}, {"sha256", opt_string(i.capture.sha256)}};
+  j["plan"] = {{"path", i.plan.path},
+               {"sha256", opt_string(i.plan.sha256)},
+               {"embedded", i.plan.sha256.empty()}};
+  j["run"] = {{"module", i.module},
+              {"world_size", i.world_size},
+              {"num_batches", i.num_batches},
+              {"batches", i.batches},
+              {"ctx", i.ctx_mode},
+              {"tolerance", i.tolerance},
+              {"max_mismatches", i.max_mismatches},
+              {"write_output", opt_string(i.write_output)}};
+  j["summary"] = {{"status", sum.status},
+                  {"exit_code", sum.exit_code},
+                  {"checks", sum.checks},
+                  {"passed", sum.passed},
+                  {"failed", sum.failed},
+                  {"errors", sum.errors},
+                  {"skipped", sum.skipped},
+                  {"context_mismatches", sum.context_mismatches},
+                  {"lookup_mismatches", sum.lookup_mismatches},
+                  {"output_mismatches", sum.output_mismatches},
+                  {"data_mismatches", sum.data_mismatches}};
+  j["warnings"] = r.warnings;
+  j["trouble"] = opt_string(r.trouble);
+  json checks = json::array();
+  for (const CheckResult& c : r.checks) {
+    json d = json::array();
+    for (const Detail& x : c.details) {
+      d.push_back({{"where", where_json(x.where)},
+                   {"got", x.got},
+                   {"want", x.want},
+                   {"note", opt_string(x.note)}});
+    }
+    checks.push_back({{"name", c.name()},
+                      {"batch", c.batch >= 0 ? json(c.batch) : json(nullptr)},
+                      {"rank", c.rank >= 0 ? json(c.rank) : json(nullptr)},
+                      {"stage", c.stage},
+                      {"check", c.check},
+                      {"status", to_string(c.status)},
+                      {"message", c.message},
+                      {"cause", opt_string(c.cause)},
+                      {"got_label", c.got_label},
+                      {"want_label", c.want_label},
+                      {"compared", c.compared},
+                      {"mismatches", c.mismatches},
+                      {"max_abs_err", opt_number(c.max_abs_err)},
+                      {"max_rel_err", opt_number(c.max_rel_err)},
+                      {"details", d}});
+  }
+  j["checks"] = checks;
+  // Invalid UTF-8 in a path or message is replaced rather than thrown on.
+  return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+// ---------------------------------------------------------------- JUnit
+
+namespace {
+
+std::string xml_escape(const std::string& s) {
+  std::string o;
+  o.reserve(s.size());
+  for (char ch : s) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    switch (ch) {
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      case '\'':
+        o += "&apos;";
+        break;
+      default:
+        // XML 1.0 forbids most control characters even escaped; drop them (and ESC).
+        if (c < 0x20 && ch != '\n' && ch != '\t' && ch != '\r') break;
+        o += ch;
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+std::string junit_report(const Report& r) {
+  const Summary sum = r.summary();
+  int64_t tests = sum.checks, errors = sum.errors;
+  // Trouble that stopped the run is one more <error> testcase.
+  const bool trouble_case = !r.trouble.empty();
+  if (trouble_case) {
+    ++tests;
+    ++errors;
+  }
+  std::string s = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  const std::string suite = xml_escape("dynemb-dist replay " + r.info.capture.path);
+  s += fmt::format(
+      "<testsuites name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\">\n", suite,
+      tests, sum.failed, errors, sum.skipped);
+  s += fmt::format(
+      "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\">\n",
+      suite, tests, sum.failed, errors, sum.skipped);
+  for (const CheckResult& c : r.checks) {
+    const std::string cls =
+        c.batch >= 0 ? fmt::format("replay.batch{}", c.batch) : std::string("replay");
+    s += fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"0\"", xml_escape(cls),
+                     xml_escape(c.name()));
+    if (c.status == CheckStatus::pass) {
+      s += "/>\n";
+      continue;
+    }
+    s += ">\n";
+    std::string body = text_check_line(c, false);
+    if (c.status == CheckStatus::fail) {
+      s += fmt::format("      <failure type=\"{} mismatch\" message=\"{}\">{}</failure>\n",
+                       xml_escape(c.stage), xml_escape(c.message), xml_escape(body));
+    } else if (c.status == CheckStatus::error) {
+      s += fmt::format("      <error type=\"trouble\" message=\"{}\">{}</error>\n",
+                       xml_escape(c.message), xml_escape(body));
+    } else {
+      s += fmt::format("      <skipped message=\"{}\"/>\n", xml_escape(c.message));
+    }
+    s += "    </testcase>\n";
+  }
+  if (trouble_case) {
+    s += "    <testcase classname=\"replay\" name=\"replay.trouble\" time=\"0\">\n";
+    s += fmt::format("      <error type=\"trouble\" message=\"{}\">{}</error>\n",
+                     xml_escape(r.trouble), xml_escape(r.trouble));
+    s += "    </testcase>\n";
+  }
+  s += "  </testsuite>\n</testsuites>\n";
+  return s;
+}
+
+// ---------------------------------------------------------------- files
+
+void write_file_atomic(const std::string& path, const std::string& content) {
+  std::string tmpl = path + ".tmp-XXXXXX";
+  const int fd = ::mkstemp(tmpl.data());
+  if (fd < 0)
+    throw Error(fmt::format("{}: cannot create a temporary file next to it: {}", path,
+                            std::strerror(errno)));
+  size_t done = 0;
+  while (done < content.size()) {
+    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int e = errno;
+      ::close(fd);
+      ::unlink(tmpl.c_str());
+      throw Error(fmt::format("{}: write failed: {}", tmpl, std::strerror(e)));
+    }
+    done += size_t(n);
+  }
+  ::fchmod(fd, 0644);  // mkstemp creates 0600; reports are ordinary files
+  if (::close(fd) != 0) {
+    ::unlink(tmpl.c_str());
+    throw Error(fmt::format("{}: close failed: {}", tmpl, std::strerror(errno)));
+  }
+  if (std::rename(tmpl.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmpl.c_str());
+    throw Error(fmt::format("{}: cannot rename {} to it: {}", path, tmpl, std::strerror(e)));
+  }
+}
+
+}  // namespace dynemb

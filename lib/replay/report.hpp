@@ -1,0 +1,96 @@
+// The replay report: one CheckResult per (batch, rank, check), plus run information, and
+// its three renderings (text, JSON schema 1.0.0 of docs/report-schema.md, JUnit XML).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "replay/coords.hpp"
+
+namespace dynemb {
+
+enum class CheckStatus : uint8_t { pass, fail, error, skipped };
+const char* to_string(CheckStatus s);
+
+// One differing element of a checked field or tensor.
+struct Detail {
+  Coords where;
+  std::string got;   // captured / replayed value, as text
+  std::string want;  // derived / golden / reference value
+  std::string note;  // what the plan implies here, e.g. "plan routes 4 ids of rank 0 to rank 1"
+};
+
+struct CheckResult {
+  int64_t batch = -1;  // -1: not tied to a batch (e.g. opening the capture)
+  int rank = -1;       // -1: not tied to a rank
+  std::string stage;   // "ctx", "lookup", "output", "capture"
+  std::string check;   // field or check name, e.g. "input_splits", "unbucketize_permute.bijection"
+  CheckStatus status = CheckStatus::pass;
+  std::string message;  // one line: what was found (or what passed)
+  std::string got_label = "captured", want_label = "derived";  // what got / want are
+  std::string cause;  // output checks: verdict on the cause ("context", "data (golden output)")
+  int64_t compared = 0;
+  int64_t mismatches = 0;
+  std::optional<double> max_abs_err, max_rel_err;
+  std::vector<Detail> details;  // the first --max-mismatches differences
+
+  // Unique name "batch3.rank1.ctx.input_splits" (JUnit testcase name).
+  std::string name() const;
+};
+
+struct FileInfo {
+  std::string path;
+  std::string sha256;  // empty when not a file (plan embedded in the capture)
+};
+
+struct ReportInfo {
+  std::vector<std::string> argv;
+  std::string tool_version;
+  std::string backend, device;
+  FileInfo capture, plan;
+  std::string module;  // "sequence" / "pooled"
+  int64_t world_size = 0;
+  int64_t num_batches = 0;       // in the capture
+  std::vector<int64_t> batches;  // replayed
+  std::string ctx_mode;          // "captured" / "derived"
+  std::string tolerance;         // canonical text
+  int64_t max_mismatches = 0;
+  std::string write_output;  // --write-output path, or empty
+};
+
+struct Summary {
+  int64_t checks = 0, passed = 0, failed = 0, errors = 0, skipped = 0;
+  int64_t context_mismatches = 0;  // failed checks of stage ctx
+  int64_t lookup_mismatches = 0;   // failed checks of stage lookup
+  int64_t output_mismatches = 0;   // failed checks of stage output
+  int64_t data_mismatches = 0;     // failed output checks whose cause is not the context
+  std::string status;              // "pass", "fail", "error"
+  int exit_code = 0;               // 0, 1, 2
+};
+
+struct Report {
+  ReportInfo info;
+  std::vector<CheckResult> checks;
+  std::vector<std::string> warnings;
+  std::string trouble;  // the exit-2 message when the run stopped on trouble, else empty
+
+  Summary summary() const;
+};
+
+// Text rendering (cli.md "Reports"): `colour` adds ANSI colour to the status words.
+std::string text_header(const Report& r);
+std::string text_check_line(const CheckResult& c, bool colour);  // one failing check (+details)
+std::string text_summary(const Report& r, bool colour);          // table + '#' lines
+
+std::string json_report(const Report& r);   // pretty-printed, schema_version 1.0.0
+std::string junit_report(const Report& r);  // JUnit XML
+
+// Writes `content` to `path` through a temporary name in the same directory, then renames;
+// throws Error naming the path on failure (and leaves no temporary behind).
+void write_file_atomic(const std::string& path, const std::string& content);
+
+inline constexpr const char* kReportSchemaVersion = "1.0.0";
+
+}  // namespace dynemb
