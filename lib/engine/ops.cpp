@@ -354,6 +354,18 @@ RowRef lookup_row(const Plan& plan, int64_t f, int64_t rank, int64_t local) {
   return ref;
 }
 
+std::vector<int64_t> vbe_reduce_scatter_input_splits(
+    const Plan& plan, const std::vector<std::vector<int64_t>>& batch_size_per_rank_per_feature) {
+  std::vector<int64_t> out;
+  for (const auto& row : batch_size_per_rank_per_feature) {
+    int64_t n = 0;
+    for (size_t f = 0; f < row.size() && f < plan.features.size(); ++f)
+      n += row[f] * plan.features[f].dim;
+    out.push_back(n);
+  }
+  return out;
+}
+
 std::vector<float> mean_divisors(const Plan& plan, const Kjt& kjt) {
   std::vector<float> div(static_cast<size_t>(kjt.num_bags()));
   int64_t i = 0;

@@ -118,6 +118,11 @@ RowRef lookup_row(const Plan& plan, int64_t f, int64_t rank, int64_t local);
 // 1 + 1e-6f for SUM features. Only meaningful when plan.any_mean.
 std::vector<float> mean_divisors(const Plan& plan, const Kjt& kjt);
 
+// §7.2 VariableBatchPooledEmbeddingsReduceScatter input splits, in ELEMENTS:
+// input_splits[r] = sum_f batch_size_per_rank_per_feature[r][f] * D_f.
+std::vector<int64_t> vbe_reduce_scatter_input_splits(
+    const Plan& plan, const std::vector<std::vector<int64_t>>& batch_size_per_rank_per_feature);
+
 // The dtype pooled partial sums are reduced in: the codec's when there is one (§8), else the
 // TBE output dtype. Sums are rounded to it after every add (rank order 0..W-1).
 inline DType pooled_reduce_dtype(const Plan& plan) {

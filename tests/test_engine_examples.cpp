@@ -1,0 +1,307 @@
+// Every worked example of rw-semantics.md, with its exact numbers.
+#include <doctest/doctest.h>
+
+#include "common/hash.hpp"
+#include "engine/ops.hpp"
+#include "test_engine_util.hpp"
+
+using namespace dynemb;
+using namespace dynemb::test;
+using V = std::vector<int64_t>;
+
+namespace {
+
+// §3.4: W=2, f0 (10 rows, blk 5), f1 (6 rows, blk 3); each its own table.
+Plan example_plan(ModuleKind m, int64_t dim = 2) {
+  return make_plan(2, m, {table("t0", 10, dim, {"f0"}), table("t1", 6, dim, {"f1"})});
+}
+std::vector<Kjt> example_kjts() {
+  return {make_kjt(2, {2, 1, 0, 3}, {1, 7, 5, 4, 0, 2}), make_kjt(2, {1, 2, 1, 0}, {9, 0, 3, 5})};
+}
+// §6.1: E_f(g) = [100 f + g, 100 f + g + 0.5] (table t = feature f here).
+std::shared_ptr<DenseSource> example_source(const Plan& p) {
+  return formula_source(p, [](int t, int64_t g, int64_t c) {
+    return static_cast<float>(100 * t + g) + (c ? 0.5f : 0.0f);
+  });
+}
+std::vector<float> col0(const EmbTensor& e) {
+  std::vector<float> v;
+  for (int64_t r = 0; r < e.rows(); ++r) v.push_back(e.data[r * e.cols()]);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("§1 KJT docstring example") {
+  Kjt k = make_kjt(2, {2, 0, 1, 1, 1, 3}, {0, 1, 2, 3, 4, 5, 6, 7});
+  CHECK(k.stride() == 3);
+  CHECK(k.offsets() == V{0, 2, 2, 3, 4, 5, 8});
+  CHECK(k.length_per_key() == V{3, 5});
+  CHECK(k.bag_begin(1) == 3);
+  Kjt vbe = make_kjt(2, {1, 1, 2, 0, 3}, {0, 1, 2, 3, 4, 5, 6}, {2, 3});
+  CHECK(vbe.is_vbe());
+  CHECK(vbe.stride() == 3);
+  CHECK(vbe.batch_size(0) == 2);
+  CHECK(vbe.bag_begin(1) == 2);
+  CHECK(vbe.length_per_key() == V{2, 5});
+}
+
+TEST_CASE("§2.2 even RW shard rows") {
+  CHECK(rw_even_shard_rows(10, 4) == V{3, 3, 3, 1});
+  CHECK(rw_even_shard_rows(5, 4) == V{2, 2, 1, 0});
+  CHECK(rw_even_shard_rows(12, 4) == V{3, 3, 3, 3});
+}
+
+TEST_CASE("§3.2 continuous routing, N=10 W=4 blk=3") {
+  auto r = [](int64_t id, IndexType t = IndexType::i64) {
+    const Route x = route_id(DistType::continuous, id, t, 3, 4);
+    return std::make_pair(x.dest, x.local);
+  };
+  CHECK(r(4) == std::make_pair<int64_t, int64_t>(1, 1));
+  CHECK(r(10) == std::make_pair<int64_t, int64_t>(3, 1));
+  CHECK(r(11) == std::make_pair<int64_t, int64_t>(3, 2));
+  CHECK(r(12) == std::make_pair<int64_t, int64_t>(0, 3));
+  CHECK(r(13) == std::make_pair<int64_t, int64_t>(1, 3));
+  CHECK(r(-1) == std::make_pair<int64_t, int64_t>(3, 4611686018427387903LL));
+  CHECK(r(-2) == std::make_pair<int64_t, int64_t>(2, 4611686018427387903LL));
+  // int32 ids route by the uint32 value: 4294967295 % 4 = 3, local 1073741823.
+  CHECK(r(-1, IndexType::i32) == std::make_pair<int64_t, int64_t>(3, 1073741823));
+  CHECK(r(-2, IndexType::i32) == std::make_pair<int64_t, int64_t>(2, 1073741823));
+  // Lookup side: local 1 on rank 3 is past its single row (§2.2: [3,3,3,1]).
+  Plan p = make_plan(4, ModuleKind::sequence, {table("t", 10, 1, {"f"})});
+  CHECK(lookup_row(p, 0, 3, 0).g == 9);
+  CHECK_FALSE(lookup_row(p, 0, 3, 0).oob);
+  CHECK(lookup_row(p, 0, 3, 1).oob);
+  CHECK(lookup_row(p, 0, 0, 3).oob);
+}
+
+TEST_CASE("§3.4 bucketize, both ranks") {
+  Plan p = example_plan(ModuleKind::sequence);
+  auto be = make_cpu_backend(2);
+  std::vector<Kjt> k = example_kjts();
+  BucketizedKjt b0 = be->bucketize(p, k[0]);
+  CHECK(b0.new_lengths == V{1, 0, 0, 2, 1, 1, 0, 1});
+  CHECK(b0.new_values == V{1, 0, 2, 2, 0, 1});
+  CHECK(b0.unbucketize_permute == V{0, 3, 4, 5, 1, 2});
+  CHECK(b0.dest_rank == V{0, 1, 1, 1, 0, 0});
+  BucketizedKjt b1 = be->bucketize(p, k[1]);
+  CHECK(b1.new_lengths == V{0, 2, 0, 0, 1, 0, 1, 0});
+  CHECK(b1.new_values == V{0, 3, 4, 2});
+  CHECK(b1.unbucketize_permute == V{2, 0, 1, 3});
+  // Weights follow their ids.
+  Kjt w = k[0];
+  w.weighted = true;
+  w.weights = {0.f, 1.f, 2.f, 3.f, 4.f, 5.f};
+  CHECK(be->bucketize(p, w).new_weights == std::vector<float>{0.f, 4.f, 5.f, 1.f, 2.f, 3.f});
+}
+
+TEST_CASE("§3.6 block_bucketize_pos, sizes [4,2,4]") {
+  const V pos{0, 4, 6, 10};
+  auto r = [&](int64_t id) {
+    const Route x = route_block_bucketize_pos(pos, id, IndexType::i64, 3);
+    return std::make_pair(x.dest, x.local);
+  };
+  CHECK(r(3) == std::make_pair<int64_t, int64_t>(0, 3));
+  CHECK(r(4) == std::make_pair<int64_t, int64_t>(1, 0));
+  CHECK(r(7) == std::make_pair<int64_t, int64_t>(2, 1));
+  CHECK(r(9) == std::make_pair<int64_t, int64_t>(2, 3));
+  CHECK(r(12) == std::make_pair<int64_t, int64_t>(0, 4));
+  CHECK(r(-1) == std::make_pair<int64_t, int64_t>(0, 6148914691236517205LL));
+  // Through the op: one feature, B=1, ids 3,4,7,9 -> lengths per bucket [1,1,2].
+  Kjt k = make_kjt(1, {4}, {3, 4, 7, 9});
+  std::vector<V> bp{pos};
+  BucketizedKjt b = block_bucketize_sparse_features(k, {4}, {DistType::continuous}, 3, &bp);
+  CHECK(b.new_lengths == V{1, 1, 2});
+  CHECK(b.new_values == V{3, 0, 1, 3});
+}
+
+TEST_CASE("§4.3 recat and its expansions") {
+  CHECK(get_recat(2, 2) == std::vector<int32_t>{0, 2, 1, 3});
+  CHECK(get_recat(2, 4) == std::vector<int32_t>{0, 2, 4, 6, 1, 3, 5, 7});
+  // F=2, W=2, B=[2,3]: input (s,f) sizes [2,2,3,3], output (f,s) sizes [2,3,2,3].
+  const V expanded =
+      expand_into_jagged_permute(to_i64(get_recat(2, 2)), {0, 2, 4, 7, 10}, {0, 2, 5, 7, 10}, 10);
+  CHECK(expanded == V{0, 1, 4, 5, 6, 2, 3, 7, 8, 9});
+  CHECK(invert_permute(expanded) == V{0, 1, 5, 6, 2, 3, 4, 7, 8, 9});
+  CHECK_THROWS_AS(invert_permute({0, 0, 1}), Error);
+  // permute_2D: rows of B=2; permute_1D: bags.
+  SparseData p2 = permute_2D_sparse_data({1, 0}, {1, 0, 2, 1}, 2, {7, 8, 9, 10}, {});
+  CHECK(p2.lengths == V{2, 1, 1, 0});
+  CHECK(p2.values == V{8, 9, 10, 7});
+  SparseData p1 = permute_1D_sparse_data({2, 0}, {1, 0, 2}, {7, 8, 9}, {1.f, 2.f, 3.f});
+  CHECK(p1.lengths == V{2, 1});
+  CHECK(p1.values == V{8, 9, 7});
+  CHECK(p1.weights == std::vector<float>{2.f, 3.f, 1.f});
+  CHECK_THROWS_AS(permute_1D_sparse_data({3}, {1, 0, 2}, {7, 8, 9}, {}), Error);
+}
+
+TEST_CASE("§4.3 post-all-to-all KJT and §4.4 contexts") {
+  Plan p = example_plan(ModuleKind::sequence);
+  auto be = make_cpu_backend(2);
+  std::vector<Kjt> k = example_kjts();
+  DerivedBatch d = derive_input_dist(p, ptrs(k), *be);
+  const LookupKjt& l0 = d.ranks[0].lookup_kjt;
+  CHECK(l0.lengths == V{1, 0, 0, 2, 0, 2, 0, 0});
+  CHECK(l0.values == V{1, 0, 3, 0, 2});
+  CHECK(l0.stride_per_key_per_rank == std::vector<V>{{2, 2}, {2, 2}});
+  const LookupKjt& l1 = d.ranks[1].lookup_kjt;
+  CHECK(l1.lengths == V{1, 1, 1, 0, 0, 1, 1, 0});
+  CHECK(l1.values == V{2, 0, 4, 1, 2});
+  const ShardingContext& c0 = d.ranks[0].ctx;
+  CHECK(*c0.input_splits == V{3, 3});
+  CHECK(*c0.output_splits == V{3, 2});
+  CHECK(*c0.batch_size_per_rank == V{2, 2});
+  CHECK(*c0.sparse_features_recat == std::vector<int32_t>{0, 2, 1, 3});
+  CHECK(*c0.unbucketize_permute == V{0, 3, 4, 5, 1, 2});
+  CHECK(*c0.lengths_after_input_dist == V{1, 0, 0, 2, 0, 2, 0, 0});
+  CHECK(c0.lengths_after_input_dist_cols == 4);
+  CHECK_FALSE(c0.batch_size_per_rank_per_feature.has_value());
+  const ShardingContext& c1 = d.ranks[1].ctx;
+  CHECK(*c1.input_splits == V{2, 2});
+  CHECK(*c1.output_splits == V{3, 2});
+
+  // Unequal batch per rank: B = [2, 3] gives the expanded recat in the context.
+  std::vector<Kjt> u = {make_kjt(2, {1, 0, 0, 1}, {1, 2}),
+                        make_kjt(2, {1, 1, 1, 0, 0, 1}, {6, 7, 8, 3})};
+  DerivedBatch du = derive_input_dist(p, ptrs(u), *be);
+  CHECK(*du.ranks[0].ctx.sparse_features_recat ==
+        std::vector<int32_t>{0, 1, 4, 5, 6, 2, 3, 7, 8, 9});
+  CHECK(*du.ranks[0].ctx.batch_size_per_rank == V{2, 3});
+  CHECK(du.ranks[0].ctx.lengths_after_input_dist_cols == 5);
+  // (f, s, b) order, stride 5: rank 0 gets f0 id 1 (r0b0) and f1 id 2 (r0b1);
+  // rank 1 gets f0 ids 6,7,8 (r1b0..2) and f1 id 3 (r1b2).
+  CHECK(du.ranks[0].lookup_kjt.lengths == V{1, 0, 0, 0, 0, 0, 1, 0, 0, 0});
+  CHECK(du.ranks[0].lookup_kjt.values == V{1, 2});
+  CHECK(du.ranks[1].lookup_kjt.lengths == V{0, 0, 1, 1, 1, 0, 0, 0, 0, 1});
+  CHECK(du.ranks[1].lookup_kjt.values == V{1, 2, 3, 0});
+
+  // W = 1: the bucketized KJT unchanged, identity recat.
+  Plan p1 =
+      make_plan(1, ModuleKind::sequence, {table("t0", 10, 2, {"f0"}), table("t1", 6, 2, {"f1"})});
+  DerivedBatch d1 = derive_input_dist(p1, {&k[0]}, *be);
+  CHECK(d1.ranks[0].lookup_kjt.values == V{1, 7, 5, 4, 0, 2});
+  CHECK(*d1.ranks[0].ctx.sparse_features_recat == std::vector<int32_t>{0, 1});
+}
+
+TEST_CASE("§6.1 sequence output dist") {
+  Plan p = example_plan(ModuleKind::sequence);
+  auto be = make_cpu_backend(2);
+  std::vector<Kjt> k = example_kjts();
+  auto src = example_source(p);
+  DerivedBatch d = derive_input_dist(p, ptrs(k), *be);
+  std::vector<EmbTensor> local = derive_local_embs(p, d, *src, *be, 0);
+  CHECK(local[0].shape == V{5, 2});
+  CHECK(local[0].data == std::vector<float>{1, 1.5, 0, 0.5, 3, 3.5, 100, 100.5, 102, 102.5});
+  CHECK(local[1].data == std::vector<float>{7, 7.5, 5, 5.5, 9, 9.5, 104, 104.5, 105, 105.5});
+  std::vector<EmbTensor> out = run_sharded(p, k, *src, *be);
+  CHECK(out[0].shape == V{6, 2});
+  CHECK(col0(out[0]) == std::vector<float>{1, 7, 5, 104, 100, 102});
+  CHECK(out[0].data[1] == 1.5f);
+  CHECK(col0(out[1]) == std::vector<float>{9, 0, 3, 105});
+  for (int r = 0; r < 2; ++r) CHECK(out[r].data == reference_output(p, r, k[r], *src, 0).data);
+}
+
+TEST_CASE("§7.1 pooled output dist") {
+  Plan p = example_plan(ModuleKind::pooled);
+  auto be = make_cpu_backend(2);
+  std::vector<Kjt> k = example_kjts();
+  auto src = example_source(p);
+  DerivedBatch d = derive_input_dist(p, ptrs(k), *be);
+  CHECK_FALSE(d.variable_batch);
+  CHECK(*d.ranks[0].ctx.variable_batch_per_feature == false);
+  CHECK(*d.ranks[0].ctx.batch_size_per_feature_pre_a2a == V{2, 2});
+  std::vector<EmbTensor> local = derive_local_embs(p, d, *src, *be, 0);
+  CHECK(local[0].shape == V{4, 4});
+  CHECK(local[0].data == std::vector<float>{1, 1.5, 0, 0, 0, 0, 202, 203, 0, 0, 0, 0, 3, 4, 0, 0});
+  CHECK(local[1].data ==
+        std::vector<float>{7, 7.5, 0, 0, 5, 5.5, 104, 104.5, 9, 9.5, 105, 105.5, 0, 0, 0, 0});
+  std::vector<EmbTensor> out = run_sharded(p, k, *src, *be);
+  CHECK(out[0].shape == V{2, 4});
+  CHECK(out[0].data == std::vector<float>{8, 9, 0, 0, 5, 5.5, 306, 307.5});
+  CHECK(out[1].data == std::vector<float>{9, 9.5, 105, 105.5, 3, 4, 0, 0});
+
+  SUBCASE("MEAN divisor: length + 1e-6 on MEAN columns, 1 + 1e-6 on SUM columns") {
+    Plan pm = make_plan(2, ModuleKind::pooled,
+                        {table("t0", 10, 2, {"f0"}),
+                         table("t1", 6, 2, {"f1"}, DistType::continuous, PoolingMode::mean)});
+    auto srcm = example_source(pm);
+    std::vector<EmbTensor> om = run_sharded(pm, k, *srcm, *be);
+    const float one = 1.0f + 1e-6f;
+    CHECK(one == 1.00000095367431640625f);
+    // rank0 sample1: f1 = {4,0,2} -> 306 / (3 + 1e-6); sample0 f1 empty -> 0 / 1e-6 = 0.
+    CHECK(om[0].data == std::vector<float>{8 / one, 9 / one, 0.0f / 1e-6f, 0.0f / 1e-6f, 5 / one,
+                                           5.5f / one, 306 / (3 + 1e-6f), 307.5f / (3 + 1e-6f)});
+    CHECK(om[0].data[2] == 0.0f);
+    for (int r = 0; r < 2; ++r) CHECK(om[r].data == reference_output(pm, r, k[r], *srcm, 0).data);
+  }
+  SUBCASE("weighted: sum of w * E") {
+    std::vector<Kjt> kw = k;
+    kw[0].weighted = kw[1].weighted = true;
+    kw[0].weights = {0.5f, 2.f, 1.f, 0.25f, 1.f, 1.f};
+    kw[1].weights = {1.f, 1.f, 1.f, 1.f};
+    std::vector<EmbTensor> ow = run_sharded(p, kw, *src, *be);
+    // sample0 f0 = 0.5*E(1) + 2*E(7) = [14.5, 15.75]; sample1 f1 = .25*E(4)+E(0)+E(2)
+    CHECK(ow[0].data == std::vector<float>{14.5f, 15.75f, 0, 0, 5, 5.5f, 228, 229.125f});
+  }
+}
+
+TEST_CASE("§7.2 pooled VBE (dims 2 and 3)") {
+  Plan p =
+      make_plan(2, ModuleKind::pooled, {table("t0", 10, 2, {"f0"}), table("t1", 6, 3, {"f1"})});
+  auto src = formula_source(p, [](int t, int64_t g, int64_t c) {
+    return t == 0 ? static_cast<float>(10 * c + g) : static_cast<float>(100 * (c + 1) + g);
+  });
+  std::vector<Kjt> k = {make_kjt(2, {1, 1, 1}, {1, 6, 4}, {2, 1}),
+                        make_kjt(2, {1, 0, 1, 2}, {0, 8, 2, 3}, {3, 1})};
+  auto be = make_cpu_backend(2);
+  BucketizedKjt b0 = be->bucketize(p, k[0]), b1 = be->bucketize(p, k[1]);
+  CHECK(b0.new_lengths == V{1, 0, 0, 0, 1, 1});
+  CHECK(b0.new_values == V{1, 1, 1});
+  CHECK(b1.new_lengths == V{1, 0, 0, 1, 0, 0, 1, 1});
+  CHECK(b1.new_values == V{0, 2, 3, 0});
+  DerivedBatch d = derive_input_dist(p, ptrs(k), *be);
+  CHECK(d.variable_batch);
+  CHECK(d.ranks[0].lookup_kjt.stride_per_key_per_rank == std::vector<V>{{2, 3}, {1, 1}});
+  const auto& bsprpf = *d.ranks[0].ctx.batch_size_per_rank_per_feature;
+  CHECK(bsprpf == std::vector<V>{{2, 1}, {3, 1}});
+  CHECK_FALSE(d.ranks[0].ctx.batch_size_per_rank.has_value());
+  CHECK(*d.ranks[0].ctx.variable_batch_per_feature == true);
+  CHECK(*d.ranks[1].ctx.batch_size_per_feature_pre_a2a == V{3, 1});
+  CHECK(vbe_reduce_scatter_input_splits(p, bsprpf) == V{7, 9});
+  std::vector<EmbTensor> local = derive_local_embs(p, d, *src, *be, 0);
+  CHECK(local[0].data ==
+        std::vector<float>{1, 11, 0, 0, 0, 0, 0, 0, 10, 0, 0, 0, 0, 102, 202, 302});
+  CHECK(local[1].data ==
+        std::vector<float>{0, 0, 6, 16, 104, 204, 304, 0, 0, 0, 0, 8, 18, 103, 203, 303});
+  std::vector<EmbTensor> out = run_sharded(p, k, *src, *be);
+  CHECK(out[0].shape == V{7});
+  CHECK(out[0].data == std::vector<float>{1, 11, 6, 16, 104, 204, 304});
+  CHECK(out[1].data == std::vector<float>{0, 10, 0, 0, 8, 18, 205, 405, 605});
+  for (int r = 0; r < 2; ++r) CHECK(out[r].data == reference_output(p, r, k[r], *src, 0).data);
+}
+
+TEST_CASE("§10.2 fmix64 table and roundrobin routing") {
+  const int64_t keys[] = {0, 1, 2, 3, 7, 12345, -1};
+  const int64_t want[][3] = {{0, 0, 0}, {0, 2, 0}, {1, 0, 3}, {0, 2, 2},
+                             {1, 1, 1}, {1, 0, 1}, {1, 1, 1}};
+  CHECK(fmix64(0) == 0);
+  for (int i = 0; i < 7; ++i)
+    for (int w = 2; w <= 4; ++w) {
+      CAPTURE(keys[i]);
+      CAPTURE(w);
+      CHECK(static_cast<int64_t>(fmix64(static_cast<uint64_t>(keys[i])) % w) == want[i][w - 2]);
+      const Route r = route_id(DistType::hash_roundrobin, keys[i], IndexType::i64, 5, w);
+      CHECK(r.dest == want[i][w - 2]);
+      CHECK(r.local == keys[i]);  // raw key, unchanged
+    }
+  const Route rr = route_id(DistType::roundrobin, -1, IndexType::i64, 5, 3);
+  CHECK(rr.dest == 0);
+  CHECK(rr.local == -1);
+  CHECK(route_id(DistType::roundrobin, 7, IndexType::i64, 5, 3).dest == 1);
+  // int32: u32(-1) = 4294967295 = 0 mod 3 as well, and mod 2 = 1.
+  CHECK(route_id(DistType::roundrobin, -1, IndexType::i32, 5, 2).dest == 1);
+  // The oracle row of a roundrobin key is the raw key, whatever rank it lands on.
+  Plan p = make_plan(3, ModuleKind::sequence, {table("t", 4, 2, {"f"}, DistType::roundrobin)});
+  CHECK(lookup_row(p, 0, 0, 12345).g == 12345u);
+  CHECK_FALSE(lookup_row(p, 0, 0, 12345).oob);
+}
