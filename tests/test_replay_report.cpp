@@ -1,0 +1,145 @@
+// Report model and writers: summary counts and exit codes, JSON fields, JUnit structure,
+// text lines, atomic file writes.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/error.hpp"
+#include "replay/report.hpp"
+
+using namespace dynemb;
+
+namespace {
+Report sample_report() {
+  Report r;
+  r.info.argv = {"dynemb-dist", "replay", "c.h5"};
+  r.info.tool_version = "0.1.0";
+  r.info.backend = "cpu";
+  r.info.device = "host";
+  r.info.capture = {"c.h5", std::string(64, 'a')};
+  r.info.plan = {"c.h5:/plan", ""};
+  r.info.module = "sequence";
+  r.info.world_size = 2;
+  r.info.num_batches = 1;
+  r.info.batches = {0};
+  r.info.ctx_mode = "captured";
+  r.info.tolerance = "exact";
+  CheckResult pass;
+  pass.batch = 0;
+  pass.rank = 0;
+  pass.stage = "ctx";
+  pass.check = "input_splits";
+  pass.message = "2 elements equal the derived context";
+  CheckResult ctx = pass;
+  ctx.rank = 1;
+  ctx.status = CheckStatus::fail;
+  ctx.mismatches = 1;
+  ctx.message = "1 of 2 elements differ <&>";
+  ctx.details.push_back({{{"index", 1, ""}}, "4", "3", "plan routes 3 ids of rank 1 to rank 1"});
+  CheckResult data;
+  data.batch = 0;
+  data.rank = 1;
+  data.stage = "output";
+  data.check = "golden";
+  data.status = CheckStatus::fail;
+  data.cause = "data (golden output)";
+  data.got_label = "replayed";
+  data.want_label = "golden";
+  data.compared = 10;
+  data.mismatches = 3;
+  data.max_abs_err = 0.5;
+  data.max_rel_err = 0.25;
+  data.message = "3 of 10 elements differ";
+  data.details.push_back({{{"feature", 1, "f1"}, {"sample", 2, ""}}, "1.5", "1", ""});
+  r.checks = {pass, ctx, data};
+  return r;
+}
+}  // namespace
+
+TEST_CASE("summary counts checks by status and stage, exit code 0/1/2") {
+  Report r = sample_report();
+  Summary s = r.summary();
+  CHECK(s.checks == 3);
+  CHECK(s.passed == 1);
+  CHECK(s.failed == 2);
+  CHECK(s.context_mismatches == 1);
+  CHECK(s.output_mismatches == 1);
+  CHECK(s.data_mismatches == 1);
+  CHECK(s.status == "fail");
+  CHECK(s.exit_code == 1);
+  r.checks.resize(1);
+  CHECK(r.summary().exit_code == 0);
+  r.trouble = "c.h5:/batches/0/rank1/values: missing";
+  CHECK(r.summary().exit_code == 2);
+  CHECK(r.summary().status == "error");
+}
+
+TEST_CASE("JSON report: schema version, summary, one entry per check") {
+  const Report r = sample_report();
+  const auto j = nlohmann::json::parse(json_report(r));
+  CHECK(j["schema_version"] == "1.0.0");
+  CHECK(j["argv"].size() == 3);
+  CHECK(j["tool"]["version"] == "0.1.0");
+  CHECK(j["capture"]["sha256"] == std::string(64, 'a'));
+  CHECK(j["plan"]["sha256"].is_null());
+  CHECK(j["plan"]["embedded"] == true);
+  CHECK(j["summary"]["exit_code"] == 1);
+  CHECK(j["summary"]["context_mismatches"] == 1);
+  REQUIRE(j["checks"].size() == 3);
+  CHECK(j["checks"][1]["name"] == "batch0.rank1.ctx.input_splits");
+  CHECK(j["checks"][1]["details"][0]["where"]["index"] == 1);
+  CHECK(j["checks"][2]["details"][0]["where"]["feature"] == "f1");
+  CHECK(j["checks"][2]["details"][0]["where"]["feature_index"] == 1);
+  CHECK(j["checks"][2]["max_abs_err"] == 0.5);
+  CHECK(j["checks"][0]["max_abs_err"].is_null());
+  CHECK(j["checks"][2]["cause"] == "data (golden output)");
+}
+
+TEST_CASE("JUnit: one testcase per check, failure bodies, escaped text, trouble as error") {
+  Report r = sample_report();
+  std::string x = junit_report(r);
+  CHECK(x.find("tests=\"3\" failures=\"2\" errors=\"0\"") != std::string::npos);
+  CHECK(x.find("name=\"batch0.rank1.ctx.input_splits\"") != std::string::npos);
+  CHECK(x.find("1 of 2 elements differ &lt;&amp;&gt;") != std::string::npos);
+  CHECK(x.find("<failure type=\"output mismatch\"") != std::string::npos);
+  CHECK(x.find("(plan routes 3 ids of rank 1 to rank 1)\n</failure>") != std::string::npos);
+  r.trouble = "bad \"file\"";
+  x = junit_report(r);
+  CHECK(x.find("tests=\"4\" failures=\"2\" errors=\"1\"") != std::string::npos);
+  CHECK(x.find("<error type=\"trouble\" message=\"bad &quot;file&quot;\"") != std::string::npos);
+}
+
+TEST_CASE("text: failing check lines with details, '#' summary, colour only when asked") {
+  const Report r = sample_report();
+  const std::string line = text_check_line(r.checks[1], false);
+  CHECK(line ==
+        "FAIL  batch 0 rank 1 ctx input_splits: 1 of 2 elements differ <&>\n"
+        "        at index 1: captured 4, derived 3 (plan routes 3 ids of rank 1 to rank 1)\n");
+  const std::string data = text_check_line(r.checks[2], false);
+  CHECK(data.find("[cause: data (golden output)]") != std::string::npos);
+  CHECK(data.find("at feature f1, sample 2: replayed 1.5, golden 1") != std::string::npos);
+  CHECK(data.find("... 2 more") != std::string::npos);
+  const std::string sum = text_summary(r, false);
+  std::istringstream in(sum);
+  for (std::string l; std::getline(in, l);) CHECK(l.rfind("#", 0) == 0);
+  CHECK(sum.find("# result: FAIL (exit 1)") != std::string::npos);
+  CHECK(sum.find('\x1b') == std::string::npos);
+  CHECK(text_summary(r, true).find("\x1b[31;1mFAIL") != std::string::npos);
+  CHECK(text_header(r).find("# capture    c.h5  sha256 aaaa") ==
+        0 + text_header(r).find("# capture"));
+}
+
+TEST_CASE("write_file_atomic writes the whole content and leaves no temporary") {
+  const std::string path = "test_replay_report.out";
+  write_file_atomic(path, "hello\n");
+  write_file_atomic(path, "replaced\n");
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  CHECK(ss.str() == "replaced\n");
+  std::remove(path.c_str());
+  CHECK_THROWS_AS(write_file_atomic("/nonexistent-dir/r.json", "x"), Error);
+}
