@@ -1,15 +1,359 @@
-// Placeholder until the subcommand lands: a clear exit-2 message, never a fake result.
+// `dynemb-dist merge rank*.h5 -o capture.h5`: assembles one capture (capture-format.md) from
+// the per-rank files that python/dynemb_capture.py writes in a live job.
+//
+// A per-rank file is a v1 capture plus the root attribute `rank` = r, holding only
+// /batches/<k>/rank<r>. The merge checks that the files agree on format, world size, number
+// of batches, plan text and oracle, that every rank 0..W-1 appears exactly once and that each
+// file holds exactly its own rank group for every batch; then it copies the groups verbatim
+// (H5Ocopy keeps dtypes, chunking and filters) into "<out>.tmp-<pid>", checks the result with
+// check_capture() against its plan, and renames it onto OUT.
+#include <fmt/core.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "capture/capture.hpp"
 #include "commands.hpp"
 #include "common/error.hpp"
 
 namespace dynemb::cli {
 
-void setup_merge(CLI::App& app, RunFn& run) {
-  auto* sub = app.add_subcommand("merge", "(not available in this build yet)");
-  sub->allow_extras();
-  sub->callback([&run] {
-    run = [] () -> int { throw UsageError("'merge' is not implemented in this build yet"); };
+namespace {
+
+// Owns one HDF5 identifier; closes it with the matching H5*close.
+class Hid {
+ public:
+  Hid() = default;
+  Hid(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  Hid(const Hid&) = delete;
+  Hid& operator=(const Hid&) = delete;
+  Hid(Hid&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = H5I_INVALID_HID; }
+  Hid& operator=(Hid&& o) noexcept {
+    reset();
+    id_ = o.id_;
+    close_ = o.close_;
+    o.id_ = H5I_INVALID_HID;
+    return *this;
+  }
+  ~Hid() { reset(); }
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  void reset() {
+    if (id_ >= 0 && close_) close_(id_);
+    id_ = H5I_INVALID_HID;
+  }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  herr_t (*close_)(hid_t) = nullptr;
+};
+
+struct RankFile {
+  std::string path;
+  Hid file;
+  int64_t rank = -1;
+  int64_t world_size = 0;
+  int64_t num_batches = 0;
+  std::string plan;
+  std::optional<uint64_t> oracle_seed;
+  std::string oracle_kind;
+};
+
+bool exists(hid_t loc, const std::string& path) {
+  // H5Lexists on "a/b" needs "a" to exist: walk the path one component at a time.
+  std::string cur;
+  size_t start = path[0] == '/' ? 1 : 0;
+  while (start <= path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string::npos) end = path.size();
+    cur += "/" + path.substr(start, end - start);
+    if (H5Lexists(loc, cur.c_str(), H5P_DEFAULT) <= 0) return false;
+    start = end + 1;
+  }
+  return true;
+}
+
+// Integer attribute of the object at `obj` (read as int64 whatever its integer width).
+std::optional<int64_t> int_attr(hid_t obj, const char* name) {
+  if (H5Aexists(obj, name) <= 0) return std::nullopt;
+  Hid a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  Hid t(H5Aget_type(a.get()), H5Tclose);
+  Hid s(H5Aget_space(a.get()), H5Sclose);
+  if (H5Tget_class(t.get()) != H5T_INTEGER || H5Sget_simple_extent_npoints(s.get()) != 1)
+    return std::nullopt;
+  int64_t v = 0;
+  if (H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0) return std::nullopt;
+  return v;
+}
+
+std::optional<uint64_t> uint_attr(hid_t obj, const char* name) {
+  if (H5Aexists(obj, name) <= 0) return std::nullopt;
+  Hid a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  Hid t(H5Aget_type(a.get()), H5Tclose);
+  if (H5Tget_class(t.get()) != H5T_INTEGER) return std::nullopt;
+  uint64_t v = 0;
+  if (H5Aread(a.get(), H5T_NATIVE_UINT64, &v) < 0) return std::nullopt;
+  return v;
+}
+
+// Reads a scalar string (fixed- or variable-length) from an attribute or dataset.
+template <typename ReadFn>
+std::optional<std::string> read_string(hid_t type, ReadFn read) {
+  if (H5Tget_class(type) != H5T_STRING) return std::nullopt;
+  if (H5Tis_variable_str(type) > 0) {
+    Hid mem(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(mem.get(), H5T_VARIABLE);
+    H5Tset_cset(mem.get(), H5Tget_cset(type));
+    char* p = nullptr;
+    if (read(mem.get(), static_cast<void*>(&p)) < 0) return std::nullopt;
+    std::string s = p ? p : "";
+    H5free_memory(p);
+    return s;
+  }
+  size_t n = H5Tget_size(type);
+  std::string buf(n, '\0');
+  Hid mem(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(mem.get(), n);
+  H5Tset_strpad(mem.get(), H5T_STR_NULLPAD);
+  if (read(mem.get(), static_cast<void*>(buf.data())) < 0) return std::nullopt;
+  buf.resize(std::string(buf.c_str()).size());  // stop at the first NUL padding byte
+  return buf;
+}
+
+std::optional<std::string> string_attr(hid_t obj, const char* name) {
+  if (H5Aexists(obj, name) <= 0) return std::nullopt;
+  Hid a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  Hid t(H5Aget_type(a.get()), H5Tclose);
+  return read_string(t.get(), [&](hid_t mem, void* buf) { return H5Aread(a.get(), mem, buf); });
+}
+
+std::optional<std::string> string_dataset(hid_t file, const char* path) {
+  Hid d(H5Dopen2(file, path, H5P_DEFAULT), H5Dclose);
+  if (!d.valid()) return std::nullopt;
+  Hid t(H5Dget_type(d.get()), H5Tclose);
+  Hid s(H5Dget_space(d.get()), H5Sclose);
+  if (H5Sget_simple_extent_npoints(s.get()) != 1) return std::nullopt;
+  return read_string(t.get(), [&](hid_t mem, void* buf) {
+    return H5Dread(d.get(), mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf);
   });
+}
+
+// Names of the links directly under `group`.
+std::vector<std::string> children(hid_t loc, const std::string& group) {
+  std::vector<std::string> names;
+  Hid g(H5Gopen2(loc, group.c_str(), H5P_DEFAULT), H5Gclose);
+  if (!g.valid()) return names;
+  H5G_info_t info;
+  if (H5Gget_info(g.get(), &info) < 0) return names;
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    ssize_t n =
+        H5Lget_name_by_idx(g.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+    if (n < 0) continue;
+    std::string name(static_cast<size_t>(n) + 1, '\0');
+    H5Lget_name_by_idx(g.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(),
+                       H5P_DEFAULT);
+    name.resize(static_cast<size_t>(n));
+    names.push_back(name);
+  }
+  return names;
+}
+
+RankFile open_rank_file(const std::string& path) {
+  RankFile rf;
+  rf.path = path;
+  if (access(path.c_str(), R_OK) != 0) throw CaptureError(path, "/", "cannot open file");
+  if (H5Fis_hdf5(path.c_str()) <= 0)
+    throw CaptureError(path, "/", "not an HDF5 file");
+  rf.file = Hid(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!rf.file.valid()) throw CaptureError(path, "/", "cannot open as HDF5");
+  hid_t f = rf.file.get();
+  auto format = string_attr(f, "format");
+  if (!format || *format != kCaptureFormat)
+    throw CaptureError(path, "/",
+                       fmt::format("attribute format: want \"{}\", got {}", kCaptureFormat,
+                                   format ? "\"" + *format + "\"" : "none"));
+  auto version = int_attr(f, "format_version");
+  if (!version || *version != kCaptureFormatVersion)
+    throw CaptureError(
+        path, "/",
+        fmt::format("attribute format_version: this build reads version {}, got {}",
+                    kCaptureFormatVersion, version ? std::to_string(*version) : "none"));
+  auto ws = int_attr(f, "world_size");
+  if (!ws || *ws < 1) throw CaptureError(path, "/", "attribute world_size: missing or < 1");
+  rf.world_size = *ws;
+  auto nb = int_attr(f, "num_batches");
+  if (!nb || *nb < 0) throw CaptureError(path, "/", "attribute num_batches: missing or < 0");
+  rf.num_batches = *nb;
+  auto rank = int_attr(f, "rank");
+  if (!rank)
+    throw CaptureError(path, "/",
+                       "attribute rank: missing (not a per-rank file from dynemb_capture.py?)");
+  if (*rank < 0 || *rank >= rf.world_size)
+    throw CaptureError(path, "/",
+                       fmt::format("attribute rank: {} not in [0, {})", *rank, rf.world_size));
+  rf.rank = *rank;
+  auto plan = string_dataset(f, "/plan");
+  if (!plan) throw CaptureError(path, "/plan", "missing or not a scalar string");
+  rf.plan = *plan;
+  if (H5Lexists(f, "/oracle", H5P_DEFAULT) > 0) {
+    Hid g(H5Gopen2(f, "/oracle", H5P_DEFAULT), H5Gclose);
+    auto kind = string_attr(g.get(), "kind");
+    auto seed = uint_attr(g.get(), "seed");
+    if (!kind || !seed) throw CaptureError(path, "/oracle", "needs attributes kind and seed");
+    rf.oracle_kind = *kind;
+    rf.oracle_seed = *seed;
+  }
+  // Exactly the batch groups 0..nb-1, each with exactly this file's rank group.
+  auto batches = children(f, "/batches");
+  if (static_cast<int64_t>(batches.size()) != rf.num_batches)
+    throw CaptureError(
+        path, "/batches",
+        fmt::format("{} batch groups, num_batches says {}", batches.size(), rf.num_batches));
+  const std::string want_rank = "rank" + std::to_string(rf.rank);
+  for (int64_t k = 0; k < rf.num_batches; ++k) {
+    std::string bp = "/batches/" + std::to_string(k);
+    if (!exists(f, bp)) throw CaptureError(path, bp, "missing batch group");
+    auto ranks = children(f, bp);
+    for (const auto& r : ranks)
+      if (r != want_rank)
+        throw CaptureError(path, bp + "/" + r,
+                           fmt::format("unexpected group in the file of rank {}", rf.rank));
+    if (ranks.empty()) throw CaptureError(path, bp + "/" + want_rank, "missing rank group");
+  }
+  return rf;
+}
+
+// Copies src:/path to dst:/path (the parent group must exist in dst).
+void copy_object(const RankFile& src, hid_t dst, const std::string& path,
+                 const std::string& out_tmp) {
+  if (H5Ocopy(src.file.get(), path.c_str(), dst, path.c_str(), H5P_DEFAULT, H5P_DEFAULT) < 0)
+    throw CaptureError(out_tmp, path, fmt::format("cannot copy it from {}", src.path));
+}
+
+template <typename T>
+void write_attr(hid_t obj, const char* name, hid_t type, const T& v) {
+  Hid s(H5Screate(H5S_SCALAR), H5Sclose);
+  Hid a(H5Acreate2(obj, name, type, s.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  if (!a.valid() || H5Awrite(a.get(), type, &v) < 0)
+    throw Error(fmt::format("cannot write root attribute {}", name));
+}
+
+void write_string_attr(hid_t obj, const char* name, const std::string& v) {
+  Hid t(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(t.get(), v.size());
+  H5Tset_strpad(t.get(), H5T_STR_NULLPAD);
+  Hid s(H5Screate(H5S_SCALAR), H5Sclose);
+  Hid a(H5Acreate2(obj, name, t.get(), s.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  if (!a.valid() || H5Awrite(a.get(), t.get(), v.data()) < 0)
+    throw Error(fmt::format("cannot write root attribute {}", name));
+}
+
+struct MergeOptions {
+  std::vector<std::string> inputs;
+  std::string output;
+  bool force = false;
+};
+
+int run_merge(const MergeOptions& opt) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors are reported as CaptureError
+  std::vector<RankFile> files;
+  files.reserve(opt.inputs.size());
+  for (const auto& p : opt.inputs) files.push_back(open_rank_file(p));
+
+  // Agreement with the first file: world size, batches, plan text, oracle.
+  const RankFile& ref = files.front();
+  std::map<int64_t, const RankFile*> by_rank;
+  for (const auto& rf : files) {
+    if (rf.world_size != ref.world_size)
+      throw CaptureError(rf.path, "/",
+                         fmt::format("world_size {} differs from {} in {}", rf.world_size,
+                                     ref.world_size, ref.path));
+    if (rf.num_batches != ref.num_batches)
+      throw CaptureError(rf.path, "/",
+                         fmt::format("num_batches {} differs from {} in {}", rf.num_batches,
+                                     ref.num_batches, ref.path));
+    if (rf.plan != ref.plan)
+      throw CaptureError(rf.path, "/plan",
+                         fmt::format("plan text differs from the one in {}", ref.path));
+    if (rf.oracle_seed != ref.oracle_seed || rf.oracle_kind != ref.oracle_kind)
+      throw CaptureError(rf.path, "/oracle", fmt::format("differs from /oracle in {}", ref.path));
+    auto [it, inserted] = by_rank.emplace(rf.rank, &rf);
+    if (!inserted)
+      throw CaptureError(
+          rf.path, "/",
+          fmt::format("rank {} appears twice (also in {})", rf.rank, it->second->path));
+  }
+  for (int64_t r = 0; r < ref.world_size; ++r)
+    if (!by_rank.count(r))
+      throw UsageError(fmt::format("merge: no file for rank {} of world_size {} ({} file(s) given)",
+                                   r, ref.world_size, files.size()));
+
+  if (!opt.force && access(opt.output.c_str(), F_OK) == 0)
+    throw UsageError(fmt::format("merge: {} exists (use --force to replace it)", opt.output));
+  for (const auto& rf : files)
+    if (rf.path == opt.output)
+      throw UsageError(fmt::format("merge: output {} is also an input", opt.output));
+
+  const std::string tmp = fmt::format("{}.tmp-{}", opt.output, static_cast<long>(getpid()));
+  struct TmpGuard {  // removes the temp file on any error before the rename
+    std::string path;
+    bool keep = false;
+    ~TmpGuard() {
+      if (!keep) std::remove(path.c_str());
+    }
+  } guard{tmp};
+  {
+    Hid out(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    if (!out.valid()) throw Error(fmt::format("merge: cannot create {}", tmp));
+    hid_t o = out.get();
+    write_string_attr(o, "format", kCaptureFormat);
+    write_attr(o, "format_version", H5T_STD_I64LE, static_cast<int64_t>(kCaptureFormatVersion));
+    write_attr(o, "world_size", H5T_STD_I64LE, ref.world_size);
+    write_attr(o, "num_batches", H5T_STD_I64LE, ref.num_batches);
+
+    const RankFile& r0 = *by_rank.at(0);
+    copy_object(r0, o, "/plan", tmp);
+    if (r0.oracle_seed) copy_object(r0, o, "/oracle", tmp);
+    // Full tables, when a rank file carries them, come from rank 0's file.
+    if (H5Lexists(r0.file.get(), "/tables", H5P_DEFAULT) > 0) copy_object(r0, o, "/tables", tmp);
+
+    Hid batches(H5Gcreate2(o, "/batches", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    for (int64_t k = 0; k < ref.num_batches; ++k) {
+      std::string bp = "/batches/" + std::to_string(k);
+      Hid bg(H5Gcreate2(o, bp.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      for (int64_t r = 0; r < ref.world_size; ++r)
+        copy_object(*by_rank.at(r), o, bp + "/rank" + std::to_string(r), tmp);
+    }
+  }
+  // The merged file must read as a complete capture against its own plan (shapes, F, sums).
+  check_capture(tmp);
+  if (std::rename(tmp.c_str(), opt.output.c_str()) != 0)
+    throw Error(fmt::format("merge: cannot rename {} to {}", tmp, opt.output));
+  guard.keep = true;
+  fmt::print("merged {} rank files ({} batches, world_size {}) into {}\n", files.size(),
+             ref.num_batches, ref.world_size, opt.output);
+  return 0;
+}
+
+}  // namespace
+
+void setup_merge(CLI::App& app, RunFn& run) {
+  auto opt = std::make_shared<MergeOptions>();
+  auto* sub = app.add_subcommand(
+      "merge",
+      "Assemble one capture from per-rank files (python/dynemb_capture.py): checks that the "
+      "ranks agree on plan, world size and batches and that every rank 0..W-1 appears once");
+  sub->add_option("inputs", opt->inputs, "Per-rank capture files (root attribute `rank`)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  sub->add_option("-o,--output", opt->output, "Merged capture file to write")->required();
+  sub->add_flag("--force", opt->force, "Replace OUT if it exists");
+  sub->callback([opt, &run] { run = [opt] { return run_merge(*opt); }; });
 }
 
 }  // namespace dynemb::cli

@@ -1,0 +1,416 @@
+"""Per-rank capture writer for dynemb-dist (capture format v1, capture-format.md).
+
+Needs only h5py and numpy. Tensors may be numpy arrays or anything with
+``.detach().cpu().numpy()`` (torch tensors); this module never imports torch.
+
+Each rank of a training job writes its own file; ``dynemb-dist merge rank*.h5 -o capture.h5``
+assembles one capture from them (it checks that plan, world size and batches agree and that
+every rank 0..W-1 appears exactly once)::
+
+    from dynemb_capture import CaptureWriter, context_from_torchrec
+
+    w = CaptureWriter(f"rank{rank}.h5", plan_yaml, world_size=W, rank=rank, oracle_seed=None)
+    ...
+    w.write_batch(k, kjt.lengths(), kjt.values(), weights=kjt.weights_or_none(),
+                  ctx=context_from_torchrec(sharding_ctx), local_embs=embs, output=out)
+    ...
+    w.close()          # writes rank<r>.h5.tmp-<pid> and renames it to rank<r>.h5
+
+``k`` is the capture batch index (0..nb-1, every index written once); pass
+``iteration=`` to remember which training step it was (stored as an attribute).
+
+Recipe: capturing a TorchRec RW sharding by wrapping its dists (what
+tools/torchrec_capture.py does). ``sharded`` is the ShardedEmbeddingCollection (or
+ShardedEmbeddingBagCollection) that DistributedModelParallel built; index ``i`` is the
+position of the row-wise sharding in ``sharded._sharding_types`` order::
+
+    from torchrec.distributed.types import NoWait
+    rec = {}
+    in_dist, out_dist = sharded._input_dists[i], sharded._output_dists[i]
+    in_fwd, out_fwd = in_dist.forward, out_dist.forward
+
+    def input_dist_forward(kjt):          # RwSparseFeaturesDist: the KJT before bucketize
+        rec["kjt"] = kjt
+        return in_fwd(kjt)
+
+    def output_dist_forward(local_embs, sharding_ctx=None):
+        rec["local_embs"], rec["ctx"] = local_embs, context_from_torchrec(sharding_ctx)
+        out = out_fwd(local_embs, sharding_ctx).wait()   # the dist's real result
+        rec["output"] = out
+        return NoWait(out)                # same value, already waited on
+
+    in_dist.forward, out_dist.forward = input_dist_forward, output_dist_forward
+    model(batch) ...                      # then w.write_batch(k, rec["kjt"].lengths(), ...)
+
+For a sequence (EmbeddingCollection) sharding the context is a SequenceShardingContext and
+``local_embs`` is ``[N_local, D]``; for a pooled one it is an EmbeddingShardingContext and
+``local_embs`` is ``[sum_s B_s, sum_D]`` (1-D for variable batch per feature).
+"""
+
+import os
+
+import h5py
+import numpy as np
+
+FORMAT = "dynemb-dist-capture"
+FORMAT_VERSION = 1
+
+# Chunk target for large datasets: capture-format.md requires chunks <= 1 MiB.
+_CHUNK_BYTES = 1 << 20
+# Datasets smaller than this are stored contiguous (compression buys nothing there).
+_COMPRESS_MIN_BYTES = 64 << 10
+
+
+class CaptureWriterError(ValueError):
+    """Input that cannot be written as capture format v1; the message names the field."""
+
+
+def to_numpy(x):
+    """numpy array from a numpy array, a list, or a tensor (duck-typed, no torch import).
+
+    bfloat16 tensors (numpy has no bfloat16) come back as a float32 array; the writer
+    stores them as bfloat16 bit patterns (see _encode_float).
+    """
+    if x is None:
+        return None
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "detach") and hasattr(x, "cpu"):
+        t = x.detach().cpu()
+        if str(getattr(t, "dtype", "")) == "torch.bfloat16":
+            # bf16 -> fp32 is exact; _encode_float keeps the upper 16 bits again.
+            arr = t.float().numpy()
+            return _BF16(arr)
+        return t.numpy()
+    return np.asarray(x)
+
+
+class _BF16(np.ndarray):
+    """Marks a float32 array whose values are bfloat16 (came from a torch.bfloat16 tensor)."""
+
+    def __new__(cls, arr):
+        return np.asarray(arr, dtype=np.float32).view(cls)
+
+
+def _int_list(x):
+    a = to_numpy(x)
+    return np.asarray(a, dtype=np.int64)
+
+
+def context_from_torchrec(sharding_ctx):
+    """The capture's ctx/ fields from a TorchRec sharding context, by attribute name.
+
+    Works on SequenceShardingContext (EC) and EmbeddingShardingContext (EBC): reads
+    input_splits, output_splits, batch_size_per_rank, batch_size_per_rank_per_feature,
+    sparse_features_recat, unbucketize_permute_tensor, lengths_after_input_dist and
+    variable_batch_per_feature where they exist and are set. Empty lists (TorchRec's
+    "not set") are left out. Returns a dict ready for CaptureWriter.write_batch(ctx=...).
+    """
+    if sharding_ctx is None:
+        return None
+    ctx = {}
+
+    def get(name):
+        v = getattr(sharding_ctx, name, None)
+        if v is None:
+            return None
+        if isinstance(v, (list, tuple)) and len(v) == 0:
+            return None
+        return v
+
+    for name in ("input_splits", "output_splits", "batch_size_per_rank"):
+        v = get(name)
+        if v is not None:
+            ctx[name] = _int_list(v)
+    v = get("batch_size_per_rank_per_feature")
+    if v is not None:
+        ctx["batch_size_per_rank_per_feature"] = np.asarray(
+            [[int(b) for b in row] for row in v], dtype=np.int64
+        )
+    v = get("sparse_features_recat")
+    if v is not None:
+        ctx["sparse_features_recat"] = np.asarray(to_numpy(v), dtype=np.int32)
+    v = get("unbucketize_permute_tensor")
+    if v is not None:
+        ctx["unbucketize_permute"] = np.asarray(to_numpy(v), dtype=np.int64)
+    v = get("lengths_after_input_dist")
+    if v is not None:
+        ctx["lengths_after_input_dist"] = np.asarray(to_numpy(v), dtype=np.int64)
+    vb = getattr(sharding_ctx, "variable_batch_per_feature", None)
+    if vb is not None:
+        ctx["variable_batch_per_feature"] = bool(vb)
+    return ctx
+
+
+def _chunks_for(shape, itemsize):
+    """Chunk shape of at most _CHUNK_BYTES: whole trailing rows, as many as fit."""
+    if len(shape) == 1:
+        return (max(1, min(shape[0], _CHUNK_BYTES // itemsize)),)
+    row_elems = int(np.prod(shape[1:]))
+    rows = max(1, min(shape[0], _CHUNK_BYTES // max(1, row_elems * itemsize)))
+    tail = list(shape[1:])
+    # A single row over 1 MiB: split the last dimension too.
+    while rows == 1 and int(np.prod(tail)) * itemsize > _CHUNK_BYTES:
+        tail[-1] = max(1, tail[-1] // 2)
+    return (rows, *tail)
+
+
+def _put(group, name, arr):
+    """Writes arr as group/name, chunked + shuffle + deflate when large."""
+    arr = np.ascontiguousarray(arr)
+    # Fixed-width little-endian only (capture-format.md).
+    arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
+    if arr.nbytes >= _COMPRESS_MIN_BYTES and arr.size > 0:
+        return group.create_dataset(
+            name,
+            data=arr,
+            chunks=_chunks_for(arr.shape, arr.dtype.itemsize),
+            shuffle=True,
+            compression="gzip",
+            compression_opts=4,
+        )
+    return group.create_dataset(name, data=arr)
+
+
+def _encode_float(arr, what):
+    """float32/float16 kept as is; bfloat16 (from torch) as uint16 bits + attr dtype."""
+    if isinstance(arr, _BF16):
+        bits = np.asarray(arr, dtype=np.float32).view(np.uint32) >> 16
+        return bits.astype(np.uint16), "bfloat16"
+    arr = np.asarray(arr)
+    if arr.dtype == np.float32 or arr.dtype == np.float16:
+        return arr, None
+    if arr.dtype == np.float64:
+        raise CaptureWriterError(f"{what}: float64 is not a capture dtype (use float32)")
+    raise CaptureWriterError(f"{what}: dtype {arr.dtype} is not float32/float16/bfloat16")
+
+
+class CaptureWriter:
+    """Writes one rank's capture file (format v1 plus the root attribute ``rank``).
+
+    path:        final file name; written as ``path + ".tmp-<pid>"`` and renamed by close().
+    plan_yaml:   the plan text (plan-format.md), stored verbatim as /plan.
+    world_size:  W of the RW sharding process group.
+    rank:        this rank, 0 <= rank < W.
+    oracle_seed: when the embedding weights follow the hash64 oracle, its seed S (/oracle).
+    """
+
+    def __init__(self, path, plan_yaml, world_size, rank, oracle_seed=None):
+        if not isinstance(plan_yaml, str) or not plan_yaml.strip():
+            raise CaptureWriterError("plan_yaml: empty plan text")
+        world_size, rank = int(world_size), int(rank)
+        if world_size < 1:
+            raise CaptureWriterError(f"world_size: {world_size} < 1")
+        if not 0 <= rank < world_size:
+            raise CaptureWriterError(f"rank: {rank} not in [0, {world_size})")
+        self.path = os.fspath(path)
+        self.world_size, self.rank = world_size, rank
+        self._tmp = f"{self.path}.tmp-{os.getpid()}"
+        self._f = h5py.File(self._tmp, "w")
+        self._batches = set()
+        self._num_features = None
+        f = self._f
+        f.attrs["format"] = FORMAT
+        f.attrs["format_version"] = np.int64(FORMAT_VERSION)
+        f.attrs["world_size"] = np.int64(world_size)
+        f.attrs["rank"] = np.int64(rank)
+        f.attrs["num_batches"] = np.int64(0)
+        f.create_dataset("plan", data=plan_yaml)
+        if oracle_seed is not None:
+            g = f.create_group("oracle")
+            g.attrs["kind"] = "hash64"
+            g.attrs["seed"] = np.uint64(oracle_seed)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+        return False
+
+    def write_batch(
+        self,
+        k,
+        lengths,
+        values,
+        weights=None,
+        stride_per_feature=None,
+        ctx=None,
+        local_embs=None,
+        output=None,
+        iteration=None,
+    ):
+        """Writes /batches/<k>/rank<r>/ for this rank.
+
+        lengths:  int32|int64 [F*B] key-major ([sum_f B_f] with stride_per_feature (VBE)).
+        values:   int64|int32 [N].  weights: float32 [N] or None.
+        stride_per_feature: int64 [F] (VBE batch only) or None.
+        ctx:      dict from context_from_torchrec() (or the same keys by hand), or None.
+        local_embs, output: the lookup output fed to the output dist and the dist's result.
+        """
+        if self._f is None:
+            raise CaptureWriterError("write_batch after close()")
+        k = int(k)
+        if k < 0 or k in self._batches:
+            raise CaptureWriterError(f"batch {k}: negative or already written")
+        where = f"/batches/{k}/rank{self.rank}"
+
+        lengths = np.asarray(to_numpy(lengths)).reshape(-1)
+        values = np.asarray(to_numpy(values)).reshape(-1)
+        if lengths.dtype not in (np.int32, np.int64):
+            raise CaptureWriterError(f"{where}/lengths: dtype {lengths.dtype} (int32|int64)")
+        if values.dtype not in (np.int32, np.int64):
+            raise CaptureWriterError(f"{where}/values: dtype {values.dtype} (int64|int32)")
+        if lengths.size and lengths.min() < 0:
+            raise CaptureWriterError(f"{where}/lengths: negative length")
+        if int(lengths.sum()) != values.size:
+            raise CaptureWriterError(
+                f"{where}/lengths: sum {int(lengths.sum())} != len(values) {values.size}"
+            )
+        g = self._f.create_group(where)
+        _put(g, "lengths", lengths)
+        _put(g, "values", values)
+        if weights is not None:
+            w = np.asarray(to_numpy(weights), dtype=np.float32).reshape(-1)
+            if w.size != values.size:
+                raise CaptureWriterError(f"{where}/weights: {w.size} != len(values) {values.size}")
+            _put(g, "weights", w)
+        if stride_per_feature is not None:
+            spf = _int_list(stride_per_feature).reshape(-1)
+            if int(spf.sum()) != lengths.size:
+                raise CaptureWriterError(
+                    f"{where}/stride_per_feature: sum {int(spf.sum())} != len(lengths) "
+                    f"{lengths.size}"
+                )
+            self._check_features(where + "/stride_per_feature", spf.size)
+            _put(g, "stride_per_feature", spf)
+        if ctx:
+            self._write_ctx(g.create_group("ctx"), where + "/ctx", ctx, values.size)
+        for name, arr in (("local_embs", local_embs), ("output", output)):
+            if arr is None:
+                continue
+            data, tag = _encode_float(to_numpy(arr), f"{where}/{name}")
+            ds = _put(g, name, data)
+            if tag:
+                ds.attrs["dtype"] = tag
+        if iteration is not None:
+            self._f[f"/batches/{k}"].attrs["iteration"] = np.int64(iteration)
+        self._batches.add(k)
+
+    def _check_features(self, what, nf):
+        if self._num_features is None:
+            self._num_features = nf
+        elif nf != self._num_features:
+            raise CaptureWriterError(f"{what}: {nf} features, earlier batches had {self._num_features}")
+
+    def _write_ctx(self, g, where, ctx, n_ids):
+        W = self.world_size
+        known = {
+            "input_splits",
+            "output_splits",
+            "batch_size_per_rank",
+            "batch_size_per_rank_per_feature",
+            "sparse_features_recat",
+            "unbucketize_permute",
+            "lengths_after_input_dist",
+            "variable_batch_per_feature",
+        }
+        for key in ctx:
+            if key not in known:
+                raise CaptureWriterError(f"{where}/{key}: not a capture context field")
+        for name in ("input_splits", "output_splits", "batch_size_per_rank"):
+            if ctx.get(name) is not None:
+                a = _int_list(ctx[name]).reshape(-1)
+                if a.size != W:
+                    raise CaptureWriterError(f"{where}/{name}: length {a.size} != world_size {W}")
+                _put(g, name, a)
+        if ctx.get("input_splits") is not None and ctx.get("unbucketize_permute") is not None:
+            # Sequence: the ids sent out are exactly this rank's ids.
+            s = int(_int_list(ctx["input_splits"]).sum())
+            if s != n_ids:
+                raise CaptureWriterError(f"{where}/input_splits: sum {s} != len(values) {n_ids}")
+        if ctx.get("batch_size_per_rank_per_feature") is not None:
+            a = _int_list(ctx["batch_size_per_rank_per_feature"])
+            if a.ndim != 2 or a.shape[0] != W:
+                raise CaptureWriterError(
+                    f"{where}/batch_size_per_rank_per_feature: shape {a.shape}, want [W={W}, F]"
+                )
+            _put(g, "batch_size_per_rank_per_feature", a)
+        if ctx.get("sparse_features_recat") is not None:
+            _put(g, "sparse_features_recat", np.asarray(to_numpy(ctx["sparse_features_recat"]), dtype=np.int32).reshape(-1))
+        if ctx.get("unbucketize_permute") is not None:
+            p = _int_list(ctx["unbucketize_permute"]).reshape(-1)
+            if p.size != n_ids:
+                raise CaptureWriterError(
+                    f"{where}/unbucketize_permute: length {p.size} != len(values) {n_ids}"
+                )
+            _put(g, "unbucketize_permute", p)
+        if ctx.get("lengths_after_input_dist") is not None:
+            a = _int_list(ctx["lengths_after_input_dist"])
+            if a.ndim != 2:
+                raise CaptureWriterError(
+                    f"{where}/lengths_after_input_dist: {a.ndim}-D, want [F, sum_s B_s]"
+                )
+            _put(g, "lengths_after_input_dist", a)
+        vb = ctx.get("variable_batch_per_feature")
+        g.attrs["variable_batch_per_feature"] = np.int64(1 if vb else 0)
+
+    def close(self):
+        """Checks batches are 0..nb-1, sets num_batches, closes and renames into place."""
+        if self._f is None:
+            return
+        nb = len(self._batches)
+        if self._batches != set(range(nb)):
+            missing = sorted(set(range(max(self._batches) + 1)) - self._batches)
+            self.abort()
+            raise CaptureWriterError(f"{self.path}: batches not contiguous, missing {missing}")
+        self._f.attrs["num_batches"] = np.int64(nb)
+        self._f.close()
+        self._f = None
+        os.replace(self._tmp, self.path)
+
+    def abort(self):
+        """Drops the half-written temp file (the final path is never touched)."""
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+        if os.path.exists(self._tmp):
+            os.remove(self._tmp)
+
+
+# ---------------------------------------------------------------- hash64 oracle (numpy)
+
+_M1 = np.uint64(0xFF51AFD7ED558CCD)
+_M2 = np.uint64(0xC4CEB9FE1A85EC53)
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def fmix64(k):
+    """MurmurHash3 64-bit finalizer on uint64 arrays (wrapping arithmetic)."""
+    k = np.asarray(k, dtype=np.uint64).copy()
+    with np.errstate(over="ignore"):
+        k ^= k >> np.uint64(33)
+        k *= _M1
+        k ^= k >> np.uint64(33)
+        k *= _M2
+        k ^= k >> np.uint64(33)
+    return k
+
+
+def oracle_rows(seed, table_index, rows, dim):
+    """hash64 oracle (capture-format.md): float32 [len(rows), dim] for rows g of table t.
+
+    rows are global rows (continuous) or raw keys ((hash_)roundrobin), as int64 or uint64.
+    """
+    t0 = (int(seed) + _GOLDEN * (int(table_index) + 1)) % (1 << 64)
+    h_t = fmix64(np.uint64(t0))
+    g = np.asarray(rows).astype(np.int64).view(np.uint64).reshape(-1, 1)
+    c = np.arange(dim, dtype=np.uint64).reshape(1, -1)
+    with np.errstate(over="ignore"):
+        h = fmix64(h_t ^ g)
+        h = fmix64(h + c)
+    byte = ((h >> np.uint64(56)) & np.uint64(0xFF)).astype(np.int64)
+    return ((byte - 128).astype(np.float32) / np.float32(64.0)).astype(np.float32)
