@@ -164,7 +164,8 @@ class TreeBuilder : public YAML::EventHandler {
   // Per open map: whether the next node is a value (and for which key), or a key.
   struct KeyState {
     bool pending = false;  // a key was read, its value comes next
-    bool skip = false;     // the pending key is a duplicate: drop its value
+    bool skip = false;     // the pending key is a duplicate or not a string: drop its value
+    NodeP bad_key;         // a key that is not a scalar
     std::string key;
     int line = 0, col = 0;
   };
@@ -228,6 +229,10 @@ class TreeBuilder : public YAML::EventHandler {
     }
     KeyState& ks = keys_.back();
     if (ks.pending) {  // n is the value of the pending key
+      // Reported only now that the key is complete (a cap may abort before that).
+      if (ks.bad_key)
+        report_key_error(*ks.bad_key, "a mapping key must be a plain string, got " +
+                                          std::string(kind_name(*ks.bad_key)));
       if (!ks.skip) parent.entries.push_back(YEntry{ks.key, ks.line, ks.col, n});
       ks = KeyState{};
       return;
@@ -237,8 +242,7 @@ class TreeBuilder : public YAML::EventHandler {
     ks.line = n->line;
     ks.col = n->col;
     if (n->kind != YNode::Kind::scalar) {
-      report_key_error(*n,
-                       "a mapping key must be a plain string, got " + std::string(kind_name(*n)));
+      ks.bad_key = n;
       ks.skip = true;
       return;
     }
@@ -542,27 +546,33 @@ void check_shards(Checker& c, const TableConfig& t, const TableLocs& L, const st
   // (rw-semantics.md §2.2): a different split sends ids to ranks that lack their rows.
   const std::vector<int64_t> even = rw_even_shard_rows(t.num_embeddings, W);
   const int64_t blk = rw_block_size(t.num_embeddings, W);
-  int64_t even_off = 0;
+  std::vector<int64_t> even_off(static_cast<size_t>(W), 0), differ;
   for (int64_t r = 0; r < W; ++r) {
+    if (r > 0) even_off[r] = even_off[r - 1] + even[r - 1];
+    const size_t i = static_cast<size_t>(by_rank[static_cast<size_t>(r)]);
+    if (t.shards[i].rows != even[static_cast<size_t>(r)]) differ.push_back(r);
+  }
+  // One error per rank that differs (at most kMaxReported, the last one counts the rest).
+  constexpr size_t kMaxReported = 8;
+  for (size_t k = 0; k < differ.size() && k < kMaxReported; ++k) {
+    const int64_t r = differ[k];
     const size_t i = static_cast<size_t>(by_rank[static_cast<size_t>(r)]);
     const ShardSpec& s = t.shards[i];
-    const int64_t er = even[static_cast<size_t>(r)];
-    if (s.rows != er) {
+    const int64_t er = even[static_cast<size_t>(r)], eo = even_off[static_cast<size_t>(r)];
+    const std::string ids = er == 0 ? "no ids" : "ids " + rows_range(eo, eo + er);
+    const std::string got =
+        s.rows == 0 ? "no rows" : "rows " + rows_range(s.row_offset, s.row_offset + s.rows);
+    std::string msg = "training routes " + ids + " to rank " + std::to_string(r) +
+                      " (blk=" + std::to_string(blk) + "), but shards give rank " +
+                      std::to_string(r) + " " + got;
+    if (k == 0 && W <= 32) {
       std::vector<std::string> ev;
-      if (W <= 32)
-        for (int64_t x : even) ev.push_back(std::to_string(x));
-      const std::string ids = er == 0 ? "no ids" : "ids " + rows_range(even_off, even_off + er);
-      const std::string got =
-          s.rows == 0 ? "no rows" : "rows " + rows_range(s.row_offset, s.row_offset + s.rows);
-      std::string msg = "training routes " + ids + " to rank " + std::to_string(r) +
-                        " (blk=" + std::to_string(blk) + "), but shards give rank " +
-                        std::to_string(r) + " " + got;
-      if (!ev.empty())
-        msg += "; the ceil rule (rw-semantics.md 2.2) gives rows per rank [" + join(ev, ",") + "]";
-      c.error(L.shard_locs[i].rows, spath + "[" + std::to_string(i) + "].rows", msg);
-      return;
+      for (int64_t x : even) ev.push_back(std::to_string(x));
+      msg += "; the ceil rule (rw-semantics.md 2.2) gives rows per rank [" + join(ev, ",") + "]";
     }
-    even_off += er;
+    if (k + 1 == kMaxReported && differ.size() > kMaxReported)
+      msg += " (and " + std::to_string(differ.size() - kMaxReported) + " more ranks differ)";
+    c.error(L.shard_locs[i].rows, spath + "[" + std::to_string(i) + "].rows", msg);
   }
 }
 
