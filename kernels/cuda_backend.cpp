@@ -1,0 +1,599 @@
+// Host dispatch of the CUDA backend: validates the contexts exactly as the CPU reference does
+// (same ranks, fields and failures), builds the small index tables (offsets, recat segments,
+// splits prefixes), uploads, launches the kernels of dist_kernels.hpp and hands each rank's
+// output to the sink. Lookups from dense weights (not the oracle) run on the host through
+// the CPU backend: only oracle rows can be generated on the device.
+#include "cuda_backend.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+
+#include "common/hash.hpp"
+#include "cuda_check.hpp"
+#include "dist_kernels.hpp"
+#include "engine/ops.hpp"
+
+namespace dynemb {
+namespace cuda {
+
+bool device_available(int device) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return false;
+  }
+  return device >= 0 && device < n;
+}
+
+}  // namespace cuda
+
+namespace {
+
+using cuda::DeviceBuffer;
+
+std::string vec_str(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size() && i < 16; ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  if (v.size() > 16) s += ",...";
+  return s + "]";
+}
+int64_t sum(const std::vector<int64_t>& v) {
+  return std::accumulate(v.begin(), v.end(), int64_t{0});
+}
+
+[[noreturn]] void fail(int64_t rank, const std::string& field, const std::string& msg) {
+  throw OutputDistFailure(static_cast<int>(rank), field,
+                          "rank " + std::to_string(rank) + ": " + field + ": " + msg);
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    if (!cuda::device_available(device))
+      throw DeviceError("CUDA device " + std::to_string(device) + " is not available");
+    CUDA_CHECK(cudaSetDevice(device_));
+    cudaDeviceProp p{};
+    CUDA_CHECK(cudaGetDeviceProperties(&p, device_));
+    desc_ = std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) + ")";
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  ~CudaBackend() override { cudaStreamDestroy(stream_); }
+  std::string name() const override { return "cuda"; }
+  std::string device() const override { return desc_; }
+
+  BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) override;
+  EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
+                   const EmbeddingSource& source) override;
+  void sequence_output_dist(const Plan& plan, const std::vector<const EmbTensor*>& local_embs,
+                            const std::vector<const ShardingContext*>& ctx,
+                            const OutputSink& sink) override;
+  void pooled_output_dist(const Plan& plan, bool variable_batch,
+                          const std::vector<const EmbTensor*>& local_embs,
+                          const std::vector<const ShardingContext*>& ctx,
+                          const std::vector<const Kjt*>& kjts, const OutputSink& sink) override;
+
+ private:
+  void sync() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  int device_;
+  std::string desc_;
+  cudaStream_t stream_ = nullptr;
+};
+
+BucketizedKjt CudaBackend::bucketize(const Plan& plan, const Kjt& kjt) {
+  CUDA_CHECK(cudaSetDevice(device_));
+  const int64_t W = plan.world_size, F = plan.num_features();
+  const int64_t L = kjt.num_bags(), N = kjt.num_ids();
+  const std::vector<int64_t> off = complete_cumsum(kjt.lengths);
+  if (off.back() != N)
+    throw Error("bucketize: lengths sum to " + std::to_string(off.back()) + " but the KJT has " +
+                std::to_string(N) + " values");
+  if (kjt.weighted && static_cast<int64_t>(kjt.weights.size()) != N)
+    throw Error("bucketize: " + std::to_string(kjt.weights.size()) + " weights for " +
+                std::to_string(N) + " values");
+  std::vector<int64_t> feat_bag_off(static_cast<size_t>(F + 1));
+  for (int64_t f = 0; f < F; ++f) feat_bag_off[f] = kjt.bag_begin(f);
+  feat_bag_off[F] = L;
+  std::vector<uint64_t> blk(F);
+  std::vector<int32_t> dt(F);
+  for (int64_t f = 0; f < F; ++f) {
+    blk[f] = static_cast<uint64_t>(plan.features[f].block_size);
+    dt[f] = static_cast<int32_t>(plan.features[f].dist_type);
+  }
+  int64_t max_len = 0;
+  for (int64_t l : kjt.lengths) max_len = std::max(max_len, l);
+  const std::vector<int64_t> rank_bag_off{0, L};
+
+  DeviceBuffer<int64_t> d_rbo, d_fbo, d_off, d_ids, d_nl, d_no, d_nv, d_perm, d_dest;
+  DeviceBuffer<uint64_t> d_blk;
+  DeviceBuffer<int32_t> d_dt;
+  DeviceBuffer<float> d_w, d_nw;
+  DeviceBuffer<char> d_tmp;
+  d_rbo.upload(rank_bag_off, stream_);
+  d_fbo.upload(feat_bag_off, stream_);
+  d_off.upload(off, stream_);
+  d_ids.upload(kjt.values, stream_);
+  d_blk.upload(blk, stream_);
+  d_dt.upload(dt, stream_);
+  d_nl.resize(W * L);
+  d_no.resize(W * L);
+  d_nv.resize(N);
+  d_perm.resize(N);
+  d_dest.resize(N);
+  if (kjt.weighted) {
+    d_w.upload(kjt.weights, stream_);
+    d_nw.resize(N);
+  }
+  const size_t tb = cuda::bucketize_scan_temp_bytes(W * L);
+  d_tmp.resize(static_cast<int64_t>(tb));
+
+  cuda::BucketizeArgs a;
+  a.num_ranks = 1;
+  a.world_size = W;
+  a.num_features = F;
+  a.total_bags = L;
+  a.total_ids = N;
+  a.rank_bag_off = d_rbo.data();
+  a.feat_bag_off = d_fbo.data();
+  a.bag_offsets = d_off.data();
+  a.ids = d_ids.data();
+  a.weights = kjt.weighted ? d_w.data() : nullptr;
+  a.block_sizes = d_blk.data();
+  a.dist_types = d_dt.data();
+  a.ids_i32 = kjt.values_type == IndexType::i32;
+  a.max_bag_len = max_len;
+  a.new_lengths = d_nl.data();
+  a.new_offsets = d_no.data();
+  a.new_values = d_nv.data();
+  a.new_weights = kjt.weighted ? d_nw.data() : nullptr;
+  a.perm = d_perm.data();
+  a.dest_rank = d_dest.data();
+  a.scan_temp = d_tmp.data();
+  a.scan_temp_bytes = tb;
+  cuda::launch_bucketize(a, stream_);
+
+  BucketizedKjt out;
+  out.new_lengths = d_nl.download(stream_);
+  out.new_values = d_nv.download(stream_);
+  if (kjt.weighted) out.new_weights = d_nw.download(stream_);
+  out.unbucketize_permute = d_perm.download(stream_);
+  out.dest_rank = d_dest.download(stream_);
+  return out;
+}
+
+EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
+                              const EmbeddingSource& source) {
+  const std::optional<uint64_t> seed = source.oracle_seed();
+  const int64_t F = k.num_features, W = k.world_size;
+  const std::vector<int64_t> off = complete_cumsum(k.lengths);
+  const int64_t N = static_cast<int64_t>(k.values.size());
+  // Dense weights live on the host: the CPU reference looks them up. Any malformed input
+  // or a bounds_check=error hit also goes there, so the error text is the reference's.
+  auto host = [&] { return make_cpu_backend(1)->lookup(plan, rank, k, source); };
+  if (!seed || off.back() != N) return host();
+  CUDA_CHECK(cudaSetDevice(device_));
+  std::vector<int64_t> bags_f(F, 0);
+  for (int64_t f = 0; f < F; ++f)
+    for (int64_t s = 0; s < W; ++s) bags_f[f] += k.stride_per_key_per_rank[f][s];
+  const std::vector<int64_t> bag0 = complete_cumsum(bags_f);
+  const int64_t nbags = bag0.back();
+  // Per id: the unsharded row under the bounds check (lookup_row, the reference's rule).
+  std::vector<uint64_t> g(N);
+  std::vector<uint8_t> valid(N);
+  std::vector<int32_t> bag_feat(nbags);
+  for (int64_t f = 0, j = 0; f < F; ++f)
+    for (; j < bag0[f + 1]; ++j) {
+      bag_feat[j] = static_cast<int32_t>(f);
+      for (int64_t p = off[j]; p < off[j + 1]; ++p) {
+        const RowRef ref = lookup_row(plan, f, rank, k.values[p]);
+        if (ref.oob && plan.bounds_check == BoundsCheck::error) return host();
+        g[p] = ref.g;
+        valid[p] = ref.valid ? 1 : 0;
+      }
+    }
+  std::vector<uint64_t> feat_seed(F);
+  std::vector<int64_t> feat_dim(F);
+  for (int64_t f = 0; f < F; ++f) {
+    feat_seed[f] = oracle_table_seed(*seed, static_cast<uint64_t>(plan.features[f].table));
+    feat_dim[f] = plan.features[f].dim;
+  }
+  DeviceBuffer<uint64_t> d_g, d_seed;
+  DeviceBuffer<float> d_out;
+  d_g.upload(g, stream_);
+  d_seed.upload(feat_seed, stream_);
+  const DType dt = plan.data_type();
+
+  if (plan.module == ModuleKind::sequence) {
+    const int64_t D = plan.seq_dim();
+    std::vector<int32_t> tab(N);
+    for (int64_t j = 0; j < nbags; ++j)
+      for (int64_t p = off[j]; p < off[j + 1]; ++p) tab[p] = valid[p] ? bag_feat[j] : -1;
+    DeviceBuffer<int32_t> d_tab;
+    d_tab.upload(tab, stream_);
+    d_out.resize(N * D);
+    cuda::launch_oracle_rows(d_g.data(), d_tab.data(), d_seed.data(), N, D, d_out.data(), stream_);
+    EmbTensor out;
+    out.dtype = dt;
+    out.shape = {N, D};
+    out.data = d_out.download(stream_);
+    return out;
+  }
+
+  // Pooled: output run of every lookup bag (f, s, b), as the reference lays it out.
+  std::vector<int64_t> dst(nbags);
+  EmbTensor out;
+  out.dtype = dt;
+  if (!k.variable_batch) {
+    int64_t rows = 0;
+    for (int64_t s = 0; s < W; ++s) rows += F ? k.stride_per_key_per_rank[0][s] : 0;
+    out.shape = {rows, plan.sum_dim};
+    for (int64_t f = 0; f < F; ++f)
+      for (int64_t j = 0; j < bags_f[f]; ++j)
+        dst[bag0[f] + j] = j * plan.sum_dim + plan.features[f].column_offset;
+  } else {
+    int64_t acc = 0;
+    std::vector<std::vector<int64_t>> start(W, std::vector<int64_t>(F));
+    for (int64_t s = 0; s < W; ++s)
+      for (int64_t f = 0; f < F; ++f) {
+        start[s][f] = acc;
+        acc += k.stride_per_key_per_rank[f][s] * plan.features[f].dim;
+      }
+    out.shape = {acc};
+    for (int64_t f = 0; f < F; ++f) {
+      int64_t j = bag0[f];
+      for (int64_t s = 0; s < W; ++s)
+        for (int64_t b = 0; b < k.stride_per_key_per_rank[f][s]; ++b)
+          dst[j++] = start[s][f] + b * plan.features[f].dim;
+    }
+  }
+  const int64_t numel = out.numel();
+  DeviceBuffer<int64_t> d_off, d_dst, d_dim;
+  DeviceBuffer<int32_t> d_bf;
+  DeviceBuffer<uint8_t> d_valid;
+  DeviceBuffer<float> d_w;
+  d_off.upload(off, stream_);
+  d_dst.upload(dst, stream_);
+  d_dim.upload(feat_dim, stream_);
+  d_bf.upload(bag_feat, stream_);
+  d_valid.upload(valid, stream_);
+  const bool weighted = !k.weights.empty();
+  if (weighted) d_w.upload(k.weights, stream_);
+  d_out.resize(numel);
+  // Every output element belongs to exactly one bag, but zero first anyway (F == 0 etc.).
+  if (numel > 0) CUDA_CHECK(cudaMemsetAsync(d_out.data(), 0, sizeof(float) * numel, stream_));
+  cuda::PooledLookupArgs a;
+  a.num_bags = nbags;
+  a.bag_offsets = d_off.data();
+  a.bag_out = d_dst.data();
+  a.bag_feat = d_bf.data();
+  a.g = d_g.data();
+  a.valid = d_valid.data();
+  a.weights = weighted ? d_w.data() : nullptr;
+  a.feat_dim = d_dim.data();
+  a.feat_seed = d_seed.data();
+  a.out_dtype = static_cast<int>(dt);
+  a.out = d_out.data();
+  cuda::launch_pooled_lookup(a, stream_);
+  out.data = d_out.download(stream_);
+  return out;
+}
+
+void CudaBackend::sequence_output_dist(const Plan& plan,
+                                       const std::vector<const EmbTensor*>& local_embs,
+                                       const std::vector<const ShardingContext*>& ctx,
+                                       const OutputSink& sink) {
+  const int64_t W = plan.world_size, F = plan.num_features(), D = plan.seq_dim();
+  // Forward recat as segments per owner s: send segment k copies seg_len rows from local
+  // row seg_src (what permute_2D/1D_sparse_data(invert(recat), lengths*D, local) does).
+  std::vector<int64_t> seg_base{0}, seg_out, seg_src;
+  std::vector<std::vector<int64_t>> send_off(W);
+  std::vector<int64_t> local_row_off{0};
+  for (int64_t s = 0; s < W; ++s) {
+    const EmbTensor& E = *local_embs[s];
+    const ShardingContext& c = *ctx[s];
+    if (E.shape.size() != 2 || E.cols() != D)
+      fail(s, "local_embs", "shape must be [N_local, " + std::to_string(D) + "]");
+    const int64_t rows = E.rows();
+    local_row_off.push_back(local_row_off.back() + rows);
+    if (W == 1) {  // alltoall_sequence returns the input untouched
+      seg_out.push_back(0);
+      seg_src.push_back(0);
+      seg_base.push_back(static_cast<int64_t>(seg_out.size()));
+      send_off[s] = {0, rows};
+      continue;
+    }
+    if (!c.lengths_after_input_dist) fail(s, "lengths_after_input_dist", "missing");
+    const std::vector<int64_t>& lens = *c.lengths_after_input_dist;
+    const int64_t cols = c.lengths_after_input_dist_cols;
+    if (static_cast<int64_t>(lens.size()) != F * cols)
+      fail(s, "lengths_after_input_dist",
+           "has " + std::to_string(lens.size()) + " entries, want F*" + std::to_string(cols));
+    if (sum(lens) != rows)
+      fail(s, "lengths_after_input_dist",
+           "sums to " + std::to_string(sum(lens)) + " ids but local_embs has " +
+               std::to_string(rows) + " rows");
+    bool variable = false;
+    if (c.batch_size_per_rank) {
+      const auto& b = *c.batch_size_per_rank;
+      variable = std::any_of(b.begin(), b.end(), [&](int64_t x) { return x != b.front(); });
+    }
+    std::vector<int64_t> recat;
+    if (c.sparse_features_recat)
+      recat = to_i64(*c.sparse_features_recat);
+    else if (!variable)
+      recat = to_i64(get_recat(F, W));
+    else
+      fail(s, "sparse_features_recat", "missing with unequal batch_size_per_rank");
+    const int64_t want = variable ? F * cols : F * W;
+    if (static_cast<int64_t>(recat.size()) != want)
+      fail(s, "sparse_features_recat",
+           "has " + std::to_string(recat.size()) + " entries, want " + std::to_string(want));
+    std::vector<int64_t> fwd;
+    try {
+      fwd = invert_permute(recat);
+    } catch (const Error& e) {
+      fail(s, "sparse_features_recat", e.what());
+    }
+    if (!variable && cols % W != 0)
+      fail(s, "lengths_after_input_dist",
+           std::to_string(cols) + " columns cannot be viewed as [F*W, B] rows");
+    // Input segments: rows of lens.view(F*W, B) (equal B), or single bags (variable).
+    const int64_t per = variable ? 1 : (W ? cols / W : 0);
+    const int64_t nseg = static_cast<int64_t>(fwd.size());
+    std::vector<int64_t> seg_len(nseg, 0);
+    for (int64_t t = 0; t < nseg; ++t)
+      for (int64_t b = 0; b < per; ++b) seg_len[t] += lens[t * per + b];
+    const std::vector<int64_t> in_off = complete_cumsum(seg_len);
+    int64_t o = 0;
+    for (int64_t k2 = 0; k2 < nseg; ++k2) {
+      seg_out.push_back(o);
+      seg_src.push_back(in_off[fwd[k2]]);
+      o += seg_len[fwd[k2]];
+    }
+    if (nseg == 0) {  // F == 0: keep a well-formed (empty) segment table
+      seg_out.push_back(0);
+      seg_src.push_back(0);
+    }
+    seg_base.push_back(static_cast<int64_t>(seg_out.size()));
+    if (!c.output_splits || static_cast<int64_t>(c.output_splits->size()) != W)
+      fail(s, "output_splits", "missing or not of length W");
+    const std::vector<int64_t>& os = *c.output_splits;
+    if (sum(os) != rows || std::any_of(os.begin(), os.end(), [](int64_t x) { return x < 0; }))
+      fail(s, "output_splits",
+           vec_str(os) + " (send splits / D) does not split the " + std::to_string(rows) +
+               " rows of local_embs");
+    send_off[s] = complete_cumsum(os);
+  }
+  std::vector<int64_t> recv_flat, send_flat, out_row_off{0}, perm_all;
+  for (int64_t d = 0; d < W; ++d) {
+    const ShardingContext& c = *ctx[d];
+    if (!c.unbucketize_permute) fail(d, "unbucketize_permute", "missing");
+    std::vector<int64_t> ro;
+    if (W == 1) {
+      ro = send_off[d];
+    } else {
+      if (!c.input_splits || static_cast<int64_t>(c.input_splits->size()) != W)
+        fail(d, "input_splits", "missing or not of length W");
+      const std::vector<int64_t>& is = *c.input_splits;
+      for (int64_t s = 0; s < W; ++s) {
+        const int64_t sent = send_off[s][d + 1] - send_off[s][d];
+        if (is[s] != sent)
+          fail(d, "input_splits",
+               "expects " + std::to_string(is[s]) + " rows from rank " + std::to_string(s) +
+                   " but rank " + std::to_string(s) + " sends " + std::to_string(sent) +
+                   " (its output_splits[" + std::to_string(d) + "])");
+      }
+      ro = complete_cumsum(is);
+    }
+    const int64_t R = ro.back();
+    const std::vector<int64_t>& perm = *c.unbucketize_permute;
+    for (size_t i = 0; i < perm.size(); ++i)
+      if (perm[i] < 0 || perm[i] >= R)
+        fail(d, "unbucketize_permute",
+             "entry " + std::to_string(i) + " = " + std::to_string(perm[i]) + " outside the " +
+                 std::to_string(R) + " received rows");
+    recv_flat.insert(recv_flat.end(), ro.begin(), ro.end());
+    send_flat.insert(send_flat.end(), send_off[d].begin(), send_off[d].end());
+    out_row_off.push_back(out_row_off.back() + static_cast<int64_t>(perm.size()));
+    perm_all.insert(perm_all.end(), perm.begin(), perm.end());
+  }
+  CUDA_CHECK(cudaSetDevice(device_));
+  DeviceBuffer<float> d_local, d_out;
+  d_local.resize(local_row_off.back() * D);
+  for (int64_t s = 0; s < W; ++s)
+    if (local_embs[s]->numel() > 0)
+      CUDA_CHECK(cudaMemcpyAsync(d_local.data() + local_row_off[s] * D, local_embs[s]->data.data(),
+                                 sizeof(float) * local_embs[s]->numel(), cudaMemcpyHostToDevice,
+                                 stream_));
+  DeviceBuffer<int64_t> d_lro, d_oro, d_perm, d_recv, d_send, d_sb, d_so, d_ss;
+  d_lro.upload(local_row_off, stream_);
+  d_oro.upload(out_row_off, stream_);
+  d_perm.upload(perm_all, stream_);
+  d_recv.upload(recv_flat, stream_);
+  d_send.upload(send_flat, stream_);
+  d_sb.upload(seg_base, stream_);
+  d_so.upload(seg_out, stream_);
+  d_ss.upload(seg_src, stream_);
+  d_out.resize(out_row_off.back() * D);
+  cuda::SeqDistArgs a;
+  a.world_size = W;
+  a.dim = D;
+  a.codec = static_cast<int>(plan.comm_precision);
+  a.total_local_rows = local_row_off.back();
+  a.total_out_rows = out_row_off.back();
+  a.local = d_local.data();
+  a.local_row_off = d_lro.data();
+  a.out_row_off = d_oro.data();
+  a.perm = d_perm.data();
+  a.recv_off = d_recv.data();
+  a.send_off = d_send.data();
+  a.seg_base = d_sb.data();
+  a.seg_out_off = d_so.data();
+  a.seg_src = d_ss.data();
+  cuda::launch_seq_fused(a, d_out.data(), stream_);
+  sync();
+  for (int64_t d = 0; d < W; ++d) {
+    const int64_t n = out_row_off[d + 1] - out_row_off[d];
+    EmbTensor out;
+    out.dtype = output_dist_dtype(plan);
+    out.shape = {n, D};
+    out.data.resize(static_cast<size_t>(n * D));
+    if (n * D > 0)
+      CUDA_CHECK(cudaMemcpy(out.data.data(), d_out.data() + out_row_off[d] * D,
+                            sizeof(float) * n * D, cudaMemcpyDeviceToHost));
+    sink(static_cast<int>(d), std::move(out));
+  }
+}
+
+void CudaBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
+                                     const std::vector<const EmbTensor*>& local_embs,
+                                     const std::vector<const ShardingContext*>& ctx,
+                                     const std::vector<const Kjt*>& kjts, const OutputSink& sink) {
+  const int64_t W = plan.world_size, F = plan.num_features();
+  const DType rd = pooled_reduce_dtype(plan);
+  const bool codec = plan.comm_precision != DType::f32;
+  std::vector<std::vector<int64_t>> chunk_off(W);
+  std::vector<int64_t> chunk_len(W);
+  if (!variable_batch) {
+    const int64_t sumD = plan.sum_dim;
+    std::vector<std::vector<int64_t>> bspr(W);
+    for (int64_t d = 0; d < W; ++d) {
+      const EmbTensor& E = *local_embs[d];
+      if (E.shape.size() != 2 || E.cols() != sumD)
+        fail(d, "local_embs", "shape must be [sum_s B_s, " + std::to_string(sumD) + "]");
+      if (ctx[d]->batch_size_per_rank) {
+        bspr[d] = *ctx[d]->batch_size_per_rank;
+      } else {
+        if (E.rows() % W != 0)
+          fail(d, "batch_size_per_rank",
+               "missing, and " + std::to_string(E.rows()) +
+                   " rows do not split evenly over W ranks");
+        bspr[d].assign(W, E.rows() / W);
+      }
+      if (static_cast<int64_t>(bspr[d].size()) != W || sum(bspr[d]) != E.rows() ||
+          std::any_of(bspr[d].begin(), bspr[d].end(), [](int64_t x) { return x < 0; }))
+        fail(d, "batch_size_per_rank",
+             vec_str(bspr[d]) + " does not split the " + std::to_string(E.rows()) +
+                 " rows of local_embs over " + std::to_string(W) + " ranks");
+      chunk_off[d] = complete_cumsum(bspr[d]);
+      for (int64_t& x : chunk_off[d]) x *= sumD;
+    }
+    for (int64_t d = 0; d < W; ++d)
+      for (int64_t r = 0; r < W; ++r)
+        if (bspr[d][r] != bspr[r][r])
+          fail(d, "batch_size_per_rank",
+               "gives rank " + std::to_string(r) + " " + std::to_string(bspr[d][r]) +
+                   " rows but rank " + std::to_string(r) + " expects " +
+                   std::to_string(bspr[r][r]) + ": the reduce-scatter cannot match");
+    for (int64_t r = 0; r < W; ++r) chunk_len[r] = bspr[r][r] * sumD;
+  } else {
+    std::vector<std::vector<int64_t>> splits(W, std::vector<int64_t>(W, 0));
+    for (int64_t d = 0; d < W; ++d) {
+      const auto& b = ctx[d]->batch_size_per_rank_per_feature;
+      if (!b || static_cast<int64_t>(b->size()) != W)
+        fail(d, "batch_size_per_rank_per_feature", "missing or not [W][F]");
+      for (int64_t r = 0; r < W; ++r) {
+        if (static_cast<int64_t>((*b)[r].size()) != F)
+          fail(d, "batch_size_per_rank_per_feature", "row " + std::to_string(r) + " is not [F]");
+        for (int64_t f = 0; f < F; ++f) splits[d][r] += (*b)[r][f] * plan.features[f].dim;
+      }
+      if (local_embs[d]->numel() != sum(splits[d]) || local_embs[d]->shape.size() != 1)
+        fail(d, "batch_size_per_rank_per_feature",
+             "input splits " + vec_str(splits[d]) + " do not cover the " +
+                 std::to_string(local_embs[d]->numel()) + " elements of the 1-D local_embs");
+      chunk_off[d] = complete_cumsum(splits[d]);
+    }
+    for (int64_t d = 0; d < W; ++d)
+      for (int64_t r = 0; r < W; ++r)
+        if (splits[d][r] != splits[r][r])
+          fail(d, "batch_size_per_rank_per_feature",
+               "sends " + std::to_string(splits[d][r]) + " elements to rank " + std::to_string(r) +
+                   " which expects " + std::to_string(splits[r][r]));
+    for (int64_t r = 0; r < W; ++r) chunk_len[r] = splits[r][r];
+  }
+  // MEAN: the W outputs back to back are runs of D_f elements, each divided by the divisor
+  // of one bag of the destination's own KJT: rows b then features f ([B_r, sum_D], columns
+  // in feature order), or [f][b] (VBE 1-D).
+  std::vector<int64_t> run_off{0};
+  std::vector<float> run_div;
+  if (plan.any_mean) {
+    for (int64_t r = 0; r < W; ++r) {
+      const Kjt& k = *kjts[r];
+      bool ok = k.num_features == F;
+      for (int64_t f = 0; ok && f < F; ++f) {
+        const int64_t want = variable_batch ? (*ctx[r]->batch_size_per_rank_per_feature)[r][f]
+                                            : chunk_len[r] / std::max<int64_t>(1, plan.sum_dim);
+        ok = k.batch_size(f) == want;
+      }
+      if (!ok)
+        fail(r, variable_batch ? "batch_size_per_rank_per_feature" : "batch_size_per_rank",
+             "the output's batch does not match this rank's KJT, needed for the MEAN divisor");
+    }
+    for (int64_t r = 0; r < W; ++r) {
+      const Kjt& k = *kjts[r];
+      const std::vector<float> div = mean_divisors(plan, k);
+      auto run = [&](int64_t f, int64_t b) {
+        run_off.push_back(run_off.back() + plan.features[f].dim);
+        run_div.push_back(div[k.bag_begin(f) + b]);
+      };
+      if (!variable_batch) {
+        const int64_t B = chunk_len[r] / std::max<int64_t>(1, plan.sum_dim);
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t f = 0; f < F; ++f) run(f, b);
+      } else {
+        for (int64_t f = 0; f < F; ++f)
+          for (int64_t b = 0; b < k.batch_size(f); ++b) run(f, b);
+      }
+    }
+  }
+  CUDA_CHECK(cudaSetDevice(device_));
+  const int64_t n = W ? local_embs[0]->numel() : 0;  // all equal, checked above
+  DeviceBuffer<float> d_parts, d_out;
+  d_parts.resize(W * n);
+  for (int64_t d = 0; d < W; ++d)
+    if (n > 0)
+      CUDA_CHECK(cudaMemcpyAsync(d_parts.data() + d * n, local_embs[d]->data.data(),
+                                 sizeof(float) * n, cudaMemcpyHostToDevice, stream_));
+  if (codec) cuda::launch_codec(d_parts.data(), W * n, static_cast<int>(rd), stream_);
+  d_out.resize(n);
+  cuda::launch_reduce(d_parts.data(), W, n, n, static_cast<int>(rd), d_out.data(), stream_);
+  if (plan.any_mean && !run_div.empty()) {
+    DeviceBuffer<int64_t> d_ro;
+    DeviceBuffer<float> d_div;
+    d_ro.upload(run_off, stream_);
+    d_div.upload(run_div, stream_);
+    cuda::launch_divide_runs(d_out.data(), d_ro.data(), d_div.data(),
+                             static_cast<int64_t>(run_div.size()), stream_);
+    sync();
+  }
+  sync();
+  int64_t base = 0;
+  for (int64_t r = 0; r < W; ++r) {
+    const int64_t len = chunk_len[r];
+    EmbTensor out;
+    out.dtype = output_dist_dtype(plan);
+    out.shape = variable_batch
+                    ? std::vector<int64_t>{len}
+                    : std::vector<int64_t>{len / std::max<int64_t>(1, plan.sum_dim), plan.sum_dim};
+    out.data.resize(static_cast<size_t>(len));
+    if (len > 0)
+      CUDA_CHECK(cudaMemcpy(out.data.data(), d_out.data() + base, sizeof(float) * len,
+                            cudaMemcpyDeviceToHost));
+    base += len;
+    sink(static_cast<int>(r), std::move(out));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  return std::make_unique<CudaBackend>(device);
+}
+
+bool cuda_device_available() {
+  return cuda::device_available(0);
+}
+
+}  // namespace dynemb

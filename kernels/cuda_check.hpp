@@ -1,0 +1,98 @@
+// CUDA error checking and a tiny RAII device buffer, shared by the CUDA backend, the bench
+// and the GPU tests. Every CUDA runtime call goes through CUDA_CHECK so a failure becomes a
+// dynemb::DeviceError carrying file:line and the call text (cli maps it to exit 2).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/error.hpp"
+
+namespace dynemb::cuda {
+
+[[noreturn]] inline void throw_cuda(cudaError_t e, const char* call, const char* file, int line) {
+  throw DeviceError(std::string(file) + ":" + std::to_string(line) + ": CUDA error " +
+                    cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ") in `" + call + "`");
+}
+
+}  // namespace dynemb::cuda
+
+#define CUDA_CHECK(call)                                                       \
+  do {                                                                         \
+    cudaError_t dynemb_cuda_err_ = (call);                                     \
+    if (dynemb_cuda_err_ != cudaSuccess)                                       \
+      ::dynemb::cuda::throw_cuda(dynemb_cuda_err_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+// After a kernel launch: launch-configuration errors surface here, not at the next sync.
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+namespace dynemb::cuda {
+
+// Device allocation of `n` elements of T; move-only. Sizes are int64 (> 2^31 elements ok).
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(int64_t n) { resize(n); }
+  ~DeviceBuffer() { release(); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(o.n_) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = o.n_;
+    }
+    return *this;
+  }
+  // Reallocates only when growing; contents are not kept.
+  void resize(int64_t n) {
+    if (n <= cap_) {
+      n_ = n;
+      return;
+    }
+    release();
+    // Never a zero-byte allocation: kernels may be handed the pointer of an empty buffer.
+    CUDA_CHECK(
+        cudaMalloc(reinterpret_cast<void**>(&p_), sizeof(T) * static_cast<size_t>(n > 0 ? n : 1)));
+    n_ = cap_ = n;
+  }
+  void upload(const T* host, int64_t n, cudaStream_t s = nullptr) {
+    resize(n);
+    if (n > 0) CUDA_CHECK(cudaMemcpyAsync(p_, host, sizeof(T) * n, cudaMemcpyHostToDevice, s));
+  }
+  void upload(const std::vector<T>& v, cudaStream_t s = nullptr) {
+    upload(v.data(), static_cast<int64_t>(v.size()), s);
+  }
+  std::vector<T> download(cudaStream_t s = nullptr) const {
+    std::vector<T> v(static_cast<size_t>(n_));
+    if (n_ > 0) {
+      CUDA_CHECK(cudaMemcpyAsync(v.data(), p_, sizeof(T) * n_, cudaMemcpyDeviceToHost, s));
+      CUDA_CHECK(cudaStreamSynchronize(s));
+    }
+    return v;
+  }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  int64_t size() const { return n_; }
+
+ private:
+  void release() {
+    if (p_) cudaFree(p_);  // never throws from a destructor
+    p_ = nullptr;
+    n_ = cap_ = 0;
+  }
+  T* p_ = nullptr;
+  int64_t n_ = 0, cap_ = 0;
+};
+
+// True when a CUDA device and a working driver are present; never throws.
+bool device_available(int device = 0);
+
+}  // namespace dynemb::cuda

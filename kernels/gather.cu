@@ -1,0 +1,208 @@
+// Row gathers of the sequence output dist (rw-semantics.md §6): the forward recat permute,
+// the exchange between rank buffers, the unbucketize index_select and the fused one-pass
+// dist. All are "out row o = codec(src row idx(o))"; only the index functor differs. Rows
+// are copied with 16-byte vectors when D and every base are 16-byte aligned (D % 4 == 0),
+// 8-byte when D is even, else 4-byte scalars (odd dims such as 129 and 15). A group of
+// TPR threads (a power of two <= 32) copies one row; each group handles kRows rows per
+// step so several independent row loads are in flight before the first store.
+#include <algorithm>
+
+#include "cuda_check.hpp"
+#include "device_math.cuh"
+#include "dist_kernels.hpp"
+
+namespace dynemb::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kRows = 4;
+
+template <int VB>
+struct Vec;
+template <>
+struct Vec<16> {
+  using T = float4;
+};
+template <>
+struct Vec<8> {
+  using T = float2;
+};
+template <>
+struct Vec<4> {
+  using T = float;
+};
+
+__device__ __forceinline__ float4 codec4(int c, float4 v) {
+  return make_float4(d_codec_encode(c, v.x), d_codec_encode(c, v.y), d_codec_encode(c, v.z),
+                     d_codec_encode(c, v.w));
+}
+__device__ __forceinline__ float2 codec4(int c, float2 v) {
+  return make_float2(d_codec_encode(c, v.x), d_codec_encode(c, v.y));
+}
+__device__ __forceinline__ float codec4(int c, float v) {
+  return d_codec_encode(c, v);
+}
+
+// out[o, :] = codec(src[idx(o), :]) for o in [0, nrows). idx(o) returns a global row of src.
+template <int VB, int TPR, class Idx>
+__global__ void __launch_bounds__(kThreads)
+    gather_kernel(const float* __restrict__ src, float* __restrict__ out, int64_t nrows,
+                  int64_t dim, int codec, Idx idx) {
+  using V = typename Vec<VB>::T;
+  constexpr int kElems = VB / 4;
+  const int64_t nvec = dim / kElems;
+  const int lane = threadIdx.x % TPR;
+  const int64_t group = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / TPR;
+  const int64_t ngroups = static_cast<int64_t>(gridDim.x) * kThreads / TPR;
+  for (int64_t o0 = group * kRows; o0 < nrows; o0 += ngroups * kRows) {
+    int64_t s[kRows];
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) s[k] = o0 + k < nrows ? idx(o0 + k) : -1;
+    for (int64_t v = lane; v < nvec; v += TPR) {
+      V x[kRows];
+#pragma unroll
+      for (int k = 0; k < kRows; ++k)
+        if (s[k] >= 0) x[k] = __ldg(reinterpret_cast<const V*>(src + s[k] * dim) + v);
+#pragma unroll
+      for (int k = 0; k < kRows; ++k)
+        if (s[k] >= 0) {
+          if (codec) x[k] = codec4(codec, x[k]);
+          reinterpret_cast<V*>(out + (o0 + k) * dim)[v] = x[k];
+        }
+    }
+  }
+}
+
+struct PermIdx {  // unbucketize index_select with global row numbers
+  const int64_t* rowidx;
+  __device__ int64_t operator()(int64_t o) const { return rowidx[o]; }
+};
+
+// Row q of owner r's send buffer -> global local_embs row (forward recat, by segments).
+__device__ __forceinline__ int64_t recat_src(const SeqDistArgs& a, int64_t r, int64_t q) {
+  const int64_t b0 = a.seg_base[r];
+  const int64_t k = d_upper_bound_m1(a.seg_out_off + b0, a.seg_base[r + 1] - b0, q);
+  return a.local_row_off[r] + a.seg_src[b0 + k] + (q - a.seg_out_off[b0 + k]);
+}
+
+// Row p of dest s's receive buffer -> (owner r, row q of r's send buffer).
+__device__ __forceinline__ void exchange_src(const SeqDistArgs& a, int64_t s, int64_t p, int64_t* r,
+                                             int64_t* q) {
+  const int64_t W = a.world_size;
+  const int64_t* ro = a.recv_off + s * (W + 1);
+  *r = d_upper_bound_m1(ro, W, p);
+  *q = p - ro[*r] + a.send_off[*r * (W + 1) + s];
+}
+
+struct RecatIdx {
+  SeqDistArgs a;
+  __device__ int64_t operator()(int64_t o) const {
+    const int64_t r = d_upper_bound_m1(a.local_row_off, a.world_size, o);
+    return recat_src(a, r, o - a.local_row_off[r]);
+  }
+};
+
+struct ExchangeIdx {  // source = the send buffers, laid out like local
+  SeqDistArgs a;
+  __device__ int64_t operator()(int64_t o) const {
+    const int64_t s = d_upper_bound_m1(a.out_row_off, a.world_size, o);
+    int64_t r, q;
+    exchange_src(a, s, o - a.out_row_off[s], &r, &q);
+    return a.local_row_off[r] + q;
+  }
+};
+
+struct FusedIdx {  // perm, then exchange, then recat: straight to the owner's local_embs
+  SeqDistArgs a;
+  __device__ int64_t operator()(int64_t o) const {
+    const int64_t s = d_upper_bound_m1(a.out_row_off, a.world_size, o);
+    int64_t r, q;
+    exchange_src(a, s, a.perm[o], &r, &q);
+    return recat_src(a, r, q);
+  }
+};
+
+template <int VB, class Idx>
+void launch_vb(const float* src, float* out, int64_t nrows, int64_t dim, int codec, Idx idx,
+               cudaStream_t s) {
+  const int64_t nvec = dim / (VB / 4);
+  int tpr = 1;
+  while (tpr < 32 && tpr < nvec) tpr *= 2;
+  int dev = 0, sms = 132;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int64_t groups_needed = (nrows + kRows - 1) / kRows;
+  const int64_t blocks_needed = (groups_needed * tpr + kThreads - 1) / kThreads;
+  // Persistent-ish grid: 8 blocks of 256 per SM fill an H100/H200 (2048 threads / SM).
+  const unsigned blocks = static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>(blocks_needed, static_cast<int64_t>(sms) * 8)));
+  switch (tpr) {
+#define DYNEMB_TPR(T)                                                                        \
+  case T:                                                                                    \
+    gather_kernel<VB, T, Idx><<<blocks, kThreads, 0, s>>>(src, out, nrows, dim, codec, idx); \
+    break;
+    DYNEMB_TPR(1) DYNEMB_TPR(2) DYNEMB_TPR(4) DYNEMB_TPR(8) DYNEMB_TPR(16) DYNEMB_TPR(32)
+#undef DYNEMB_TPR
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+bool aligned(const void* p, int bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+template <class Idx>
+void launch_any(const float* src, float* out, int64_t nrows, int64_t dim, int codec, Idx idx,
+                cudaStream_t s) {
+  if (nrows <= 0 || dim <= 0) return;
+  if (dim % 4 == 0 && aligned(src, 16) && aligned(out, 16))
+    launch_vb<16>(src, out, nrows, dim, codec, idx, s);
+  else if (dim % 2 == 0 && aligned(src, 8) && aligned(out, 8))
+    launch_vb<8>(src, out, nrows, dim, codec, idx, s);
+  else
+    launch_vb<4>(src, out, nrows, dim, codec, idx, s);
+}
+
+__global__ void oracle_rows_kernel(const uint64_t* g, const int32_t* table,
+                                   const uint64_t* table_seeds, int64_t n, int64_t dim,
+                                   float* out) {
+  const int64_t total = n * dim;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t k = e / dim;
+    const int32_t t = table[k];  // < 0: no row (empty shard under warn_zero_row / ignore)
+    out[e] =
+        t < 0 ? 0.0f : d_oracle_value(table_seeds[t], g[k], static_cast<uint64_t>(e - k * dim));
+  }
+}
+
+}  // namespace
+
+void launch_gather_rows(const float* src, const int64_t* rowidx, int64_t nrows, int64_t dim,
+                        float* out, cudaStream_t s) {
+  launch_any(src, out, nrows, dim, 0, PermIdx{rowidx}, s);
+}
+
+void launch_seq_fused(const SeqDistArgs& a, float* out, cudaStream_t s) {
+  launch_any(a.local, out, a.total_out_rows, a.dim, a.codec, FusedIdx{a}, s);
+}
+
+void launch_seq_recat(const SeqDistArgs& a, float* send, cudaStream_t s) {
+  launch_any(a.local, send, a.total_local_rows, a.dim, 0, RecatIdx{a}, s);
+}
+
+void launch_seq_exchange(const SeqDistArgs& a, const float* send, float* recv, cudaStream_t s) {
+  launch_any(send, recv, a.total_out_rows, a.dim, a.codec, ExchangeIdx{a}, s);
+}
+
+void launch_oracle_rows(const uint64_t* g, const int32_t* table, const uint64_t* table_seeds,
+                        int64_t n, int64_t dim, float* out, cudaStream_t s) {
+  if (n <= 0 || dim <= 0) return;
+  const int64_t total = n * dim;
+  const unsigned blocks =
+      static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 132 * 16));
+  oracle_rows_kernel<<<blocks, kThreads, 0, s>>>(g, table, table_seeds, n, dim, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dynemb::cuda

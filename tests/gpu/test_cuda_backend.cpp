@@ -1,0 +1,401 @@
+// CUDA backend == CPU reference, bit for bit (issue 7): bucketize, lookup, sequence and
+// pooled output dists on a few hundred random plans/batches covering the edge cases of
+// guides/workloads.md (W = 1, empty ranks, zero-length bags, unequal batch per rank, VBE,
+// ids past the last shard, negative and int32 ids, mixed dist types, fp16/bf16 data and
+// codecs, MEAN, weights); every fixture under fixtures/ when present; and one gather and one
+// reduce of more than 2^31 elements (64-bit indexing). Exits 77 when no GPU is present.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+
+#include "capture/capture.hpp"
+#include "common/hash.hpp"
+#include "cuda_backend.hpp"
+#include "cuda_check.hpp"
+#include "dist_kernels.hpp"
+#include "engine/engine.hpp"
+#include "engine/ops.hpp"
+
+using namespace dynemb;
+
+namespace {
+
+void require_gpu() {
+  if (!cuda_device_available()) {
+    std::printf("SKIP: no CUDA device or driver on this machine (GPU tests need one)\n");
+    std::fflush(stdout);
+    std::exit(77);
+  }
+}
+
+Backend& gpu() {
+  require_gpu();
+  static std::unique_ptr<Backend> b = make_cuda_backend(0);
+  return *b;
+}
+Backend& cpu() {
+  static std::unique_ptr<Backend> b = make_cpu_backend(2);
+  return *b;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), 4 * a.size()) == 0);
+}
+
+int64_t first_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    if (std::memcmp(&a[i], &b[i], 4) != 0) return static_cast<int64_t>(i);
+  return a.size() == b.size() ? -1 : static_cast<int64_t>(std::min(a.size(), b.size()));
+}
+
+struct Case {
+  Plan plan;
+  std::vector<Kjt> kjts;
+  std::string desc;
+};
+
+Case random_case(std::mt19937_64& rng, int idx) {
+  auto U = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  Case c;
+  Plan& p = c.plan;
+  p.world_size = U(0, 9) == 0 ? 1 : U(2, 8);
+  p.module = U(0, 1) ? ModuleKind::sequence : ModuleKind::pooled;
+  const int prec = static_cast<int>(U(0, 5));
+  p.comm_precision = prec == 4 ? DType::f16 : prec == 5 ? DType::bf16 : DType::f32;
+  const int dprec = static_cast<int>(U(0, 7));
+  const DType data = dprec == 6 ? DType::f16 : dprec == 7 ? DType::bf16 : DType::f32;
+  p.bounds_check = U(0, 1) ? BoundsCheck::warn_zero_row : BoundsCheck::ignore;
+  const int64_t T = U(1, 3);
+  const int64_t seqD = std::vector<int64_t>{1, 4, 15, 16, 33, 128, 129}[U(0, 6)];
+  for (int64_t t = 0; t < T; ++t) {
+    TableConfig tc;
+    tc.name = "t" + std::to_string(t);
+    tc.num_embeddings = U(0, 3) == 0 ? U(1, 7) : U(10, 5000);
+    tc.embedding_dim = p.module == ModuleKind::sequence ? seqD : U(1, 40);
+    tc.data_type = data;
+    tc.dist_type = static_cast<DistType>(U(0, 2));
+    tc.pooling =
+        p.module == ModuleKind::pooled && U(0, 2) == 0 ? PoolingMode::mean : PoolingMode::sum;
+    const int64_t nf = U(1, 2);
+    for (int64_t f = 0; f < nf; ++f) tc.features.push_back(tc.name + "_f" + std::to_string(f));
+    p.tables.push_back(tc);
+  }
+  p.finalize();
+  const int64_t F = p.num_features(), W = p.world_size;
+  const bool weighted = U(0, 3) == 0;
+  const bool vbe = U(0, 3) == 0;
+  const bool i32 = U(0, 4) == 0;
+  const bool long_bags = U(0, 9) == 0;  // exercises the block-per-bag bucketize path
+  const int64_t Bcommon = U(0, 6);
+  for (int64_t r = 0; r < W; ++r) {
+    Kjt k;
+    k.num_features = F;
+    k.weighted = weighted;
+    k.values_type = i32 ? IndexType::i32 : IndexType::i64;
+    const int64_t B = U(0, 3) == 0 ? U(0, 6) : Bcommon;  // unequal batch per rank
+    for (int64_t f = 0; f < F; ++f) {
+      const int64_t Bf = vbe ? U(0, 5) : B;
+      if (vbe) k.stride_per_feature.push_back(Bf);
+      const FeatureInfo& fi = p.features[f];
+      for (int64_t b = 0; b < Bf; ++b) {
+        const int64_t len = long_bags ? U(0, 700) : U(0, 6);
+        k.lengths.push_back(len);
+        for (int64_t i = 0; i < len; ++i) {
+          int64_t id;
+          const int64_t kind = U(0, 19);
+          if (kind == 0)
+            id = -U(1, 5);  // negative
+          else if (kind == 1)
+            id = fi.hash_size + U(0, 3 * W);  // past the last shard
+          else if (kind == 2)
+            id = static_cast<int64_t>(rng() >> 1);  // raw 63-bit key
+          else
+            id = U(0, fi.hash_size - 1);
+          if (i32) id = static_cast<int64_t>(static_cast<int32_t>(id));
+          k.values.push_back(id);
+          if (weighted) k.weights.push_back(static_cast<float>(U(-8, 8)) / 4.0f);
+        }
+      }
+    }
+    c.kjts.push_back(std::move(k));
+  }
+  c.desc = "case " + std::to_string(idx) + ": W=" + std::to_string(W) + " F=" + std::to_string(F) +
+           " " + to_string(p.module) + " codec=" + to_string(p.comm_precision) +
+           " data=" + to_string(data) + (weighted ? " weighted" : "") + (vbe ? " vbe" : "") +
+           (i32 ? " int32" : "") + (long_bags ? " long-bags" : "") + (p.any_mean ? " mean" : "");
+  return c;
+}
+
+// Runs one batch through both backends and compares every stage bit for bit.
+void compare_batch(const Plan& plan, const std::vector<const Kjt*>& kjts,
+                   const EmbeddingSource& source, const std::string& desc) {
+  INFO(desc);
+  const int64_t W = plan.world_size;
+  for (int64_t r = 0; r < W; ++r) {
+    const BucketizedKjt a = cpu().bucketize(plan, *kjts[r]);
+    const BucketizedKjt b = gpu().bucketize(plan, *kjts[r]);
+    INFO("bucketize rank " << r);
+    CHECK(a.new_lengths == b.new_lengths);
+    CHECK(a.new_values == b.new_values);
+    CHECK(same_bits(a.new_weights, b.new_weights));
+    CHECK(a.unbucketize_permute == b.unbucketize_permute);
+    CHECK(a.dest_rank == b.dest_rank);
+  }
+  const DerivedBatch derived = derive_input_dist(plan, kjts, cpu());
+  std::vector<EmbTensor> local = derive_local_embs(plan, derived, source, cpu(), 0);
+  for (int64_t r = 0; r < W; ++r) {
+    const EmbTensor g =
+        gpu().lookup(plan, static_cast<int>(r), derived.ranks[r].lookup_kjt, source);
+    INFO("lookup rank " << r << " first diff " << first_diff(local[r].data, g.data));
+    CHECK(g.shape == local[r].shape);
+    CHECK(same_bits(g.data, local[r].data));
+  }
+  std::vector<const EmbTensor*> lp;
+  std::vector<const ShardingContext*> cp;
+  for (int64_t r = 0; r < W; ++r) {
+    lp.push_back(&local[r]);
+    cp.push_back(&derived.ranks[r].ctx);
+  }
+  std::vector<EmbTensor> out_cpu(W), out_gpu(W);
+  auto sink_to = [](std::vector<EmbTensor>& v) {
+    return [&v](int r, EmbTensor&& t) { v[r] = std::move(t); };
+  };
+  if (plan.module == ModuleKind::sequence) {
+    cpu().sequence_output_dist(plan, lp, cp, sink_to(out_cpu));
+    gpu().sequence_output_dist(plan, lp, cp, sink_to(out_gpu));
+  } else {
+    cpu().pooled_output_dist(plan, derived.variable_batch, lp, cp, kjts, sink_to(out_cpu));
+    gpu().pooled_output_dist(plan, derived.variable_batch, lp, cp, kjts, sink_to(out_gpu));
+  }
+  for (int64_t r = 0; r < W; ++r) {
+    INFO("output dist rank " << r << " first diff "
+                             << first_diff(out_cpu[r].data, out_gpu[r].data));
+    CHECK(out_gpu[r].shape == out_cpu[r].shape);
+    CHECK(out_gpu[r].dtype == out_cpu[r].dtype);
+    CHECK(same_bits(out_gpu[r].data, out_cpu[r].data));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda == cpu on random batches (bit for bit)") {
+  require_gpu();
+  std::mt19937_64 rng(20261202);
+  int n = 0;
+  for (int i = 0; i < 300; ++i) {
+    Case c = random_case(rng, i);
+    std::vector<const Kjt*> kp;
+    for (const Kjt& k : c.kjts) kp.push_back(&k);
+    const OracleSource source(0x5eed0000ULL + static_cast<uint64_t>(i), c.plan);
+    compare_batch(c.plan, kp, source, c.desc);
+    ++n;
+  }
+  CHECK(n == 300);
+}
+
+TEST_CASE("spec worked example §6.1 on the GPU") {
+  require_gpu();
+  // §3.4 / §6.1: W=2, f0 (10 rows, blk 5), f1 (6 rows, blk 3), D = 2 rows E_f(g).
+  Plan p;
+  p.world_size = 2;
+  p.module = ModuleKind::sequence;
+  for (int t = 0; t < 2; ++t) {
+    TableConfig tc;
+    tc.name = "t" + std::to_string(t);
+    tc.num_embeddings = t == 0 ? 10 : 6;
+    tc.embedding_dim = 2;
+    tc.features = {"f" + std::to_string(t)};
+    p.tables.push_back(tc);
+  }
+  p.finalize();
+  Kjt k0, k1;
+  k0.num_features = k1.num_features = 2;
+  k0.lengths = {2, 1, 0, 3};
+  k0.values = {1, 7, 5, 4, 0, 2};
+  k1.lengths = {1, 2, 1, 0};
+  k1.values = {9, 0, 3, 5};
+  const BucketizedKjt b0 = gpu().bucketize(p, k0);
+  CHECK(b0.new_lengths == std::vector<int64_t>{1, 0, 0, 2, 1, 1, 0, 1});
+  CHECK(b0.new_values == std::vector<int64_t>{1, 0, 2, 2, 0, 1});
+  CHECK(b0.unbucketize_permute == std::vector<int64_t>{0, 3, 4, 5, 1, 2});
+  const BucketizedKjt b1 = gpu().bucketize(p, k1);
+  CHECK(b1.new_lengths == std::vector<int64_t>{0, 2, 0, 0, 1, 0, 1, 0});
+  CHECK(b1.new_values == std::vector<int64_t>{0, 3, 4, 2});
+  CHECK(b1.unbucketize_permute == std::vector<int64_t>{2, 0, 1, 3});
+  // The output dist with the derived contexts and the §6.1 local_embs.
+  const DerivedBatch d = derive_input_dist(p, {&k0, &k1}, gpu());
+  EmbTensor l0, l1;
+  l0.shape = l1.shape = {5, 2};
+  l0.data = {1, 1.5, 0, 0.5, 3, 3.5, 100, 100.5, 102, 102.5};
+  l1.data = {7, 7.5, 5, 5.5, 9, 9.5, 104, 104.5, 105, 105.5};
+  std::vector<EmbTensor> out(2);
+  gpu().sequence_output_dist(p, {&l0, &l1}, {&d.ranks[0].ctx, &d.ranks[1].ctx},
+                             [&](int r, EmbTensor&& t) { out[r] = std::move(t); });
+  CHECK(out[0].data ==
+        std::vector<float>{1, 1.5, 7, 7.5, 5, 5.5, 104, 104.5, 100, 100.5, 102, 102.5});
+  CHECK(out[1].data == std::vector<float>{9, 9.5, 0, 0.5, 3, 3.5, 105, 105.5});
+}
+
+TEST_CASE("a bad context fails the same way on both backends") {
+  require_gpu();
+  std::mt19937_64 rng(7);
+  for (int tries = 0; tries < 200; ++tries) {
+    Case c = random_case(rng, tries);
+    if (c.plan.module != ModuleKind::sequence || c.plan.world_size < 2) continue;
+    std::vector<const Kjt*> kp;
+    for (const Kjt& k : c.kjts) kp.push_back(&k);
+    DerivedBatch d = derive_input_dist(c.plan, kp, cpu());
+    if (d.ranks[1].ctx.unbucketize_permute->empty()) continue;
+    (*d.ranks[1].ctx.unbucketize_permute)[0] = 1 << 30;  // out of range
+    const OracleSource src(1, c.plan);
+    std::vector<EmbTensor> local = derive_local_embs(c.plan, d, src, cpu(), 0);
+    std::vector<const EmbTensor*> lp;
+    std::vector<const ShardingContext*> cp;
+    for (size_t r = 0; r < local.size(); ++r) {
+      lp.push_back(&local[r]);
+      cp.push_back(&d.ranks[r].ctx);
+    }
+    auto noop = [](int, EmbTensor&&) {};
+    int rank_cpu = -1, rank_gpu = -2;
+    std::string field_cpu, field_gpu;
+    try {
+      cpu().sequence_output_dist(c.plan, lp, cp, noop);
+    } catch (const OutputDistFailure& e) {
+      rank_cpu = e.rank();
+      field_cpu = e.field();
+    }
+    try {
+      gpu().sequence_output_dist(c.plan, lp, cp, noop);
+    } catch (const OutputDistFailure& e) {
+      rank_gpu = e.rank();
+      field_gpu = e.field();
+    }
+    CHECK(rank_cpu == 1);
+    CHECK(rank_gpu == rank_cpu);
+    CHECK(field_gpu == field_cpu);
+    CHECK(field_gpu == "unbucketize_permute");
+    return;
+  }
+  FAIL("no usable case drawn");
+}
+
+TEST_CASE("fixtures: cuda == cpu on every capture under fixtures/") {
+  require_gpu();
+  const std::filesystem::path dir = std::filesystem::path(DYNEMB_SOURCE_DIR) / "fixtures";
+  int n = 0;
+  if (std::filesystem::exists(dir))
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+      if (e.path().extension() != ".h5") continue;
+      INFO(e.path().string());
+      // Fixtures that are deliberately broken (bad plans, bad files) are the CLI tests'
+      // business; here only readable ones count.
+      std::unique_ptr<CaptureReader> cap;
+      try {
+        cap = std::make_unique<CaptureReader>(e.path().string());
+      } catch (const Error&) {
+        continue;
+      }
+      Plan plan;
+      std::shared_ptr<const EmbeddingSource> source;
+      try {
+        plan = capture_plan(*cap);
+        source = open_embedding_source(*cap, plan);
+      } catch (const Error&) {
+        continue;
+      }
+      if (!source) continue;  // output dist only: nothing to look up
+      for (int64_t bi = 0; bi < cap->num_batches(); ++bi) {
+        Batch batch;
+        try {
+          batch = cap->read_batch(plan, bi);
+          for (const RankBatch& rb : batch.ranks) check_kjt(plan, rb.kjt, "fixture");
+        } catch (const Error&) {
+          break;
+        }
+        std::vector<const Kjt*> kp;
+        for (const RankBatch& rb : batch.ranks) kp.push_back(&rb.kjt);
+        try {
+          compare_batch(plan, kp, *source,
+                        e.path().filename().string() + " batch " + std::to_string(bi));
+        } catch (const OutputDistFailure&) {
+          continue;  // the fixture's own batch is inconsistent: a replay finding, not ours
+        } catch (const Error& err) {
+          // bounds_check=error fixtures throw from the lookup on both backends alike.
+          MESSAGE("fixture batch raised: " << err.what());
+          continue;
+        }
+        ++n;
+      }
+    }
+  MESSAGE("fixture batches compared: " << n);
+}
+
+TEST_CASE("64-bit indexing: gather and reduce of more than 2^31 elements") {
+  require_gpu();
+  using cuda::DeviceBuffer;
+  const int64_t rows = 17'000'000, D = 128, n = rows * D;  // 2.18e9 floats, 8.7 GB
+  REQUIRE(n > (int64_t{1} << 31));
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (free_b < static_cast<size_t>(n) * 4 * 2 + (size_t{1} << 30)) {
+    MESSAGE("not enough device memory for the 2^31 case; skipped");
+    return;
+  }
+  // src row r = oracle row r of table 0; perm reverses the rows, so the last output rows
+  // read the first source rows and vice versa (offsets past 2^31 on both sides).
+  std::vector<uint64_t> g(rows);
+  std::vector<int32_t> tab(rows, 0);
+  std::vector<int64_t> perm(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    g[r] = static_cast<uint64_t>(r);
+    perm[r] = rows - 1 - r;
+  }
+  const uint64_t seed = oracle_table_seed(99, 0);
+  DeviceBuffer<uint64_t> d_g, d_seed;
+  DeviceBuffer<int32_t> d_tab;
+  DeviceBuffer<int64_t> d_perm;
+  d_g.upload(g);
+  d_tab.upload(tab);
+  d_perm.upload(perm);
+  d_seed.upload(std::vector<uint64_t>{seed});
+  DeviceBuffer<float> src(n), out(n);
+  cuda::launch_oracle_rows(d_g.data(), d_tab.data(), d_seed.data(), rows, D, src.data(), nullptr);
+  CUDA_CHECK(cudaMemset(out.data(), 0xff, sizeof(float) * n));  // poison: NaN everywhere
+  cuda::launch_gather_rows(src.data(), d_perm.data(), rows, D, out.data(), nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> row(D);
+  for (int64_t r : {int64_t{0}, int64_t{1}, rows / 2, rows - 2, rows - 1, int64_t{16'777'215},
+                    int64_t{16'777'216}, int64_t{16'900'001}}) {
+    CUDA_CHECK(cudaMemcpy(row.data(), out.data() + r * D, 4 * D, cudaMemcpyDeviceToHost));
+    bool ok = true;
+    for (int64_t c = 0; c < D; ++c)
+      ok = ok && row[c] == oracle_value(seed, static_cast<uint64_t>(rows - 1 - r), c);
+    INFO("output row " << r);
+    CHECK(ok);
+  }
+  // Reduce of W = 2 buffers of n elements each (src and the gathered copy): element e is
+  // src[e] + src[mirror(e)], both exact multiples of 1/64, so the sum is exact.
+  DeviceBuffer<float> both(2 * n);
+  CUDA_CHECK(cudaMemcpy(both.data(), src.data(), 4 * n, cudaMemcpyDeviceToDevice));
+  CUDA_CHECK(cudaMemcpy(both.data() + n, out.data(), 4 * n, cudaMemcpyDeviceToDevice));
+  out = DeviceBuffer<float>();
+  src = DeviceBuffer<float>();
+  DeviceBuffer<float> red(n);
+  cuda::launch_reduce(both.data(), 2, n, n, 0, red.data(), nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  for (int64_t e : {n - 1, n - 129, int64_t{1} << 31, (int64_t{1} << 31) + 77, int64_t{5}}) {
+    float got = 0;
+    CUDA_CHECK(cudaMemcpy(&got, red.data() + e, 4, cudaMemcpyDeviceToHost));
+    const int64_t r = e / D, c = e % D;
+    const float want = oracle_value(seed, r, c) + oracle_value(seed, rows - 1 - r, c);
+    INFO("reduce element " << e);
+    CHECK(got == want);
+  }
+}
