@@ -125,7 +125,7 @@ TEST_CASE("§4.3 recat and its expansions") {
   CHECK(invert_permute(expanded) == V{0, 1, 5, 6, 2, 3, 4, 7, 8, 9});
   CHECK_THROWS_AS(invert_permute({0, 0, 1}), Error);
   // permute_2D: rows of B=2; permute_1D: bags.
-  SparseData p2 = permute_2D_sparse_data({1, 0}, {1, 0, 2, 1}, 2, {7, 8, 9, 10}, {});
+  SparseData p2 = permute_2D_sparse_data({1, 0}, {1, 0, 2, 1}, 2, 2, {7, 8, 9, 10}, {});
   CHECK(p2.lengths == V{2, 1, 1, 0});
   CHECK(p2.values == V{8, 9, 10, 7});
   SparseData p1 = permute_1D_sparse_data({2, 0}, {1, 0, 2}, {7, 8, 9}, {1.f, 2.f, 3.f});

@@ -240,7 +240,7 @@ void CpuBackend::sequence_output_dist(const Plan& plan,
         if (cols % W != 0)
           fail(s, "lengths_after_input_dist",
                std::to_string(cols) + " columns cannot be viewed as [F*W, B] rows");
-        send_rows[s] = permute_2D_sparse_data(fwd, lens, cols / W, iota, {}).values;
+        send_rows[s] = permute_2D_sparse_data(fwd, lens, F * W, cols / W, iota, {}).values;
       } else {
         send_rows[s] = permute_1D_sparse_data(fwd, lens, iota, {}).values;
       }

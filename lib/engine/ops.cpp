@@ -168,10 +168,9 @@ std::vector<int64_t> complete_cumsum(const std::vector<int64_t>& v) {
 namespace {
 // Segment permute shared by the 1-D and 2-D ops: segment = `B` consecutive bags.
 SparseData permute_rows(const std::vector<int64_t>& permute, const std::vector<int64_t>& lengths,
-                        int64_t B, const std::vector<int64_t>& values,
+                        int64_t T, int64_t B, const std::vector<int64_t>& values,
                         const std::vector<float>& weights, const char* op) {
-  const int64_t T = B == 0 ? 0 : static_cast<int64_t>(lengths.size()) / B;
-  if (B < 0 || (B > 0 && static_cast<int64_t>(lengths.size()) % B != 0))
+  if (B < 0 || T < 0 || static_cast<int64_t>(lengths.size()) != T * B)
     throw Error(std::string(op) + ": lengths of size " + std::to_string(lengths.size()) +
                 " cannot be viewed as rows of " + std::to_string(B));
   const std::vector<int64_t> off = complete_cumsum(lengths);
@@ -204,17 +203,18 @@ SparseData permute_rows(const std::vector<int64_t>& permute, const std::vector<i
 }  // namespace
 
 SparseData permute_2D_sparse_data(const std::vector<int64_t>& permute,
-                                  const std::vector<int64_t>& lengths, int64_t B,
+                                  const std::vector<int64_t>& lengths, int64_t T, int64_t B,
                                   const std::vector<int64_t>& values,
                                   const std::vector<float>& weights) {
-  return permute_rows(permute, lengths, B, values, weights, "permute_2D_sparse_data");
+  return permute_rows(permute, lengths, T, B, values, weights, "permute_2D_sparse_data");
 }
 
 SparseData permute_1D_sparse_data(const std::vector<int64_t>& permute,
                                   const std::vector<int64_t>& lengths,
                                   const std::vector<int64_t>& values,
                                   const std::vector<float>& weights) {
-  return permute_rows(permute, lengths, 1, values, weights, "permute_1D_sparse_data");
+  return permute_rows(permute, lengths, static_cast<int64_t>(lengths.size()), 1, values, weights,
+                      "permute_1D_sparse_data");
 }
 
 Kjt pad_vbe_kjt_lengths(const Kjt& kjt) {
@@ -283,7 +283,7 @@ KjtAllToAllResult kjt_all_to_all(const Plan& plan, const std::vector<const Kjt*>
       lk.values = std::move(rv);
       lk.weights = std::move(rw);
     } else if (!res.variable_batch && equal_b) {
-      SparseData p = permute_2D_sparse_data(to_i64(recat), rl, B[0], rv, rw);
+      SparseData p = permute_2D_sparse_data(to_i64(recat), rl, W * F, B[0], rv, rw);
       lk.lengths = std::move(p.lengths);
       lk.values = std::move(p.values);
       lk.weights = std::move(p.weights);

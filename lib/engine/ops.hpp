@@ -76,8 +76,9 @@ struct SparseData {
 
 // FBGEMM permute_2D_sparse_data: lengths viewed [T][B]; output row k = input row permute[k]
 // (its B lengths and its contiguous block of values/weights). permute may be a subset.
+// T is explicit because B may be 0 (every rank's batch empty).
 SparseData permute_2D_sparse_data(const std::vector<int64_t>& permute,
-                                  const std::vector<int64_t>& lengths, int64_t B,
+                                  const std::vector<int64_t>& lengths, int64_t T, int64_t B,
                                   const std::vector<int64_t>& values,
                                   const std::vector<float>& weights);
 // FBGEMM permute_1D_sparse_data: output bag k = input bag permute[k].
