@@ -345,8 +345,9 @@ void CpuBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
       chunk_off[d] = complete_cumsum(bspr[d]);
       for (int64_t& x : chunk_off[d]) x *= sumD;
     }
-    for (int64_t d = 0; d < W; ++d)
-      for (int64_t r = 0; r < W; ++r)
+    // Receiver-major, so the rank blamed is the sender whose view differs from the receiver's.
+    for (int64_t r = 0; r < W; ++r)
+      for (int64_t d = 0; d < W; ++d)
         if (bspr[d][r] != bspr[r][r])
           fail(d, "batch_size_per_rank",
                "gives rank " + std::to_string(r) + " " + std::to_string(bspr[d][r]) +
@@ -371,8 +372,8 @@ void CpuBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
                  std::to_string(local_embs[d]->numel()) + " elements of the 1-D local_embs");
       chunk_off[d] = complete_cumsum(splits[d]);
     }
-    for (int64_t d = 0; d < W; ++d)
-      for (int64_t r = 0; r < W; ++r)
+    for (int64_t r = 0; r < W; ++r)
+      for (int64_t d = 0; d < W; ++d)
         if (splits[d][r] != splits[r][r])
           fail(d, "batch_size_per_rank_per_feature",
                "sends " + std::to_string(splits[d][r]) + " elements to rank " + std::to_string(r) +
