@@ -1,0 +1,908 @@
+// Capture format v1 reader and writer (capture-format.md) over the HDF5 C API.
+#include "capture/capture.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+
+#include "capture/h5util.hpp"
+#include "common/hash.hpp"
+
+namespace dynemb {
+
+using h5::Hid;
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& dims) {
+  return "[" + fmt::format("{}", fmt::join(dims, ", ")) + "]";
+}
+
+const char* dtype_h5_name(DType t) {
+  switch (t) {
+    case DType::f32:
+      return "float32";
+    case DType::f16:
+      return "float16";
+    case DType::bf16:
+      return "bfloat16";
+  }
+  return "?";
+}
+
+// Element type of a float dataset as the spec encodes it; nullopt when it is none of them.
+std::optional<DType> float_dtype_of(hid_t dset, hid_t type);
+
+std::string read_string_attr_or(hid_t obj, const char* name, const std::string& dflt);
+
+// Reads a scalar (or 1-element) string from an attribute or dataset, fixed or variable length.
+template <class GetType, class GetSpace, class Read>
+bool read_string_obj(GetType get_type, GetSpace get_space, Read read, std::string& out,
+                     std::string& why) {
+  Hid t = h5::type_id(get_type());
+  if (!t.valid()) return why = h5::last_error(), false;
+  if (H5Tget_class(t) != H5T_STRING) return why = h5::type_name(t) + ", want a string", false;
+  Hid sp = h5::space_id(get_space());
+  if (H5Sget_simple_extent_npoints(sp) != 1) return why = "want a single string", false;
+  if (H5Tis_variable_str(t) > 0) {
+    Hid mt = h5::type_id(H5Tcopy(H5T_C_S1));
+    H5Tset_size(mt, H5T_VARIABLE);
+    H5Tset_cset(mt, H5Tget_cset(t));
+    char* p = nullptr;
+    if (read(mt.get(), static_cast<void*>(&p)) < 0) return why = h5::last_error(), false;
+    out = p ? p : "";
+    H5free_memory(p);
+  } else {
+    const size_t size = H5Tget_size(t);
+    std::vector<char> buf(size + 1, '\0');
+    Hid mt = h5::type_id(H5Tcopy(t));
+    if (read(mt.get(), static_cast<void*>(buf.data())) < 0) return why = h5::last_error(), false;
+    out.assign(buf.data());  // fixed strings are NUL- or space-padded
+    while (!out.empty() && out.back() == ' ') out.pop_back();
+  }
+  return true;
+}
+
+bool read_string_attr(hid_t obj, const char* name, std::string& out, std::string& why) {
+  Hid a = h5::attr_id(H5Aopen(obj, name, H5P_DEFAULT));
+  if (!a.valid()) {
+    h5::last_error();
+    why = "missing attribute";
+    return false;
+  }
+  return read_string_obj([&] { return H5Aget_type(a); }, [&] { return H5Aget_space(a); },
+                         [&](hid_t mt, void* buf) { return H5Aread(a, mt, buf); }, out, why);
+}
+
+std::string read_string_attr_or(hid_t obj, const char* name, const std::string& dflt) {
+  if (!h5::has_attr(obj, name)) return dflt;
+  std::string s, why;
+  return read_string_attr(obj, name, s, why) ? s : dflt;
+}
+
+std::optional<DType> float_dtype_of(hid_t dset, hid_t type) {
+  const H5T_class_t cls = H5Tget_class(type);
+  const size_t size = H5Tget_size(type);
+  if (cls == H5T_FLOAT && size == 4) return DType::f32;
+  if (cls == H5T_FLOAT && size == 2) return DType::f16;
+  if (cls == H5T_INTEGER && size == 2 && H5Tget_sign(type) == H5T_SGN_NONE &&
+      read_string_attr_or(dset, "dtype", "") == "bfloat16")
+    return DType::bf16;
+  return std::nullopt;
+}
+
+std::string element_name(hid_t dset, hid_t type) {
+  auto f = float_dtype_of(dset, type);
+  return f ? dtype_h5_name(*f) : h5::type_name(type);
+}
+
+// Kjt geometry, computed here so lib/capture needs no engine object code for it.
+int64_t kjt_batch_size(const Kjt& k, int64_t f) {
+  if (k.is_vbe()) return k.stride_per_feature[f];
+  return k.num_features > 0 ? k.num_bags() / k.num_features : 0;
+}
+// B, or max_f B_f for VBE (what EmbeddingCollection pads to).
+int64_t kjt_stride(const Kjt& k) {
+  if (!k.is_vbe()) return kjt_batch_size(k, 0);
+  int64_t m = 0;
+  for (int64_t b : k.stride_per_feature) m = std::max(m, b);
+  return m;
+}
+int64_t kjt_bag_begin(const Kjt& k, int64_t f) {
+  if (!k.is_vbe()) return f * kjt_batch_size(k, 0);
+  int64_t s = 0;
+  for (int64_t i = 0; i < f; ++i) s += k.stride_per_feature[i];
+  return s;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------- reader
+
+struct CaptureReader::Impl {
+  std::string file;
+  Hid fid;
+
+  [[noreturn]] void fail(const std::string& path, const std::string& msg) const {
+    throw CaptureError(file, path, msg);
+  }
+
+  struct Ds {
+    Hid d, t;
+    std::vector<int64_t> dims;
+    int64_t numel = 0;
+    std::string path;
+  };
+
+  std::optional<Ds> try_open(const std::string& path) const {
+    if (!h5::exists(fid, path)) return std::nullopt;
+    Ds ds;
+    ds.path = path;
+    ds.d = h5::dset_id(H5Dopen2(fid, path.c_str(), H5P_DEFAULT));
+    if (!ds.d.valid()) fail(path, "not a readable dataset: " + h5::last_error());
+    ds.t = h5::type_id(H5Dget_type(ds.d));
+    Hid sp = h5::space_id(H5Dget_space(ds.d));
+    const int nd = H5Sget_simple_extent_ndims(sp);
+    if (nd < 0) fail(path, "unreadable dataspace: " + h5::last_error());
+    std::vector<hsize_t> d(static_cast<size_t>(nd));
+    if (nd > 0) H5Sget_simple_extent_dims(sp, d.data(), nullptr);
+    ds.numel = 1;
+    for (hsize_t x : d) {
+      ds.dims.push_back(static_cast<int64_t>(x));
+      ds.numel *= static_cast<int64_t>(x);
+    }
+    return ds;
+  }
+  Ds open(const std::string& path) const {
+    auto ds = try_open(path);
+    if (!ds) fail(path, "missing dataset");
+    return std::move(*ds);
+  }
+
+  // Signed integer of one of the given byte sizes (spec: "int32|int64", "int64", "int32").
+  void expect_int(const Ds& ds, std::initializer_list<size_t> sizes, const char* want) const {
+    const bool ok_class = H5Tget_class(ds.t) == H5T_INTEGER && H5Tget_sign(ds.t) == H5T_SGN_2;
+    bool ok_size = false;
+    for (size_t s : sizes) ok_size |= H5Tget_size(ds.t) == s;
+    if (!ok_class || !ok_size)
+      fail(ds.path, fmt::format("dtype {}, want {}", element_name(ds.d, ds.t), want));
+  }
+  void expect_shape(const Ds& ds, const std::vector<int64_t>& want, const std::string& why) const {
+    if (ds.dims != want)
+      fail(ds.path,
+           fmt::format("shape {}, want {} ({})", shape_str(ds.dims), shape_str(want), why));
+  }
+  void expect_1d(const Ds& ds) const {
+    if (ds.dims.size() != 1)
+      fail(ds.path, fmt::format("shape {}, want a 1-D dataset", shape_str(ds.dims)));
+  }
+
+  std::vector<int64_t> read_ints(const Ds& ds) const {
+    std::vector<int64_t> v(static_cast<size_t>(ds.numel));
+    if (ds.numel > 0 &&
+        H5Dread(ds.d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
+      fail(ds.path, "read failed: " + h5::last_error());
+    return v;
+  }
+  std::vector<int32_t> read_i32(const Ds& ds) const {
+    std::vector<int32_t> v(static_cast<size_t>(ds.numel));
+    if (ds.numel > 0 &&
+        H5Dread(ds.d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
+      fail(ds.path, "read failed: " + h5::last_error());
+    return v;
+  }
+  DType float_type(const Ds& ds) const {
+    auto t = float_dtype_of(ds.d, ds.t);
+    if (!t)
+      fail(ds.path, fmt::format("dtype {}, want float32, float16 or bfloat16 (uint16 with "
+                                "attribute dtype=\"bfloat16\")",
+                                h5::type_name(ds.t)));
+    return *t;
+  }
+  std::vector<float> read_floats(const Ds& ds, DType t) const {
+    std::vector<float> v(static_cast<size_t>(ds.numel));
+    if (ds.numel == 0) return v;
+    herr_t st;
+    if (t == DType::f32) {
+      st = H5Dread(ds.d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+    } else {
+      std::vector<uint16_t> bits(v.size());
+      Hid half = h5::make_f16_type();
+      st = H5Dread(ds.d, t == DType::f16 ? half.get() : H5T_NATIVE_UINT16, H5S_ALL, H5S_ALL,
+                   H5P_DEFAULT, bits.data());
+      for (size_t i = 0; i < v.size(); ++i)
+        v[i] = t == DType::f16 ? f16_bits_to_f32(bits[i]) : bf16_bits_to_f32(bits[i]);
+    }
+    if (st < 0) fail(ds.path, "read failed: " + h5::last_error());
+    return v;
+  }
+
+  int64_t int_attr(hid_t obj, const std::string& path, const char* name) const {
+    Hid a = h5::attr_id(H5Aopen(obj, name, H5P_DEFAULT));
+    if (!a.valid()) fail(path, fmt::format("missing attribute '{}'", name));
+    Hid t = h5::type_id(H5Aget_type(a));
+    Hid sp = h5::space_id(H5Aget_space(a));
+    if (H5Tget_class(t) != H5T_INTEGER || H5Sget_simple_extent_npoints(sp) != 1)
+      fail(path, fmt::format("attribute '{}' is {}, want one integer", name, h5::type_name(t)));
+    int64_t v = 0;
+    if (H5Aread(a, H5T_NATIVE_INT64, &v) < 0)
+      fail(path, fmt::format("attribute '{}': {}", name, h5::last_error()));
+    return v;
+  }
+
+  void read_kjt(const Plan& plan, const std::string& rp, Kjt& kjt) const;
+};
+
+CaptureReader::CaptureReader(const std::string& path) : path_(path), impl_(new Impl) {
+  h5::quiet();
+  Impl& I = *impl_;
+  I.file = path;
+  {
+    // Tell "not there" from "not HDF5" from "truncated" before HDF5's generic message.
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) I.fail("/", "cannot open file");
+    std::fclose(f);
+  }
+  const htri_t is_h5 = H5Fis_hdf5(path.c_str());
+  if (is_h5 <= 0) {
+    h5::last_error();
+    I.fail("/", "not an HDF5 file (no HDF5 signature)");
+  }
+  I.fid = h5::file_id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  if (!I.fid.valid())
+    I.fail("/", "cannot open as HDF5 (truncated or damaged?): " + h5::last_error());
+
+  Hid root = h5::group_id(H5Gopen2(I.fid, "/", H5P_DEFAULT));
+  if (!root.valid()) I.fail("/", "cannot open the root group: " + h5::last_error());
+  std::string fmt_name, why;
+  if (!h5::has_attr(root, "format"))
+    I.fail("/", fmt::format("missing attribute 'format' (want \"{}\"): not a dynemb-dist capture",
+                            kCaptureFormat));
+  if (!read_string_attr(root, "format", fmt_name, why)) I.fail("/", "attribute 'format': " + why);
+  if (fmt_name != kCaptureFormat)
+    I.fail("/", fmt::format("unknown format \"{}\" (want \"{}\")", fmt_name, kCaptureFormat));
+  const int64_t version = I.int_attr(root, "/", "format_version");
+  if (version != kCaptureFormatVersion)
+    I.fail("/", fmt::format("unknown format_version {} (this build reads version {})", version,
+                            kCaptureFormatVersion));
+  world_size_ = I.int_attr(root, "/", "world_size");
+  if (world_size_ < 1 || world_size_ > (1 << 20))
+    I.fail("/", fmt::format("world_size {} out of range [1, 2^20]", world_size_));
+  num_batches_ = I.int_attr(root, "/", "num_batches");
+  if (num_batches_ < 0) I.fail("/", fmt::format("num_batches {} < 0", num_batches_));
+
+  // /plan: scalar string dataset, fixed- or variable-length.
+  if (!h5::exists(I.fid, "/plan")) I.fail("/plan", "missing dataset (the plan YAML text)");
+  Hid pd = h5::dset_id(H5Dopen2(I.fid, "/plan", H5P_DEFAULT));
+  if (!pd.valid()) I.fail("/plan", "not a dataset: " + h5::last_error());
+  if (!read_string_obj(
+          [&] { return H5Dget_type(pd); }, [&] { return H5Dget_space(pd); },
+          [&](hid_t mt, void* buf) { return H5Dread(pd, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf); },
+          plan_text_, why))
+    I.fail("/plan", why);
+
+  if (h5::exists(I.fid, "/oracle")) {
+    Hid og = h5::group_id(H5Gopen2(I.fid, "/oracle", H5P_DEFAULT));
+    if (!og.valid()) I.fail("/oracle", "not a group");
+    std::string kind;
+    if (!read_string_attr(og, "kind", kind, why)) I.fail("/oracle", "attribute 'kind': " + why);
+    if (kind != "hash64")
+      I.fail("/oracle", fmt::format("unknown oracle kind \"{}\" (want \"hash64\")", kind));
+    Hid a = h5::attr_id(H5Aopen(og, "seed", H5P_DEFAULT));
+    if (!a.valid()) I.fail("/oracle", "missing attribute 'seed'");
+    Hid t = h5::type_id(H5Aget_type(a));
+    if (H5Tget_class(t) != H5T_INTEGER)
+      I.fail("/oracle", "attribute 'seed' is " + h5::type_name(t) + ", want uint64");
+    // h5py writes a Python int below 2^63 as int64: take its bits as they are.
+    uint64_t seed = 0;
+    herr_t st;
+    if (H5Tget_sign(t) == H5T_SGN_2) {
+      int64_t v = 0;
+      st = H5Aread(a, H5T_NATIVE_INT64, &v);
+      seed = static_cast<uint64_t>(v);
+    } else {
+      st = H5Aread(a, H5T_NATIVE_UINT64, &seed);
+    }
+    if (st < 0) I.fail("/oracle", "attribute 'seed': " + h5::last_error());
+    oracle_seed_ = seed;
+  }
+}
+
+CaptureReader::~CaptureReader() = default;
+
+namespace {
+#if H5_VERSION_GE(1, 12, 0)
+using LinkInfo = H5L_info2_t;  // H5Literate maps to H5Literate2 from 1.12 on
+#else
+using LinkInfo = H5L_info_t;
+#endif
+herr_t collect_names(hid_t, const char* name, const LinkInfo*, void* data) {
+  static_cast<std::vector<std::string>*>(data)->emplace_back(name);
+  return 0;
+}
+}  // namespace
+
+std::vector<std::string> CaptureReader::weight_tables() const {
+  std::vector<std::string> names, out;
+  if (!h5::exists(impl_->fid, "/tables")) return out;
+  Hid g = h5::group_id(H5Gopen2(impl_->fid, "/tables", H5P_DEFAULT));
+  if (!g.valid()) impl_->fail("/tables", "not a group");
+  H5Literate(g, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_names, &names);
+  for (const auto& n : names)
+    if (h5::exists(impl_->fid, "/tables/" + n + "/weight")) out.push_back(n);
+  return out;
+}
+
+void CaptureReader::check_table_weight(const TableConfig& table) const {
+  const Impl& I = *impl_;
+  Impl::Ds ds = I.open("/tables/" + table.name + "/weight");
+  const DType t = I.float_type(ds);
+  if (t != table.data_type)
+    I.fail(ds.path, fmt::format("dtype {}, want {} (table data_type {})", dtype_h5_name(t),
+                                dtype_h5_name(table.data_type), to_string(table.data_type)));
+  I.expect_shape(ds, {table.num_embeddings, table.embedding_dim}, "num_embeddings, embedding_dim");
+}
+
+std::vector<float> CaptureReader::read_table_weight(const TableConfig& table) const {
+  check_table_weight(table);  // before allocating [num_embeddings * D]
+  Impl::Ds ds = impl_->open("/tables/" + table.name + "/weight");
+  return impl_->read_floats(ds, table.data_type);
+}
+
+void CaptureReader::Impl::read_kjt(const Plan& plan, const std::string& rp, Kjt& kjt) const {
+  const int64_t F = plan.num_features();
+  if (!h5::exists(fid, rp)) fail(rp, "missing group");
+  Ds len = open(rp + "/lengths");
+  expect_int(len, {4, 8}, "int32 or int64");
+  expect_1d(len);
+  Ds val = open(rp + "/values");
+  expect_int(val, {4, 8}, "int32 or int64");
+  expect_1d(val);
+  kjt = Kjt{};
+  kjt.num_features = F;
+  kjt.lengths_type = H5Tget_size(len.t) == 4 ? IndexType::i32 : IndexType::i64;
+  kjt.values_type = H5Tget_size(val.t) == 4 ? IndexType::i32 : IndexType::i64;
+
+  if (auto spf = try_open(rp + "/stride_per_feature")) {
+    // VBE on this rank: lengths has sum_f B_f entries.
+    expect_int(*spf, {8}, "int64");
+    expect_shape(*spf, {F}, "F = number of plan features");
+    kjt.stride_per_feature = read_ints(*spf);
+    int64_t total = 0;
+    for (int64_t f = 0; f < F; ++f) {
+      const int64_t b = kjt.stride_per_feature[f];
+      if (b < 0 || b > len.numel)
+        fail(spf->path, fmt::format("stride_per_feature[{}] = {} out of range [0, len(lengths) "
+                                    "= {}]",
+                                    f, b, len.numel));
+      total += b;
+    }
+    if (total != len.numel)
+      fail(len.path, fmt::format("length {} != sum(stride_per_feature) {}", len.numel, total));
+  } else if (F > 0 && len.numel % F != 0) {
+    fail(len.path,
+         fmt::format("length {} is not a multiple of F = {} (features in the plan)", len.numel, F));
+  }
+  kjt.lengths = read_ints(len);
+  int64_t sum = 0;
+  for (int64_t i = 0; i < len.numel; ++i) {
+    const int64_t l = kjt.lengths[i];
+    if (l < 0) fail(len.path, fmt::format("lengths[{}] = {} < 0", i, l));
+    if (l > val.numel)
+      fail(len.path, fmt::format("lengths[{}] = {} > len(values) {}", i, l, val.numel));
+    sum += l;
+    if (sum > val.numel + std::numeric_limits<int32_t>::max()) break;  // no overflow below
+  }
+  if (sum != val.numel) fail(len.path, fmt::format("sum {} != len(values) {}", sum, val.numel));
+  kjt.values = read_ints(val);
+  if (auto w = try_open(rp + "/weights")) {
+    if (H5Tget_class(w->t) != H5T_FLOAT || H5Tget_size(w->t) != 4)
+      fail(w->path, fmt::format("dtype {}, want float32", element_name(w->d, w->t)));
+    expect_shape(*w, {val.numel}, "len(values)");
+    kjt.weights = read_floats(*w, DType::f32);
+    kjt.weighted = true;
+  }
+}
+
+Batch CaptureReader::read_batch(const Plan& plan, int64_t k, const ReadParts& parts) const {
+  const Impl& I = *impl_;
+  const int64_t W = world_size_;
+  const int64_t F = plan.num_features();
+  if (plan.world_size != W)
+    I.fail("/",
+           fmt::format("world_size {} != plan world_size {} ({})", W, plan.world_size, plan.path));
+  const std::string bp = fmt::format("/batches/{}", k);
+  if (k < 0 || k >= num_batches_)
+    I.fail(bp, fmt::format("batch {} out of range (num_batches = {})", k, num_batches_));
+  if (!h5::exists(I.fid, bp))
+    I.fail(bp, fmt::format("missing group (num_batches = {})", num_batches_));
+
+  Batch batch;
+  batch.index = k;
+  batch.ranks.resize(static_cast<size_t>(W));
+  // Pass 1: every rank's KJT; the other shapes depend on all of them (sum_s B_s, routing).
+  for (int64_t r = 0; r < W; ++r)
+    I.read_kjt(plan, fmt::format("{}/rank{}", bp, r), batch.ranks[r].kjt);
+
+  const bool sequence = plan.module == ModuleKind::sequence;
+  bool any_vbe = false;
+  int64_t sum_b = 0;      // sum_s B_s (sequence pads VBE to max_f B_f)
+  int64_t sum_bags = 0;   // sum_s sum_f B_{s,f}
+  int64_t vbe_local = 0;  // pooled VBE local_embs elements: sum_s sum_f B_{s,f} D_f
+  for (const RankBatch& rb : batch.ranks) {
+    any_vbe |= rb.kjt.is_vbe();
+    sum_b += kjt_stride(rb.kjt);
+    sum_bags += rb.kjt.num_bags();
+    for (int64_t f = 0; f < F; ++f) vbe_local += kjt_batch_size(rb.kjt, f) * plan.features[f].dim;
+  }
+  std::vector<int64_t> routed(static_cast<size_t>(W), 0);  // ids each rank looks up
+  if (sequence)
+    for (const RankBatch& rb : batch.ranks) {
+      auto c = routed_id_counts(plan, rb.kjt);
+      for (int64_t d = 0; d < W; ++d) routed[d] += c[d];
+    }
+  const bool pooled_vbe = !sequence && any_vbe;
+  const DType data_type = plan.data_type();
+  const DType out_type = plan.comm_precision == DType::f32 ? data_type : DType::f32;
+
+  // Pass 2: the optional parts, rank by rank.
+  for (int64_t r = 0; r < W; ++r) {
+    const std::string rp = fmt::format("{}/rank{}", bp, r);
+    RankBatch& rb = batch.ranks[r];
+    const int64_t n_r = rb.kjt.num_ids();
+    if (parts.ctx && h5::exists(I.fid, rp + "/ctx")) {
+      const std::string cp = rp + "/ctx";
+      ShardingContext c;
+      auto vec = [&](const char* name, int64_t want,
+                     const char* why) -> std::optional<std::vector<int64_t>> {
+        auto ds = I.try_open(cp + "/" + name);
+        if (!ds) return std::nullopt;
+        I.expect_int(*ds, {8}, "int64");
+        I.expect_shape(*ds, {want}, why);
+        return I.read_ints(*ds);
+      };
+      c.input_splits = vec("input_splits", W, "W");
+      c.output_splits = vec("output_splits", W, "W");
+      c.batch_size_per_rank = vec("batch_size_per_rank", W, "W");
+      if (auto ds = I.try_open(cp + "/batch_size_per_rank_per_feature")) {
+        I.expect_int(*ds, {8}, "int64");
+        I.expect_shape(*ds, {W, F}, "W, F");
+        auto flat = I.read_ints(*ds);
+        std::vector<std::vector<int64_t>> m(static_cast<size_t>(W));
+        for (int64_t s = 0; s < W; ++s)
+          m[s].assign(flat.begin() + s * F, flat.begin() + (s + 1) * F);
+        c.batch_size_per_rank_per_feature = std::move(m);
+      }
+      if (auto ds = I.try_open(cp + "/sparse_features_recat")) {
+        I.expect_int(*ds, {4}, "int32");
+        I.expect_1d(*ds);
+        // [F*W], or expanded per bag when the B_s differ (§4.3): F * sum_s B_s bags.
+        const int64_t n = ds->dims[0];
+        if (n != F * W && n != F * sum_b && n != sum_bags)
+          I.fail(ds->path, fmt::format("shape [{}], want [{}] (F*W) or [{}] (expanded per bag, "
+                                       "F * sum_s B_s)",
+                                       n, F * W, F * sum_b));
+        c.sparse_features_recat = I.read_i32(*ds);
+      }
+      c.unbucketize_permute = vec("unbucketize_permute", n_r, "N_r = len(values)");
+      if (auto ds = I.try_open(cp + "/lengths_after_input_dist")) {
+        I.expect_int(*ds, {8}, "int64");
+        I.expect_shape(*ds, {F, sum_b}, "F, sum_s B_s");
+        c.lengths_after_input_dist = I.read_ints(*ds);
+        c.lengths_after_input_dist_cols = sum_b;
+      }
+      Hid g = h5::group_id(H5Gopen2(I.fid, cp.c_str(), H5P_DEFAULT));
+      if (!g.valid()) I.fail(cp, "not a group");
+      if (h5::has_attr(g, "variable_batch_per_feature")) {
+        const int64_t v = I.int_attr(g, cp, "variable_batch_per_feature");
+        if (v != 0 && v != 1)
+          I.fail(cp, fmt::format("attribute variable_batch_per_feature = {}, want 0 or 1", v));
+        c.variable_batch_per_feature = v == 1;
+      }
+      rb.ctx = std::move(c);
+    }
+
+    auto tensor = [&](const char* name, std::vector<int64_t> want, const std::string& why,
+                      DType want_type, const std::string& type_why) -> std::optional<EmbTensor> {
+      auto ds = I.try_open(rp + "/" + name);
+      if (!ds) return std::nullopt;
+      const DType t = I.float_type(*ds);
+      if (t != want_type)
+        I.fail(ds->path, fmt::format("dtype {}, want {} ({})", dtype_h5_name(t),
+                                     dtype_h5_name(want_type), type_why));
+      I.expect_shape(*ds, want, why);
+      EmbTensor e;
+      e.dtype = t;
+      e.shape = std::move(want);
+      if (parts.float_data) e.data = I.read_floats(*ds, t);
+      return e;
+    };
+    const std::string dt_why = fmt::format("plan data_type {}", to_string(data_type));
+    const std::string out_why = plan.comm_precision == DType::f32
+                                    ? dt_why + ", no codec"
+                                    : fmt::format("comm_precision {}: the codec decodes to float32",
+                                                  to_string(plan.comm_precision));
+    if (parts.local_embs) {
+      if (sequence)
+        rb.local_embs = tensor("local_embs", {routed[r], plan.seq_dim()},
+                               "ids routed to this rank, D", data_type, dt_why);
+      else if (pooled_vbe)
+        rb.local_embs =
+            tensor("local_embs", {vbe_local}, "sum_s sum_f B_{s,f} * D_f", data_type, dt_why);
+      else
+        rb.local_embs =
+            tensor("local_embs", {sum_b, plan.sum_dim}, "sum_s B_s, sum_D", data_type, dt_why);
+    }
+    if (parts.output) {
+      if (sequence) {
+        rb.output =
+            tensor("output", {n_r, plan.seq_dim()}, "N_r = len(values), D", out_type, out_why);
+      } else if (pooled_vbe) {
+        int64_t n = 0;
+        for (int64_t f = 0; f < F; ++f) n += kjt_batch_size(rb.kjt, f) * plan.features[f].dim;
+        rb.output = tensor("output", {n}, "sum_f B_{r,f} * D_f", out_type, out_why);
+      } else {
+        rb.output =
+            tensor("output", {kjt_stride(rb.kjt), plan.sum_dim}, "B_r, sum_D", out_type, out_why);
+      }
+    }
+  }
+  return batch;
+}
+
+namespace {
+const char* const kRankDatasets[] = {"lengths",
+                                     "values",
+                                     "weights",
+                                     "stride_per_feature",
+                                     "ctx/input_splits",
+                                     "ctx/output_splits",
+                                     "ctx/batch_size_per_rank",
+                                     "ctx/batch_size_per_rank_per_feature",
+                                     "ctx/sparse_features_recat",
+                                     "ctx/unbucketize_permute",
+                                     "ctx/lengths_after_input_dist",
+                                     "local_embs",
+                                     "output"};
+}  // namespace
+
+std::vector<DatasetStat> CaptureReader::dataset_stats(int64_t k) const {
+  std::vector<DatasetStat> out;
+  for (int64_t r = 0; r < world_size_; ++r)
+    for (const char* name : kRankDatasets) {
+      const std::string p = fmt::format("/batches/{}/rank{}/{}", k, r, name);
+      if (auto ds = impl_->try_open(p)) {
+        DatasetStat s;
+        s.path = p;
+        s.dtype = element_name(ds->d, ds->t);
+        s.dims = ds->dims;
+        s.logical_bytes = ds->numel * static_cast<int64_t>(H5Tget_size(ds->t));
+        s.stored_bytes = static_cast<int64_t>(H5Dget_storage_size(ds->d));
+        out.push_back(std::move(s));
+      }
+    }
+  return out;
+}
+
+std::vector<DatasetStat> CaptureReader::table_stats() const {
+  std::vector<DatasetStat> out;
+  for (const std::string& n : weight_tables()) {
+    auto ds = impl_->try_open("/tables/" + n + "/weight");
+    DatasetStat s;
+    s.path = ds->path;
+    s.dtype = element_name(ds->d, ds->t);
+    s.dims = ds->dims;
+    s.logical_bytes = ds->numel * static_cast<int64_t>(H5Tget_size(ds->t));
+    s.stored_bytes = static_cast<int64_t>(H5Dget_storage_size(ds->d));
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::vector<int64_t> routed_id_counts(const Plan& plan, const Kjt& kjt) {
+  const uint64_t W = static_cast<uint64_t>(plan.world_size);
+  std::vector<int64_t> counts(W, 0);
+  const bool i32 = kjt.values_type == IndexType::i32;
+  int64_t pos = 0;
+  for (int64_t f = 0; f < kjt.num_features && f < plan.num_features(); ++f) {
+    const FeatureInfo& fi = plan.features[f];
+    const uint64_t blk = static_cast<uint64_t>(fi.block_size);
+    int64_t n = 0;
+    const int64_t b0 = kjt_bag_begin(kjt, f);
+    for (int64_t b = 0; b < kjt_batch_size(kjt, f); ++b) n += kjt.lengths[b0 + b];
+    for (int64_t i = pos; i < pos + n; ++i) {
+      // u64 of the id in its index dtype (rw-semantics.md §0, §10.2).
+      const uint64_t x = i32 ? static_cast<uint64_t>(static_cast<uint32_t>(kjt.values[i]))
+                             : static_cast<uint64_t>(kjt.values[i]);
+      uint64_t d = 0;
+      switch (fi.dist_type) {
+        case DistType::continuous:
+          d = (blk > 0 && x < blk * W) ? x / blk : x % W;
+          break;
+        case DistType::roundrobin:
+          d = x % W;
+          break;
+        case DistType::hash_roundrobin: {
+          uint64_t h = fmix64(x);
+          if (i32) h = static_cast<uint32_t>(h);
+          d = h % W;
+          break;
+        }
+      }
+      ++counts[d];
+    }
+    pos += n;
+  }
+  return counts;
+}
+
+// ------------------------------------------------------------------------------- writer
+
+struct CaptureWriter::Impl {
+  std::string target;
+  WriterOptions opt;
+  Hid fid, batches, half;
+
+  [[noreturn]] void fail(const std::string& path, const std::string& msg) const {
+    throw CaptureError(target, path, "cannot write: " + msg);
+  }
+
+  // A 1-D or 2-D dataset; large ones chunked (<= 1 MiB) with shuffle + deflate.
+  void dataset(hid_t loc, const std::string& where, const char* name, hid_t file_type,
+               hid_t mem_type, const std::vector<int64_t>& dims, const void* data) {
+    std::vector<hsize_t> hd(dims.begin(), dims.end());
+    Hid sp = h5::space_id(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr));
+    int64_t numel = 1;
+    for (int64_t d : dims) numel *= d;
+    const int64_t es = static_cast<int64_t>(H5Tget_size(file_type));
+    Hid dcpl = h5::plist_id(H5Pcreate(H5P_DATASET_CREATE));
+    if (numel > 0 && numel * es >= opt.chunk_threshold_bytes) {
+      constexpr int64_t kChunkBytes = 1 << 20;
+      std::vector<hsize_t> chunk(hd.size());
+      if (hd.size() == 1) {
+        chunk[0] = static_cast<hsize_t>(std::min(numel, kChunkBytes / es));
+      } else {
+        const int64_t cols = dims[1];
+        const int64_t ccols = std::min(cols, kChunkBytes / es);
+        chunk[1] = static_cast<hsize_t>(std::max<int64_t>(1, ccols));
+        chunk[0] = static_cast<hsize_t>(std::max<int64_t>(
+            1, std::min(dims[0], kChunkBytes / (es * std::max<int64_t>(1, ccols)))));
+      }
+      H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data());
+      H5Pset_shuffle(dcpl);
+      H5Pset_deflate(dcpl, static_cast<unsigned>(opt.deflate_level));
+    }
+    const std::string path = where + "/" + name;
+    Hid d = h5::dset_id(H5Dcreate2(loc, name, file_type, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT));
+    if (!d.valid()) fail(path, h5::last_error());
+    if (numel > 0 && H5Dwrite(d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+      fail(path, h5::last_error());
+  }
+
+  void ints(hid_t loc, const std::string& where, const char* name, const std::vector<int64_t>& v,
+            IndexType t, std::vector<int64_t> dims = {}) {
+    if (dims.empty()) dims = {static_cast<int64_t>(v.size())};
+    if (t == IndexType::i64) {
+      dataset(loc, where, name, H5T_STD_I64LE, H5T_NATIVE_INT64, dims, v.data());
+      return;
+    }
+    std::vector<int32_t> n(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (v[i] < std::numeric_limits<int32_t>::min() || v[i] > std::numeric_limits<int32_t>::max())
+        fail(where + "/" + name, fmt::format("[{}] = {} does not fit int32", i, v[i]));
+      n[i] = static_cast<int32_t>(v[i]);
+    }
+    dataset(loc, where, name, H5T_STD_I32LE, H5T_NATIVE_INT32, dims, n.data());
+  }
+
+  void floats(hid_t loc, const std::string& where, const char* name, const EmbTensor& e) {
+    if (static_cast<int64_t>(e.data.size()) != e.numel())
+      fail(where + "/" + name,
+           fmt::format("tensor shape {} but {} values", shape_str(e.shape), e.data.size()));
+    if (e.dtype == DType::f32) {
+      dataset(loc, where, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, e.shape, e.data.data());
+      return;
+    }
+    std::vector<uint16_t> bits(e.data.size());
+    for (size_t i = 0; i < bits.size(); ++i)
+      bits[i] = e.dtype == DType::f16 ? f32_to_f16_bits(e.data[i]) : f32_to_bf16_bits(e.data[i]);
+    if (e.dtype == DType::f16) {
+      dataset(loc, where, name, half, half, e.shape, bits.data());
+    } else {
+      dataset(loc, where, name, H5T_STD_U16LE, H5T_NATIVE_UINT16, e.shape, bits.data());
+      Hid d = h5::dset_id(H5Dopen2(loc, name, H5P_DEFAULT));
+      str_attr(d, where + "/" + name, "dtype", "bfloat16");
+    }
+  }
+
+  void str_attr(hid_t obj, const std::string& where, const char* name, const std::string& value) {
+    Hid t = h5::type_id(H5Tcopy(H5T_C_S1));
+    H5Tset_cset(t, H5T_CSET_UTF8);
+    Hid sp = h5::space_id(H5Screate(H5S_SCALAR));
+    if (opt.fixed_length_strings) {
+      H5Tset_size(t, std::max<size_t>(1, value.size()));
+      H5Tset_strpad(t, H5T_STR_NULLPAD);
+      Hid a = h5::attr_id(H5Acreate2(obj, name, t, sp, H5P_DEFAULT, H5P_DEFAULT));
+      std::vector<char> buf(std::max<size_t>(1, value.size()), '\0');
+      std::copy(value.begin(), value.end(), buf.begin());
+      if (!a.valid() || H5Awrite(a, t, buf.data()) < 0) fail(where, h5::last_error());
+    } else {
+      H5Tset_size(t, H5T_VARIABLE);
+      Hid a = h5::attr_id(H5Acreate2(obj, name, t, sp, H5P_DEFAULT, H5P_DEFAULT));
+      const char* p = value.c_str();
+      if (!a.valid() || H5Awrite(a, t, &p) < 0) fail(where, h5::last_error());
+    }
+  }
+
+  void int_attr(hid_t obj, const std::string& where, const char* name, int64_t v) {
+    Hid sp = h5::space_id(H5Screate(H5S_SCALAR));
+    Hid a = h5::attr_id(H5Acreate2(obj, name, H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT));
+    if (!a.valid() || H5Awrite(a, H5T_NATIVE_INT64, &v) < 0) fail(where, h5::last_error());
+  }
+
+  Hid group(hid_t loc, const std::string& path, const char* name) {
+    Hid g = h5::group_id(H5Gcreate2(loc, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    if (!g.valid()) fail(path, h5::last_error());
+    return g;
+  }
+};
+
+CaptureWriter::CaptureWriter(const std::string& target, const Plan& plan,
+                             std::optional<uint64_t> oracle_seed, const WriterOptions& options)
+    : target_(target),
+      temp_(target + ".tmp-" + std::to_string(static_cast<long>(::getpid()))),
+      world_size_(plan.world_size),
+      impl_(new Impl) {
+  h5::quiet();
+  Impl& I = *impl_;
+  I.target = target;
+  I.opt = options;
+  I.half = h5::make_f16_type();
+  I.fid = h5::file_id(H5Fcreate(temp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+  if (!I.fid.valid())
+    throw CaptureError(target, "/",
+                       "cannot create temporary file " + temp_ + ": " + h5::last_error());
+  Hid root = h5::group_id(H5Gopen2(I.fid, "/", H5P_DEFAULT));
+  I.str_attr(root, "/", "format", kCaptureFormat);
+  I.int_attr(root, "/", "format_version", kCaptureFormatVersion);
+  I.int_attr(root, "/", "world_size", plan.world_size);
+
+  // /plan: the plan text, a scalar string.
+  {
+    Hid t = h5::type_id(H5Tcopy(H5T_C_S1));
+    H5Tset_cset(t, H5T_CSET_UTF8);
+    Hid sp = h5::space_id(H5Screate(H5S_SCALAR));
+    const std::string& text = plan.source_text;
+    if (options.fixed_length_strings) {
+      H5Tset_size(t, std::max<size_t>(1, text.size()));
+      H5Tset_strpad(t, H5T_STR_NULLPAD);
+    } else {
+      H5Tset_size(t, H5T_VARIABLE);
+    }
+    Hid d = h5::dset_id(H5Dcreate2(I.fid, "plan", t, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    std::vector<char> buf(std::max<size_t>(1, text.size()) + 1, '\0');
+    std::copy(text.begin(), text.end(), buf.begin());
+    const char* p = buf.data();
+    const void* src = options.fixed_length_strings ? static_cast<const void*>(buf.data())
+                                                   : static_cast<const void*>(&p);
+    if (!d.valid() || H5Dwrite(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, src) < 0)
+      I.fail("/plan", h5::last_error());
+  }
+  if (oracle_seed) {
+    Hid og = I.group(I.fid, "/oracle", "oracle");
+    I.str_attr(og, "/oracle", "kind", "hash64");
+    Hid sp = h5::space_id(H5Screate(H5S_SCALAR));
+    Hid a = h5::attr_id(H5Acreate2(og, "seed", H5T_STD_U64LE, sp, H5P_DEFAULT, H5P_DEFAULT));
+    const uint64_t s = *oracle_seed;
+    if (!a.valid() || H5Awrite(a, H5T_NATIVE_UINT64, &s) < 0) I.fail("/oracle", h5::last_error());
+  }
+  I.batches = I.group(I.fid, "/batches", "batches");
+}
+
+CaptureWriter::~CaptureWriter() {
+  if (committed_) return;
+  // Close every handle before removing the half-written temp.
+  impl_->batches.reset();
+  impl_->fid.reset();
+  std::remove(temp_.c_str());
+}
+
+void CaptureWriter::write_table_weight(const std::string& table, DType dtype, int64_t rows,
+                                       int64_t dim, const std::vector<float>& data) {
+  Impl& I = *impl_;
+  if (!h5::exists(I.fid, "/tables")) I.group(I.fid, "/tables", "tables");
+  Hid tg = h5::group_id(H5Gopen2(I.fid, "/tables", H5P_DEFAULT));
+  Hid g = I.group(tg, "/tables/" + table, table.c_str());
+  EmbTensor e;
+  e.dtype = dtype;
+  e.shape = {rows, dim};
+  e.data = data;
+  I.floats(g, "/tables/" + table, "weight", e);
+}
+
+void CaptureWriter::write_batch(const Batch& batch) {
+  Impl& I = *impl_;
+  const std::string bp = fmt::format("/batches/{}", batches_);
+  if (batch.index != batches_)
+    I.fail(bp, fmt::format("batch {} written out of order", batch.index));
+  if (static_cast<int64_t>(batch.ranks.size()) != world_size_)
+    I.fail(bp, fmt::format("{} ranks, want world_size {}", batch.ranks.size(), world_size_));
+  Hid bg = I.group(I.batches, bp, std::to_string(batches_).c_str());
+  for (int64_t r = 0; r < world_size_; ++r) {
+    const RankBatch& rb = batch.ranks[r];
+    const Kjt& kjt = rb.kjt;
+    const std::string rp = fmt::format("{}/rank{}", bp, r);
+    Hid rg = I.group(bg, rp, fmt::format("rank{}", r).c_str());
+    I.ints(rg, rp, "lengths", kjt.lengths, kjt.lengths_type);
+    I.ints(rg, rp, "values", kjt.values, kjt.values_type);
+    if (kjt.weighted) {
+      EmbTensor w;
+      w.shape = {static_cast<int64_t>(kjt.weights.size())};
+      w.data = kjt.weights;
+      I.floats(rg, rp, "weights", w);
+    }
+    if (kjt.is_vbe()) I.ints(rg, rp, "stride_per_feature", kjt.stride_per_feature, IndexType::i64);
+    if (rb.ctx) {
+      const ShardingContext& c = *rb.ctx;
+      const std::string cp = rp + "/ctx";
+      Hid cg = I.group(rg, cp, "ctx");
+      auto vec = [&](const char* name, const std::optional<std::vector<int64_t>>& v) {
+        if (v) I.ints(cg, cp, name, *v, IndexType::i64);
+      };
+      vec("input_splits", c.input_splits);
+      vec("output_splits", c.output_splits);
+      vec("batch_size_per_rank", c.batch_size_per_rank);
+      if (c.batch_size_per_rank_per_feature) {
+        const auto& m = *c.batch_size_per_rank_per_feature;
+        std::vector<int64_t> flat;
+        const int64_t cols = m.empty() ? 0 : static_cast<int64_t>(m[0].size());
+        for (const auto& row : m) {
+          if (static_cast<int64_t>(row.size()) != cols)
+            I.fail(cp + "/batch_size_per_rank_per_feature", "ragged rows");
+          flat.insert(flat.end(), row.begin(), row.end());
+        }
+        I.ints(cg, cp, "batch_size_per_rank_per_feature", flat, IndexType::i64,
+               {static_cast<int64_t>(m.size()), cols});
+      }
+      if (c.sparse_features_recat) {
+        const auto& v = *c.sparse_features_recat;
+        I.dataset(cg, cp, "sparse_features_recat", H5T_STD_I32LE, H5T_NATIVE_INT32,
+                  {static_cast<int64_t>(v.size())}, v.data());
+      }
+      vec("unbucketize_permute", c.unbucketize_permute);
+      if (c.lengths_after_input_dist) {
+        const auto& v = *c.lengths_after_input_dist;
+        const int64_t cols = c.lengths_after_input_dist_cols;
+        const int64_t rows = cols > 0 ? static_cast<int64_t>(v.size()) / cols : kjt.num_features;
+        if (rows * cols != static_cast<int64_t>(v.size()))
+          I.fail(cp + "/lengths_after_input_dist",
+                 fmt::format("{} values do not fill {} columns", v.size(), cols));
+        I.ints(cg, cp, "lengths_after_input_dist", v, IndexType::i64, {rows, cols});
+      }
+      if (c.variable_batch_per_feature)
+        I.int_attr(cg, cp, "variable_batch_per_feature", *c.variable_batch_per_feature ? 1 : 0);
+    }
+    if (rb.local_embs) I.floats(rg, rp, "local_embs", *rb.local_embs);
+    if (rb.output) I.floats(rg, rp, "output", *rb.output);
+  }
+  ++batches_;
+}
+
+void CaptureWriter::commit() {
+  Impl& I = *impl_;
+  {
+    Hid root = h5::group_id(H5Gopen2(I.fid, "/", H5P_DEFAULT));
+    I.int_attr(root, "/", "num_batches", batches_);
+  }
+  I.batches.reset();
+  if (H5Fflush(I.fid, H5F_SCOPE_GLOBAL) < 0) I.fail("/", h5::last_error());
+  I.fid.reset();
+  if (std::rename(temp_.c_str(), target_.c_str()) != 0)
+    throw CaptureError(target_, "/", "cannot rename " + temp_ + " onto it");
+  committed_ = true;
+}
+
+}  // namespace dynemb

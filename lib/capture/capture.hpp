@@ -1,0 +1,150 @@
+// HDF5 capture format v1 (shared/spec/capture-format.md): reader, writer and the whole-file
+// check behind `validate --capture`.
+//
+//   /  attrs format="dynemb-dist-capture", format_version=1, world_size=W, num_batches=nb
+//   /plan                          the plan YAML (scalar string, fixed- or variable-length)
+//   /oracle                        attrs kind="hash64", seed (uint64)          (optional)
+//   /tables/<name>/weight          [num_embeddings, D] in the table's data_type (optional)
+//   /batches/<k>/rank<r>/          lengths, values, weights?, stride_per_feature?,
+//                                  ctx/*?, local_embs?, output?
+//
+// Everything is read one batch at a time, and every shape is checked against the plan before
+// anything is allocated from it; the first inconsistency is a CaptureError naming the file,
+// the HDF5 path and the index ("/batches/3/rank1/lengths: sum 812 != len(values) 811").
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "common/error.hpp"
+#include "engine/embedding_source.hpp"
+#include "engine/types.hpp"
+#include "plan/plan.hpp"
+
+namespace dynemb {
+
+inline constexpr const char* kCaptureFormat = "dynemb-dist-capture";
+inline constexpr int kCaptureFormatVersion = 1;
+
+// Which parts of a batch read_batch loads. The KJT (lengths, values, weights, strides) is
+// always read and checked; the optional parts are checked whenever present, and their data
+// loaded only when asked.
+struct ReadParts {
+  bool ctx = true;
+  bool local_embs = true;
+  bool output = true;
+  // false: float tensors come back with shape and dtype but empty `data` (shape checks only).
+  bool float_data = true;
+};
+
+// Size of one dataset, for `inspect`.
+struct DatasetStat {
+  std::string path;
+  std::string dtype;          // "int64", "float32", "bfloat16", ...
+  std::vector<int64_t> dims;  // extent
+  int64_t logical_bytes = 0;  // elements x element size
+  int64_t stored_bytes = 0;   // on disk (after compression)
+};
+
+class CaptureReader {
+ public:
+  // Opens the file and checks the root attributes and /plan; throws CaptureError.
+  explicit CaptureReader(const std::string& path);
+  ~CaptureReader();
+  CaptureReader(const CaptureReader&) = delete;
+  CaptureReader& operator=(const CaptureReader&) = delete;
+
+  const std::string& path() const { return path_; }
+  int64_t world_size() const { return world_size_; }
+  int64_t num_batches() const { return num_batches_; }
+  const std::string& plan_text() const { return plan_text_; }
+  // The seed of /oracle (kind "hash64"), nullopt when the group is absent.
+  std::optional<uint64_t> oracle_seed() const { return oracle_seed_; }
+
+  // Names under /tables that hold a `weight` dataset, in HDF5 (alphabetical) order.
+  std::vector<std::string> weight_tables() const;
+  // /tables/<name>/weight as [num_embeddings * D] row-major floats, checked against `table`.
+  std::vector<float> read_table_weight(const TableConfig& table) const;
+  // The dtype and shape checks of read_table_weight, without reading the data.
+  void check_table_weight(const TableConfig& table) const;
+
+  // Batch k (0 <= k < num_batches) for all W ranks, checked against `plan` (world size, F,
+  // dims, every length sum and shape). Kjt::lengths_type / values_type record the on-disk
+  // dtypes.
+  Batch read_batch(const Plan& plan, int64_t k, const ReadParts& parts = {}) const;
+
+  // Every dataset under /batches/<k> and /tables with its extent and bytes (no data read).
+  std::vector<DatasetStat> dataset_stats(int64_t k) const;
+  std::vector<DatasetStat> table_stats() const;
+
+ private:
+  struct Impl;
+  std::string path_;
+  int64_t world_size_ = 0;
+  int64_t num_batches_ = 0;
+  std::string plan_text_;
+  std::optional<uint64_t> oracle_seed_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The plan of a capture: `override_plan` when given (after checking that it agrees with the
+// capture's world size), else /plan parsed as "<file>:/plan" (capture_plan.cpp).
+Plan capture_plan(const CaptureReader& reader, const Plan* override_plan = nullptr);
+
+// `validate --capture`: checks the whole capture against the plan without running anything:
+// world size, features and dims (override vs embedded plan), /tables shapes, /oracle, and
+// every batch's and rank's shapes and length sums. Throws CaptureError on the first problem.
+void check_capture(const std::string& path, const Plan* override_plan = nullptr);
+
+// The rows of a capture (capture_source.cpp): dense weights for the tables under /tables,
+// the hash64 oracle for the others. nullptr when the capture has neither (a replay can still
+// run the output dist on captured local_embs); throws CaptureError when some tables have
+// weights, others do not, and there is no oracle.
+std::shared_ptr<const EmbeddingSource> open_embedding_source(const CaptureReader& reader,
+                                                             const Plan& plan);
+
+struct WriterOptions {
+  int deflate_level = 4;
+  // Datasets of at least this many bytes are chunked (<= 1 MiB chunks) + shuffle + deflate.
+  int64_t chunk_threshold_bytes = 4096;
+  // Write /plan and string attributes as fixed-length instead of h5py's variable-length.
+  bool fixed_length_strings = false;
+};
+
+// Writes a capture one batch at a time into "<target>.tmp-<pid>"; commit() writes
+// num_batches and renames it onto `target`. Destroyed without commit(): the temp is removed.
+class CaptureWriter {
+ public:
+  CaptureWriter(const std::string& target, const Plan& plan, std::optional<uint64_t> oracle_seed,
+                const WriterOptions& options = {});
+  ~CaptureWriter();
+  CaptureWriter(const CaptureWriter&) = delete;
+  CaptureWriter& operator=(const CaptureWriter&) = delete;
+
+  const std::string& temp_path() const { return temp_; }
+  // /tables/<name>/weight, [rows, dim] row-major, values exact in `dtype`.
+  void write_table_weight(const std::string& table, DType dtype, int64_t rows, int64_t dim,
+                          const std::vector<float>& data);
+  // Batches must come in order 0, 1, ...; batch.ranks.size() must be the plan's W.
+  void write_batch(const Batch& batch);
+  int64_t batches_written() const { return batches_; }
+  void commit();
+
+ private:
+  struct Impl;
+  std::string target_, temp_;
+  int64_t world_size_ = 0;
+  int64_t batches_ = 0;
+  bool committed_ = false;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Destination rank of every id of `kjt` (rw-semantics.md §3.2, §10.2), no bucketize needed:
+// counts[d] = ids routed to rank d. Used for the shape of sequence local_embs and by inspect.
+std::vector<int64_t> routed_id_counts(const Plan& plan, const Kjt& kjt);
+
+}  // namespace dynemb

@@ -1,0 +1,81 @@
+// HDF5 helpers shared by the capture reader and writer (see h5util.hpp).
+#include "capture/h5util.hpp"
+
+namespace dynemb::h5 {
+
+void quiet() {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+
+namespace {
+herr_t walk_cb(unsigned n, const H5E_error2_t* err, void* data) {
+  // The stack is walked from the innermost call outwards: keep the first description.
+  auto* out = static_cast<std::string*>(data);
+  if (n == 0 && err && err->desc) *out = err->desc;
+  return 0;
+}
+}  // namespace
+
+std::string last_error() {
+  std::string msg;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk_cb, &msg);
+  H5Eclear2(H5E_DEFAULT);
+  return msg;
+}
+
+Hid make_f16_type() {
+  // What numpy's float16 maps to in h5py: sign bit 15, exponent 10..14 (bias 15), mantissa 0..9.
+  Hid t = type_id(H5Tcopy(H5T_IEEE_F32LE));
+  H5Tset_fields(t, 15, 10, 5, 0, 10);
+  H5Tset_size(t, 2);
+  H5Tset_ebias(t, 15);
+  return t;
+}
+
+bool exists(hid_t file, const std::string& path) {
+  // H5Lexists fails (rather than returning false) when an intermediate component is missing.
+  size_t pos = 1;
+  while (pos <= path.size()) {
+    size_t next = path.find('/', pos);
+    if (next == std::string::npos) next = path.size();
+    const std::string prefix = path.substr(0, next);
+    if (H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0) {
+      H5Eclear2(H5E_DEFAULT);
+      return false;
+    }
+    pos = next + 1;
+  }
+  return true;
+}
+
+bool has_attr(hid_t obj, const char* name) {
+  const htri_t r = H5Aexists(obj, name);
+  if (r < 0) H5Eclear2(H5E_DEFAULT);
+  return r > 0;
+}
+
+std::string type_name(hid_t type) {
+  const H5T_class_t cls = H5Tget_class(type);
+  const size_t size = H5Tget_size(type);
+  const std::string bits = std::to_string(size * 8);
+  switch (cls) {
+    case H5T_INTEGER:
+      return (H5Tget_sign(type) == H5T_SGN_NONE ? "uint" : "int") + bits;
+    case H5T_FLOAT:
+      return "float" + bits;
+    case H5T_STRING:
+      return "string";
+    case H5T_COMPOUND:
+      return "compound";
+    case H5T_ENUM:
+      return "enum";
+    case H5T_VLEN:
+      return "vlen";
+    case H5T_ARRAY:
+      return "array";
+    default:
+      return "type class " + std::to_string(static_cast<int>(cls));
+  }
+}
+
+}  // namespace dynemb::h5

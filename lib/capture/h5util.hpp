@@ -1,0 +1,89 @@
+// Small RAII + error helpers over the HDF5 C API, private to lib/capture.
+// HDF5's automatic error printing is turned off; a failed call becomes a CaptureError that
+// names the file, the HDF5 path and HDF5's own innermost message.
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/error.hpp"
+
+namespace dynemb::h5 {
+
+// Turns off HDF5's automatic error printing on this thread's default stack (idempotent).
+void quiet();
+
+// HDF5's innermost error description of the last failed call ("" when none).
+std::string last_error();
+
+// An owned hid_t with the close function of its kind.
+class Hid {
+ public:
+  using CloseFn = herr_t (*)(hid_t);
+  Hid() = default;
+  Hid(hid_t id, CloseFn close) : id_(id), close_(close) {}
+  Hid(Hid&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
+  Hid& operator=(Hid&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = o.id_;
+      close_ = o.close_;
+      o.id_ = -1;
+    }
+    return *this;
+  }
+  Hid(const Hid&) = delete;
+  Hid& operator=(const Hid&) = delete;
+  ~Hid() { reset(); }
+  void reset() {
+    if (id_ >= 0 && close_) close_(id_);
+    id_ = -1;
+  }
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  operator hid_t() const { return id_; }
+
+ private:
+  hid_t id_ = -1;
+  CloseFn close_ = nullptr;
+};
+
+inline Hid file_id(hid_t id) {
+  return Hid(id, H5Fclose);
+}
+inline Hid group_id(hid_t id) {
+  return Hid(id, H5Gclose);
+}
+inline Hid dset_id(hid_t id) {
+  return Hid(id, H5Dclose);
+}
+inline Hid space_id(hid_t id) {
+  return Hid(id, H5Sclose);
+}
+inline Hid type_id(hid_t id) {
+  return Hid(id, H5Tclose);
+}
+inline Hid attr_id(hid_t id) {
+  return Hid(id, H5Aclose);
+}
+inline Hid plist_id(hid_t id) {
+  return Hid(id, H5Pclose);
+}
+
+// IEEE binary16, little-endian (the type numpy/h5py use for float16).
+Hid make_f16_type();
+
+// True when `path` (absolute, "/a/b") exists as a link in `file`, checking each component.
+bool exists(hid_t file, const std::string& path);
+
+// Integer or string attribute helpers; nullopt-style via `found`.
+bool has_attr(hid_t obj, const char* name);
+
+// Human name of a dataset's element type: "int32", "uint16", "float16", "float32", ...
+std::string type_name(hid_t type);
+
+}  // namespace dynemb::h5

@@ -1,0 +1,304 @@
+// Workload generator behind `dynemb-dist synth` (see synth.hpp).
+#include "capture/synth.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "capture/capture.hpp"
+#include "capture/embedded_plans.hpp"
+#include "common/error.hpp"
+#include "common/hash.hpp"
+#include "engine/backend.hpp"
+#include "engine/embedding_source.hpp"
+#include "engine/engine.hpp"
+#include "engine/output_dist.hpp"
+
+namespace dynemb {
+
+namespace {
+
+// splitmix64 (Steele, Lea, Flood 2014): tiny, seedable, identical on every platform.
+struct SplitMix64 {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, n), n >= 1 (multiply-high: no modulo loop, bias < n / 2^64).
+  uint64_t below(uint64_t n) {
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(next()) * n) >> 64);
+  }
+  double unit() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
+};
+
+// One independent stream per (seed, batch, rank, purpose).
+SplitMix64 stream(uint64_t seed, int64_t batch, int64_t rank, uint64_t purpose) {
+  uint64_t s = fmix64(seed ^ 0x5eed5eed5eed5eedULL);
+  s = fmix64(s + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(batch + 1));
+  s = fmix64(s + 0xc2b2ae3d27d4eb4fULL * static_cast<uint64_t>(rank + 1));
+  s = fmix64(s + purpose);
+  return SplitMix64{s};
+}
+
+// Zipf(alpha) over [1, n] by inverting the continuous power law (close to the discrete
+// Zipf for n >> 1; the head is what matters here).
+int64_t zipf(SplitMix64& rng, double alpha, int64_t n) {
+  const double u = rng.unit();
+  double x;
+  if (std::fabs(alpha - 1.0) < 1e-9) {
+    x = std::exp(u * std::log(static_cast<double>(n) + 1.0));
+  } else {
+    const double a = 1.0 - alpha;
+    x = std::pow((std::pow(static_cast<double>(n) + 1.0, a) - 1.0) * u + 1.0, 1.0 / a);
+  }
+  const int64_t k = static_cast<int64_t>(x);
+  return std::min<int64_t>(std::max<int64_t>(k, 1), n);
+}
+
+int64_t draw_length(SplitMix64& rng, const Hotness& h) {
+  switch (h.kind) {
+    case Hotness::Kind::fixed:
+      return h.lo;
+    case Hotness::Kind::uniform:
+      return h.lo + static_cast<int64_t>(rng.below(static_cast<uint64_t>(h.hi - h.lo + 1)));
+    case Hotness::Kind::zipf:
+      return zipf(rng, h.alpha, h.hi);
+  }
+  return 0;
+}
+
+int64_t parse_int(const std::string& s, const std::string& what) {
+  try {
+    size_t pos = 0;
+    const long long v = std::stoll(s, &pos);
+    if (pos != s.size()) throw std::invalid_argument(s);
+    return v;
+  } catch (const std::exception&) {
+    throw UsageError(fmt::format("{}: '{}' is not an integer", what, s));
+  }
+}
+
+double parse_double(const std::string& s, const std::string& what) {
+  try {
+    size_t pos = 0;
+    const double v = std::stod(s, &pos);
+    if (pos != s.size()) throw std::invalid_argument(s);
+    return v;
+  } catch (const std::exception&) {
+    throw UsageError(fmt::format("{}: '{}' is not a number", what, s));
+  }
+}
+
+Hotness fixed(int64_t n) {
+  return Hotness{Hotness::Kind::fixed, n, n, 1.0};
+}
+Hotness uniform(int64_t hi) {
+  return Hotness{Hotness::Kind::uniform, 0, hi, 1.0};
+}
+
+struct PresetWorkload {
+  const char* name;
+  int64_t batch_size;
+  std::vector<Hotness> hotness;
+  bool big;  // default --store ctx only (local_embs/output would be gigabytes)
+};
+
+const std::vector<PresetWorkload>& presets() {
+  // guides/workloads.md, "Presets".
+  static const std::vector<PresetWorkload> p = {
+      {"unit-seq-w2", 8, {uniform(16), uniform(8), uniform(20), uniform(1)}, false},
+      {"unit-seq-w8", 128, {uniform(16), uniform(8), uniform(20), uniform(1)}, false},
+      {"unit-pooled-w8", 128, {uniform(15), uniform(100), uniform(20), uniform(1)}, false},
+      {"odd-dims", 8, {uniform(16), uniform(8), uniform(20), uniform(1)}, false},
+      {"odd-dims-d15", 8, {uniform(16), uniform(8), uniform(20), uniform(1)}, false},
+      {"ec-bench-criteo", 8192, {fixed(10)}, true},
+      {"hstu-e2e", 32, {fixed(2048)}, true},
+  };
+  return p;
+}
+
+}  // namespace
+
+std::string Hotness::str() const {
+  switch (kind) {
+    case Kind::fixed:
+      return std::to_string(lo);
+    case Kind::uniform:
+      return fmt::format("{}..{}", lo, hi);
+    case Kind::zipf:
+      return fmt::format("zipf:{}:{}", alpha, hi);
+  }
+  return "?";
+}
+
+Hotness parse_hotness(const std::string& s) {
+  const std::string what = "--hotness entry";
+  if (s.rfind("zipf:", 0) == 0) {
+    const size_t c = s.find(':', 5);
+    if (c == std::string::npos)
+      throw UsageError(fmt::format("{} '{}': want zipf:ALPHA:MAX", what, s));
+    Hotness h{Hotness::Kind::zipf, 1, parse_int(s.substr(c + 1), what),
+              parse_double(s.substr(5, c - 5), what)};
+    if (h.alpha <= 0 || h.hi < 1)
+      throw UsageError(fmt::format("{} '{}': want ALPHA > 0 and MAX >= 1", what, s));
+    return h;
+  }
+  const size_t dots = s.find("..");
+  if (dots != std::string::npos) {
+    Hotness h{Hotness::Kind::uniform, parse_int(s.substr(0, dots), what),
+              parse_int(s.substr(dots + 2), what), 1.0};
+    if (h.lo < 0 || h.hi < h.lo)
+      throw UsageError(fmt::format("{} '{}': want 0 <= LO <= HI", what, s));
+    return h;
+  }
+  const int64_t n = parse_int(s, what);
+  if (n < 0) throw UsageError(fmt::format("{} '{}': a length must be >= 0", what, s));
+  return fixed(n);
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (const auto& p : presets()) names.emplace_back(p.name);
+  return names;
+}
+
+Plan preset_plan(const std::string& name) {
+  const char* text = embedded_plan_text(name);
+  if (!text) {
+    const auto names = embedded_plan_names();
+    throw UsageError(
+        fmt::format("unknown preset '{}' (presets: {})", name, fmt::join(names, ", ")));
+  }
+  return load_plan_or_throw(text, "preset " + name + " (plans/" + name + ".yaml)");
+}
+
+SynthOptions preset_workload(const std::string& name) {
+  SynthOptions o;  // a shipped plan without a workload row: B = 8, U[0,8] everywhere
+  for (const auto& p : presets())
+    if (name == p.name) {
+      o.batch_sizes = {p.batch_size};
+      o.hotness = p.hotness;
+      if (p.big) o.store_local_embs = o.store_output = false;
+    }
+  return o;
+}
+
+void check_synth_options(const Plan& plan, const SynthOptions& o) {
+  const int64_t W = plan.world_size, F = plan.num_features();
+  if (o.batches < 1) throw UsageError("--batches must be >= 1");
+  if (o.batch_sizes.size() != 1 && static_cast<int64_t>(o.batch_sizes.size()) != W)
+    throw UsageError(
+        fmt::format("--batch-sizes: {} entries, want 1 or W = {}", o.batch_sizes.size(), W));
+  for (int64_t b : o.batch_sizes)
+    if (b < 0) throw UsageError(fmt::format("batch size {} < 0", b));
+  if (o.hotness.size() != 1 && static_cast<int64_t>(o.hotness.size()) != F)
+    throw UsageError(fmt::format("--hotness: {} entries, want 1 or F = {} (features: {})",
+                                 o.hotness.size(), F, plan.num_features()));
+  if (o.empty_rank && (*o.empty_rank < 0 || *o.empty_rank >= W))
+    throw UsageError(fmt::format("--empty-rank {} out of range [0, {})", *o.empty_rank, W));
+  if (o.zipf_ids && o.zipf_alpha <= 0) throw UsageError("--ids zipf:ALPHA needs ALPHA > 0");
+  if (o.index_type == IndexType::i32) {
+    for (const TableConfig& t : plan.tables)
+      if (t.num_embeddings > std::numeric_limits<int32_t>::max())
+        throw UsageError(
+            fmt::format("--index-type int32: table {} has {} rows, more than int32 "
+                        "ids can address",
+                        t.name, t.num_embeddings));
+  }
+}
+
+std::vector<Kjt> synth_kjts(const Plan& plan, const SynthOptions& o, int64_t batch) {
+  const int64_t W = plan.world_size, F = plan.num_features();
+  std::vector<Kjt> out(static_cast<size_t>(W));
+  for (int64_t r = 0; r < W; ++r) {
+    Kjt& k = out[r];
+    k.num_features = F;
+    k.lengths_type = k.values_type = o.index_type;
+    k.weighted = o.weighted;
+    const int64_t B = o.batch_sizes.size() == 1 ? o.batch_sizes[0] : o.batch_sizes[r];
+    // Separate streams for strides, lengths, ids and weights: changing one option (say
+    // --weighted) leaves the other draws as they were.
+    SplitMix64 rs = stream(o.seed, batch, r, 1), rl = stream(o.seed, batch, r, 2),
+               ri = stream(o.seed, batch, r, 3), rw = stream(o.seed, batch, r, 4);
+    std::vector<int64_t> bf(static_cast<size_t>(F), B);  // B_{r,f}
+    if (o.vbe) {
+      for (int64_t f = 0; f < F; ++f) bf[f] = B == 0 ? 0 : 1 + static_cast<int64_t>(rs.below(B));
+      k.stride_per_feature = bf;
+    }
+    const bool empty = o.empty_rank && *o.empty_rank == r;
+    for (int64_t f = 0; f < F; ++f) {
+      const Hotness& h = o.hotness.size() == 1 ? o.hotness[0] : o.hotness[f];
+      const uint64_t n = static_cast<uint64_t>(plan.features[f].hash_size);
+      for (int64_t b = 0; b < bf[f]; ++b) {
+        const int64_t len = empty ? 0 : draw_length(rl, h);
+        k.lengths.push_back(len);
+        for (int64_t i = 0; i < len; ++i) {
+          const int64_t id = o.zipf_ids ? zipf(ri, o.zipf_alpha, static_cast<int64_t>(n)) - 1
+                                        : static_cast<int64_t>(ri.below(n));
+          k.values.push_back(id);
+          if (o.weighted) k.weights.push_back(static_cast<float>(rw.below(9)) / 4.0f);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+void synth_capture(const Plan& plan, const SynthOptions& o, const std::string& path,
+                   const std::function<void(int64_t)>& progress) {
+  check_synth_options(plan, o);
+  const int64_t W = plan.world_size;
+  CaptureWriter writer(path, plan, o.seed);
+  const bool need_engine = o.store_ctx || o.store_local_embs || o.store_output;
+  std::unique_ptr<Backend> backend = need_engine ? make_cpu_backend(0) : nullptr;
+  OracleSource source(o.seed, plan);
+  // The pooled module latches its variable-batch mode on the first batch, as TorchRec's does.
+  std::optional<RwPooledEmbeddingDist> pooled;
+  if (plan.module == ModuleKind::pooled && backend) pooled.emplace(plan, *backend);
+
+  for (int64_t k = 0; k < o.batches; ++k) {
+    Batch batch;
+    batch.index = k;
+    batch.ranks.resize(static_cast<size_t>(W));
+    std::vector<Kjt> kjts = synth_kjts(plan, o, k);
+    for (int64_t r = 0; r < W; ++r) batch.ranks[r].kjt = std::move(kjts[r]);
+    if (need_engine) {
+      std::vector<const Kjt*> kp(static_cast<size_t>(W));
+      for (int64_t r = 0; r < W; ++r) kp[r] = &batch.ranks[r].kjt;
+      DerivedBatch derived = derive_input_dist(plan, kp, *backend);
+      if (o.store_ctx)
+        for (int64_t r = 0; r < W; ++r) {
+          ShardingContext c = derived.ranks[r].ctx;
+          c.batch_size_per_feature_pre_a2a.reset();  // not part of capture format v1
+          batch.ranks[r].ctx = std::move(c);
+        }
+      if (o.store_local_embs || o.store_output) {
+        std::vector<EmbTensor> local = derive_local_embs(plan, derived, source, *backend, k);
+        if (o.store_output) {
+          std::vector<const EmbTensor*> lp(static_cast<size_t>(W));
+          std::vector<const ShardingContext*> cp(static_cast<size_t>(W));
+          for (int64_t r = 0; r < W; ++r) {
+            lp[r] = &local[r];
+            cp[r] = &derived.ranks[r].ctx;
+          }
+          auto sink = [&](int rank, EmbTensor&& out) { batch.ranks[rank].output = std::move(out); };
+          if (plan.module == ModuleKind::sequence)
+            RwSequenceEmbeddingDist(plan, *backend).forward(lp, cp, sink);
+          else
+            pooled->forward(k, lp, cp, kp, sink);
+        }
+        if (o.store_local_embs)
+          for (int64_t r = 0; r < W; ++r) batch.ranks[r].local_embs = std::move(local[r]);
+      }
+    }
+    writer.write_batch(batch);
+    if (progress) progress(k);
+  }
+  writer.commit();
+}
+
+}  // namespace dynemb
