@@ -231,6 +231,18 @@ class CaptureWriter:
             self.abort()
         return False
 
+    def write_table(self, name, weight):
+        """/tables/<name>/weight: the full unsharded table [num_embeddings, D] (optional; the
+        oracle makes it unnecessary). Write it in one rank's file (merge copies rank 0's)."""
+        if self._f is None:
+            raise CaptureWriterError("write_table after close()")
+        data, tag = _encode_float(to_numpy(weight), f"/tables/{name}/weight")
+        if data.ndim != 2:
+            raise CaptureWriterError(f"/tables/{name}/weight: {data.ndim}-D, want [rows, D]")
+        ds = _put(self._f.require_group(f"tables/{name}"), "weight", data)
+        if tag:
+            ds.attrs["dtype"] = tag
+
     def write_batch(
         self,
         k,

@@ -42,7 +42,10 @@ CONFIGS = {
     "ec": ("sequence", [("t0", 10, 4, ["f0"]), ("t1", 7, 4, ["f1", "f2"])], False),
     "ebc": ("pooled", [("t0", 10, 4, ["f0"]), ("t1", 7, 8, ["f1", "f2"])], False),
     "ebc-vbe": ("pooled", [("t0", 10, 4, ["f0"]), ("t1", 7, 8, ["f1", "f2"])], True),
+    # Weighted KJT (per-id float weights, multiples of 1/4: every product and sum stays exact).
+    "ebc-weighted": ("pooled", [("t0", 10, 4, ["f0"]), ("t1", 7, 8, ["f1", "f2"])], False),
 }
+WEIGHTED = {"ebc-weighted"}
 
 
 def plan_yaml(config, world_size):
@@ -90,6 +93,43 @@ def make_batch(config, rank, k, world_size, seed):
     return out
 
 
+def bag_weights(config, rank, k, seed, n):
+    """Per-id weights of a weighted config (None otherwise): multiples of 1/4 in [0.25, 2]."""
+    if config not in WEIGHTED:
+        return None
+    rng = np.random.default_rng([seed, rank, k, 99])
+    return (rng.integers(1, 9, size=n) / 4.0).astype(np.float32)
+
+
+def reference_output(config, spec, weights=None):
+    """The unsharded answer from the oracle alone (numpy), to check TorchRec's golden.
+
+    sequence: [N, D], row i = E_t(values[i]); pooled: [B, sum_D] per-bag sums;
+    pooled VBE: 1-D [f][b < B_f][d < D_f] (rw-semantics.md §6, §7.1, §7.2).
+    """
+    module, tables, vbe = CONFIGS[config]
+    tab = [(ti, dim) for ti, (_, _, dim, fs) in enumerate(tables) for _ in fs]
+    if module == "sequence":
+        rows = [dc.oracle_rows(ORACLE_SEED, tab[fi][0], ids, tab[fi][1])
+                for fi, (_, _, bags) in enumerate(spec) for ids in bags]
+        return np.concatenate(rows + [np.zeros((0, tables[0][2]), np.float32)])
+    pooled = []  # per feature: [B_f, D_f]
+    pos = 0
+    for fi, (_, bf, bags) in enumerate(spec):
+        t, dim = tab[fi]
+        sums = []
+        for ids in bags:
+            e = dc.oracle_rows(ORACLE_SEED, t, ids, dim)
+            if weights is not None:
+                e = e * weights[pos : pos + len(ids), None]
+            pos += len(ids)
+            sums.append(e.sum(0))
+        pooled.append(np.stack(sums) if bf else np.zeros((0, dim), np.float32))
+    if vbe:
+        return np.concatenate([p.reshape(-1) for p in pooled]).astype(np.float32)
+    return np.concatenate(pooled, axis=1).astype(np.float32)
+
+
 def run_rank(rank, args, tmpdir):
     import torch
     import torch.distributed as dist
@@ -127,7 +167,9 @@ def run_rank(rank, args, tmpdir):
             )
             for n, r, d, fs in tables
         ]
-        m = torchrec.EmbeddingBagCollection(tables=cfgs, device=torch.device("cpu"))
+        m = torchrec.EmbeddingBagCollection(
+            tables=cfgs, is_weighted=args.config in WEIGHTED, device=torch.device("cpu")
+        )
         sharder = EmbeddingBagCollectionSharder()
 
     class Top(torch.nn.Module):
@@ -224,6 +266,9 @@ def run_rank(rank, args, tmpdir):
             inv = torch.tensor([[b % bf for b in range(B_full)] for _, bf, _ in spec],
                                dtype=torch.int64)
             kw = dict(stride_per_key_per_rank=spkpr, inverse_indices=(feature_names, inv))
+        wts = bag_weights(args.config, rank, k, args.seed, values.size)
+        if wts is not None:
+            kw["weights"] = torch.from_numpy(wts)
         kjt = KeyedJaggedTensor(
             keys=feature_names,
             values=torch.from_numpy(values),
@@ -239,6 +284,12 @@ def run_rank(rank, args, tmpdir):
         spf = None
         if kin.variable_stride_per_key():
             spf = np.asarray(kin.stride_per_key(), dtype=np.int64)
+        # TorchRec's golden must equal the unsharded oracle answer (exact: multiples of 1/64).
+        want = reference_output(args.config, spec, wts)
+        got = rec["output"].numpy()
+        if got.shape != want.shape or not np.array_equal(got, want):
+            raise SystemExit(f"rank {rank} batch {k}: TorchRec output != oracle reference "
+                             f"(shape {got.shape} vs {want.shape})")
         w.write_batch(
             k,
             kin.lengths(),
