@@ -1,15 +1,330 @@
-// Placeholder until the subcommand lands: a clear exit-2 message, never a fake result.
+// `dynemb-dist validate PLAN.yaml [--capture CAPTURE.h5] [--format text|json]` (cli.md):
+// the static checks of plan-format.md, then a summary of the plan and the per-rank memory of
+// its sharded tables (rows x D x dtype bytes).
+//
+// Text report (stdout), nccl-tests style: findings in GCC format, then `#`-prefixed header,
+// units and summary lines around right-aligned number columns. JSON report: versioned
+// ("schema_version"), same content.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
 #include "commands.hpp"
 #include "common/error.hpp"
+#include "plan/plan.hpp"
 
 namespace dynemb::cli {
+namespace {
+
+constexpr const char* kSchemaVersion = "1.0.0";
+// Above this many tables the per-rank table switches from one column pair per table to one
+// line per (rank, table), so it stays readable.
+constexpr size_t kMaxWideTables = 6;
+
+struct ValidateOptions {
+  std::string plan_path;
+  std::string capture_path;
+  std::string format = "text";
+};
+
+// Capture checks (cli.md: world size, features, dims, every rank/batch shape, without running
+// anything). The capture layer provides the real check; this build has none yet, so it
+// refuses rather than pretending to have checked.
+std::vector<Diagnostic> check_capture_against_plan(const Plan& /*plan*/,
+                                                   const std::string& /*capture_path*/) {
+  throw UsageError("validate --capture: capture checks are not available in this build yet");
+}
+
+const char* severity_name(Severity s) {
+  return s == Severity::error ? "error" : s == Severity::warning ? "warning" : "note";
+}
+
+// Per-rank shard rows and bytes of every table: rows[t][r], bytes[t][r]; totals per rank.
+struct RankTable {
+  std::vector<std::vector<int64_t>> rows, bytes;
+  std::vector<int64_t> total_rows, total_bytes;
+};
+
+RankTable per_rank(const Plan& plan) {
+  RankTable rt;
+  const size_t W = static_cast<size_t>(plan.world_size);
+  rt.total_rows.assign(W, 0);
+  rt.total_bytes.assign(W, 0);
+  for (const TableConfig& t : plan.tables) {
+    std::vector<int64_t> rows = shard_rows_per_rank(t, plan.world_size);
+    std::vector<int64_t> bytes(W);
+    // The loader checked that num_embeddings x D x bytes of all tables fits in int64.
+    for (size_t r = 0; r < W; ++r) {
+      bytes[r] = rows[r] * t.embedding_dim * dtype_bytes(t.data_type);
+      rt.total_rows[r] += rows[r];
+      rt.total_bytes[r] += bytes[r];
+    }
+    rt.rows.push_back(std::move(rows));
+    rt.bytes.push_back(std::move(bytes));
+  }
+  return rt;
+}
+
+std::string human_bytes(int64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024.0 && u < 6) v /= 1024.0, ++u;
+  return u == 0 ? fmt::format("{} B", b) : fmt::format("{:.2f} {}", v, units[u]);
+}
+
+struct Counts {
+  int errors = 0, warnings = 0, notes = 0;
+};
+Counts count(const std::vector<Diagnostic>& ds) {
+  Counts c;
+  for (const Diagnostic& d : ds) {
+    if (d.severity == Severity::error)
+      ++c.errors;
+    else if (d.severity == Severity::warning)
+      ++c.warnings;
+    else
+      ++c.notes;
+  }
+  return c;
+}
+
+std::string plural(int n, const char* word) {
+  return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s");
+}
+
+// ---------------------------------------------------------------- text report
+
+void print_text(const std::string& plan_path, const Plan* plan,
+                const std::vector<Diagnostic>& findings, int exit_code) {
+  std::string out = fmt::format("# dynemb-dist validate {}\n", plan_path);
+  for (const Diagnostic& d : findings) out += d.str() + "\n";
+
+  if (plan) {
+    const Plan& p = *plan;
+    out += fmt::format(
+        "#\n# world_size {}  module {}  comm_precision {}  bounds_check {}  data_type {}  "
+        "{} {}\n",
+        p.world_size, to_string(p.module), to_string(p.comm_precision), to_string(p.bounds_check),
+        to_string(p.data_type()), p.module == ModuleKind::sequence ? "D" : "sum_D", p.sum_dim);
+
+    // Features in sharding order with their block size (rw-semantics.md §2.2).
+    size_t wf = 7, wt = 5;
+    for (const FeatureInfo& f : p.features) {
+      wf = std::max(wf, f.name.size());
+      wt = std::max(wt, p.tables[static_cast<size_t>(f.table)].name.size());
+    }
+    out += "#\n";
+    out += fmt::format("# {:>{}}  {:>{}}  {:>15}  {:>14}  {:>7}  {:>12}{}\n", "feature", wf,
+                       "table", wt, "dist_type", "num_embeddings", "D", "blk",
+                       p.module == ModuleKind::pooled ? "  pooling  columns" : "");
+    out += fmt::format("# {:>{}}  {:>{}}  {:>15}  {:>14}  {:>7}  {:>12}{}\n", "", wf, "", wt, "",
+                       "(rows)", "", "(rows/rank)",
+                       p.module == ModuleKind::pooled ? "           [lo,hi)" : "");
+    for (const FeatureInfo& f : p.features) {
+      std::string pooled_cols;
+      if (p.module == ModuleKind::pooled)
+        pooled_cols = fmt::format("  {:>7}  {:>7}", to_string(f.pooling),
+                                  fmt::format("[{},{})", f.column_offset, f.column_offset + f.dim));
+      out += fmt::format("  {:>{}}  {:>{}}  {:>15}  {:>14}  {:>7}  {:>12}{}\n", f.name, wf,
+                         p.tables[static_cast<size_t>(f.table)].name, wt, to_string(f.dist_type),
+                         f.hash_size, f.dim, f.block_size, pooled_cols);
+    }
+
+    // Per-rank memory of the sharded tables.
+    const RankTable rt = per_rank(p);
+    const size_t W = static_cast<size_t>(p.world_size);
+    out += "#\n# per-rank shards: rows, and bytes = rows x D x dtype bytes\n";
+    if (p.tables.size() <= kMaxWideTables) {
+      std::vector<size_t> w;
+      for (size_t t = 0; t < p.tables.size(); ++t) {
+        size_t width = std::max<size_t>(8, p.tables[t].name.size());
+        for (size_t r = 0; r < W; ++r)
+          width = std::max(width, std::to_string(rt.bytes[t][r]).size());
+        w.push_back(width);
+      }
+      size_t wtot = 11;
+      for (size_t r = 0; r < W; ++r)
+        wtot = std::max(wtot, std::to_string(rt.total_bytes[r]).size());
+      std::string h1 = fmt::format("# {:>4}", "rank"), h2 = fmt::format("# {:>4}", "");
+      for (size_t t = 0; t < p.tables.size(); ++t) {
+        h1 += fmt::format("  {:>{}}  {:>{}}", p.tables[t].name, w[t], p.tables[t].name, w[t]);
+        h2 += fmt::format("  {:>{}}  {:>{}}", "(rows)", w[t], "(B)", w[t]);
+      }
+      h1 += fmt::format("  {:>{}}  {:>{}}\n", "total", wtot, "total", wtot);
+      h2 += fmt::format("  {:>{}}  {:>{}}\n", "(rows)", wtot, "(B)", wtot);
+      out += h1 + h2;
+      for (size_t r = 0; r < W; ++r) {
+        std::string line = fmt::format("  {:>4}", r);
+        for (size_t t = 0; t < p.tables.size(); ++t)
+          line += fmt::format("  {:>{}}  {:>{}}", rt.rows[t][r], w[t], rt.bytes[t][r], w[t]);
+        out += line +
+               fmt::format("  {:>{}}  {:>{}}\n", rt.total_rows[r], wtot, rt.total_bytes[r], wtot);
+      }
+    } else {
+      // Long form: one line per (rank, table), then the rank's total.
+      size_t wt2 = 5;
+      for (const TableConfig& t : p.tables) wt2 = std::max(wt2, t.name.size());
+      out +=
+          fmt::format("# {:>4}  {:>{}}  {:>14}  {:>16}\n", "rank", "table", wt2, "rows", "bytes");
+      out += fmt::format("# {:>4}  {:>{}}  {:>14}  {:>16}\n", "", "", wt2, "(rows)", "(B)");
+      for (size_t r = 0; r < W; ++r) {
+        for (size_t t = 0; t < p.tables.size(); ++t)
+          out += fmt::format("  {:>4}  {:>{}}  {:>14}  {:>16}\n", r, p.tables[t].name, wt2,
+                             rt.rows[t][r], rt.bytes[t][r]);
+        out += fmt::format("  {:>4}  {:>{}}  {:>14}  {:>16}\n", r, "total", wt2, rt.total_rows[r],
+                           rt.total_bytes[r]);
+      }
+    }
+    const auto busiest = std::max_element(rt.total_bytes.begin(), rt.total_bytes.end());
+    int64_t all = 0;
+    for (int64_t b : rt.total_bytes) all += b;
+    out += fmt::format("# tables {}  features {}  total bytes {} ({})\n", p.tables.size(),
+                       p.features.size(), all, human_bytes(all));
+    out += fmt::format("# busiest rank {}: {} bytes ({})\n", busiest - rt.total_bytes.begin(),
+                       *busiest, human_bytes(*busiest));
+  }
+  const Counts c = count(findings);
+  out += fmt::format("# status: {} ({}, {}, {}), exit {}\n", exit_code == 0 ? "ok" : "error",
+                     plural(c.errors, "error"), plural(c.warnings, "warning"),
+                     plural(c.notes, "note"), exit_code);
+  std::fputs(out.c_str(), stdout);
+}
+
+// ---------------------------------------------------------------- JSON report
+
+void print_json(const ValidateOptions& o, const Plan* plan, const std::vector<Diagnostic>& findings,
+                int exit_code) {
+  using nlohmann::json;
+  json j;
+  j["schema_version"] = kSchemaVersion;
+  j["tool"] = {
+      {"name", "dynemb-dist"}, {"version", DYNEMB_VERSION}, {"backends", compiled_backends()}};
+  j["command"] = "validate";
+  j["plan_path"] = o.plan_path;
+  j["capture_path"] = o.capture_path.empty() ? json(nullptr) : json(o.capture_path);
+
+  json fs = json::array();
+  for (const Diagnostic& d : findings) {
+    fs.push_back({{"file", d.loc.file},
+                  {"line", d.loc.line},
+                  {"col", d.loc.col},
+                  {"severity", severity_name(d.severity)},
+                  {"path", d.path},
+                  {"message", d.message},
+                  {"text", d.str()}});
+  }
+  j["findings"] = fs;
+
+  if (plan) {
+    const Plan& p = *plan;
+    json tables = json::array();
+    for (const TableConfig& t : p.tables) {
+      tables.push_back({{"name", t.name},
+                        {"num_embeddings", t.num_embeddings},
+                        {"embedding_dim", t.embedding_dim},
+                        {"data_type", to_string(t.data_type)},
+                        {"pooling", to_string(t.pooling)},
+                        {"dist_type", to_string(t.dist_type)},
+                        {"features", t.features},
+                        {"explicit_shards", !t.shards.empty()}});
+    }
+    json features = json::array();
+    for (const FeatureInfo& f : p.features) {
+      features.push_back({{"name", f.name},
+                          {"table", p.tables[static_cast<size_t>(f.table)].name},
+                          {"dim", f.dim},
+                          {"hash_size", f.hash_size},
+                          {"block_size", f.block_size},
+                          {"dist_type", to_string(f.dist_type)},
+                          {"column_offset", f.column_offset}});
+    }
+    j["plan"] = {{"format_version", p.format_version},
+                 {"world_size", p.world_size},
+                 {"module", to_string(p.module)},
+                 {"comm_precision", to_string(p.comm_precision)},
+                 {"bounds_check", to_string(p.bounds_check)},
+                 {"data_type", to_string(p.data_type())},
+                 {"sum_dim", p.sum_dim},
+                 {"tables", tables},
+                 {"features", features}};
+    const RankTable rt = per_rank(p);
+    json ranks = json::array();
+    for (size_t r = 0; r < static_cast<size_t>(p.world_size); ++r) {
+      json shards = json::array();
+      for (size_t t = 0; t < p.tables.size(); ++t)
+        shards.push_back(
+            {{"table", p.tables[t].name}, {"rows", rt.rows[t][r]}, {"bytes", rt.bytes[t][r]}});
+      ranks.push_back({{"rank", r},
+                       {"shards", shards},
+                       {"total_rows", rt.total_rows[r]},
+                       {"total_bytes", rt.total_bytes[r]}});
+    }
+    j["per_rank"] = ranks;
+  } else {
+    j["plan"] = nullptr;
+    j["per_rank"] = nullptr;
+  }
+  const Counts c = count(findings);
+  j["summary"] = {{"status", exit_code == 0 ? "ok" : "error"},
+                  {"exit_code", exit_code},
+                  {"errors", c.errors},
+                  {"warnings", c.warnings},
+                  {"notes", c.notes}};
+  std::fputs((j.dump(2) + "\n").c_str(), stdout);
+}
+
+int run_validate(const ValidateOptions& o) {
+  PlanLoadResult r;
+  try {
+    r = load_plan_file(o.plan_path);
+  } catch (const Error& e) {
+    if (o.format != "json") throw;  // app.cpp prints it, exit 2
+    Diagnostic d;
+    d.loc.file = o.plan_path;
+    d.message = e.what();
+    r.findings.push_back(d);
+  }
+  if (r.ok() && !o.capture_path.empty()) {
+    std::vector<Diagnostic> more = check_capture_against_plan(*r.plan, o.capture_path);
+    r.findings.insert(r.findings.end(), more.begin(), more.end());
+  }
+  const int exit_code = count(r.findings).errors == 0 && r.plan ? 0 : 2;
+  const Plan* plan = exit_code == 0 ? &*r.plan : nullptr;
+  if (o.format == "json")
+    print_json(o, plan, r.findings, exit_code);
+  else
+    print_text(o.plan_path, plan, r.findings, exit_code);
+  return exit_code;
+}
+
+}  // namespace
 
 void setup_validate(CLI::App& app, RunFn& run) {
-  auto* sub = app.add_subcommand("validate", "(not available in this build yet)");
-  sub->allow_extras();
-  sub->callback([&run] {
-    run = [] () -> int { throw UsageError("'validate' is not implemented in this build yet"); };
-  });
+  auto opt = std::make_shared<ValidateOptions>();
+  auto* sub = app.add_subcommand(
+      "validate",
+      "Static checks of a sharding plan (plan-format.md); prints findings as "
+      "FILE:LINE:COL: error|warning|note: ..., then the features with their block size and "
+      "the per-rank rows and bytes of every table's shard.");
+  sub->add_option("plan", opt->plan_path, "The plan to check (plan.yaml)")
+      ->required()
+      ->type_name("PLAN.yaml");
+  sub->add_option("--capture", opt->capture_path,
+                  "Also check this capture against the plan (world size, features, dims, "
+                  "every rank/batch shape) without running anything")
+      ->type_name("CAPTURE.h5");
+  sub->add_option("--format", opt->format, "Report format: text (default) or json")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->type_name("text|json");
+  sub->footer(
+      "Exit status:\n"
+      "  0  no error (warnings and notes allowed)\n"
+      "  2  the plan has an error, cannot be read, or the command line is wrong");
+  sub->callback([opt, &run] { run = [opt] { return run_validate(*opt); }; });
 }
 
 }  // namespace dynemb::cli
