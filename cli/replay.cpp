@@ -1,15 +1,177 @@
-// Placeholder until the subcommand lands: a clear exit-2 message, never a fake result.
+// `dynemb-dist replay CAPTURE.h5 [...]` (cli.md): options, backend choice, the text report
+// on stdout (progress on stderr), and the --json / --junit files. The work is run_replay().
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
 #include "commands.hpp"
 #include "common/error.hpp"
+#include "engine/backend.hpp"
+#include "replay/replay.hpp"
+#include "replay/tolerance.hpp"
+#if defined(DYNEMB_HAVE_CUDA)
+#include "cuda_backend.hpp"  // kernels/: make_cuda_backend(int device)
+#endif
 
 namespace dynemb::cli {
+namespace {
+
+struct ReplayCliOptions {
+  std::string capture;
+  std::string plan;
+  std::string backend = "auto";
+  std::string ctx;  // "", "captured", "derived"
+  std::string tolerance;
+  int64_t max_mismatches = 10;
+  std::string json, junit, write_output, batches;
+  bool quiet = false;
+};
+
+// The command line as the process got it, for the JSON report (Linux: /proc/self/cmdline,
+// NUL-separated). Empty when unavailable.
+std::vector<std::string> process_argv() {
+  std::ifstream f("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> argv;
+  for (std::string arg; std::getline(f, arg, '\0');) argv.push_back(arg);
+  return argv;
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name) {
+  if (name == "cpu") return make_cpu_backend();
+  if (name == "auto") {
+    // ---- BACKEND HOOK (auto): cli.md says "auto picks cuda when a GPU is present, else
+    // cpu". Until the CUDA backend is validated against the CPU reference on the device,
+    // auto means cpu. To switch: under DYNEMB_HAVE_CUDA, try make_cuda_backend(0) and fall
+    // back to cpu when it throws DeviceError (no GPU).
+    return make_cpu_backend();
+  }
+  if (name == "cuda") {
+#if defined(DYNEMB_HAVE_CUDA)
+    return make_cuda_backend(0);  // ---- BACKEND HOOK (cuda), issue 7
+#else
+    throw UsageError(
+        fmt::format("--backend cuda: this build has no CUDA backend (compiled "
+                    "backends: {}); rebuild with -DDYNEMB_CUDA=ON on a machine with "
+                    "nvcc, or use --backend cpu",
+                    compiled_backends()));
+#endif
+  }
+  if (name == "nccl") {
+    // ---- BACKEND HOOK (nccl), issue 10: one process per GPU; not wired into replay yet.
+    throw UsageError(
+        fmt::format("--backend nccl: the NCCL backend is not available to replay "
+                    "in this build (compiled backends: {}); use --backend cpu",
+                    compiled_backends()));
+  }
+  throw UsageError(fmt::format("--backend {}: unknown backend (auto, cpu, cuda, nccl)", name));
+}
+
+int run_replay_cli(const ReplayCliOptions& o) {
+  ReplayOptions opt;
+  opt.capture_path = o.capture;
+  opt.plan_path = o.plan;
+  opt.ctx_mode = o.ctx == "captured"  ? CtxMode::captured
+                 : o.ctx == "derived" ? CtxMode::derived
+                                      : CtxMode::automatic;
+  if (!o.tolerance.empty()) opt.tolerance = parse_tolerance(o.tolerance);
+  opt.max_mismatches = o.max_mismatches;
+  opt.batches = o.batches;
+  opt.write_output = o.write_output;
+  opt.argv = process_argv();
+  for (const std::string* p : {&o.json, &o.junit}) {
+    if (!p->empty() && (*p == o.capture || *p == o.write_output))
+      throw UsageError(
+          fmt::format("report file {} would overwrite the capture or the "
+                      "--write-output file",
+                      *p));
+  }
+  std::unique_ptr<Backend> backend = make_backend(o.backend);
+
+  const char* no_color = std::getenv("NO_COLOR");
+  const bool colour = ::isatty(STDOUT_FILENO) && !(no_color && *no_color);
+  const bool progress = !o.quiet && ::isatty(STDERR_FILENO);
+  bool progress_shown = false;
+
+  ReplayCallbacks cb;
+  cb.on_start = [&](const Report& r) {
+    std::fputs(text_header(r).c_str(), stdout);
+    std::fflush(stdout);
+  };
+  cb.on_check = [&](const CheckResult& c) {
+    if (o.quiet || c.status == CheckStatus::pass || c.status == CheckStatus::skipped) return;
+    if (progress_shown) {
+      std::fputs("\r\x1b[K", stderr);  // clear the progress line first
+      progress_shown = false;
+    }
+    std::fputs(text_check_line(c, colour).c_str(), stdout);
+    std::fflush(stdout);
+  };
+  if (progress) {
+    cb.on_progress = [&](int64_t done, int64_t total) {
+      fmt::print(stderr, "\rreplay: batch {}/{}", done, total);
+      std::fflush(stderr);
+      progress_shown = true;
+    };
+  }
+
+  const Report report = run_replay(opt, *backend, cb);
+  if (progress_shown) std::fputs("\r\x1b[K", stderr);
+  std::fputs(text_summary(report, colour).c_str(), stdout);
+  std::fflush(stdout);
+  if (!o.json.empty()) write_file_atomic(o.json, json_report(report));
+  if (!o.junit.empty()) write_file_atomic(o.junit, junit_report(report));
+  if (!report.trouble.empty()) fmt::print(stderr, "dynemb-dist: error: {}\n", report.trouble);
+  return report.summary().exit_code;
+}
+
+}  // namespace
 
 void setup_replay(CLI::App& app, RunFn& run) {
-  auto* sub = app.add_subcommand("replay", "(not available in this build yet)");
-  sub->allow_extras();
-  sub->callback([&run] {
-    run = [] () -> int { throw UsageError("'replay' is not implemented in this build yet"); };
-  });
+  auto o = std::make_shared<ReplayCliOptions>();
+  auto* sub = app.add_subcommand(
+      "replay",
+      "Replay a capture: derive the input dist and sharding context from the plan and each "
+      "rank's KJT, diff them with the captured ctx/, run the output dist (built once and "
+      "latched across batches, like TorchRec's module) and diff its result with the golden "
+      "output and the unsharded reference. Exit 0 all checks pass, 1 mismatches found (the "
+      "report is complete), 2 trouble.");
+  sub->add_option("CAPTURE", o->capture, "Capture file (capture-format.md v1)")->required();
+  sub->add_option("--plan", o->plan,
+                  "Plan YAML to use instead of the plan embedded in the capture");
+  sub->add_option("--backend", o->backend,
+                  "Backend: auto (cpu in this version), cpu, cuda, nccl (when compiled in)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda", "nccl"}));
+  sub->add_option("--ctx", o->ctx,
+                  "Context fed to the output dist: 'captured' (default when the capture has "
+                  "ctx/: the captured fields and local_embs, as the real run did; fields not "
+                  "captured are derived) or 'derived' (from the plan and the KJTs, and the "
+                  "lookup from /oracle or /tables)")
+      ->check(CLI::IsMember({"captured", "derived"}));
+  sub->add_option("--tolerance", o->tolerance,
+                  std::string("Output comparison: exact | ulp:N (float32 units in the last "
+                              "place) | rtol:X,atol:Y (|got-want| <= atol + rtol*|want|). NaN "
+                              "equals only NaN at the same place. ") +
+                      default_tolerance_help());
+  sub->add_option("--max-mismatches", o->max_mismatches,
+                  "Differences listed per check, with coordinates (all are counted)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--json", o->json, "Write a JSON report (docs/report-schema.md, 1.0.0)");
+  sub->add_option("--junit", o->junit, "Write a JUnit XML report: one testcase per check");
+  sub->add_option("--write-output", o->write_output,
+                  "Write a copy of the capture whose output datasets hold this replay's "
+                  "results (the bless step for goldens); never the input file");
+  sub->add_option("--batches", o->batches, "Batches to replay, e.g. 0-3,7 (default: all)");
+  sub->add_flag("--quiet,-q", o->quiet,
+                "No progress and no per-check lines; header and summary "
+                "only");
+  sub->callback([&run, o] { run = [o] { return run_replay_cli(*o); }; });
 }
 
 }  // namespace dynemb::cli

@@ -20,7 +20,7 @@ Report sample_report() {
   r.info.backend = "cpu";
   r.info.device = "host";
   r.info.capture = {"c.h5", std::string(64, 'a')};
-  r.info.plan = {"c.h5:/plan", ""};
+  r.info.plan = {"c.h5:/plan", "", true};
   r.info.module = "sequence";
   r.info.world_size = 2;
   r.info.num_batches = 1;

@@ -226,9 +226,8 @@ std::string json_report(const Report& r) {
   j["argv"] = i.argv;
   j["backend"] = {{"name", i.backend}, {"device", i.device}};
   j["capture"] = {{"path", i.capture.path}, {"sha256", opt_string(i.capture.sha256)}};
-  j["plan"] = {{"path", i.plan.path},
-               {"sha256", opt_string(i.plan.sha256)},
-               {"embedded", i.plan.sha256.empty()}};
+  j["plan"] = {
+      {"path", i.plan.path}, {"sha256", opt_string(i.plan.sha256)}, {"embedded", i.plan.embedded}};
   j["run"] = {{"module", i.module},
               {"world_size", i.world_size},
               {"num_batches", i.num_batches},

@@ -42,7 +42,8 @@ struct CheckResult {
 
 struct FileInfo {
   std::string path;
-  std::string sha256;  // empty when not a file (plan embedded in the capture)
+  std::string sha256;     // of the file, or of the embedded plan text; empty when unknown
+  bool embedded = false;  // the plan came from the capture's /plan
 };
 
 struct ReportInfo {

@@ -1,0 +1,507 @@
+#include "replay/replay.hpp"
+
+#include <fmt/core.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include "capture/capture.hpp"
+#include "common/error.hpp"
+#include "engine/engine.hpp"
+#include "engine/output_dist.hpp"
+#include "replay/ctx_check.hpp"
+#include "replay/diff.hpp"
+#include "replay/sha256.hpp"
+
+namespace dynemb {
+
+std::vector<int64_t> parse_batch_range(const std::string& text, int64_t num_batches) {
+  std::vector<int64_t> out;
+  if (text.empty()) {
+    for (int64_t k = 0; k < num_batches; ++k) out.push_back(k);
+    return out;
+  }
+  auto number = [&](const std::string& s) -> int64_t {
+    if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos)
+      throw UsageError(
+          fmt::format("--batches '{}': '{}' is not a batch number (expected a list "
+                      "like 0-3,7)",
+                      text, s));
+    const int64_t v = std::stoll(s);
+    if (v >= num_batches)
+      throw UsageError(
+          fmt::format("--batches '{}': batch {} does not exist (the capture has {} "
+                      "batches, 0..{})",
+                      text, v, num_batches, num_batches - 1));
+    return v;
+  };
+  std::set<int64_t> set;
+  std::stringstream ss(text);
+  for (std::string part; std::getline(ss, part, ',');) {
+    const size_t dash = part.find('-');
+    if (dash == std::string::npos) {
+      set.insert(number(part));
+      continue;
+    }
+    const int64_t a = number(part.substr(0, dash)), b = number(part.substr(dash + 1));
+    if (b < a)
+      throw UsageError(fmt::format("--batches '{}': range '{}' runs backwards", text, part));
+    for (int64_t k = a; k <= b; ++k) set.insert(k);
+  }
+  if (set.empty()) throw UsageError(fmt::format("--batches '{}': no batch selected", text));
+  return {set.begin(), set.end()};
+}
+
+namespace {
+
+// The context fed to the output dist in --ctx captured mode: the captured fields, and the
+// derived ones for fields the capture does not carry (optional in capture-format.md).
+ShardingContext merge_ctx(const ShardingContext& cap, const ShardingContext& der) {
+  ShardingContext m = der;
+  if (cap.input_splits) m.input_splits = cap.input_splits;
+  if (cap.output_splits) m.output_splits = cap.output_splits;
+  if (cap.batch_size_per_rank) m.batch_size_per_rank = cap.batch_size_per_rank;
+  if (cap.batch_size_per_rank_per_feature)
+    m.batch_size_per_rank_per_feature = cap.batch_size_per_rank_per_feature;
+  if (cap.sparse_features_recat) m.sparse_features_recat = cap.sparse_features_recat;
+  if (cap.unbucketize_permute) m.unbucketize_permute = cap.unbucketize_permute;
+  if (cap.lengths_after_input_dist) {
+    m.lengths_after_input_dist = cap.lengths_after_input_dist;
+    m.lengths_after_input_dist_cols = cap.lengths_after_input_dist_cols;
+  }
+  if (cap.variable_batch_per_feature) m.variable_batch_per_feature = cap.variable_batch_per_feature;
+  if (cap.batch_size_per_feature_pre_a2a)
+    m.batch_size_per_feature_pre_a2a = cap.batch_size_per_feature_pre_a2a;
+  return m;
+}
+
+std::string fmt_float(float v) {
+  return fmt::format("{}", v);
+}
+
+// A CheckResult from a tensor diff. `what` names the pair, e.g. "replayed vs golden".
+CheckResult tensor_check(int64_t batch, int rank, const std::string& stage,
+                         const std::string& check, const std::string& got_label,
+                         const std::string& want_label, const TensorDiff& d, const Tolerance& tol) {
+  CheckResult c;
+  c.batch = batch;
+  c.rank = rank;
+  c.stage = stage;
+  c.check = check;
+  c.got_label = got_label;
+  c.want_label = want_label;
+  c.compared = d.compared;
+  if (!d.shape_ok) {
+    c.status = CheckStatus::fail;
+    c.mismatches = 1;
+    c.message =
+        fmt::format("{} has a different shape than {}: {}", got_label, want_label, d.shape_note);
+    return c;
+  }
+  c.mismatches = d.mismatches;
+  c.max_abs_err = d.max_abs_err;
+  c.max_rel_err = d.max_rel_err;
+  for (const ElementMismatch& m : d.first)
+    c.details.push_back({m.where, fmt_float(m.got), fmt_float(m.want), ""});
+  if (d.mismatches == 0) {
+    c.message = fmt::format("{} elements within {} (max abs err {:g}, max rel err {:g})",
+                            d.compared, tol.str(), d.max_abs_err, d.max_rel_err);
+    return c;
+  }
+  c.status = CheckStatus::fail;
+  c.message = fmt::format("{} of {} elements differ ({})", d.mismatches, d.compared, tol.str());
+  if (!d.first.empty()) {
+    const ElementMismatch& m = d.first.front();
+    c.message += fmt::format("; first at {}: {} {}, {} {}", to_string(m.where), got_label,
+                             fmt_float(m.got), want_label, fmt_float(m.want));
+  }
+  c.message += fmt::format("; max abs err {:g}, max rel err {:g}", d.max_abs_err, d.max_rel_err);
+  return c;
+}
+
+CheckResult skipped(int64_t batch, int rank, const std::string& stage, const std::string& check,
+                    const std::string& why) {
+  CheckResult c;
+  c.batch = batch;
+  c.rank = rank;
+  c.stage = stage;
+  c.check = check;
+  c.status = CheckStatus::skipped;
+  c.message = why;
+  return c;
+}
+
+// True when both paths name the same existing file (or the same path text).
+bool same_file(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  struct stat sa, sb;
+  if (::stat(a.c_str(), &sa) != 0 || ::stat(b.c_str(), &sb) != 0) return false;
+  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(fmt::format("{}: cannot read the plan file", path));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+class Replayer {
+ public:
+  Replayer(const ReplayOptions& opt, Backend& backend, const ReplayCallbacks& cb, Report& rep)
+      : opt_(opt), backend_(backend), cb_(cb), rep_(rep) {}
+
+  void run();
+
+ private:
+  void emit(CheckResult c) {
+    if (cb_.on_check) cb_.on_check(c);
+    rep_.checks.push_back(std::move(c));
+  }
+  void warn(const std::string& w) { rep_.warnings.push_back(w); }
+  // Replays batch k; returns the outputs (when --write-output) in rank order.
+  std::vector<std::optional<EmbTensor>> replay_batch(int64_t k, const Batch& batch);
+  TensorLayout output_layout(const Kjt& kjt, const EmbTensor& t) const;
+
+  const ReplayOptions& opt_;
+  Backend& backend_;
+  const ReplayCallbacks& cb_;
+  Report& rep_;
+
+  Plan plan_;
+  Tolerance tol_;
+  bool use_captured_ = false;
+  std::shared_ptr<const EmbeddingSource> source_;
+  std::unique_ptr<RwSequenceEmbeddingDist> seq_dist_;
+  std::unique_ptr<RwPooledEmbeddingDist> pooled_dist_;
+  std::optional<int64_t> latched_batch_;  // batch whose context latched the pooled module
+  bool warned_no_local_ = false, warned_vbe_ctx_ = false;
+};
+
+TensorLayout Replayer::output_layout(const Kjt& kjt, const EmbTensor& t) const {
+  if (plan_.module == ModuleKind::sequence) return TensorLayout::sequence_output(plan_, kjt);
+  if (t.shape.size() == 1) {
+    std::vector<int64_t> bpf;
+    for (int64_t f = 0; f < plan_.num_features(); ++f)
+      bpf.push_back(kjt.is_vbe() ? kjt.stride_per_feature[size_t(f)] : kjt.stride());
+    return TensorLayout::pooled_vbe_output(plan_, bpf);
+  }
+  return TensorLayout::pooled_output(plan_);
+}
+
+void Replayer::run() {
+  ReportInfo& info = rep_.info;
+  if (!opt_.write_output.empty() && same_file(opt_.write_output, opt_.capture_path))
+    throw UsageError(
+        fmt::format("--write-output {}: that is the input capture, which replay "
+                    "never modifies; choose another file",
+                    opt_.write_output));
+  CaptureReader reader(opt_.capture_path);
+  info.capture.sha256 = sha256_file(opt_.capture_path);
+  if (!opt_.plan_path.empty()) {
+    const std::string text = read_text_file(opt_.plan_path);
+    const Plan override_plan = load_plan_or_throw(text, opt_.plan_path);
+    plan_ = capture_plan(reader, &override_plan);
+    info.plan = {opt_.plan_path, sha256_hex(text), false};
+  } else {
+    plan_ = capture_plan(reader);
+    info.plan = {opt_.capture_path + ":/plan", sha256_hex(reader.plan_text()), true};
+  }
+  info.module = to_string(plan_.module);
+  info.world_size = plan_.world_size;
+  info.num_batches = reader.num_batches();
+  tol_ = opt_.tolerance ? *opt_.tolerance : default_tolerance(plan_);
+  info.tolerance = tol_.str();
+  info.batches = parse_batch_range(opt_.batches, reader.num_batches());
+  source_ = open_embedding_source(reader, plan_);
+  if (!source_)
+    warn(
+        "the capture has no /oracle and no /tables weights: the lookup check and the unsharded "
+        "reference are skipped; the output dist runs on the captured local_embs");
+
+  if (plan_.module == ModuleKind::sequence)
+    seq_dist_ = std::make_unique<RwSequenceEmbeddingDist>(plan_, backend_);
+  else
+    pooled_dist_ = std::make_unique<RwPooledEmbeddingDist>(plan_, backend_);
+
+  std::unique_ptr<CaptureWriter> writer;
+  if (!opt_.write_output.empty()) {
+    writer = std::make_unique<CaptureWriter>(opt_.write_output, plan_, reader.oracle_seed());
+    for (const std::string& name : reader.weight_tables()) {
+      const auto t = std::find_if(plan_.tables.begin(), plan_.tables.end(),
+                                  [&](const TableConfig& tc) { return tc.name == name; });
+      if (t == plan_.tables.end()) continue;  // a table the plan does not use: not copied
+      writer->write_table_weight(name, t->data_type, t->num_embeddings, t->embedding_dim,
+                                 reader.read_table_weight(*t));
+    }
+  }
+
+  const std::set<int64_t> selected(info.batches.begin(), info.batches.end());
+  // --write-output copies every batch, replayed or not; otherwise read only the selected.
+  std::vector<int64_t> order = info.batches;
+  if (writer) {
+    order.clear();
+    for (int64_t k = 0; k < reader.num_batches(); ++k) order.push_back(k);
+  }
+  bool started = false;
+  int64_t done = 0;
+  for (int64_t k : order) {
+    Batch batch = reader.read_batch(plan_, k);
+    if (!selected.count(k)) {
+      writer->write_batch(batch);
+      continue;
+    }
+    if (!started) {  // the first replayed batch decides --ctx automatic
+      bool any_ctx = false;
+      for (const RankBatch& rb : batch.ranks) any_ctx |= rb.ctx.has_value();
+      use_captured_ =
+          opt_.ctx_mode == CtxMode::captured || (opt_.ctx_mode == CtxMode::automatic && any_ctx);
+      if (opt_.ctx_mode == CtxMode::captured && !any_ctx)
+        warn(
+            fmt::format("--ctx captured: batch {} has no ctx/ group; the derived context is "
+                        "used where none was captured",
+                        k));
+      info.ctx_mode = use_captured_ ? "captured" : "derived";
+      if (cb_.on_start) cb_.on_start(rep_);
+      started = true;
+    }
+    auto outputs = replay_batch(k, batch);
+    if (writer) {
+      for (size_t r = 0; r < batch.ranks.size(); ++r) {
+        if (outputs[r]) {
+          batch.ranks[r].output = std::move(*outputs[r]);
+        } else if (batch.ranks[r].output) {
+          warn(
+              fmt::format("--write-output: batch {} rank {}: the output dist did not run; the "
+                          "captured output is copied unchanged",
+                          k, r));
+        }
+      }
+      writer->write_batch(batch);
+    }
+    ++done;
+    if (cb_.on_progress) cb_.on_progress(done, int64_t(info.batches.size()));
+  }
+  if (writer) writer->commit();
+}
+
+std::vector<std::optional<EmbTensor>> Replayer::replay_batch(int64_t k, const Batch& batch) {
+  const int64_t W = plan_.world_size;
+  const int64_t maxm = opt_.max_mismatches;
+  std::vector<const Kjt*> kjts(static_cast<size_t>(W));
+  for (int64_t r = 0; r < W; ++r) kjts[size_t(r)] = &batch.ranks[size_t(r)].kjt;
+
+  DerivedBatch der;
+  try {
+    der = derive_input_dist(plan_, kjts, backend_);
+  } catch (const OutputDistFailure& e) {
+    throw Error(fmt::format("batch {}: input dist: {}", k, e.what()));
+  } catch (const CaptureError&) {
+    throw;
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}:/batches/{}: {}", opt_.capture_path, k, e.what()));
+  }
+
+  // 1. Captured context vs derived, field by field, and the plan-free checks.
+  bool ctx_bad = false, lookup_bad = false;
+  std::vector<const ShardingContext*> cap_ctx(size_t(W), nullptr);
+  std::vector<const EmbTensor*> cap_local(size_t(W), nullptr), golden(size_t(W), nullptr);
+  for (int64_t r = 0; r < W; ++r) {
+    const RankBatch& rb = batch.ranks[size_t(r)];
+    if (rb.ctx) cap_ctx[size_t(r)] = &*rb.ctx;
+    if (rb.local_embs) cap_local[size_t(r)] = &*rb.local_embs;
+    if (rb.output) golden[size_t(r)] = &*rb.output;
+    if (!rb.ctx) continue;
+    for (CheckResult& c :
+         diff_context(plan_, k, int(r), rb.kjt, der.ranks[size_t(r)], *rb.ctx, maxm)) {
+      ctx_bad |= c.status == CheckStatus::fail;
+      emit(std::move(c));
+    }
+  }
+  for (CheckResult& c : consistency_checks(plan_, k, kjts, cap_ctx, cap_local, golden, maxm)) {
+    ctx_bad |= c.status == CheckStatus::fail;
+    emit(std::move(c));
+  }
+
+  // 2. The context the output dist gets.
+  std::vector<ShardingContext> used(static_cast<size_t>(W));
+  std::vector<const ShardingContext*> used_ptr(static_cast<size_t>(W));
+  for (int64_t r = 0; r < W; ++r) {
+    const ShardingContext& d = der.ranks[size_t(r)].ctx;
+    used[size_t(r)] = use_captured_ && cap_ctx[size_t(r)] ? merge_ctx(*cap_ctx[size_t(r)], d) : d;
+    used_ptr[size_t(r)] = &used[size_t(r)];
+  }
+  if (pooled_dist_) {  // the latch, checked on the context the module sees
+    const std::optional<bool> latched = pooled_dist_->latched_variable_batch();
+    const bool mode = latched ? *latched : used[0].variable_batch_per_feature.value_or(false);
+    for (int64_t r = 0; r < W; ++r) {
+      CheckResult c =
+          latch_check(k, int(r), used[size_t(r)].variable_batch_per_feature.value_or(false), mode,
+                      latched_batch_.value_or(k));
+      ctx_bad |= c.status == CheckStatus::fail;
+      emit(std::move(c));
+    }
+  }
+
+  // 3. Lookup: captured local_embs vs the lookup derived from the embedding source.
+  std::vector<EmbTensor> derived_local;  // all ranks, when the output dist needs them
+  bool need_all_derived = false;
+  for (int64_t r = 0; r < W; ++r) need_all_derived |= !(use_captured_ && cap_local[size_t(r)]);
+  if (!source_) need_all_derived = false;
+  if (need_all_derived) derived_local = derive_local_embs(plan_, der, *source_, backend_, k);
+  for (int64_t r = 0; r < W; ++r) {
+    if (!cap_local[size_t(r)]) continue;
+    if (!source_) continue;  // reported once in the warnings
+    EmbTensor one;
+    const EmbTensor* want = nullptr;
+    if (need_all_derived) {
+      want = &derived_local[size_t(r)];
+    } else {  // rank by rank, so only one derived lookup is in memory
+      try {
+        one = backend_.lookup(plan_, int(r), der.ranks[size_t(r)].lookup_kjt, *source_);
+      } catch (const Error& e) {
+        throw Error(fmt::format("batch {}: {}", k, e.what()));
+      }
+      want = &one;
+    }
+    const ShardingContext& dc = der.ranks[size_t(r)].ctx;
+    TensorLayout layout = TensorLayout::flat("local_embs");
+    if (plan_.module == ModuleKind::sequence)
+      layout = TensorLayout::sequence_local_embs(
+          plan_, der.ranks[size_t(r)].lookup_kjt.lengths,
+          dc.batch_size_per_rank.value_or(std::vector<int64_t>{}));
+    else if (dc.batch_size_per_rank_per_feature)
+      layout = TensorLayout::pooled_vbe_local_embs(plan_, *dc.batch_size_per_rank_per_feature);
+    else
+      layout = TensorLayout::pooled_local_embs(
+          plan_, dc.batch_size_per_rank.value_or(std::vector<int64_t>{}));
+    CheckResult c =
+        tensor_check(k, int(r), "lookup", "local_embs", "captured", "derived",
+                     diff_tensors(*cap_local[size_t(r)], *want, tol_, layout, maxm), tol_);
+    lookup_bad |= c.status == CheckStatus::fail;
+    emit(std::move(c));
+  }
+
+  // 4. The output dist on the chosen inputs, and the output checks as each rank arrives.
+  std::vector<const EmbTensor*> local(size_t(W), nullptr);
+  bool runnable = true;
+  for (int64_t r = 0; r < W; ++r) {
+    if (use_captured_ && cap_local[size_t(r)])
+      local[size_t(r)] = cap_local[size_t(r)];
+    else if (!derived_local.empty())
+      local[size_t(r)] = &derived_local[size_t(r)];
+    else if (cap_local[size_t(r)])  // --ctx derived without an embedding source
+      local[size_t(r)] = cap_local[size_t(r)];
+    runnable &= local[size_t(r)] != nullptr;
+  }
+  std::vector<std::optional<EmbTensor>> kept(static_cast<size_t>(W));
+  std::vector<bool> got(size_t(W), false);
+  auto skip_outputs = [&](const std::string& why) {
+    for (int64_t r = 0; r < W; ++r) {
+      if (got[size_t(r)]) continue;
+      if (golden[size_t(r)]) emit(skipped(k, int(r), "output", "golden", why));
+      if (source_) emit(skipped(k, int(r), "output", "reference", why));
+    }
+  };
+  if (!runnable) {
+    if (!warned_no_local_)
+      warn(
+          "some ranks have no local_embs and there is no embedding source to derive them: "
+          "their output dist is not run");
+    warned_no_local_ = true;
+    skip_outputs("no local_embs captured and no embedding source to derive them");
+    return kept;
+  }
+
+  auto sink = [&](int r, EmbTensor&& out) {
+    got[size_t(r)] = true;
+    const RankBatch& rb = batch.ranks[size_t(r)];
+    const TensorLayout layout = output_layout(rb.kjt, out);
+    std::optional<CheckResult> gold, ref;
+    if (rb.output)
+      gold = tensor_check(k, r, "output", "golden", "replayed", "golden",
+                          diff_tensors(out, *rb.output, tol_, layout, maxm), tol_);
+    if (source_) {
+      EmbTensor want;
+      try {
+        want = reference_output(plan_, r, rb.kjt, *source_, k);
+      } catch (const CaptureError&) {
+        throw;
+      } catch (const Error& e) {
+        throw Error(fmt::format("unsharded reference: {}", e.what()));
+      }
+      ref = tensor_check(k, r, "output", "reference", "replayed", "reference",
+                         diff_tensors(out, want, tol_, layout, maxm), tol_);
+    }
+    // The verdict on the cause, from the evidence of this batch.
+    const bool ref_ok = ref && ref->status == CheckStatus::pass;
+    if (ref && ref->status == CheckStatus::fail) {
+      ref->cause = ctx_bad      ? "context"
+                   : lookup_bad ? "lookup/local_embs"
+                                : "engine (consistent context and lookup, yet the sharded "
+                                  "path differs from the unsharded reference)";
+    }
+    if (gold && gold->status == CheckStatus::fail) {
+      gold->cause = ctx_bad      ? "context"
+                    : lookup_bad ? "lookup/local_embs"
+                    : ref_ok     ? "data (golden output)"
+                    : ref        ? "undetermined (the replay differs from the reference too)"
+                                 : "undetermined (no embedding source for a reference)";
+    }
+    if (gold) emit(std::move(*gold));
+    if (ref) emit(std::move(*ref));
+    if (!opt_.write_output.empty()) kept[size_t(r)] = std::move(out);
+  };
+  try {
+    if (seq_dist_) {
+      seq_dist_->forward(local, used_ptr, sink);
+    } else {
+      pooled_dist_->forward(k, local, used_ptr, kjts, sink);
+      if (!latched_batch_ && pooled_dist_->latched_variable_batch()) latched_batch_ = k;
+    }
+  } catch (const OutputDistFailure& e) {
+    // The crash a real rank would have had: a context mismatch finding, not trouble.
+    CheckResult c;
+    c.batch = k;
+    c.rank = e.rank();
+    c.stage = "ctx";
+    c.check = "output_dist";
+    c.status = CheckStatus::fail;
+    c.mismatches = 1;
+    c.compared = 1;
+    c.message = fmt::format("the output dist cannot run with this context (field {}): {}",
+                            e.field(), e.what());
+    emit(std::move(c));
+    skip_outputs(fmt::format("the output dist failed on rank {} ({})", e.rank(), e.field()));
+  }
+  return kept;
+}
+
+}  // namespace
+
+Report run_replay(const ReplayOptions& opt, Backend& backend, const ReplayCallbacks& cb) {
+  Report rep;
+  ReportInfo& info = rep.info;
+  info.argv = opt.argv;
+  info.tool_version = DYNEMB_VERSION;
+  info.backend = backend.name();
+  info.device = backend.device();
+  info.capture.path = opt.capture_path;
+  info.max_mismatches = opt.max_mismatches;
+  info.write_output = opt.write_output;
+  info.ctx_mode = opt.ctx_mode == CtxMode::derived ? "derived" : "captured";
+  Replayer rp(opt, backend, cb, rep);
+  try {
+    rp.run();
+  } catch (const Error& e) {
+    rep.trouble = e.what();
+  }
+  return rep;
+}
+
+}  // namespace dynemb

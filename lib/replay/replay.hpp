@@ -1,0 +1,51 @@
+// `dynemb-dist replay` (cli.md): for every batch and rank, derive the input dist and the
+// context from the plan and the KJTs, diff it with the captured ctx/, run the output dist
+// (built once and latched across batches, like the real module) on the chosen backend, and
+// diff the result with the golden `output` and the unsharded reference.
+//
+// Streaming: one batch is in memory at a time; each rank's output is compared as the output
+// dist hands it over and dropped (unless --write-output keeps the batch's outputs).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/backend.hpp"
+#include "replay/report.hpp"
+#include "replay/tolerance.hpp"
+
+namespace dynemb {
+
+enum class CtxMode : uint8_t { automatic, captured, derived };
+
+struct ReplayOptions {
+  std::string capture_path;
+  std::string plan_path;  // empty: the plan embedded in the capture
+  CtxMode ctx_mode = CtxMode::automatic;
+  std::optional<Tolerance> tolerance;  // nullopt: default_tolerance(plan)
+  int64_t max_mismatches = 10;         // details kept per check
+  std::string batches;                 // --batches RANGE, empty: all
+  std::string write_output;            // --write-output OUT.h5, empty: none
+  std::vector<std::string> argv;
+};
+
+struct ReplayCallbacks {
+  std::function<void(const Report&)> on_start;                   // header info known
+  std::function<void(const CheckResult&)> on_check;              // every check, as it is decided
+  std::function<void(int64_t done, int64_t total)> on_progress;  // after each batch
+};
+
+// "0-3,7" -> {0,1,2,3,7}: sorted, unique, each < num_batches. Empty text: all batches.
+// Throws UsageError naming the bad part.
+std::vector<int64_t> parse_batch_range(const std::string& text, int64_t num_batches);
+
+// Runs the replay. Trouble (unreadable capture, bad plan, malformed KJT, a lookup bounds
+// error, bad --batches, --write-output onto the input or unwritable) never throws: it stops
+// the run and the report comes back with `trouble` set (exit code 2) and the checks decided
+// so far, so --json / --junit still describe what happened.
+Report run_replay(const ReplayOptions& opt, Backend& backend, const ReplayCallbacks& cb = {});
+
+}  // namespace dynemb
