@@ -142,7 +142,6 @@ EmbTensor CpuBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
       for (int64_t j = 0; j < bags_f[f]; ++j)
         dst[bag0[f] + j] = j * sumD + plan.features[f].column_offset;
   } else {
-    std::vector<int64_t> blk_off;  // (s, f) block offsets, s-major
     int64_t acc = 0;
     std::vector<std::vector<int64_t>> start(W, std::vector<int64_t>(F));
     for (int64_t s = 0; s < W; ++s)
