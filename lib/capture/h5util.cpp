@@ -9,7 +9,7 @@ void quiet() {
 
 namespace {
 herr_t walk_cb(unsigned n, const H5E_error2_t* err, void* data) {
-  // The stack is walked from the innermost call outwards: keep the first description.
+  // Walked upward: n == 0 is the innermost (most specific) error.
   auto* out = static_cast<std::string*>(data);
   if (n == 0 && err && err->desc) *out = err->desc;
   return 0;
@@ -18,7 +18,7 @@ herr_t walk_cb(unsigned n, const H5E_error2_t* err, void* data) {
 
 std::string last_error() {
   std::string msg;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk_cb, &msg);
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, walk_cb, &msg);
   H5Eclear2(H5E_DEFAULT);
   return msg;
 }
