@@ -628,6 +628,16 @@ TEST_CASE("hostile YAML: deep nesting, aliases, huge input") {
   REQUIRE(al.ok());
   CHECK(al.plan->tables[0].num_embeddings == 2);
 
+  // A flat mapping of many keys: fast (no quadratic duplicate search), findings capped.
+  std::string flat = kValid;
+  for (int i = 0; i < 50000; ++i) flat += "k" + std::to_string(i) + ": 1\n";
+  flat += "k7: 2\n";
+  const PlanLoadResult fr = parse_plan(flat, "plan.yaml");
+  REQUIRE(fr.findings.size() == 1001);
+  CHECK(fr.findings[0].str().find("plan.yaml:13:1: error: k0: unknown key 'k0'") == 0);
+  CHECK(fr.findings[1000].str() ==
+        "plan.yaml: note: 49001 more findings not shown (at most 1000 are reported)");
+
   const std::string huge(17u << 20, '#');
   expect_error(huge, 1, 1, "plans larger than 16 MiB are refused");
 }

@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <sstream>
+#include <unordered_map>
 
 #include "plan/plan.hpp"
 
@@ -61,6 +62,7 @@ namespace {
 constexpr int kMaxDepth = 64;
 constexpr size_t kMaxTextBytes = size_t{16} << 20;
 constexpr size_t kMaxNodes = size_t{1} << 20;
+constexpr size_t kMaxFindings = 1000;  // like GCC's -fmax-errors, for a hostile file
 constexpr int64_t kMaxWorldSize = 65536;
 constexpr int64_t kMaxEmbeddingDim = int64_t{1} << 20;
 
@@ -175,6 +177,9 @@ class TreeBuilder : public YAML::EventHandler {
   const std::string& file_;
   std::vector<NodeP> stack_;
   std::vector<KeyState> keys_;  // parallel to stack_ (unused for sequences)
+  // Per open map: key -> index in entries (a linear search would make a hostile flat mapping
+  // of many keys quadratic).
+  std::vector<std::unordered_map<std::string, size_t>> seen_;
   std::map<YAML::anchor_t, NodeP> anchors_;
   int docs_ = 0;
   size_t nodes_ = 0;
@@ -209,11 +214,13 @@ class TreeBuilder : public YAML::EventHandler {
     add(n, anchor);
     stack_.push_back(n);
     keys_.emplace_back();
+    seen_.emplace_back();
   }
   void close() {
     stack_.back()->complete = true;
     stack_.pop_back();
     keys_.pop_back();
+    seen_.pop_back();
   }
   // Attaches a finished (or just opened) node to its parent.
   void add(const NodeP& n, YAML::anchor_t anchor) {
@@ -233,7 +240,10 @@ class TreeBuilder : public YAML::EventHandler {
       if (ks.bad_key)
         report_key_error(*ks.bad_key, "a mapping key must be a plain string, got " +
                                           std::string(kind_name(*ks.bad_key)));
-      if (!ks.skip) parent.entries.push_back(YEntry{ks.key, ks.line, ks.col, n});
+      if (!ks.skip) {
+        seen_.back().emplace(ks.key, parent.entries.size());
+        parent.entries.push_back(YEntry{ks.key, ks.line, ks.col, n});
+      }
       ks = KeyState{};
       return;
     }
@@ -247,7 +257,8 @@ class TreeBuilder : public YAML::EventHandler {
       return;
     }
     ks.key = n->value;
-    if (const YEntry* first = parent.find(ks.key)) {
+    if (auto it = seen_.back().find(ks.key); it != seen_.back().end()) {
+      const YEntry* first = &parent.entries[it->second];
       // yaml-cpp's node API would silently keep one of the two: say so, at the second one.
       report_key_error(*n, "duplicate key '" + ks.key + "' (first at line " +
                                std::to_string(first->line) + ":" + std::to_string(first->col) +
@@ -908,6 +919,16 @@ PlanLoadResult parse_plan(const std::string& yaml_text, const std::string& displ
   std::stable_sort(out.begin(), out.end(), [](const Diagnostic& a, const Diagnostic& b) {
     return std::make_pair(a.loc.line, a.loc.col) < std::make_pair(b.loc.line, b.loc.col);
   });
+  if (out.size() > kMaxFindings) {
+    const size_t more = out.size() - kMaxFindings;
+    out.resize(kMaxFindings);
+    Diagnostic d;
+    d.severity = Severity::note;
+    d.loc.file = display_name;
+    d.message = std::to_string(more) + " more findings not shown (at most " +
+                std::to_string(kMaxFindings) + " are reported)";
+    out.push_back(std::move(d));
+  }
   const bool any_error = std::any_of(
       out.begin(), out.end(), [](const Diagnostic& d) { return d.severity == Severity::error; });
   if (!any_error) {

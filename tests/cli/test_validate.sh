@@ -48,8 +48,24 @@ has criteo "ec-bench-criteo.yaml:13:21: warning: tables[0].num_embeddings: table
 grep -qE '^ +0 +22243035 +11388433920 +22243035 +11388433920$' "$tmp/criteo.out" ||
   fail "criteo: rank 0 holds 22243035 rows x 128 x 4 B"
 
-# ---- broken plans: exit 2 and file:line:col of the token at fault
 write() { cat >"$tmp/$1.yaml"; }
+
+# More than 6 tables: the per-rank table switches to one line per (rank, table).
+# table_i: 5+i rows, D=4(i+1), W=2, blk=ceil((5+i)/2).
+{
+  printf 'format_version: 1\nworld_size: 2\nmodule: pooled\ntables:\n'
+  for i in 0 1 2 3 4 5 6 7; do
+    printf '  - {name: table_%d, num_embeddings: %d, embedding_dim: %d, features: [f%d]}\n' \
+      "$i" $((5 + i)) $((4 * (i + 1))) "$i"
+  done
+} >"$tmp/eight.yaml"
+run eight 0 validate "$tmp/eight.yaml"
+grep -qE '^ +0 +table_0 +3 +48$' "$tmp/eight.out" || fail "eight: rank 0 table_0 = 3 rows, 48 B"
+grep -qE '^ +1 +table_0 +2 +32$' "$tmp/eight.out" || fail "eight: rank 1 table_0 = 2 rows, 32 B"
+grep -qE '^ +1 +total +32 +2656$' "$tmp/eight.out" || fail "eight: rank 1 total"
+has eight "# tables 8  features 8  total bytes 5568 (5.44 KiB)"
+
+# ---- broken plans: exit 2 and file:line:col of the token at fault
 write bad_dim <<'EOF'
 format_version: 1
 world_size: 2
