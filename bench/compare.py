@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Joins `dynemb-dist bench --json` (ours-NAME.json) with bench/peer_torch.py (peer-NAME.json)
+from one run of bench/run_on_gpu.sh and prints the ratio table and the issue-7 acceptance."""
+import glob
+import json
+import os
+import sys
+
+d = sys.argv[1]
+rows, acc = [], []
+ours = {os.path.basename(p)[5:-5]: json.load(open(p)) for p in sorted(glob.glob(d + "/ours-*.json"))}
+peer = {os.path.basename(p)[5:-5]: json.load(open(p)) for p in sorted(glob.glob(d + "/peer-*.json"))}
+print("# issue 7 summary: ours = dynemb-dist bench (CUDA), torch = bench/peer_torch.py, same data")
+print(f"# {'workload':<26} {'stage':<32} {'ours us':>10} {'GB/s':>8} {'%copy':>6} {'torch us':>10} {'speedup':>8}")
+for name, o in ours.items():
+    p = {s["name"]: s for s in peer.get(name, {}).get("stages", [])}
+    for s in o["stages"]:
+        t = p.get(s["name"])
+        if s["name"] == "sequence dist (fused)":
+            t = p.get("sequence dist (torch 3 steps)")
+        tu = f"{t['time_us']:10.1f}" if t else f"{'-':>10}"
+        sp = f"{t['time_us'] / s['time_us']:7.2f}x" if t and s["time_us"] > 0 else f"{'-':>8}"
+        print(f"  {o['workload']:<26} {s['name']:<32} {s['time_us']:10.1f} {s['gbps']:8.1f} {s['pct_copy']:6.1f} {tu} {sp}")
+
+def stage(name, st):
+    for s in ours.get(name, {}).get("stages", []):
+        if s["name"] == st:
+            return s
+    return None
+
+def verdict(ok):
+    return "PASS" if ok else "MISS"
+
+print("# acceptance (issue 7)")
+c = ours.get("criteo")
+if c:
+    for s in c["stages"]:
+        if s["name"].startswith("unbucketize D="):
+            rb = 4 * s["dim"]
+            tgt = 85.0 if rb >= 64 else 70.0
+            print(f"#  unbucketize {rb:>4} B rows: {s['pct_copy']:5.1f} % of copy (target >= {tgt:.0f} %) {verdict(s['pct_copy'] >= tgt)}")
+f = stage("criteo", "sequence dist (fused)")
+pt = {s["name"]: s for s in peer.get("criteo", {}).get("stages", [])}.get("sequence dist (torch 3 steps)")
+if f and pt:
+    r = pt["time_us"] / f["time_us"]
+    print(f"#  fused sequence dist, ec-bench-criteo: {r:.2f}x faster than torch 3 steps (target >= 2.5x) {verdict(r >= 2.5)}")
+for n in ("pooled64",):
+    s = stage(n, "pooled reduce")
+    if s:
+        print(f"#  pooled reduce {ours[n]['workload']} ({s['bytes'] / 1e9:.2f} GB): {s['pct_copy']:.1f} % of copy (target >= 90 %) {verdict(s['pct_copy'] >= 90)}")
+for n in ("hstu", "hstu16"):
+    s = stage(n, "bucketize (all ranks)")
+    if s:
+        print(f"#  bucketize {ours[n]['workload']} ({s['bytes'] / 1e6:.0f} MB): {s['pct_copy']:.1f} % of copy (target >= 50 %) {verdict(s['pct_copy'] >= 50)}")

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Everything issue 7 measures, in one GPU-machine call: build (device.md recipe), all ctest
+# tests (gpu label included), compute-sanitizer memcheck + racecheck on the GPU tests, our
+# bench and the torch peer on the presets, then one table of ratios (printed last).
+# Logs and JSON go to $OUT (at most 8 files come back: logs are packed into logs.tgz).
+#   OUT=/tmp/out bash bench/run_on_gpu.sh [--quick]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/dynemb-out}
+LOG=/tmp/dynemb-logs
+EXP=/tmp/dynemb-export
+rm -rf "$LOG" "$EXP"; mkdir -p "$OUT" "$LOG" "$EXP"
+B=build-gpu
+PY=${PYTHON:-python3}
+ITERS=${ITERS:-20}
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.draw,temperature.gpu \
+  --format=csv > "$LOG/gpu.txt" 2>&1
+stamp "build"
+if ! { cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DDYNEMB_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build $B -j 16; } > "$LOG/build.log" 2>&1; then
+  tail -40 "$LOG/build.log"; tar czf "$OUT/logs.tgz" -C /tmp dynemb-logs; exit 1
+fi
+stamp "ctest (all labels)"
+ctest --test-dir $B --output-on-failure --timeout 300 -j 8 > "$LOG/ctest.log" 2>&1
+CTEST_RC=$?
+tail -15 "$LOG/ctest.log"
+stamp "gpu tests verbose"
+$B/tests/gpu_test_cuda_backend -s=false > "$LOG/gpu-test.log" 2>&1; GPU_RC=$?
+tail -4 "$LOG/gpu-test.log"
+stamp "compute-sanitizer"
+export DYNEMB_GPU_CASES=40
+compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/gpu_test_cuda_backend \
+  -tce='*2^31*' > "$LOG/memcheck.log" 2>&1; MC_RC=$?
+compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/gpu_test_cuda_backend \
+  -tce='*2^31*' > "$LOG/racecheck.log" 2>&1; RC_RC=$?
+unset DYNEMB_GPU_CASES
+tail -3 "$LOG/memcheck.log" "$LOG/racecheck.log"
+stamp "bench"
+D=$B/dynemb-dist
+run() {  # name, args...
+  local name=$1; shift
+  $D bench "$@" --iters $ITERS --json "$LOG/ours-$name.json" > "$LOG/ours-$name.txt" 2>&1 \
+    || echo "bench $name failed: $(tail -2 "$LOG/ours-$name.txt")"
+}
+run criteo --preset ec-bench-criteo --dims 4,8,16,32,64,128 --export $EXP/criteo
+run hstu --preset hstu-e2e --export $EXP/hstu
+run hstu16 --preset hstu-e2e --scale 16 --export $EXP/hstu16
+run pooled64 --preset unit-pooled-w8 --scale 64 --export $EXP/pooled64
+run seqw2 --preset unit-seq-w2
+run seqw8 --preset unit-seq-w8
+run odd --preset odd-dims
+run pooled --preset unit-pooled-w8
+stamp "peer"
+for n in criteo hstu hstu16 pooled64; do
+  [ -f $EXP/$n/meta.json ] && $PY bench/peer_torch.py $EXP/$n --iters $ITERS --json "$LOG/peer-$n.json" \
+    > "$LOG/peer-$n.txt" 2>&1 || echo "peer $n failed: $(tail -3 "$LOG/peer-$n.txt")"
+done
+stamp "summary"
+$PY bench/compare.py "$LOG" > "$LOG/summary.txt" 2>&1
+cp "$LOG/summary.txt" "$OUT/summary.txt"
+$PY - "$LOG" "$OUT/bench-all.json" <<'PYEOF'
+import glob, json, os, sys
+d = sys.argv[1]
+out = {os.path.basename(p)[:-5]: json.load(open(p)) for p in sorted(glob.glob(d + "/*.json"))}
+json.dump(out, open(sys.argv[2], "w"), indent=1)
+PYEOF
+tar czf "$OUT/logs.tgz" -C /tmp dynemb-logs
+for n in criteo hstu16 pooled64 seqw8; do cat "$LOG/ours-$n.txt"; done
+echo "ctest rc=$CTEST_RC  gpu-test rc=$GPU_RC  memcheck rc=$MC_RC  racecheck rc=$RC_RC  ($(( $(date +%s) - t0 )) s)"
+cat "$LOG/summary.txt"
