@@ -19,8 +19,12 @@ stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.draw,temperature.gpu \
   --format=csv > "$LOG/gpu.txt" 2>&1
 stamp "build"
-if ! { cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DDYNEMB_CUDA=ON \
-        -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build $B -j 16; } > "$LOG/build.log" 2>&1; then
+# -k 0: a half-written file elsewhere in the tree must not stop the CUDA targets.
+{ cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DDYNEMB_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build $B -j 16 -- -k 0; } > "$LOG/build.log" 2>&1
+BUILD_RC=$?
+[ $BUILD_RC -ne 0 ] && { echo "build rc=$BUILD_RC"; grep -E "error|FAILED" "$LOG/build.log" | head -20; }
+if [ ! -x $B/dynemb-dist ] || [ ! -x $B/tests/gpu_test_cuda_backend ]; then
   tail -40 "$LOG/build.log"; tar czf "$OUT/logs.tgz" -C /tmp dynemb-logs; exit 1
 fi
 stamp "ctest (all labels)"
@@ -69,5 +73,5 @@ json.dump(out, open(sys.argv[2], "w"), indent=1)
 PYEOF
 tar czf "$OUT/logs.tgz" -C /tmp dynemb-logs
 for n in criteo hstu16 pooled64 seqw8; do cat "$LOG/ours-$n.txt"; done
-echo "ctest rc=$CTEST_RC  gpu-test rc=$GPU_RC  memcheck rc=$MC_RC  racecheck rc=$RC_RC  ($(( $(date +%s) - t0 )) s)"
+echo "build rc=$BUILD_RC  ctest rc=$CTEST_RC  gpu-test rc=$GPU_RC  memcheck rc=$MC_RC  racecheck rc=$RC_RC  ($(( $(date +%s) - t0 )) s)"
 cat "$LOG/summary.txt"

@@ -98,7 +98,8 @@ void write_npy(const std::string& path, const void* data, const char* descr, siz
     n *= static_cast<size_t>(s);
   }
   sh += ")";
-  std::string hdr = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}", descr, sh);
+  std::string hdr =
+      fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}", descr, sh);
   while ((10 + hdr.size() + 1) % 64 != 0) hdr += ' ';
   hdr += '\n';
   std::ofstream f(path + ".tmp", std::ios::binary);
@@ -148,8 +149,14 @@ void report(const BenchArgs& a, const Workload& w, const std::string& device, do
     const double pct = copy_gbps > 0 ? 100.0 * gbps / copy_gbps : 0;
     fmt::print(" {:>34} {:>12} {:>6} {:>12.0f} {:>11.2f} {:>9.1f} {:>7.1f}{}\n", s.name, s.rows,
                s.dim, s.bytes, s.us, gbps, pct, s.note.empty() ? "" : "  " + s.note);
-    js["stages"].push_back({{"name", s.name}, {"rows", s.rows}, {"dim", s.dim}, {"bytes", s.bytes},
-                            {"time_us", s.us}, {"gbps", gbps}, {"pct_copy", pct}, {"note", s.note}});
+    js["stages"].push_back({{"name", s.name},
+                            {"rows", s.rows},
+                            {"dim", s.dim},
+                            {"bytes", s.bytes},
+                            {"time_us", s.us},
+                            {"gbps", gbps},
+                            {"pct_copy", pct},
+                            {"note", s.note}});
   }
   for (const std::string& n : notes) fmt::print("# {}\n", n);
   js["notes"] = notes;
@@ -174,7 +181,8 @@ int run_cpu(const BenchArgs& a, const Workload& w) {
     for (int i = 0; i < a.iters; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       f();
-      t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      t.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
     }
     return median(t);
   };
@@ -205,11 +213,14 @@ int run_cpu(const BenchArgs& a, const Workload& w) {
     st.push_back(s);
   } else {
     const double n = static_cast<double>(local[0].numel());
-    Stage s{"pooled reduce (cpu reference)", local[0].rows(), p.sum_dim,
-            4.0 * n * (p.world_size + 1), 0, ""};
-    s.us = time_host([&] {
-      be->pooled_output_dist(p, d.variable_batch, lp, cp, kp, [](int, EmbTensor&&) {});
-    });
+    Stage s{"pooled reduce (cpu reference)",
+            local[0].rows(),
+            p.sum_dim,
+            4.0 * n * (p.world_size + 1),
+            0,
+            ""};
+    s.us = time_host(
+        [&] { be->pooled_output_dist(p, d.variable_batch, lp, cp, kp, [](int, EmbTensor&&) {}); });
     st.push_back(s);
   }
   report(a, w, be->device(), 0, st, {});
@@ -370,7 +381,8 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
       d_w.upload(wts, s);
       d_nw.resize(N);
     }
-    const size_t tb = std::max(cuda::bucketize_scan_temp_bytes(W * L), cuda::bucketize_scan_temp_bytes(L));
+    const size_t tb =
+        std::max(cuda::bucketize_scan_temp_bytes(W * L), cuda::bucketize_scan_temp_bytes(L));
     DeviceBuffer<char> d_tmp(static_cast<int64_t>(tb));
     cuda::BucketizeArgs ba;
     ba.num_ranks = W;
@@ -411,7 +423,8 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
       for (size_t i = 0; i < ref.unbucketize_permute.size(); ++i, ++o)
         ok = ok && perm[o] == ref.unbucketize_permute[i] && nv[o] == ref.new_values[i];
     }
-    notes.push_back(std::string("check: batched bucketize == CPU reference: ") + (ok ? "ok" : "MISMATCH"));
+    notes.push_back(std::string("check: batched bucketize == CPU reference: ") +
+                    (ok ? "ok" : "MISMATCH"));
     if (!ok) throw DeviceError("bench: the GPU bucketize disagrees with the CPU reference");
     if (!ex.empty()) {
       write_i64(ex, "bk_ids", ids);
@@ -421,7 +434,8 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
       write_i64(ex, "bk_perm", perm);
       meta["dist_type"] = p.features.empty() ? 0 : static_cast<int>(p.features[0].dist_type);
       bool uniform = true;
-      for (const FeatureInfo& fi : p.features) uniform = uniform && fi.dist_type == p.features[0].dist_type;
+      for (const FeatureInfo& fi : p.features)
+        uniform = uniform && fi.dist_type == p.features[0].dist_type;
       meta["dist_type_uniform"] = uniform;
     }
   }
@@ -452,10 +466,10 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
     const cuda::SeqDistArgs sa = dev.args(p, local.data());
     const double row = 4.0 * D;
     const double t_recat = timer([&] { cuda::launch_seq_recat(sa, send.data(), s); });
-    const double t_exch = timer([&] { cuda::launch_seq_exchange(sa, send.data(), recv.data(), s); });
-    const double t_unb = timer([&] {
-      cuda::launch_gather_rows(recv.data(), d_gperm.data(), Ro, D, out.data(), s);
-    });
+    const double t_exch =
+        timer([&] { cuda::launch_seq_exchange(sa, send.data(), recv.data(), s); });
+    const double t_unb =
+        timer([&] { cuda::launch_gather_rows(recv.data(), d_gperm.data(), Ro, D, out.data(), s); });
     const double t_fused = timer([&] { cuda::launch_seq_fused(sa, out2.data(), s); });
     st.push_back({"recat permute", Rl, D, 2 * row * Rl, t_recat, ""});
     st.push_back({"exchange", Ro, D, 2 * row * Ro, t_exch, ""});
@@ -477,9 +491,8 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
     for (int64_t Dx : dims) {
       DeviceBuffer<float> src(Ro * Dx), dst(Ro * Dx);
       fill_rows(src.data(), Ro, Dx, s);
-      const double us = timer([&] {
-        cuda::launch_gather_rows(src.data(), d_gperm.data(), Ro, Dx, dst.data(), s);
-      });
+      const double us = timer(
+          [&] { cuda::launch_gather_rows(src.data(), d_gperm.data(), Ro, Dx, dst.data(), s); });
       st.push_back({fmt::format("unbucketize D={} ({} B rows)", Dx, 4 * Dx), Ro, Dx,
                     2.0 * 4 * Dx * Ro + 8.0 * Ro, us, ""});
     }
@@ -493,7 +506,8 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
         for (int64_t k = b0; k < b1; ++k) {
           const int64_t end = k + 1 < b1 ? t.seg_out[k + 1] : n;
           for (int64_t q = t.seg_out[k]; q < end; ++q)
-            recat_rows[t.local_row_off[r] + q] = t.local_row_off[r] + t.seg_src[k] + q - t.seg_out[k];
+            recat_rows[t.local_row_off[r] + q] =
+                t.local_row_off[r] + t.seg_src[k] + q - t.seg_out[k];
         }
       }
       write_i64(ex, "seq_recat_rows", recat_rows);
@@ -528,9 +542,8 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
     DeviceBuffer<float> parts(W * numel), out(numel);
     fill_rows(parts.data(), W * (numel / std::max<int64_t>(1, p.sum_dim)), p.sum_dim, s);
     const int rd = static_cast<int>(pooled_reduce_dtype(p));
-    const double us = timer([&] {
-      cuda::launch_reduce(parts.data(), W, numel, numel, rd, out.data(), s);
-    });
+    const double us =
+        timer([&] { cuda::launch_reduce(parts.data(), W, numel, numel, rd, out.data(), s); });
     st.push_back({"pooled reduce", rows, p.sum_dim, 4.0 * numel * (W + 1), us,
                   derived.variable_batch ? "VBE" : ""});
     if (!ex.empty()) meta["pool_numel"] = numel;
@@ -559,8 +572,10 @@ int run_bench(const BenchArgs& a) {
 #ifdef DYNEMB_HAVE_CUDA
     return run_cuda(a, w);
 #else
-    throw UsageError(fmt::format("bench --backend cuda: this build has no CUDA backend (compiled "
-                                 "backends: {})", compiled_backends()));
+    throw UsageError(
+        fmt::format("bench --backend cuda: this build has no CUDA backend (compiled "
+                    "backends: {})",
+                    compiled_backends()));
 #endif
   }
   throw UsageError("bench: --backend must be cuda or cpu, got '" + a.backend + "'");

@@ -280,16 +280,24 @@ EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
   return out;
 }
 
-void CudaBackend::sequence_output_dist(const Plan& plan,
-                                       const std::vector<const EmbTensor*>& local_embs,
-                                       const std::vector<const ShardingContext*>& ctx,
-                                       const OutputSink& sink) {
+}  // namespace
+
+namespace cuda {
+
+SeqDistTables build_seq_dist_tables(const Plan& plan,
+                                    const std::vector<const EmbTensor*>& local_embs,
+                                    const std::vector<const ShardingContext*>& ctx) {
   const int64_t W = plan.world_size, F = plan.num_features(), D = plan.seq_dim();
   // Forward recat as segments per owner s: send segment k copies seg_len rows from local
   // row seg_src (what permute_2D/1D_sparse_data(invert(recat), lengths*D, local) does).
-  std::vector<int64_t> seg_base{0}, seg_out, seg_src;
+  SeqDistTables t;
+  std::vector<int64_t>& seg_base = t.seg_base;
+  std::vector<int64_t>& seg_out = t.seg_out;
+  std::vector<int64_t>& seg_src = t.seg_src;
+  std::vector<int64_t>& local_row_off = t.local_row_off;
+  seg_base = {0};
   std::vector<std::vector<int64_t>> send_off(W);
-  std::vector<int64_t> local_row_off{0};
+  local_row_off = {0};
   for (int64_t s = 0; s < W; ++s) {
     const EmbTensor& E = *local_embs[s];
     const ShardingContext& c = *ctx[s];
@@ -366,7 +374,11 @@ void CudaBackend::sequence_output_dist(const Plan& plan,
                " rows of local_embs");
     send_off[s] = complete_cumsum(os);
   }
-  std::vector<int64_t> recv_flat, send_flat, out_row_off{0}, perm_all;
+  std::vector<int64_t>& recv_flat = t.recv_off;
+  std::vector<int64_t>& send_flat = t.send_off;
+  std::vector<int64_t>& out_row_off = t.out_row_off;
+  std::vector<int64_t>& perm_all = t.perm;
+  out_row_off = {0};
   for (int64_t d = 0; d < W; ++d) {
     const ShardingContext& c = *ctx[d];
     if (!c.unbucketize_permute) fail(d, "unbucketize_permute", "missing");
@@ -399,6 +411,21 @@ void CudaBackend::sequence_output_dist(const Plan& plan,
     out_row_off.push_back(out_row_off.back() + static_cast<int64_t>(perm.size()));
     perm_all.insert(perm_all.end(), perm.begin(), perm.end());
   }
+  return t;
+}
+
+}  // namespace cuda
+
+namespace {
+
+void CudaBackend::sequence_output_dist(const Plan& plan,
+                                       const std::vector<const EmbTensor*>& local_embs,
+                                       const std::vector<const ShardingContext*>& ctx,
+                                       const OutputSink& sink) {
+  const int64_t W = plan.world_size, D = plan.seq_dim();
+  const cuda::SeqDistTables t = cuda::build_seq_dist_tables(plan, local_embs, ctx);
+  const std::vector<int64_t>& local_row_off = t.local_row_off;
+  const std::vector<int64_t>& out_row_off = t.out_row_off;
   CUDA_CHECK(cudaSetDevice(device_));
   DeviceBuffer<float> d_local, d_out;
   d_local.resize(local_row_off.back() * D);
@@ -407,32 +434,9 @@ void CudaBackend::sequence_output_dist(const Plan& plan,
       CUDA_CHECK(cudaMemcpyAsync(d_local.data() + local_row_off[s] * D, local_embs[s]->data.data(),
                                  sizeof(float) * local_embs[s]->numel(), cudaMemcpyHostToDevice,
                                  stream_));
-  DeviceBuffer<int64_t> d_lro, d_oro, d_perm, d_recv, d_send, d_sb, d_so, d_ss;
-  d_lro.upload(local_row_off, stream_);
-  d_oro.upload(out_row_off, stream_);
-  d_perm.upload(perm_all, stream_);
-  d_recv.upload(recv_flat, stream_);
-  d_send.upload(send_flat, stream_);
-  d_sb.upload(seg_base, stream_);
-  d_so.upload(seg_out, stream_);
-  d_ss.upload(seg_src, stream_);
+  cuda::SeqDistDevice dev(t, stream_);
   d_out.resize(out_row_off.back() * D);
-  cuda::SeqDistArgs a;
-  a.world_size = W;
-  a.dim = D;
-  a.codec = static_cast<int>(plan.comm_precision);
-  a.total_local_rows = local_row_off.back();
-  a.total_out_rows = out_row_off.back();
-  a.local = d_local.data();
-  a.local_row_off = d_lro.data();
-  a.out_row_off = d_oro.data();
-  a.perm = d_perm.data();
-  a.recv_off = d_recv.data();
-  a.send_off = d_send.data();
-  a.seg_base = d_sb.data();
-  a.seg_out_off = d_so.data();
-  a.seg_src = d_ss.data();
-  cuda::launch_seq_fused(a, d_out.data(), stream_);
+  cuda::launch_seq_fused(dev.args(plan, d_local.data()), d_out.data(), stream_);
   sync();
   for (int64_t d = 0; d < W; ++d) {
     const int64_t n = out_row_off[d + 1] - out_row_off[d];
@@ -587,6 +591,43 @@ void CudaBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
 }
 
 }  // namespace
+
+namespace cuda {
+
+SeqDistDevice::SeqDistDevice(const SeqDistTables& t, cudaStream_t s)
+    : world_size(static_cast<int64_t>(t.local_row_off.size()) - 1),
+      total_local_rows(t.local_row_off.back()),
+      total_out_rows(t.out_row_off.back()) {
+  local_row_off.upload(t.local_row_off, s);
+  out_row_off.upload(t.out_row_off, s);
+  perm.upload(t.perm, s);
+  recv_off.upload(t.recv_off, s);
+  send_off.upload(t.send_off, s);
+  seg_base.upload(t.seg_base, s);
+  seg_out.upload(t.seg_out, s);
+  seg_src.upload(t.seg_src, s);
+}
+
+SeqDistArgs SeqDistDevice::args(const Plan& plan, const float* local) const {
+  SeqDistArgs a;
+  a.world_size = world_size;
+  a.dim = plan.seq_dim();
+  a.codec = static_cast<int>(plan.comm_precision);
+  a.total_local_rows = total_local_rows;
+  a.total_out_rows = total_out_rows;
+  a.local = local;
+  a.local_row_off = local_row_off.data();
+  a.out_row_off = out_row_off.data();
+  a.perm = perm.data();
+  a.recv_off = recv_off.data();
+  a.send_off = send_off.data();
+  a.seg_base = seg_base.data();
+  a.seg_out_off = seg_out.data();
+  a.seg_src = seg_src.data();
+  return a;
+}
+
+}  // namespace cuda
 
 std::unique_ptr<Backend> make_cuda_backend(int device) {
   return std::make_unique<CudaBackend>(device);

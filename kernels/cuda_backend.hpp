@@ -3,8 +3,13 @@
 // (kernels/*.cu). Results are bit-identical to the CPU reference (cpu_backend.cpp).
 #pragma once
 
-#include <memory>
+#include <cuda_runtime_api.h>
 
+#include <memory>
+#include <vector>
+
+#include "cuda_check.hpp"
+#include "dist_kernels.hpp"
 #include "engine/backend.hpp"
 
 namespace dynemb {
@@ -15,3 +20,28 @@ std::unique_ptr<Backend> make_cuda_backend(int device = 0);
 bool cuda_device_available();
 
 }  // namespace dynemb
+
+namespace dynemb::cuda {
+
+// Host side of SeqDistArgs for W ranks (all vectors concatenated over ranks; see
+// dist_kernels.hpp): unbucketize perms, splits prefixes and forward-recat segments.
+struct SeqDistTables {
+  std::vector<int64_t> local_row_off, out_row_off, perm, recv_off, send_off;
+  std::vector<int64_t> seg_base, seg_out, seg_src;
+};
+// Checks the contexts exactly as the CPU reference does (throws OutputDistFailure naming
+// rank and field) and builds the tables. Only the shapes of local_embs are read.
+SeqDistTables build_seq_dist_tables(const Plan& plan,
+                                    const std::vector<const EmbTensor*>& local_embs,
+                                    const std::vector<const ShardingContext*>& ctx);
+
+// The tables on the device.
+struct SeqDistDevice {
+  SeqDistDevice(const SeqDistTables& t, cudaStream_t s);
+  SeqDistArgs args(const Plan& plan, const float* local) const;
+  int64_t world_size, total_local_rows, total_out_rows;
+  DeviceBuffer<int64_t> local_row_off, out_row_off, perm, recv_off, send_off;
+  DeviceBuffer<int64_t> seg_base, seg_out, seg_src;
+};
+
+}  // namespace dynemb::cuda
