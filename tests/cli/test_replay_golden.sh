@@ -83,6 +83,20 @@ hasnt lookup_bad "^FAIL .* ctx "
 run lookup_derived 1 replay "$tmp/lookup_bad.h5" --ctx derived
 hasnt lookup_derived "^FAIL .* output "
 
+# ---- no embedding source (/oracle removed): the output dist runs on the captured local_embs,
+# the lookup check and the reference are skipped with a warning, a wrong golden is still caught
+plant noref seq 'del f["oracle"]'
+run noref 0 replay "$tmp/noref.h5"
+has noref "^# warning: the capture has no /oracle and no /tables weights"
+hasnt noref "^# lookup "
+plant noref_bad noref 'd = f["batches/1/rank0/output"]; v = d[...]; v[0, 0] += 1; d[...] = v'
+run noref_bad 1 replay "$tmp/noref_bad.h5"
+has noref_bad "^FAIL +batch 1 rank 0 output golden: 1 of [0-9]+ elements differ .*\[cause: undetermined \(no embedding source for a reference\)\]"
+plant noref_nolocal noref 'del f["batches/0/rank1/local_embs"]'
+run noref_nolocal 0 replay "$tmp/noref_nolocal.h5"
+has noref_nolocal "^# warning: some ranks have no local_embs and there is no embedding source"
+has noref_nolocal "^# output +[0-9]+ +[0-9]+ +0 +0 +[1-9]"
+
 # ---- bless: --write-output writes this replay's outputs; the input is not modified
 before=$(sha256sum <"$tmp/ulp.h5")
 run bless 1 replay "$tmp/ulp.h5" --write-output "$tmp/blessed.h5"
