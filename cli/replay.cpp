@@ -115,7 +115,7 @@ int run_replay_cli(const ReplayCliOptions& o) {
   };
   if (progress) {
     cb.on_progress = [&](int64_t done, int64_t total) {
-      fmt::print(stderr, "\rreplay: batch {}/{}", done, total);
+      fmt::print(stderr, "\rreplay: {}/{} batches done", done, total);
       std::fflush(stderr);
       progress_shown = true;
     };

@@ -131,6 +131,20 @@ has batches_bad "--batches '0-5': batch 5 does not exist \(the capture has 3 bat
 run batches_syntax 2 replay "$tmp/seq.h5" --batches 2-1
 has batches_syntax "runs backwards"
 
+# ---- colour and progress only on a terminal (script(1) provides one), never with NO_COLOR
+hasnt ulp $'\x1b'
+if command -v script >/dev/null; then
+  env -u NO_COLOR script -qec "'$DYNEMB' replay '$tmp/ulp.h5'" /dev/null >"$tmp/tty.out" 2>&1
+  has tty $'\x1b\\[31;1mFAIL'
+  has tty "replay: 3/3 batches done"
+  NO_COLOR=1 script -qec "'$DYNEMB' replay '$tmp/ulp.h5'" /dev/null >"$tmp/tty_nc.out" 2>&1
+  hasnt tty_nc $'\x1b\\[3'
+  has tty_nc "replay: 3/3 batches done"
+  env -u NO_COLOR script -qec "'$DYNEMB' replay '$tmp/ulp.h5' --quiet" /dev/null >"$tmp/tty_q.out" 2>&1
+  hasnt tty_q "batches done"
+  hasnt tty_q "^FAIL"
+fi
+
 # ---- usage errors and trouble: exit 2
 run tol_bad 2 replay "$tmp/seq.h5" --tolerance ulp:x
 has tol_bad "--tolerance 'ulp:x'"
