@@ -15,6 +15,7 @@
 #include "commands.hpp"
 #include "common/error.hpp"
 #include "plan/plan.hpp"
+#include "replay/sha256.hpp"
 
 namespace dynemb::cli {
 namespace {
@@ -205,6 +206,11 @@ void print_json(const ValidateOptions& o, const Plan* plan, const std::vector<Di
       {"name", "dynemb-dist"}, {"version", DYNEMB_VERSION}, {"backends", compiled_backends()}};
   j["command"] = "validate";
   j["plan_path"] = o.plan_path;
+  try {  // which bytes were checked (null when the file cannot be read)
+    j["plan_sha256"] = sha256_file(o.plan_path);
+  } catch (const Error&) {
+    j["plan_sha256"] = nullptr;
+  }
   j["capture_path"] = o.capture_path.empty() ? json(nullptr) : json(o.capture_path);
 
   json fs = json::array();

@@ -135,6 +135,9 @@ import json, sys
 j = json.load(open(sys.argv[1]))
 assert j["schema_version"] == "1.0.0", j["schema_version"]
 assert j["command"] == "validate"
+import hashlib, os
+plan = os.path.join(os.environ["DYNEMB_SRC"], "plans", "unit-pooled-w8.yaml")
+assert j["plan_sha256"] == hashlib.sha256(open(plan, "rb").read()).hexdigest(), j["plan_sha256"]
 assert j["summary"] == {"status": "ok", "exit_code": 0, "errors": 0, "warnings": 0, "notes": 0}, j["summary"]
 assert j["plan"]["world_size"] == 8 and j["plan"]["module"] == "pooled"
 assert j["plan"]["sum_dim"] == 512
