@@ -26,12 +26,8 @@ position of the row-wise sharding in ``sharded._sharding_types`` order::
 
     from torchrec.distributed.types import NoWait
     rec = {}
-    in_dist, out_dist = sharded._input_dists[i], sharded._output_dists[i]
-    in_fwd, out_fwd = in_dist.forward, out_dist.forward
-
-    def input_dist_forward(kjt):          # RwSparseFeaturesDist: the KJT before bucketize
-        rec["kjt"] = kjt
-        return in_fwd(kjt)
+    out_dist = sharded._output_dists[i]
+    out_fwd = out_dist.forward
 
     def output_dist_forward(local_embs, sharding_ctx=None):
         rec["local_embs"], rec["ctx"] = local_embs, context_from_torchrec(sharding_ctx)
@@ -39,8 +35,24 @@ position of the row-wise sharding in ``sharded._sharding_types`` order::
         rec["output"] = out
         return NoWait(out)                # same value, already waited on
 
-    in_dist.forward, out_dist.forward = input_dist_forward, output_dist_forward
+    out_dist.forward = output_dist_forward
+
+    # The input dists are created lazily on the first forward: wrap them when they appear.
+    create = sharded._create_input_dist
+    def create_and_wrap(*a, **kw):
+        create(*a, **kw)
+        in_dist = sharded._input_dists[i]  # RwSparseFeaturesDist: the KJT before bucketize
+        in_fwd = in_dist.forward
+        def input_dist_forward(kjt):
+            rec["kjt"] = kjt
+            return in_fwd(kjt)
+        in_dist.forward = input_dist_forward
+    sharded._create_input_dist = create_and_wrap
+
     model(batch) ...                      # then w.write_batch(k, rec["kjt"].lengths(), ...)
+
+(ShardedEmbeddingCollection also has ``post_lookup_tracker_fn(features, embs)``, called with
+the post-all-to-all KJT and the lookup output: another place to take ``local_embs`` from.)
 
 For a sequence (EmbeddingCollection) sharding the context is a SequenceShardingContext and
 ``local_embs`` is ``[N_local, D]``; for a pooled one it is an EmbeddingShardingContext and
