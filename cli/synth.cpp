@@ -20,6 +20,7 @@ struct SynthArgs {
   std::optional<uint64_t> seed;
   std::string batch_sizes, hotness, ids, store, index_type;
   bool vbe = false, weighted = false;
+  double oob = 0.0;
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -83,6 +84,7 @@ int run_synth(const SynthArgs& a) {
     }
   }
   o.vbe = a.vbe;
+  o.oob_fraction = a.oob;
   o.weighted = a.weighted;
   o.empty_rank = a.empty_rank;
   if (a.seed) o.seed = *a.seed;
@@ -155,6 +157,10 @@ void setup_synth(CLI::App& app, RunFn& run) {
   sub->add_option("--ids", args->ids,
                   "Id distribution over [0, num_embeddings): uniform (default) or zipf:ALPHA "
                   "(id 0 hottest); (hash_)roundrobin tables draw keys from the same range");
+  sub->add_option("--oob-ids", args->oob,
+                  "Fraction of ids outside the table: negative or past the last shard for "
+                  "continuous tables, raw keys anywhere in int64/int32 for (hash_)roundrobin "
+                  "(needs bounds_check warn_zero_row or ignore to be looked up)");
   sub->add_flag("--vbe", args->vbe,
                 "Variable batch per feature: B_{r,f} uniform in [1, B_r] on every rank");
   sub->add_option("--empty-rank", args->empty_rank,

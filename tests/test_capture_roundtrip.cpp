@@ -325,6 +325,30 @@ TEST_CASE("synth: options change the right things") {
   CHECK(synth_kjts(plan, o, 0)[0].values == v[0].values);
   o.seed = 1;
   CHECK(synth_kjts(plan, o, 0)[0].values != v[0].values);
+  // --oob-ids: only the chosen ids change; continuous ids go negative or past the table.
+  {
+    SynthOptions q = preset_workload("unit-seq-w2");
+    const auto base = synth_kjts(plan, q, 0);
+    q.oob_fraction = 0.5;
+    const auto wild = synth_kjts(plan, q, 0);
+    REQUIRE(wild[0].values.size() == base[0].values.size());
+    int64_t changed = 0, i = 0;
+    for (int64_t f = 0; f < 4; ++f)
+      for (int64_t b = 0; b < 8; ++b)
+        for (int64_t p = 0; p < base[0].lengths[f * 8 + b]; ++p, ++i) {
+          const int64_t v = wild[0].values[i], n = plan.features[f].hash_size;
+          if (v != base[0].values[i]) {
+            ++changed;
+            CHECK((v < 0 || v >= n));
+            CHECK(v >= -1000);
+            CHECK(v < 2 * n);
+          }
+        }
+    CHECK(changed > i / 4);
+    CHECK(changed < 3 * i / 4);
+    q.oob_fraction = 1.5;
+    CHECK_THROWS_AS(check_synth_options(plan, q), UsageError);
+  }
   CHECK_THROWS_AS(parse_hotness("5..2"), UsageError);
   CHECK_THROWS_AS(parse_hotness("x"), UsageError);
   o.hotness = {parse_hotness("1"), parse_hotness("2")};

@@ -659,6 +659,7 @@ struct CaptureWriter::Impl {
     for (int64_t d : dims) numel *= d;
     const int64_t es = static_cast<int64_t>(H5Tget_size(file_type));
     Hid dcpl = h5::plist_id(H5Pcreate(H5P_DATASET_CREATE));
+    H5Pset_obj_track_times(dcpl, false);  // no timestamps: same input, same bytes
     if (numel > 0 && numel * es >= opt.chunk_threshold_bytes) {
       constexpr int64_t kChunkBytes = 1 << 20;
       std::vector<hsize_t> chunk(hd.size());
@@ -744,7 +745,9 @@ struct CaptureWriter::Impl {
   }
 
   Hid group(hid_t loc, const std::string& path, const char* name) {
-    Hid g = h5::group_id(H5Gcreate2(loc, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    Hid gcpl = h5::plist_id(H5Pcreate(H5P_GROUP_CREATE));
+    H5Pset_obj_track_times(gcpl, false);
+    Hid g = h5::group_id(H5Gcreate2(loc, name, H5P_DEFAULT, gcpl, H5P_DEFAULT));
     if (!g.valid()) fail(path, h5::last_error());
     return g;
   }
@@ -782,7 +785,9 @@ CaptureWriter::CaptureWriter(const std::string& target, const Plan& plan,
     } else {
       H5Tset_size(t, H5T_VARIABLE);
     }
-    Hid d = h5::dset_id(H5Dcreate2(I.fid, "plan", t, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    Hid dcpl = h5::plist_id(H5Pcreate(H5P_DATASET_CREATE));
+    H5Pset_obj_track_times(dcpl, false);
+    Hid d = h5::dset_id(H5Dcreate2(I.fid, "plan", t, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT));
     std::vector<char> buf(std::max<size_t>(1, text.size()) + 1, '\0');
     std::copy(text.begin(), text.end(), buf.begin());
     const char* p = buf.data();

@@ -93,6 +93,19 @@ double parse_double(const std::string& s, const std::string& what) {
   }
 }
 
+// An id outside [0, num_embeddings) (see SynthOptions::oob_fraction).
+int64_t wild_id(SplitMix64& rng, const FeatureInfo& f, const SynthOptions& o) {
+  const bool i32 = o.index_type == IndexType::i32;
+  if (f.dist_type != DistType::continuous) {  // a raw key: any value of the index dtype
+    const uint64_t x = rng.next();
+    return i32 ? static_cast<int32_t>(static_cast<uint32_t>(x)) : static_cast<int64_t>(x);
+  }
+  if (rng.below(2) == 0) return -1 - static_cast<int64_t>(rng.below(1000));
+  const int64_t n = f.hash_size;
+  const int64_t hi = i32 ? std::min<int64_t>(n, std::numeric_limits<int32_t>::max() - n) : n;
+  return hi > 0 ? n + static_cast<int64_t>(rng.below(static_cast<uint64_t>(hi))) : -1;
+}
+
 Hotness fixed(int64_t n) {
   return Hotness{Hotness::Kind::fixed, n, n, 1.0};
 }
@@ -201,6 +214,8 @@ void check_synth_options(const Plan& plan, const SynthOptions& o) {
   if (o.empty_rank && (*o.empty_rank < 0 || *o.empty_rank >= W))
     throw UsageError(fmt::format("--empty-rank {} out of range [0, {})", *o.empty_rank, W));
   if (o.zipf_ids && o.zipf_alpha <= 0) throw UsageError("--ids zipf:ALPHA needs ALPHA > 0");
+  if (!(o.oob_fraction >= 0 && o.oob_fraction <= 1))
+    throw UsageError(fmt::format("--oob-ids {}: want a fraction in [0, 1]", o.oob_fraction));
   if (o.index_type == IndexType::i32) {
     for (const TableConfig& t : plan.tables)
       if (t.num_embeddings > std::numeric_limits<int32_t>::max())
@@ -223,7 +238,8 @@ std::vector<Kjt> synth_kjts(const Plan& plan, const SynthOptions& o, int64_t bat
     // Separate streams for strides, lengths, ids and weights: changing one option (say
     // --weighted) leaves the other draws as they were.
     SplitMix64 rs = stream(o.seed, batch, r, 1), rl = stream(o.seed, batch, r, 2),
-               ri = stream(o.seed, batch, r, 3), rw = stream(o.seed, batch, r, 4);
+               ri = stream(o.seed, batch, r, 3), rw = stream(o.seed, batch, r, 4),
+               ro = stream(o.seed, batch, r, 5);
     std::vector<int64_t> bf(static_cast<size_t>(F), B);  // B_{r,f}
     if (o.vbe) {
       for (int64_t f = 0; f < F; ++f) bf[f] = B == 0 ? 0 : 1 + static_cast<int64_t>(rs.below(B));
@@ -237,8 +253,10 @@ std::vector<Kjt> synth_kjts(const Plan& plan, const SynthOptions& o, int64_t bat
         const int64_t len = empty ? 0 : draw_length(rl, h);
         k.lengths.push_back(len);
         for (int64_t i = 0; i < len; ++i) {
-          const int64_t id = o.zipf_ids ? zipf(ri, o.zipf_alpha, static_cast<int64_t>(n)) - 1
-                                        : static_cast<int64_t>(ri.below(n));
+          int64_t id = o.zipf_ids ? zipf(ri, o.zipf_alpha, static_cast<int64_t>(n)) - 1
+                                  : static_cast<int64_t>(ri.below(n));
+          if (o.oob_fraction > 0 && ro.unit() < o.oob_fraction)
+            id = wild_id(ro, plan.features[f], o);
           k.values.push_back(id);
           if (o.weighted) k.weights.push_back(static_cast<float>(rw.below(9)) / 4.0f);
         }

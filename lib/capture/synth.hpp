@@ -40,6 +40,12 @@ struct SynthOptions {
   // same range with id 0 the hottest. (hash_)roundrobin tables get keys from the same range.
   bool zipf_ids = false;
   double zipf_alpha = 1.0;
+  // This fraction of ids lies outside the table, drawn from their own stream (so 0 leaves
+  // every other draw unchanged): continuous tables get, with equal odds, a negative id
+  // -1..-1000 or an id in [num_embeddings, 2*num_embeddings) (past the last shard); the
+  // (hash_)roundrobin tables get raw keys anywhere in the index dtype's range. A lookup of
+  // such ids needs a plan with bounds_check warn_zero_row or ignore.
+  double oob_fraction = 0.0;
   bool vbe = false;  // variable batch per feature: B_{r,f} uniform in [1, B_r] on every rank
   std::optional<int64_t> empty_rank;      // this rank keeps its B but every bag is empty
   uint64_t seed = 0;                      // workload and /oracle seed
