@@ -65,8 +65,7 @@ DerivedRank rank1_derived() {
   return d;
 }
 
-CheckResult find(const std::vector<CheckResult>& v, const std::string& check,
-                        int rank = -2) {
+CheckResult find(const std::vector<CheckResult>& v, const std::string& check, int rank = -2) {
   auto it = std::find_if(v.begin(), v.end(), [&](const CheckResult& c) {
     return c.check == check && (rank == -2 || c.rank == rank);
   });
