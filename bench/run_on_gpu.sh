@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,po
 stamp "build"
 # -k 0: a half-written file elsewhere in the tree must not stop the CUDA targets.
 { cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DDYNEMB_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build $B -j 16 -- -k 0; } > "$LOG/build.log" 2>&1
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DDYNEMB_PYTHON="$(command -v $PY)" && cmake --build $B -j 16 -- -k 0; } > "$LOG/build.log" 2>&1
 BUILD_RC=$?
 [ $BUILD_RC -ne 0 ] && { echo "build rc=$BUILD_RC"; grep -E "error|FAILED" "$LOG/build.log" | head -20; }
 if [ ! -x $B/dynemb-dist ] || [ ! -x $B/tests/gpu_test_cuda_backend ]; then
@@ -41,7 +41,7 @@ compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/gpu_test_cuda_back
 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/gpu_test_cuda_backend \
   -tce='*2^31*' > "$LOG/racecheck.log" 2>&1; RC_RC=$?
 unset DYNEMB_GPU_CASES
-tail -3 "$LOG/memcheck.log" "$LOG/racecheck.log"
+tail -n 2 "$LOG/memcheck.log" "$LOG/racecheck.log"
 stamp "bench"
 D=$B/dynemb-dist
 run() {  # name, args...
