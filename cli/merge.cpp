@@ -167,8 +167,7 @@ RankFile open_rank_file(const std::string& path) {
   RankFile rf;
   rf.path = path;
   if (access(path.c_str(), R_OK) != 0) throw CaptureError(path, "/", "cannot open file");
-  if (H5Fis_hdf5(path.c_str()) <= 0)
-    throw CaptureError(path, "/", "not an HDF5 file");
+  if (H5Fis_hdf5(path.c_str()) <= 0) throw CaptureError(path, "/", "not an HDF5 file");
   rf.file = Hid(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!rf.file.valid()) throw CaptureError(path, "/", "cannot open as HDF5");
   hid_t f = rf.file.get();
