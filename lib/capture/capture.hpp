@@ -111,8 +111,10 @@ struct WriterOptions {
   int deflate_level = 4;
   // Datasets of at least this many bytes are chunked (<= 1 MiB chunks) + shuffle + deflate.
   int64_t chunk_threshold_bytes = 4096;
-  // Write /plan and string attributes as fixed-length instead of h5py's variable-length.
-  bool fixed_length_strings = false;
+  // Write /plan and string attributes as fixed-length strings (the default) or as h5py's
+  // variable-length ones. Fixed-length keeps the file free of HDF5's global heap, whose
+  // reader in libhdf5 1.10 can crash on a corrupted heap instead of returning an error.
+  bool fixed_length_strings = true;
 };
 
 // Writes a capture one batch at a time into "<target>.tmp-<pid>"; commit() writes
