@@ -261,6 +261,24 @@ TEST_CASE("KJT: lengths that do not sum to the ids, bad lengths, wrong dtypes an
   }
 }
 
+TEST_CASE("an extent no capture can have is refused before allocating") {
+  Good g;
+  const std::string p = kR1 + "/lengths";
+  mutate(g.path, [&](hid_t f) {
+    H5Ldelete(f, p.c_str(), H5P_DEFAULT);
+    hsize_t dims[1] = {hsize_t(1) << 40}, chunk[1] = {1024};
+    hid_t sp = H5Screate_simple(1, dims, nullptr);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(dcpl, 1, chunk);  // chunks are allocated lazily: the file stays small
+    hid_t d = H5Dcreate2(f, p.c_str(), H5T_STD_I64LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    REQUIRE(d >= 0);
+    H5Dclose(d);
+    H5Pclose(dcpl);
+    H5Sclose(sp);
+  });
+  expect_error(g.path, g.plan, p, "extent [1099511627776] is implausibly large");
+}
+
 TEST_CASE("ctx: wrong shape of every field, wrong dtypes, bad flag") {
   Good probe;
   const int64_t W = 2, F = 2;

@@ -149,11 +149,19 @@ struct CaptureReader::Impl {
     if (nd < 0) fail(path, "unreadable dataspace: " + h5::last_error());
     std::vector<hsize_t> d(static_cast<size_t>(nd));
     if (nd > 0) H5Sget_simple_extent_dims(sp, d.data(), nullptr);
+    // A damaged header can claim any extent: refuse what no capture holds (> 2^38 bytes in
+    // one dataset of one rank) before anything is allocated from it.
+    constexpr double kMaxBytes = 274877906944.0;  // 2^38
+    double bytes = static_cast<double>(H5Tget_size(ds.t));
     ds.numel = 1;
     for (hsize_t x : d) {
       ds.dims.push_back(static_cast<int64_t>(x));
-      ds.numel *= static_cast<int64_t>(x);
+      bytes *= static_cast<double>(x);
     }
+    if (bytes > kMaxBytes)
+      fail(path,
+           fmt::format("extent {} is implausibly large ({:.3g} bytes)", shape_str(ds.dims), bytes));
+    for (int64_t x : ds.dims) ds.numel *= x;
     return ds;
   }
   Ds open(const std::string& path) const {
