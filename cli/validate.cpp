@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "capture/capture.hpp"
 #include "commands.hpp"
 #include "common/error.hpp"
 #include "plan/plan.hpp"
@@ -32,11 +33,19 @@ struct ValidateOptions {
 };
 
 // Capture checks (cli.md: world size, features, dims, every rank/batch shape, without running
-// anything). The capture layer provides the real check; this build has none yet, so it
-// refuses rather than pretending to have checked.
-std::vector<Diagnostic> check_capture_against_plan(const Plan& /*plan*/,
-                                                   const std::string& /*capture_path*/) {
-  throw UsageError("validate --capture: capture checks are not available in this build yet");
+// anything). The first inconsistency becomes an error finding located at its HDF5 path.
+std::vector<Diagnostic> check_capture_against_plan(const Plan& plan,
+                                                   const std::string& capture_path) {
+  try {
+    check_capture(capture_path, &plan);
+    return {};
+  } catch (const CaptureError& e) {
+    Diagnostic d;
+    d.severity = Severity::error;
+    d.loc.file = e.file() + ":" + e.h5path();
+    d.message = e.message();
+    return {d};
+  }
 }
 
 const char* severity_name(Severity s) {

@@ -10,6 +10,7 @@
 
 #include "capture/h5util.hpp"
 #include "common/hash.hpp"
+#include "engine/ops.hpp"
 
 namespace dynemb {
 
@@ -454,7 +455,9 @@ Batch CaptureReader::read_batch(const Plan& plan, int64_t k, const ReadParts& pa
     }
   const bool pooled_vbe = !sequence && any_vbe;
   const DType data_type = plan.data_type();
-  const DType out_type = plan.comm_precision == DType::f32 ? data_type : DType::f32;
+  // The engine's rule (a codec decodes to fp32; MEAN divides by a fp32 divisor, which torch
+  // promotes to fp32).
+  const DType out_type = output_dist_dtype(plan);
 
   // Pass 2: the optional parts, rank by rank.
   for (int64_t r = 0; r < W; ++r) {
@@ -529,10 +532,13 @@ Batch CaptureReader::read_batch(const Plan& plan, int64_t k, const ReadParts& pa
       return e;
     };
     const std::string dt_why = fmt::format("plan data_type {}", to_string(data_type));
-    const std::string out_why = plan.comm_precision == DType::f32
-                                    ? dt_why + ", no codec"
-                                    : fmt::format("comm_precision {}: the codec decodes to float32",
-                                                  to_string(plan.comm_precision));
+    const std::string out_why =
+        plan.comm_precision != DType::f32
+            ? fmt::format("comm_precision {}: the codec decodes to float32",
+                          to_string(plan.comm_precision))
+            : (out_type == DType::f32 && data_type != DType::f32
+                   ? "MEAN pooling divides by a float32 divisor, so the output is float32"
+                   : dt_why + ", no codec");
     if (parts.local_embs) {
       if (sequence)
         rb.local_embs = tensor("local_embs", {routed[r], plan.seq_dim()},

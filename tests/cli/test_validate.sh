@@ -169,9 +169,15 @@ run noarg 2 validate
 run badfmt 2 validate "$DYNEMB_SRC/plans/unit-seq-w2.yaml" --format xml
 run badopt 2 validate "$DYNEMB_SRC/plans/unit-seq-w2.yaml" --frobnicate
 
-# ---- --capture is refused clearly until the capture check exists
-run capture 2 validate "$DYNEMB_SRC/plans/unit-seq-w2.yaml" --capture "$tmp/none.h5"
-has capture "validate --capture: capture checks are not available in this build yet"
+# ---- --capture: the capture is checked against the plan without running anything
+run capok 0 validate "$DYNEMB_SRC/plans/unit-seq-w2.yaml" --capture "$DYNEMB_SRC/fixtures/seq-w2.h5"
+run capmissing 2 validate "$DYNEMB_SRC/plans/unit-seq-w2.yaml" --capture "$tmp/none.h5"
+has capmissing "none.h5"
+has capmissing "error:"
+# A plan of another world size / module than the capture's: exit 2, naming what differs.
+run capwrong 2 validate "$DYNEMB_SRC/plans/unit-pooled-w8.yaml" --capture "$DYNEMB_SRC/fixtures/seq-w2.h5"
+has capwrong "seq-w2.h5"
+has capwrong "world"
 
 if [[ $fails -ne 0 ]]; then
   echo "$fails check(s) failed"
