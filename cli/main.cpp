@@ -1,3 +1,5 @@
 #include "commands.hpp"
 
-int main(int argc, char** argv) { return dynemb::cli::main_entry(argc, argv); }
+int main(int argc, char** argv) {
+  return dynemb::cli::main_entry(argc, argv);
+}

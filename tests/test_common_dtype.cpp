@@ -47,8 +47,11 @@ TEST_CASE("codec encode clamps to the finite range") {
 }
 
 TEST_CASE("fmix64 reference values of rw-semantics.md §10.2") {
-  struct Row { int64_t key; int w2, w3, w4; };
-  const Row rows[] = {{0, 0, 0, 0}, {1, 0, 2, 0}, {2, 1, 0, 3}, {3, 0, 2, 2},
+  struct Row {
+    int64_t key;
+    int w2, w3, w4;
+  };
+  const Row rows[] = {{0, 0, 0, 0}, {1, 0, 2, 0},     {2, 1, 0, 3}, {3, 0, 2, 2},
                       {7, 1, 1, 1}, {12345, 1, 0, 1}, {-1, 1, 1, 1}};
   CHECK(fmix64(0) == 0);
   for (const Row& r : rows) {

@@ -56,7 +56,8 @@ uint16_t f32_to_bf16_bits(float f) {
 float codec_encode(DType t, float x) {
   if (std::isnan(x)) return x;
   switch (t) {
-    case DType::f32: return x;
+    case DType::f32:
+      return x;
     case DType::f16: {
       const float lim = 65504.0f;
       return round_to(t, x < -lim ? -lim : (x > lim ? lim : x));

@@ -72,8 +72,7 @@ class Backend {
   virtual void pooled_output_dist(const Plan& plan, bool variable_batch,
                                   const std::vector<const EmbTensor*>& local_embs,
                                   const std::vector<const ShardingContext*>& ctx,
-                                  const std::vector<const Kjt*>& kjts,
-                                  const OutputSink& sink) = 0;
+                                  const std::vector<const Kjt*>& kjts, const OutputSink& sink) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);  // 0: hardware concurrency

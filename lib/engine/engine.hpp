@@ -21,7 +21,7 @@ struct DerivedRank {
 };
 
 struct DerivedBatch {
-  bool variable_batch = false;  // pooled: any rank's KJT is VBE (the EBC ctx flag)
+  bool variable_batch = false;     // pooled: any rank's KJT is VBE (the EBC ctx flag)
   std::vector<DerivedRank> ranks;  // [W]
 };
 

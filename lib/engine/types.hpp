@@ -67,8 +67,8 @@ struct LookupKjt {
 // The sharding context of rank r (§4.4), TorchRec's field names. A captured context may
 // lack any field, hence optionals; a derived context sets every field its module uses.
 struct ShardingContext {
-  std::optional<std::vector<int64_t>> input_splits;   // [W] ids this rank sent to each rank
-  std::optional<std::vector<int64_t>> output_splits;  // [W] ids received from each rank
+  std::optional<std::vector<int64_t>> input_splits;         // [W] ids this rank sent to each rank
+  std::optional<std::vector<int64_t>> output_splits;        // [W] ids received from each rank
   std::optional<std::vector<int64_t>> batch_size_per_rank;  // [W] B_s; absent when VBE
   // [W][F]: B_{s,f}; VBE only (transpose of stride_per_key_per_rank).
   std::optional<std::vector<std::vector<int64_t>>> batch_size_per_rank_per_feature;
@@ -110,9 +110,9 @@ struct EmbTensor {
 // Everything known about one rank in one batch: the input and what the capture holds.
 struct RankBatch {
   Kjt kjt;
-  std::optional<ShardingContext> ctx;     // as captured (ctx/ group)
-  std::optional<EmbTensor> local_embs;    // as captured
-  std::optional<EmbTensor> output;        // golden, as captured
+  std::optional<ShardingContext> ctx;   // as captured (ctx/ group)
+  std::optional<EmbTensor> local_embs;  // as captured
+  std::optional<EmbTensor> output;      // golden, as captured
 };
 
 struct Batch {
