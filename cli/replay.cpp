@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "annotations.hpp"
 #include "commands.hpp"
 #include "common/error.hpp"
 #include "engine/backend.hpp"
@@ -18,6 +19,9 @@
 #include "replay/tolerance.hpp"
 #if defined(DYNEMB_HAVE_CUDA)
 #include "cuda_backend.hpp"  // kernels/: make_cuda_backend(int device)
+#endif
+#if defined(DYNEMB_HAVE_NCCL)
+#include "nccl_backend.hpp"  // kernels/: make_nccl_backend(devices)
 #endif
 
 namespace dynemb::cli {
@@ -27,12 +31,36 @@ struct ReplayCliOptions {
   std::string capture;
   std::string plan;
   std::string backend = "auto";
+  std::string devices;  // --devices 0,1,... (nccl only; "": every visible GPU)
   std::string ctx;  // "", "captured", "derived"
   std::string tolerance;
   int64_t max_mismatches = 10;
   std::string json, junit, write_output, batches;
+  std::string annotations;  // "", "github", "none" ("": github under GITHUB_ACTIONS=true)
   bool quiet = false;
 };
+
+// GitHub annotations for the failing checks, the warnings and the trouble. A capture has no
+// lines, so each annotation is on the capture file, with a title naming batch, rank and field.
+std::string replay_annotations(const Report& r) {
+  const std::string& file = r.info.capture.path;
+  std::string out;
+  for (const CheckResult& c : r.checks) {
+    if (c.status != CheckStatus::fail && c.status != CheckStatus::error) continue;
+    std::string title = "dynemb-dist replay:";
+    if (c.batch >= 0) title += fmt::format(" batch {}", c.batch);
+    if (c.rank >= 0) title += fmt::format(" rank {}", c.rank);
+    title += " " + c.stage + "." + c.check;
+    std::string msg = c.message;
+    if (!c.cause.empty()) msg += " (cause: " + c.cause + ")";
+    out += gha_annotation("error", file, 0, 0, title, msg);
+  }
+  for (const std::string& w : r.warnings)
+    out += gha_annotation("warning", file, 0, 0, "dynemb-dist replay", w);
+  if (!r.trouble.empty())
+    out += gha_annotation("error", file, 0, 0, "dynemb-dist replay: trouble", r.trouble);
+  return out;
+}
 
 // The command line as the process got it, for the JSON report (Linux: /proc/self/cmdline,
 // NUL-separated). Empty when unavailable.
@@ -43,13 +71,16 @@ std::vector<std::string> process_argv() {
   return argv;
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name) {
+std::unique_ptr<Backend> make_backend(const std::string& name, const std::string& devices = "") {
+  if (!devices.empty() && name != "nccl")
+    throw UsageError("--devices applies to --backend nccl only");
   if (name == "cpu") return make_cpu_backend();
   if (name == "auto") {
-    // ---- BACKEND HOOK (auto): cli.md says "auto picks cuda when a GPU is present, else
-    // cpu". Until the CUDA backend is validated against the CPU reference on the device,
-    // auto means cpu. To switch: under DYNEMB_HAVE_CUDA, try make_cuda_backend(0) and fall
-    // back to cpu when it throws DeviceError (no GPU).
+    // cli.md: auto picks cuda when a GPU is present, else cpu. The CUDA backend matches the
+    // CPU reference bit for bit (gpu_test_cuda_backend on the H200).
+#if defined(DYNEMB_HAVE_CUDA)
+    if (cuda_device_available()) return make_cuda_backend(0);
+#endif
     return make_cpu_backend();
   }
   if (name == "cuda") {
@@ -64,11 +95,28 @@ std::unique_ptr<Backend> make_backend(const std::string& name) {
 #endif
   }
   if (name == "nccl") {
-    // ---- BACKEND HOOK (nccl), issue 10: one process per GPU; not wired into replay yet.
+    // ---- BACKEND HOOK (nccl), issue 10: W ranks on G GPUs (G | W), kernels/nccl_backend.hpp.
+#if defined(DYNEMB_HAVE_NCCL)
+    std::vector<int> list;  // "0,1,3" -> {0, 1, 3}
+    for (size_t p = 0; p < devices.size();) {
+      size_t q = devices.find(',', p);
+      if (q == std::string::npos) q = devices.size();
+      const std::string item = devices.substr(p, q - p);
+      if (item.empty() || item.size() > 4 ||
+          item.find_first_not_of("0123456789") != std::string::npos)
+        throw UsageError(fmt::format(
+            "--devices {}: '{}' is not a CUDA device number (want e.g. 0,1,2,3)", devices, item));
+      list.push_back(std::stoi(item));
+      p = q + 1;
+    }
+    return make_nccl_backend(list);  // DeviceError (exit 2) without a GPU
+#else
     throw UsageError(
-        fmt::format("--backend nccl: the NCCL backend is not available to replay "
-                    "in this build (compiled backends: {}); use --backend cpu",
+        fmt::format("--backend nccl: this build has no NCCL backend (compiled backends: {}); "
+                    "rebuild with -DDYNEMB_CUDA=ON where nccl.h and libnccl are found, or use "
+                    "--backend cpu",
                     compiled_backends()));
+#endif
   }
   throw UsageError(fmt::format("--backend {}: unknown backend (auto, cpu, cuda, nccl)", name));
 }
@@ -92,7 +140,7 @@ int run_replay_cli(const ReplayCliOptions& o) {
                       "--write-output file",
                       *p));
   }
-  std::unique_ptr<Backend> backend = make_backend(o.backend);
+  std::unique_ptr<Backend> backend = make_backend(o.backend, o.devices);
 
   const char* no_color = std::getenv("NO_COLOR");
   const bool colour = ::isatty(STDOUT_FILENO) && !(no_color && *no_color);
@@ -124,6 +172,7 @@ int run_replay_cli(const ReplayCliOptions& o) {
   const Report report = run_replay(opt, *backend, cb);
   if (progress_shown) std::fputs("\r\x1b[K", stderr);
   std::fputs(text_summary(report, colour).c_str(), stdout);
+  if (annotations_enabled(o.annotations)) std::fputs(replay_annotations(report).c_str(), stdout);
   std::fflush(stdout);
   if (!o.json.empty()) write_file_atomic(o.json, json_report(report));
   if (!o.junit.empty()) write_file_atomic(o.junit, junit_report(report));
@@ -148,6 +197,10 @@ void setup_replay(CLI::App& app, RunFn& run) {
   sub->add_option("--backend", o->backend,
                   "Backend: auto (cpu in this version), cpu, cuda, nccl (when compiled in)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda", "nccl"}));
+  sub->add_option("--devices", o->devices,
+                  "With --backend nccl: CUDA devices to use, e.g. 0,1,2,3 (default: every "
+                  "visible GPU). W ranks run on the first G of them, G the largest divisor of "
+                  "W not above their number");
   sub->add_option("--ctx", o->ctx,
                   "Context fed to the output dist: 'captured' (default when the capture has "
                   "ctx/: the captured fields and local_embs, as the real run did; fields not "
@@ -168,6 +221,12 @@ void setup_replay(CLI::App& app, RunFn& run) {
                   "Write a copy of the capture whose output datasets hold this replay's "
                   "results (the bless step for goldens); never the input file");
   sub->add_option("--batches", o->batches, "Batches to replay, e.g. 0-3,7 (default: all)");
+  sub->add_option("--annotations", o->annotations,
+                  "CI annotations on stdout: 'github' (::error file=CAPTURE,title=batch/rank/"
+                  "field::message per failing check) or 'none'; default github when "
+                  "GITHUB_ACTIONS=true, else none")
+      ->check(CLI::IsMember({"github", "none"}))
+      ->type_name("github|none");
   sub->add_flag("--quiet,-q", o->quiet,
                 "No progress and no per-check lines; header and summary "
                 "only");
