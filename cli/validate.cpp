@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "annotations.hpp"
 #include "capture/capture.hpp"
 #include "commands.hpp"
 #include "common/error.hpp"
@@ -30,7 +31,29 @@ struct ValidateOptions {
   std::string plan_path;
   std::string capture_path;
   std::string format = "text";
+  std::string annotations;  // "", "github", "none" ("": github under GITHUB_ACTIONS=true)
 };
+
+// GitHub annotations, one per finding, at the plan's file:line:col (capture findings: at the
+// capture file, the HDF5 path in the title).
+std::string validate_annotations(const ValidateOptions& o,
+                                 const std::vector<Diagnostic>& findings) {
+  std::string out;
+  for (const Diagnostic& d : findings) {
+    const char* level = d.severity == Severity::error     ? "error"
+                        : d.severity == Severity::warning ? "warning"
+                                                          : "notice";
+    std::string file = d.loc.file, title = "dynemb-dist validate";
+    if (d.loc.line <= 0 && !o.capture_path.empty() &&
+        file.compare(0, o.capture_path.size() + 1, o.capture_path + ":") == 0) {
+      title += ": " + file.substr(o.capture_path.size() + 1);  // the HDF5 path
+      file = o.capture_path;
+    }
+    if (!d.path.empty()) title += ": " + d.path;
+    out += gha_annotation(level, file, d.loc.line, d.loc.col, title, d.message);
+  }
+  return out;
+}
 
 // Capture checks (cli.md: world size, features, dims, every rank/batch shape, without running
 // anything). The first inconsistency becomes an error finding located at its HDF5 path.
@@ -313,6 +336,10 @@ int run_validate(const ValidateOptions& o) {
     print_json(o, plan, r.findings, exit_code);
   else
     print_text(o.plan_path, plan, r.findings, exit_code);
+  // With --format json, stdout is the JSON document: the annotations go to stderr (the
+  // Actions runner reads workflow commands from both).
+  if (annotations_enabled(o.annotations))
+    std::fputs(validate_annotations(o, r.findings).c_str(), o.format == "json" ? stderr : stdout);
   return exit_code;
 }
 
@@ -335,6 +362,12 @@ void setup_validate(CLI::App& app, RunFn& run) {
   sub->add_option("--format", opt->format, "Report format: text (default) or json")
       ->check(CLI::IsMember({"text", "json"}))
       ->type_name("text|json");
+  sub->add_option("--annotations", opt->annotations,
+                  "CI annotations on stdout: 'github' (::error file=PLAN,line=L,col=C::message "
+                  "per finding; warnings ::warning, notes ::notice) or 'none'; default github "
+                  "when GITHUB_ACTIONS=true, else none")
+      ->check(CLI::IsMember({"github", "none"}))
+      ->type_name("github|none");
   sub->footer(
       "Exit status:\n"
       "  0  no error (warnings and notes allowed)\n"

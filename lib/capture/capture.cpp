@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 
 #include "capture/h5util.hpp"
@@ -263,7 +264,29 @@ CaptureReader::CaptureReader(const std::string& path) : path_(path), impl_(new I
   I.fid = h5::file_id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!I.fid.valid())
     I.fail("/", "cannot open as HDF5 (truncated or damaged?): " + h5::last_error());
+  read_root();
+}
 
+CaptureReader::CaptureReader(const std::string& name, const void* image, size_t size)
+    : path_(name), impl_(new Impl) {
+  h5::quiet();
+  Impl& I = *impl_;
+  I.file = name;
+  if (size < 8 || std::memcmp(image, "\x89HDF\r\n\x1a\n", 8) != 0)
+    I.fail("/", "not an HDF5 file (no HDF5 signature)");
+  // Core driver over a copy of the image, never written back (backing_store = 0).
+  Hid fapl = h5::plist_id(H5Pcreate(H5P_FILE_ACCESS));
+  if (!fapl.valid() || H5Pset_fapl_core(fapl, 1 << 16, 0) < 0 ||
+      H5Pset_file_image(fapl, const_cast<void*>(image), size) < 0)
+    I.fail("/", "cannot set up the in-memory image: " + h5::last_error());
+  I.fid = h5::file_id(H5Fopen(name.c_str(), H5F_ACC_RDONLY, fapl));
+  if (!I.fid.valid())
+    I.fail("/", "cannot open as HDF5 (truncated or damaged?): " + h5::last_error());
+  read_root();
+}
+
+void CaptureReader::read_root() {
+  Impl& I = *impl_;
   Hid root = h5::group_id(H5Gopen2(I.fid, "/", H5P_DEFAULT));
   if (!root.valid()) I.fail("/", "cannot open the root group: " + h5::last_error());
   std::string fmt_name, why;

@@ -54,6 +54,9 @@ class CaptureReader {
  public:
   // Opens the file and checks the root attributes and /plan; throws CaptureError.
   explicit CaptureReader(const std::string& path);
+  // Reads an in-memory HDF5 file image (HDF5's core driver, no file on disk; the bytes are
+  // copied). `name` stands for the file in messages. Used by the fuzz target; same checks.
+  CaptureReader(const std::string& name, const void* image, size_t size);
   ~CaptureReader();
   CaptureReader(const CaptureReader&) = delete;
   CaptureReader& operator=(const CaptureReader&) = delete;
@@ -89,6 +92,7 @@ class CaptureReader {
   std::string plan_text_;
   std::optional<uint64_t> oracle_seed_;
   std::unique_ptr<Impl> impl_;
+  void read_root();  // root attributes, /plan, /oracle (after the file is open)
 };
 
 // The plan of a capture: `override_plan` when given (after checking that it agrees with the
@@ -99,6 +103,8 @@ Plan capture_plan(const CaptureReader& reader, const Plan* override_plan = nullp
 // world size, features and dims (override vs embedded plan), /tables shapes, /oracle, and
 // every batch's and rank's shapes and length sums. Throws CaptureError on the first problem.
 void check_capture(const std::string& path, const Plan* override_plan = nullptr);
+// The same checks on an already open reader (an in-memory image, for the fuzz target).
+void check_capture(const CaptureReader& reader, const Plan* override_plan = nullptr);
 
 // The rows of a capture (capture_source.cpp): dense weights for the tables under /tables,
 // the hash64 oracle for the others. nullptr when the capture has neither (a replay can still

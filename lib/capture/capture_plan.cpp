@@ -56,6 +56,11 @@ Plan capture_plan(const CaptureReader& reader, const Plan* override_plan) {
 
 void check_capture(const std::string& path, const Plan* override_plan) {
   CaptureReader reader(path);
+  check_capture(reader, override_plan);
+}
+
+void check_capture(const CaptureReader& reader, const Plan* override_plan) {
+  const std::string& path = reader.path();
   const Plan plan = capture_plan(reader, override_plan);
   for (const std::string& name : reader.weight_tables()) {
     const TableConfig* table = nullptr;

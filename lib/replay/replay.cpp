@@ -222,7 +222,8 @@ void Replayer::run() {
   if (!source_)
     warn(
         "the capture has no /oracle and no /tables weights: the lookup check and the unsharded "
-        "reference are skipped; the output dist runs on the captured local_embs");
+        "reference are skipped; the output dist runs on the captured local_embs (add /oracle or "
+        "/tables/<name>/weight for them)");
 
   if (plan_.module == ModuleKind::sequence)
     seq_dist_ = std::make_unique<RwSequenceEmbeddingDist>(plan_, backend_);
@@ -264,7 +265,7 @@ void Replayer::run() {
       if (opt_.ctx_mode == CtxMode::captured && !any_ctx)
         warn(
             fmt::format("--ctx captured: batch {} has no ctx/ group; the derived context is "
-                        "used where none was captured",
+                        "used where none was captured (--ctx derived says so explicitly)",
                         k));
       info.ctx_mode = use_captured_ ? "captured" : "derived";
       if (cb_.on_start) cb_.on_start(rep_);
@@ -412,7 +413,8 @@ std::vector<std::optional<EmbTensor>> Replayer::replay_batch(int64_t k, const Ba
     if (!warned_no_local_)
       warn(
           "some ranks have no local_embs and there is no embedding source to derive them: "
-          "their output dist is not run");
+          "their output dist is not run; synth or capture with --store local_embs, or add /oracle "
+          "or /tables/<name>/weight to the capture");
     warned_no_local_ = true;
     skip_outputs("no local_embs captured and no embedding source to derive them");
     return kept;
