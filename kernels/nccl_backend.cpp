@@ -1,0 +1,477 @@
+// Host dispatch of the NCCL backend. W ranks on G GPUs, k = W/G consecutive ranks per GPU.
+// Contexts are validated exactly as the CPU reference does (the sequence tables come from
+// the CUDA backend's build_seq_dist_tables; the pooled checks mirror cuda_backend.cpp), so a
+// bad context is the same OutputDistFailure (rank, field) on every backend.
+//
+// Sequence (§6), per GPU g: upload the k local_embs [N_local_r, D] back to back, forward
+// recat into the send buffer (launch_seq_recat over the k ranks), codec encode in place,
+// then ONE all-to-all of the W*W blocks (r -> s: output_splits_r[s] rows) into the receive
+// buffers [sum_r input_splits_s[r], D] of each destination s, then out_s = recv_s[perm_s]
+// (launch_gather_rows).
+// Pooled (§7), per GPU g: upload the k local_embs [n] (n = sum_s B_s * sum_D, or the 1-D VBE
+// length; equal on every rank), codec encode; then either
+//   reduce-scatter: local sum of the k buffers, ncclReduceScatter over G (chunk g = the
+//     outputs of ranks g*k..g*k+k-1, equal because batch sizes are), or
+//   all-to-all + reduce: GPU g receives, from every source d, the contiguous run of chunks
+//     of its k ranks ([W][M_g]) and sums them in rank order d = 0..W-1 (launch_reduce, with
+//     the low-precision rounding of a codec): the CPU reference's order, bit for bit.
+// Then the MEAN divisor and the download of each rank's output, in rank order.
+#include "nccl_backend.hpp"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <string>
+
+#include "cuda_backend.hpp"
+#include "cuda_check.hpp"
+#include "dist_kernels.hpp"
+#include "engine/ops.hpp"
+#include "nccl_check.hpp"
+#include "nccl_comm.hpp"
+
+namespace dynemb {
+namespace {
+
+using cuda::DeviceBuffer;
+
+std::string vec_str(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size() && i < 16; ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  if (v.size() > 16) s += ",...";
+  return s + "]";
+}
+int64_t sum(const std::vector<int64_t>& v) {
+  return std::accumulate(v.begin(), v.end(), int64_t{0});
+}
+[[noreturn]] void fail(int64_t rank, const std::string& field, const std::string& msg) {
+  throw OutputDistFailure(static_cast<int>(rank), field,
+                          "rank " + std::to_string(rank) + ": " + field + ": " + msg);
+}
+
+// Host -> device copy of `n` floats on a stream (pageable memory: synchronous for the host).
+void h2d(float* dst, const float* src, int64_t n, cudaStream_t s) {
+  if (n > 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(float) * n, cudaMemcpyHostToDevice, s));
+}
+
+// The pooled chunk layout after validation: destination r's output is chunk r of every
+// source buffer, chunk_off[d][r] .. + chunk_len[r] (elements); MEAN runs over all outputs
+// back to back (run_off [nruns+1], run_div [nruns]), run_first[r] = first run of rank r.
+struct PooledLayout {
+  std::vector<std::vector<int64_t>> chunk_off;  // [W][W+1]
+  std::vector<int64_t> chunk_len;               // [W]
+  bool equal = true;                            // every chunk_len equal (and non-VBE)
+  std::vector<int64_t> run_off{0};
+  std::vector<float> run_div;
+  std::vector<int64_t> run_first;  // [W+1]
+};
+
+// Mirrors CudaBackend::pooled_output_dist's checks and MEAN runs (same ranks, fields, text).
+PooledLayout pooled_layout(const Plan& plan, bool variable_batch,
+                           const std::vector<const EmbTensor*>& local_embs,
+                           const std::vector<const ShardingContext*>& ctx,
+                           const std::vector<const Kjt*>& kjts) {
+  const int64_t W = plan.world_size, F = plan.num_features();
+  PooledLayout L;
+  L.chunk_off.resize(W);
+  L.chunk_len.resize(W);
+  if (!variable_batch) {
+    const int64_t sumD = plan.sum_dim;
+    std::vector<std::vector<int64_t>> bspr(W);
+    for (int64_t d = 0; d < W; ++d) {
+      const EmbTensor& E = *local_embs[d];
+      if (E.shape.size() != 2 || E.cols() != sumD)
+        fail(d, "local_embs", "shape must be [sum_s B_s, " + std::to_string(sumD) + "]");
+      if (ctx[d]->batch_size_per_rank) {
+        bspr[d] = *ctx[d]->batch_size_per_rank;
+      } else {
+        if (E.rows() % W != 0)
+          fail(d, "batch_size_per_rank",
+               "missing, and " + std::to_string(E.rows()) +
+                   " rows do not split evenly over W ranks");
+        bspr[d].assign(W, E.rows() / W);
+      }
+      if (static_cast<int64_t>(bspr[d].size()) != W || sum(bspr[d]) != E.rows() ||
+          std::any_of(bspr[d].begin(), bspr[d].end(), [](int64_t x) { return x < 0; }))
+        fail(d, "batch_size_per_rank",
+             vec_str(bspr[d]) + " does not split the " + std::to_string(E.rows()) +
+                 " rows of local_embs over " + std::to_string(W) + " ranks");
+      L.chunk_off[d] = complete_cumsum(bspr[d]);
+      for (int64_t& x : L.chunk_off[d]) x *= sumD;
+    }
+    for (int64_t d = 0; d < W; ++d)
+      for (int64_t r = 0; r < W; ++r)
+        if (bspr[d][r] != bspr[r][r])
+          fail(d, "batch_size_per_rank",
+               "gives rank " + std::to_string(r) + " " + std::to_string(bspr[d][r]) +
+                   " rows but rank " + std::to_string(r) + " expects " +
+                   std::to_string(bspr[r][r]) + ": the reduce-scatter cannot match");
+    for (int64_t r = 0; r < W; ++r) L.chunk_len[r] = bspr[r][r] * sumD;
+  } else {
+    std::vector<std::vector<int64_t>> splits(W, std::vector<int64_t>(W, 0));
+    for (int64_t d = 0; d < W; ++d) {
+      const auto& b = ctx[d]->batch_size_per_rank_per_feature;
+      if (!b || static_cast<int64_t>(b->size()) != W)
+        fail(d, "batch_size_per_rank_per_feature", "missing or not [W][F]");
+      for (int64_t r = 0; r < W; ++r) {
+        if (static_cast<int64_t>((*b)[r].size()) != F)
+          fail(d, "batch_size_per_rank_per_feature", "row " + std::to_string(r) + " is not [F]");
+        for (int64_t f = 0; f < F; ++f) splits[d][r] += (*b)[r][f] * plan.features[f].dim;
+      }
+      if (local_embs[d]->numel() != sum(splits[d]) || local_embs[d]->shape.size() != 1)
+        fail(d, "batch_size_per_rank_per_feature",
+             "input splits " + vec_str(splits[d]) + " do not cover the " +
+                 std::to_string(local_embs[d]->numel()) + " elements of the 1-D local_embs");
+      L.chunk_off[d] = complete_cumsum(splits[d]);
+    }
+    for (int64_t d = 0; d < W; ++d)
+      for (int64_t r = 0; r < W; ++r)
+        if (splits[d][r] != splits[r][r])
+          fail(d, "batch_size_per_rank_per_feature",
+               "sends " + std::to_string(splits[d][r]) + " elements to rank " + std::to_string(r) +
+                   " which expects " + std::to_string(splits[r][r]));
+    for (int64_t r = 0; r < W; ++r) L.chunk_len[r] = splits[r][r];
+  }
+  L.equal = !variable_batch && std::all_of(L.chunk_len.begin(), L.chunk_len.end(),
+                                           [&](int64_t x) { return x == L.chunk_len[0]; });
+  // MEAN: runs of D_f elements, one per bag of the destination's own KJT: rows b then
+  // features f ([B_r, sum_D]), or [f][b] (VBE 1-D).
+  L.run_first.assign(static_cast<size_t>(W + 1), 0);
+  if (plan.any_mean) {
+    for (int64_t r = 0; r < W; ++r) {
+      const Kjt& k = *kjts[r];
+      bool ok = k.num_features == F;
+      for (int64_t f = 0; ok && f < F; ++f) {
+        const int64_t want = variable_batch ? (*ctx[r]->batch_size_per_rank_per_feature)[r][f]
+                                            : L.chunk_len[r] / std::max<int64_t>(1, plan.sum_dim);
+        ok = k.batch_size(f) == want;
+      }
+      if (!ok)
+        fail(r, variable_batch ? "batch_size_per_rank_per_feature" : "batch_size_per_rank",
+             "the output's batch does not match this rank's KJT, needed for the MEAN divisor");
+    }
+    for (int64_t r = 0; r < W; ++r) {
+      L.run_first[r] = static_cast<int64_t>(L.run_div.size());
+      const Kjt& k = *kjts[r];
+      const std::vector<float> div = mean_divisors(plan, k);
+      auto run = [&](int64_t f, int64_t b) {
+        L.run_off.push_back(L.run_off.back() + plan.features[f].dim);
+        L.run_div.push_back(div[k.bag_begin(f) + b]);
+      };
+      if (!variable_batch) {
+        const int64_t B = L.chunk_len[r] / std::max<int64_t>(1, plan.sum_dim);
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t f = 0; f < F; ++f) run(f, b);
+      } else {
+        for (int64_t f = 0; f < F; ++f)
+          for (int64_t b = 0; b < k.batch_size(f); ++b) run(f, b);
+      }
+    }
+  }
+  L.run_first[W] = static_cast<int64_t>(L.run_div.size());
+  return L;
+}
+
+class NcclBackend final : public Backend {
+ public:
+  NcclBackend(std::vector<int> devices, const NcclOptions& opt) : devices_(devices), opt_(opt) {
+    for (int d : devices_) cuda_.push_back(make_cuda_backend(d));  // throws when missing
+    worlds_.emplace(static_cast<int>(devices_.size()), std::make_unique<nccl::World>(devices_));
+    cudaDeviceProp p{};
+    CUDA_CHECK(cudaGetDeviceProperties(&p, devices_[0]));
+    desc_ = std::to_string(devices_.size()) + " x " + p.name + " (sm_" + std::to_string(p.major) +
+            std::to_string(p.minor) + "), NCCL " + nccl_version();
+  }
+  std::string name() const override { return "nccl"; }
+  std::string device() const override { return desc_; }
+
+  // Input dist and lookup are per rank: the CUDA backend of the rank's GPU runs them.
+  BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) override {
+    return cuda_[0]->bucketize(plan, kjt);
+  }
+  EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
+                   const EmbeddingSource& source) override {
+    const int64_t W = std::max<int64_t>(1, plan.world_size);
+    const nccl::World& w = world(W);
+    return cuda_[rank / (W / w.size())]->lookup(plan, rank, kjt, source);
+  }
+  void sequence_output_dist(const Plan& plan, const std::vector<const EmbTensor*>& local_embs,
+                            const std::vector<const ShardingContext*>& ctx,
+                            const OutputSink& sink) override;
+  void pooled_output_dist(const Plan& plan, bool variable_batch,
+                          const std::vector<const EmbTensor*>& local_embs,
+                          const std::vector<const ShardingContext*>& ctx,
+                          const std::vector<const Kjt*>& kjts, const OutputSink& sink) override;
+
+ private:
+  // The World for W ranks: the first G' devices, G' the largest divisor of W <= #devices,
+  // created on first use (ncclCommInitAll over all devices is made up front).
+  const nccl::World& world(int64_t W) {
+    int g = static_cast<int>(std::min<int64_t>(W, static_cast<int64_t>(devices_.size())));
+    while (g > 1 && W % g != 0) --g;
+    g = std::max(g, 1);
+    auto it = worlds_.find(g);
+    if (it == worlds_.end())
+      it = worlds_
+               .emplace(g, std::make_unique<nccl::World>(
+                               std::vector<int>(devices_.begin(), devices_.begin() + g)))
+               .first;
+    return *it->second;
+  }
+  void download(const nccl::World& w, int g, const float* src, int64_t n, EmbTensor& out) {
+    out.data.resize(static_cast<size_t>(n));
+    if (n <= 0) return;
+    w.set_device(g);
+    CUDA_CHECK(cudaMemcpyAsync(out.data.data(), src, sizeof(float) * n, cudaMemcpyDeviceToHost,
+                               w.stream(g)));
+    CUDA_CHECK(cudaStreamSynchronize(w.stream(g)));
+  }
+
+  std::vector<int> devices_;
+  NcclOptions opt_;
+  std::vector<std::unique_ptr<Backend>> cuda_;
+  std::map<int, std::unique_ptr<nccl::World>> worlds_;
+  std::string desc_;
+};
+
+void NcclBackend::sequence_output_dist(const Plan& plan,
+                                       const std::vector<const EmbTensor*>& local_embs,
+                                       const std::vector<const ShardingContext*>& ctx,
+                                       const OutputSink& sink) {
+  const int64_t W = plan.world_size, D = plan.seq_dim();
+  const cuda::SeqDistTables t = cuda::build_seq_dist_tables(plan, local_embs, ctx);
+  const nccl::World& w = world(W);
+  const int G = w.size();
+  const int64_t k = W / G;
+  // Receive rows of destination s (sum of its input_splits) and its base row in its GPU's
+  // receive buffer; output rows of s are t.out_row_off (perm sizes).
+  std::vector<int64_t> recv_rows(W), recv_base(W);
+  for (int64_t s = 0; s < W; ++s) recv_rows[s] = t.recv_off[s * (W + 1) + W];
+  std::vector<DeviceBuffer<float>> d_local(G), d_send(G), d_recv(G), d_out(G);
+  std::vector<DeviceBuffer<int64_t>> d_lro(G), d_sb(G), d_so(G), d_ss(G), d_idx(G);
+  for (int g = 0; g < G; ++g) {
+    w.set_device(g);
+    cudaStream_t st = w.stream(g);
+    const int64_t r0 = g * k, r1 = r0 + k;
+    const int64_t lo = t.local_row_off[r0], hi = t.local_row_off[r1];
+    d_local[g].resize((hi - lo) * D);
+    for (int64_t r = r0; r < r1; ++r)
+      h2d(d_local[g].data() + (t.local_row_off[r] - lo) * D, local_embs[r]->data.data(),
+          local_embs[r]->numel(), st);
+    // The recat tables of ranks r0..r1-1, rebased to this GPU's buffer (seg_* are rank-local).
+    std::vector<int64_t> lro(t.local_row_off.begin() + r0, t.local_row_off.begin() + r1 + 1);
+    for (int64_t& x : lro) x -= lo;
+    std::vector<int64_t> sb(t.seg_base.begin() + r0, t.seg_base.begin() + r1 + 1);
+    const int64_t s0 = sb.front(), s1 = sb.back();
+    for (int64_t& x : sb) x -= s0;
+    d_lro[g].upload(lro, st);
+    d_sb[g].upload(sb, st);
+    d_so[g].upload(t.seg_out.data() + s0, s1 - s0, st);
+    d_ss[g].upload(t.seg_src.data() + s0, s1 - s0, st);
+    cuda::SeqDistArgs a;
+    a.world_size = k;
+    a.dim = D;
+    a.total_local_rows = hi - lo;
+    a.local = d_local[g].data();
+    a.local_row_off = d_lro[g].data();
+    a.seg_base = d_sb[g].data();
+    a.seg_out_off = d_so[g].data();
+    a.seg_src = d_ss[g].data();
+    d_send[g].resize((hi - lo) * D);
+    cuda::launch_seq_recat(a, d_send[g].data(), st);
+    // Codec (§8): every element rounded once, on the send buffer; fp32 on the wire.
+    cuda::launch_codec(d_send[g].data(), (hi - lo) * D, static_cast<int>(plan.comm_precision), st);
+    // Receive buffers of the k destinations back to back, and the unbucketize gather index
+    // in this GPU's receive-buffer rows: idx[i] = recv_base[s] + perm_s[i].
+    int64_t rb = 0;
+    for (int64_t s = r0; s < r1; ++s) {
+      recv_base[s] = rb;
+      rb += recv_rows[s];
+    }
+    d_recv[g].resize(rb * D);
+    const int64_t o0 = t.out_row_off[r0], o1 = t.out_row_off[r1];
+    std::vector<int64_t> idx(t.perm.begin() + o0, t.perm.begin() + o1);
+    for (int64_t s = r0; s < r1; ++s)
+      for (int64_t i = t.out_row_off[s] - o0; i < t.out_row_off[s + 1] - o0; ++i)
+        idx[i] += recv_base[s];
+    d_idx[g].upload(idx, st);
+    d_out[g].resize((o1 - o0) * D);
+  }
+  // The exchange: block r -> s is rows send_off_r[s].. of r's send buffer into rows
+  // recv_off_s[r].. of s's receive buffer (validated equal in count by the tables).
+  std::vector<nccl::Block> blocks;
+  blocks.reserve(static_cast<size_t>(W * W));
+  for (int64_t r = 0; r < W; ++r)
+    for (int64_t s = 0; s < W; ++s) {
+      nccl::Block b;
+      b.src_gpu = static_cast<int>(r / k);
+      b.dst_gpu = static_cast<int>(s / k);
+      const int64_t* so = t.send_off.data() + r * (W + 1);
+      const int64_t* ro = t.recv_off.data() + s * (W + 1);
+      b.count = (so[s + 1] - so[s]) * D;
+      b.send = d_send[b.src_gpu].data() +
+               (t.local_row_off[r] - t.local_row_off[b.src_gpu * k] + so[s]) * D;
+      b.recv = d_recv[b.dst_gpu].data() + (recv_base[s] + ro[r]) * D;
+      blocks.push_back(b);
+    }
+  nccl::alltoallv(w, blocks, opt_.intra_gpu_via_nccl);
+  for (int g = 0; g < G; ++g) {
+    w.set_device(g);
+    const int64_t o0 = t.out_row_off[g * k], o1 = t.out_row_off[(g + 1) * k];
+    cuda::launch_gather_rows(d_recv[g].data(), d_idx[g].data(), o1 - o0, D, d_out[g].data(),
+                             w.stream(g));
+  }
+  w.synchronize();
+  for (int64_t s = 0; s < W; ++s) {
+    const int g = static_cast<int>(s / k);
+    const int64_t n = t.out_row_off[s + 1] - t.out_row_off[s];
+    EmbTensor out;
+    out.dtype = output_dist_dtype(plan);
+    out.shape = {n, D};
+    download(w, g, d_out[g].data() + (t.out_row_off[s] - t.out_row_off[g * k]) * D, n * D, out);
+    sink(static_cast<int>(s), std::move(out));
+  }
+}
+
+void NcclBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
+                                     const std::vector<const EmbTensor*>& local_embs,
+                                     const std::vector<const ShardingContext*>& ctx,
+                                     const std::vector<const Kjt*>& kjts, const OutputSink& sink) {
+  const int64_t W = plan.world_size;
+  const PooledLayout L = pooled_layout(plan, variable_batch, local_embs, ctx, kjts);
+  const DType rd = pooled_reduce_dtype(plan);
+  const bool codec = plan.comm_precision != DType::f32;
+  const nccl::World& w = world(W);
+  const int G = w.size();
+  const int64_t k = W / G;
+  const int64_t n = W ? local_embs[0]->numel() : 0;  // equal on every rank (checked)
+  const bool rs = opt_.pooled_reduce_scatter && L.equal && !codec;
+  // out_base[r]: element offset of rank r's output in its GPU's output buffer.
+  std::vector<int64_t> out_base(W), gpu_len(G, 0);
+  for (int64_t r = 0; r < W; ++r) {
+    out_base[r] = gpu_len[r / k];
+    gpu_len[r / k] += L.chunk_len[r];
+  }
+  std::vector<DeviceBuffer<float>> d_in(G), d_part(G), d_out(G);
+  for (int g = 0; g < G; ++g) {
+    w.set_device(g);
+    cudaStream_t st = w.stream(g);
+    d_in[g].resize(k * n);
+    for (int64_t j = 0; j < k; ++j)
+      h2d(d_in[g].data() + j * n, local_embs[g * k + j]->data.data(), n, st);
+    if (codec) cuda::launch_codec(d_in[g].data(), k * n, static_cast<int>(rd), st);
+    d_out[g].resize(gpu_len[g]);
+  }
+  if (rs) {
+    // Sum the k local buffers of each GPU (rank order), then reduce-scatter the G partials.
+    std::vector<const float*> send(G);
+    std::vector<float*> recv(G);
+    for (int g = 0; g < G; ++g) {
+      w.set_device(g);
+      if (k > 1) {
+        d_part[g].resize(n);
+        cuda::launch_reduce(d_in[g].data(), k, n, n, 0, d_part[g].data(), w.stream(g));
+        send[g] = d_part[g].data();
+      } else {
+        send[g] = d_in[g].data();
+      }
+      recv[g] = d_out[g].data();
+    }
+    nccl::reduce_scatter(w, send, recv, n / G);
+  } else {
+    // All-to-all of chunk runs: GPU g gets [W][M_g], M_g = gpu_len[g], from every source d
+    // (its chunks g*k..g*k+k-1 are contiguous in d's buffer), then sums in rank order.
+    for (int g = 0; g < G; ++g) {
+      w.set_device(g);
+      d_part[g].resize(W * gpu_len[g]);
+    }
+    std::vector<nccl::Block> blocks;
+    for (int64_t d = 0; d < W; ++d)
+      for (int g = 0; g < G; ++g) {
+        nccl::Block b;
+        b.src_gpu = static_cast<int>(d / k);
+        b.dst_gpu = g;
+        b.count = gpu_len[g];
+        b.send = d_in[b.src_gpu].data() + (d % k) * n + L.chunk_off[d][g * k];
+        b.recv = d_part[g].data() + d * gpu_len[g];
+        blocks.push_back(b);
+      }
+    nccl::alltoallv(w, blocks, opt_.intra_gpu_via_nccl);
+    for (int g = 0; g < G; ++g) {
+      w.set_device(g);
+      cuda::launch_reduce(d_part[g].data(), W, gpu_len[g], gpu_len[g],
+                          codec ? static_cast<int>(rd) : 0, d_out[g].data(), w.stream(g));
+    }
+  }
+  // MEAN divisor on each GPU's outputs (runs rebased to the GPU's buffer).
+  std::vector<DeviceBuffer<int64_t>> d_ro(G);
+  std::vector<DeviceBuffer<float>> d_div(G);
+  if (plan.any_mean)
+    for (int g = 0; g < G; ++g) {
+      const int64_t q0 = L.run_first[g * k], q1 = L.run_first[(g + 1) * k];
+      if (q1 == q0) continue;
+      std::vector<int64_t> ro(L.run_off.begin() + q0, L.run_off.begin() + q1 + 1);
+      const int64_t base = ro.front();
+      for (int64_t& x : ro) x -= base;
+      w.set_device(g);
+      d_ro[g].upload(ro, w.stream(g));
+      d_div[g].upload(L.run_div.data() + q0, q1 - q0, w.stream(g));
+      cuda::launch_divide_runs(d_out[g].data(), d_ro[g].data(), d_div[g].data(), q1 - q0,
+                               w.stream(g));
+    }
+  w.synchronize();
+  for (int64_t r = 0; r < W; ++r) {
+    const int64_t len = L.chunk_len[r];
+    EmbTensor out;
+    out.dtype = output_dist_dtype(plan);
+    out.shape = variable_batch
+                    ? std::vector<int64_t>{len}
+                    : std::vector<int64_t>{len / std::max<int64_t>(1, plan.sum_dim), plan.sum_dim};
+    download(w, static_cast<int>(r / k), d_out[r / k].data() + out_base[r], len, out);
+    sink(static_cast<int>(r), std::move(out));
+  }
+}
+
+}  // namespace
+
+int nccl_visible_devices() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return 0;
+  }
+  return n;
+}
+
+std::string nccl_version() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
+  // NCCL_VERSION(X,Y,Z) = X*10000 + Y*100 + Z since 2.9.
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+         std::to_string(v % 100);
+}
+
+std::unique_ptr<Backend> make_nccl_backend(const std::vector<int>& devices,
+                                           const NcclOptions& opt) {
+  const int visible = nccl_visible_devices();
+  if (visible == 0) throw DeviceError("--backend nccl: no CUDA device or driver on this machine");
+  std::vector<int> devs = devices;
+  if (devs.empty())
+    for (int d = 0; d < visible; ++d) devs.push_back(d);
+  for (size_t i = 0; i < devs.size(); ++i) {
+    if (devs[i] < 0 || devs[i] >= visible)
+      throw DeviceError("--devices: CUDA device " + std::to_string(devs[i]) + " does not exist (" +
+                        std::to_string(visible) + " visible)");
+    for (size_t j = 0; j < i; ++j)
+      if (devs[j] == devs[i])
+        throw UsageError("--devices: device " + std::to_string(devs[i]) +
+                         " listed twice (NCCL puts one rank per GPU; ranks share a GPU by "
+                         "W/G, not by repeating it)");
+  }
+  return std::make_unique<NcclBackend>(devs, opt);
+}
+
+}  // namespace dynemb
