@@ -1,10 +1,14 @@
 // Top-level command line: subcommand registration, --version, and the mapping of errors to
 // exit codes (cli.md: 0 pass, 1 mismatches found, 2 trouble; CLI11's own codes never escape).
 #include <fmt/core.h>
+#include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <string>
+#include <vector>
 
 #include "commands.hpp"
 #include "common/error.hpp"
@@ -34,18 +38,62 @@ constexpr const char* kShortUsage =
     "\n"
     "Run 'dynemb-dist --help' for every subcommand, 'man dynemb-dist' for the manual.\n";
 
+// Edit distance, for "did you mean" on a mistyped command.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// A first argument that is neither an option nor a command: name the commands (and the
+// closest one) instead of CLI11's "The following argument was not expected".
+bool unknown_command(const CLI::App& app, const std::string& arg) {
+  if (arg.empty() || arg[0] == '-') return false;
+  std::vector<std::string> names;
+  std::string best;
+  size_t best_d = 3;  // suggest only within 2 edits
+  for (const CLI::App* sub : app.get_subcommands({})) {
+    if (sub->get_name() == arg) return false;
+    names.push_back(sub->get_name());
+    const size_t d = edit_distance(arg, sub->get_name());
+    if (d < best_d) best_d = d, best = sub->get_name();
+  }
+  fmt::print(stderr, "dynemb-dist: unknown command '{}'{} (commands: {})\n", arg,
+             best.empty() ? "" : fmt::format("; did you mean '{}'?", best), fmt::join(names, ", "));
+  fmt::print(stderr, "Run 'dynemb-dist' for where to start, 'dynemb-dist --help' for all.\n");
+  return true;
+}
+
+// The subcommand a command line names (the first argument that is one), or nullptr.
+const CLI::App* named_subcommand(const CLI::App& app, int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    for (const CLI::App* sub : app.get_subcommands({}))
+      if (sub->get_name() == argv[i]) return sub;
+  return nullptr;
+}
+
 }  // namespace
 
 int main_entry(int argc, char** argv) {
-  CLI::App app{"dynemb-dist: offline validation and replay of row-wise (RW) sharded embedding "
-               "output dists (TorchRec / DynamicEmb).\n"
-               "Exit status: 0 all checks passed, 1 mismatches found, 2 trouble (bad input, "
-               "usage error, device failure).",
-               "dynemb-dist"};
-  app.set_version_flag("--version",
-                       fmt::format("dynemb-dist {} (backends: {})", DYNEMB_VERSION,
-                                   compiled_backends()),
-                       "Print the version and the backends of this build, then exit");
+  CLI::App app{
+      "dynemb-dist: offline validation and replay of row-wise (RW) sharded embedding "
+      "output dists (TorchRec / DynamicEmb).\n"
+      "Exit status: 0 all checks passed, 1 mismatches found, 2 trouble (bad input, "
+      "usage error, device failure).",
+      "dynemb-dist"};
+  app.set_version_flag(
+      "--version",
+      fmt::format("dynemb-dist {} (backends: {})", DYNEMB_VERSION, compiled_backends()),
+      "Print the version and the backends of this build, then exit");
   app.require_subcommand(0, 1);
   app.fallthrough(false);
 
@@ -61,13 +109,19 @@ int main_entry(int argc, char** argv) {
     std::fputs(kShortUsage, stdout);
     return 0;
   }
+  if (unknown_command(app, argv[1])) return 2;
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version
     app.exit(e);
     return 0;
   } catch (const CLI::ParseError& e) {
-    app.exit(e);  // prints the message and the usage hint
+    // CLI11's message, then where the options of this command are (not a bare "--help").
+    const CLI::App* sub = named_subcommand(app, argc, argv);
+    const std::string who = sub ? "dynemb-dist " + sub->get_name() : "dynemb-dist";
+    fmt::print(stderr, "{}: error: {}\n", who, e.what());
+    fmt::print(stderr, "Run '{} --help' for its options{}.\n", who,
+               sub ? ", 'man dynemb-dist' for examples" : "");
     return 2;
   }
   if (!run) {
