@@ -336,9 +336,10 @@ int run_validate(const ValidateOptions& o) {
     print_json(o, plan, r.findings, exit_code);
   else
     print_text(o.plan_path, plan, r.findings, exit_code);
-  // With --format json, stdout is the JSON document: the annotations go to stderr (the
-  // Actions runner reads workflow commands from both).
-  if (annotations_enabled(o.annotations))
+  // With --format json, stdout is the JSON document: annotations only when asked for
+  // explicitly (not from GITHUB_ACTIONS, so scripts that merge the streams keep valid JSON),
+  // and on stderr (the Actions runner reads workflow commands from both).
+  if (o.format == "json" ? o.annotations == "github" : annotations_enabled(o.annotations))
     std::fputs(validate_annotations(o, r.findings).c_str(), o.format == "json" ? stderr : stdout);
   return exit_code;
 }
@@ -365,7 +366,7 @@ void setup_validate(CLI::App& app, RunFn& run) {
   sub->add_option("--annotations", opt->annotations,
                   "CI annotations on stdout: 'github' (::error file=PLAN,line=L,col=C::message "
                   "per finding; warnings ::warning, notes ::notice) or 'none'; default github "
-                  "when GITHUB_ACTIONS=true, else none")
+                  "when GITHUB_ACTIONS=true (text format only), else none")
       ->check(CLI::IsMember({"github", "none"}))
       ->type_name("github|none");
   sub->footer(
