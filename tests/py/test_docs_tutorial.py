@@ -24,7 +24,8 @@ import sys
 import tempfile
 
 SRC = os.environ.get("DYNEMB_SRC", os.path.join(os.path.dirname(__file__), "..", ".."))
-DOCS = ["docs/tutorial.md", "docs/ci.md", "docs/plan-format.md"]
+DOCS = ["docs/tutorial.md", "docs/ci.md", "docs/plan-format.md",
+        "docs/capture-format.md"]
 MARK = "@@dynemb-docs@@"
 
 
