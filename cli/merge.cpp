@@ -120,6 +120,7 @@ std::optional<std::string> read_string(hid_t type, ReadFn read) {
   Hid mem(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(mem.get(), n);
   H5Tset_strpad(mem.get(), H5T_STR_NULLPAD);
+  H5Tset_cset(mem.get(), H5Tget_cset(type));  // HDF5 refuses to convert ASCII <-> UTF-8
   if (read(mem.get(), static_cast<void*>(buf.data())) < 0) return std::nullopt;
   buf.resize(std::string(buf.c_str()).size());  // stop at the first NUL padding byte
   return buf;
