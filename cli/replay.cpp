@@ -32,7 +32,7 @@ struct ReplayCliOptions {
   std::string plan;
   std::string backend = "auto";
   std::string devices;  // --devices 0,1,... (nccl only; "": every visible GPU)
-  std::string ctx;  // "", "captured", "derived"
+  std::string ctx;      // "", "captured", "derived"
   std::string tolerance;
   int64_t max_mismatches = 10;
   std::string json, junit, write_output, batches;
