@@ -87,6 +87,25 @@ GITHUB_ACTIONS=true "$exe" validate "$src/plans/ec-bench-criteo.yaml" >w.txt 2>&
 rc=$?
 [[ $rc -eq 0 ]] && grep -q "^::warning file=$src/plans/ec-bench-criteo.yaml,line=[0-9]*,col=[0-9]*,title=" w.txt \
   && ok "validate warning -> ::warning with line (exit 0)" || fail "warning: exit $rc, $(grep '^::' w.txt)"
+# '%' in a message is escaped as %25 (the runner would decode "%2C" in a name otherwise).
+cat >pct.yaml <<'YAML'
+format_version: 1
+world_size: 2
+module: sequence
+tables:
+  - name: t0
+    num_embeddings: 10
+    embedding_dim: 4
+    features: ["a%2C"]
+  - name: t1
+    num_embeddings: 10
+    embedding_dim: 4
+    features: ["a%2C"]
+YAML
+"$exe" validate pct.yaml --annotations github >p.txt 2>&1
+grep -qxF "::error file=pct.yaml,line=12,col=16,title=dynemb-dist validate%3A tables[1].features[0]::duplicate feature name 'a%252C' (first at line 8:16); feature names are unique across the plan" p.txt \
+  && ok "'%' escaped as %25" || fail "escaping: $(grep '^::' p.txt)"
+
 # --format json: only when asked for explicitly (scripts merging the streams keep valid
 # JSON under GITHUB_ACTIONS), and then on stderr.
 GITHUB_ACTIONS=true "$exe" validate "a,b.yaml" --format json >j.json 2>&1
