@@ -1,0 +1,402 @@
+// NCCL backend == CPU reference (issue 10): the sequence and pooled output dists with all
+// W ranks hosted on the visible GPUs (G = 1 on a one-GPU machine: every rank on one GPU,
+// exchange through device memory, and a real 1-rank NCCL communicator), W = 1, both pooled
+// paths (ncclReduceScatter and all-to-all + reduce), blocks inside one GPU sent through
+// NCCL to self, on random batches and on every fixture (derived and captured contexts).
+// Bit for bit wherever the sum order is ours; see docs/multi-node.md. Exits 77 without a
+// GPU or when this build has no NCCL.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#if !defined(DYNEMB_HAVE_NCCL)
+TEST_CASE("nccl backend") {
+  std::printf("SKIP: this build has no NCCL backend (NCCL not found at configure time)\n");
+  std::fflush(stdout);
+  std::exit(77);
+}
+#else
+
+#include <filesystem>
+#include <random>
+#include <string>
+
+#include "capture/capture.hpp"
+#include "engine/engine.hpp"
+#include "engine/ops.hpp"
+#include "nccl_backend.hpp"
+
+using namespace dynemb;
+
+namespace {
+
+void require_gpu() {
+  if (nccl_visible_devices() == 0) {
+    std::printf("SKIP: no CUDA device or driver on this machine (GPU tests need one)\n");
+    std::fflush(stdout);
+    std::exit(77);
+  }
+}
+
+// The three configurations every case runs through.
+struct Variant {
+  const char* name;
+  NcclOptions opt;
+};
+const std::vector<Variant>& variants() {
+  static const std::vector<Variant> v = {
+      {"default", NcclOptions{true, false}},
+      {"a2a+reduce", NcclOptions{false, false}},
+      {"intra-gpu-via-nccl", NcclOptions{true, true}},
+  };
+  return v;
+}
+Backend& nccl(size_t variant) {
+  require_gpu();
+  static std::vector<std::unique_ptr<Backend> > b(variants().size());
+  if (!b[variant]) b[variant] = make_nccl_backend({}, variants()[variant].opt);
+  return *b[variant];
+}
+Backend& cpu() {
+  static std::unique_ptr<Backend> b = make_cpu_backend(2);
+  return *b;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), 4 * a.size()) == 0);
+}
+int64_t first_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    if (std::memcmp(&a[i], &b[i], 4) != 0) return static_cast<int64_t>(i);
+  return a.size() == b.size() ? -1 : static_cast<int64_t>(std::min(a.size(), b.size()));
+}
+
+struct Case {
+  Plan plan;
+  std::vector<Kjt> kjts;
+  std::string desc;
+};
+
+// Random plans and batches over the edge cases of guides/workloads.md (as the CUDA test).
+Case random_case(std::mt19937_64& rng, int idx, int64_t force_w = 0) {
+  auto U = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  Case c;
+  Plan& p = c.plan;
+  p.world_size = force_w ? force_w : U(0, 7) == 0 ? 1 : U(2, 8);
+  p.module = U(0, 1) ? ModuleKind::sequence : ModuleKind::pooled;
+  const int prec = static_cast<int>(U(0, 5));
+  p.comm_precision = prec == 4 ? DType::f16 : prec == 5 ? DType::bf16 : DType::f32;
+  const int dprec = static_cast<int>(U(0, 7));
+  const DType data = dprec == 6 ? DType::f16 : dprec == 7 ? DType::bf16 : DType::f32;
+  p.bounds_check = U(0, 1) ? BoundsCheck::warn_zero_row : BoundsCheck::ignore;
+  const int64_t T = U(1, 3);
+  const int64_t seqD = std::vector<int64_t>{1, 4, 15, 16, 33, 128}[U(0, 5)];
+  for (int64_t t = 0; t < T; ++t) {
+    TableConfig tc;
+    tc.name = "t" + std::to_string(t);
+    tc.num_embeddings = U(0, 3) == 0 ? U(1, 7) : U(10, 5000);
+    tc.embedding_dim = p.module == ModuleKind::sequence ? seqD : U(1, 40);
+    tc.data_type = data;
+    tc.dist_type = static_cast<DistType>(U(0, 2));
+    tc.pooling =
+        p.module == ModuleKind::pooled && U(0, 2) == 0 ? PoolingMode::mean : PoolingMode::sum;
+    const int64_t nf = U(1, 2);
+    for (int64_t f = 0; f < nf; ++f) tc.features.push_back(tc.name + "_f" + std::to_string(f));
+    p.tables.push_back(tc);
+  }
+  p.finalize();
+  const int64_t F = p.num_features(), W = p.world_size;
+  const bool weighted = U(0, 3) == 0;
+  const bool vbe = U(0, 3) == 0;
+  const int64_t Bcommon = U(0, 6);
+  for (int64_t r = 0; r < W; ++r) {
+    Kjt k;
+    k.num_features = F;
+    k.weighted = weighted;
+    const int64_t B = U(0, 3) == 0 ? U(0, 6) : Bcommon;  // unequal batch per rank
+    for (int64_t f = 0; f < F; ++f) {
+      const int64_t Bf = vbe ? U(0, 5) : B;
+      if (vbe) k.stride_per_feature.push_back(Bf);
+      const FeatureInfo& fi = p.features[f];
+      for (int64_t b = 0; b < Bf; ++b) {
+        const int64_t len = U(0, 6);
+        k.lengths.push_back(len);
+        for (int64_t i = 0; i < len; ++i) {
+          const int64_t kind = U(0, 19);
+          const int64_t id = kind == 0   ? -U(1, 5)
+                             : kind == 1 ? fi.hash_size + U(0, 3 * W)
+                                         : U(0, fi.hash_size - 1);
+          k.values.push_back(id);
+          if (weighted) k.weights.push_back(static_cast<float>(U(-8, 8)) / 4.0f);
+        }
+      }
+    }
+    c.kjts.push_back(std::move(k));
+  }
+  c.desc = "case " + std::to_string(idx) + ": W=" + std::to_string(W) + " F=" + std::to_string(F) +
+           " " + to_string(p.module) + " codec=" + to_string(p.comm_precision) +
+           " data=" + to_string(data) + (weighted ? " weighted" : "") + (vbe ? " vbe" : "") +
+           (p.any_mean ? " mean" : "");
+  return c;
+}
+
+// One output dist on the CPU and on every NCCL variant; outputs compared bit for bit, or
+// the same OutputDistFailure (rank, field) everywhere. Returns false when the context
+// failed (on all backends alike).
+bool compare_dist(const Plan& plan, bool variable_batch, const std::vector<const EmbTensor*>& lp,
+                  const std::vector<const ShardingContext*>& cp,
+                  const std::vector<const Kjt*>& kjts, const std::string& desc) {
+  INFO(desc);
+  const int64_t W = plan.world_size;
+  auto run = [&](Backend& b, std::vector<EmbTensor>& out, int& frank, std::string& field) {
+    out.assign(W, EmbTensor{});
+    auto sink = [&out](int r, EmbTensor&& t) { out[r] = std::move(t); };
+    try {
+      if (plan.module == ModuleKind::sequence)
+        b.sequence_output_dist(plan, lp, cp, sink);
+      else
+        b.pooled_output_dist(plan, variable_batch, lp, cp, kjts, sink);
+    } catch (const OutputDistFailure& e) {
+      frank = e.rank();
+      field = e.field();
+    }
+  };
+  std::vector<EmbTensor> want;
+  int want_rank = -1;
+  std::string want_field;
+  run(cpu(), want, want_rank, want_field);
+  for (size_t v = 0; v < variants().size(); ++v) {
+    INFO("variant " << variants()[v].name);
+    std::vector<EmbTensor> got;
+    int got_rank = -1;
+    std::string got_field;
+    run(nccl(v), got, got_rank, got_field);
+    CHECK(got_rank == want_rank);
+    CHECK(got_field == want_field);
+    if (want_rank >= 0) continue;
+    for (int64_t r = 0; r < W; ++r) {
+      INFO("rank " << r << " first diff " << first_diff(want[r].data, got[r].data));
+      CHECK(got[r].shape == want[r].shape);
+      CHECK(got[r].dtype == want[r].dtype);
+      CHECK(same_bits(got[r].data, want[r].data));
+    }
+  }
+  return want_rank < 0;
+}
+
+// Derived contexts and local_embs (the lookup through the NCCL backend's per-GPU CUDA
+// backends, compared with the CPU's), then the output dist.
+bool compare_batch(const Plan& plan, const std::vector<const Kjt*>& kjts,
+                   const EmbeddingSource& source, const std::string& desc) {
+  INFO(desc);
+  const int64_t W = plan.world_size;
+  const DerivedBatch derived = derive_input_dist(plan, kjts, cpu());
+  std::vector<EmbTensor> local = derive_local_embs(plan, derived, source, cpu(), 0);
+  for (int64_t r = 0; r < W; ++r) {
+    const EmbTensor g =
+        nccl(0).lookup(plan, static_cast<int>(r), derived.ranks[r].lookup_kjt, source);
+    INFO("lookup rank " << r);
+    CHECK(same_bits(g.data, local[r].data));
+  }
+  std::vector<const EmbTensor*> lp;
+  std::vector<const ShardingContext*> cp;
+  for (int64_t r = 0; r < W; ++r) {
+    lp.push_back(&local[r]);
+    cp.push_back(&derived.ranks[r].ctx);
+  }
+  return compare_dist(plan, derived.variable_batch, lp, cp, kjts, desc);
+}
+
+}  // namespace
+
+TEST_CASE("nccl backend: name, device and the W ranks per GPU") {
+  require_gpu();
+  CHECK(nccl(0).name() == "nccl");
+  CHECK(nccl(0).device().find("NCCL " + nccl_version()) != std::string::npos);
+  MESSAGE("device: " << nccl(0).device() << ", visible GPUs " << nccl_visible_devices());
+  CHECK_THROWS_AS(make_nccl_backend({0, 0}), UsageError);
+  CHECK_THROWS_AS(make_nccl_backend({nccl_visible_devices()}), DeviceError);
+}
+
+TEST_CASE("nccl == cpu on random batches (bit for bit)") {
+  require_gpu();
+  std::mt19937_64 rng(20261210);
+  const char* env = std::getenv("DYNEMB_GPU_CASES");
+  const int cases = env ? std::max(1, std::atoi(env)) : 200;
+  int ran = 0;
+  for (int i = 0; i < cases; ++i) {
+    Case c = random_case(rng, i);
+    std::vector<const Kjt*> kp;
+    for (const Kjt& k : c.kjts) kp.push_back(&k);
+    const OracleSource source(0x5eed1000ULL + static_cast<uint64_t>(i), c.plan);
+    ran += compare_batch(c.plan, kp, source, c.desc) ? 1 : 0;
+  }
+  MESSAGE("random batches through the output dist: " << ran << " of " << cases);
+  CHECK(ran > cases / 2);
+}
+
+TEST_CASE("W = 1 through a 1-rank NCCL communicator, and W = 16 on the visible GPUs") {
+  require_gpu();
+  std::mt19937_64 rng(11);
+  for (int64_t W : {int64_t{1}, int64_t{16}})
+    for (int i = 0; i < 12; ++i) {
+      Case c = random_case(rng, i, W);
+      std::vector<const Kjt*> kp;
+      for (const Kjt& k : c.kjts) kp.push_back(&k);
+      const OracleSource source(77 + static_cast<uint64_t>(i), c.plan);
+      compare_batch(c.plan, kp, source, c.desc);
+    }
+}
+
+TEST_CASE("spec worked example §6.1 through the NCCL backend") {
+  require_gpu();
+  Plan p;
+  p.world_size = 2;
+  p.module = ModuleKind::sequence;
+  for (int t = 0; t < 2; ++t) {
+    TableConfig tc;
+    tc.name = "t" + std::to_string(t);
+    tc.num_embeddings = t == 0 ? 10 : 6;
+    tc.embedding_dim = 2;
+    tc.features = {"f" + std::to_string(t)};
+    p.tables.push_back(tc);
+  }
+  p.finalize();
+  Kjt k0, k1;
+  k0.num_features = k1.num_features = 2;
+  k0.lengths = {2, 1, 0, 3};
+  k0.values = {1, 7, 5, 4, 0, 2};
+  k1.lengths = {1, 2, 1, 0};
+  k1.values = {9, 0, 3, 5};
+  const DerivedBatch d = derive_input_dist(p, {&k0, &k1}, nccl(0));
+  EmbTensor l0, l1;
+  l0.shape = l1.shape = {5, 2};
+  l0.data = {1, 1.5, 0, 0.5, 3, 3.5, 100, 100.5, 102, 102.5};
+  l1.data = {7, 7.5, 5, 5.5, 9, 9.5, 104, 104.5, 105, 105.5};
+  for (size_t v = 0; v < variants().size(); ++v) {
+    INFO("variant " << variants()[v].name);
+    std::vector<EmbTensor> out(2);
+    nccl(v).sequence_output_dist(p, {&l0, &l1}, {&d.ranks[0].ctx, &d.ranks[1].ctx},
+                                 [&](int r, EmbTensor&& t) { out[r] = std::move(t); });
+    CHECK(out[0].data ==
+          std::vector<float>{1, 1.5, 7, 7.5, 5, 5.5, 104, 104.5, 100, 100.5, 102, 102.5});
+    CHECK(out[1].data == std::vector<float>{9, 9.5, 0, 0.5, 3, 3.5, 105, 105.5});
+  }
+}
+
+TEST_CASE("spec worked example §7.1 (pooled, equal batches) through the NCCL backend") {
+  require_gpu();
+  Plan p;
+  p.world_size = 2;
+  p.module = ModuleKind::pooled;
+  for (int t = 0; t < 2; ++t) {
+    TableConfig tc;
+    tc.name = "t" + std::to_string(t);
+    tc.num_embeddings = t == 0 ? 10 : 6;
+    tc.embedding_dim = 2;
+    tc.features = {"f" + std::to_string(t)};
+    p.tables.push_back(tc);
+  }
+  p.finalize();
+  EmbTensor l0, l1;
+  l0.shape = l1.shape = {4, 4};
+  l0.data = {1, 1.5, 0, 0, 0, 0, 202, 203, 0, 0, 0, 0, 3, 4, 0, 0};
+  l1.data = {7, 7.5, 0, 0, 5, 5.5, 104, 104.5, 9, 9.5, 105, 105.5, 0, 0, 0, 0};
+  ShardingContext c;
+  c.batch_size_per_rank = std::vector<int64_t>{2, 2};
+  Kjt k;  // only read for MEAN
+  k.num_features = 2;
+  for (size_t v = 0; v < variants().size(); ++v) {
+    INFO("variant " << variants()[v].name);
+    std::vector<EmbTensor> out(2);
+    nccl(v).pooled_output_dist(p, false, {&l0, &l1}, {&c, &c}, {&k, &k},
+                               [&](int r, EmbTensor&& t) { out[r] = std::move(t); });
+    CHECK(out[0].shape == std::vector<int64_t>{2, 4});
+    CHECK(out[0].data == std::vector<float>{8, 9, 0, 0, 5, 5.5, 306, 307.5});
+    CHECK(out[1].data == std::vector<float>{9, 9.5, 105, 105.5, 3, 4, 0, 0});
+  }
+}
+
+TEST_CASE("fixtures: nccl == cpu on every capture under fixtures/ (derived and captured ctx)") {
+  require_gpu();
+  const std::filesystem::path dir = std::filesystem::path(DYNEMB_SOURCE_DIR) / "fixtures";
+  int derived_n = 0, captured_n = 0;
+  REQUIRE(std::filesystem::exists(dir));
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (e.path().extension() != ".h5") continue;
+    INFO(e.path().string());
+    std::unique_ptr<CaptureReader> cap;
+    Plan plan;
+    std::shared_ptr<const EmbeddingSource> source;
+    try {  // deliberately broken fixtures are the CLI tests' business
+      cap = std::make_unique<CaptureReader>(e.path().string());
+      plan = capture_plan(*cap);
+      source = open_embedding_source(*cap, plan);
+    } catch (const Error&) {
+      continue;
+    }
+    for (int64_t bi = 0; bi < cap->num_batches(); ++bi) {
+      Batch batch;
+      try {
+        batch = cap->read_batch(plan, bi);
+        for (const RankBatch& rb : batch.ranks) check_kjt(plan, rb.kjt, "fixture");
+      } catch (const Error&) {
+        break;
+      }
+      const std::string what = e.path().filename().string() + " batch " + std::to_string(bi);
+      std::vector<const Kjt*> kp;
+      for (const RankBatch& rb : batch.ranks) kp.push_back(&rb.kjt);
+      if (source) {
+        try {
+          derived_n += compare_batch(plan, kp, *source, what + " (derived)") ? 1 : 0;
+        } catch (const Error& err) {
+          MESSAGE("fixture batch raised: " << err.what());  // bounds_check=error
+        }
+      }
+      // Captured contexts and local_embs, as `replay --ctx captured` feeds them; fields not
+      // captured are filled from the derived context.
+      bool all = true;
+      for (const RankBatch& rb : batch.ranks) all = all && rb.ctx && rb.local_embs;
+      if (!all) continue;
+      DerivedBatch derived;
+      try {
+        derived = derive_input_dist(plan, kp, cpu());
+      } catch (const Error&) {
+        continue;
+      }
+      std::vector<ShardingContext> ctx;
+      for (size_t r = 0; r < batch.ranks.size(); ++r) {
+        ShardingContext c = *batch.ranks[r].ctx;
+        const ShardingContext& d = derived.ranks[r].ctx;
+        if (!c.input_splits) c.input_splits = d.input_splits;
+        if (!c.output_splits) c.output_splits = d.output_splits;
+        if (!c.batch_size_per_rank) c.batch_size_per_rank = d.batch_size_per_rank;
+        if (!c.batch_size_per_rank_per_feature)
+          c.batch_size_per_rank_per_feature = d.batch_size_per_rank_per_feature;
+        if (!c.sparse_features_recat) c.sparse_features_recat = d.sparse_features_recat;
+        if (!c.unbucketize_permute) c.unbucketize_permute = d.unbucketize_permute;
+        if (!c.lengths_after_input_dist) {
+          c.lengths_after_input_dist = d.lengths_after_input_dist;
+          c.lengths_after_input_dist_cols = d.lengths_after_input_dist_cols;
+        }
+        ctx.push_back(std::move(c));
+      }
+      std::vector<const EmbTensor*> lp;
+      std::vector<const ShardingContext*> cp;
+      for (size_t r = 0; r < batch.ranks.size(); ++r) {
+        lp.push_back(&*batch.ranks[r].local_embs);
+        cp.push_back(&ctx[r]);
+      }
+      const bool vb = cp.empty() ? false : cp[0]->variable_batch_per_feature.value_or(false);
+      captured_n += compare_dist(plan, vb, lp, cp, kp, what + " (captured)") ? 1 : 0;
+    }
+  }
+  MESSAGE("fixture batches compared: derived " << derived_n << ", captured " << captured_n);
+  CHECK(derived_n + captured_n > 0);
+}
+
+#endif  // DYNEMB_HAVE_NCCL
