@@ -42,11 +42,21 @@ struct ReplayCliOptions {
 
 // GitHub annotations for the failing checks, the warnings and the trouble. A capture has no
 // lines, so each annotation is on the capture file, with a title naming batch, rank and field.
+// GitHub shows only the first few annotations of a step, so a broken capture (thousands of
+// failing checks) gets kMaxAnnotations of them and one line counting the rest.
+constexpr int64_t kMaxAnnotations = 50;
+
 std::string replay_annotations(const Report& r) {
   const std::string& file = r.info.capture.path;
   std::string out;
+  int64_t shown = 0, more = 0;
   for (const CheckResult& c : r.checks) {
     if (c.status != CheckStatus::fail && c.status != CheckStatus::error) continue;
+    if (shown == kMaxAnnotations) {
+      ++more;
+      continue;
+    }
+    ++shown;
     std::string title = "dynemb-dist replay:";
     if (c.batch >= 0) title += fmt::format(" batch {}", c.batch);
     if (c.rank >= 0) title += fmt::format(" rank {}", c.rank);
@@ -55,6 +65,11 @@ std::string replay_annotations(const Report& r) {
     if (!c.cause.empty()) msg += " (cause: " + c.cause + ")";
     out += gha_annotation("error", file, 0, 0, title, msg);
   }
+  if (more > 0)
+    out += gha_annotation("error", file, 0, 0, "dynemb-dist replay",
+                          fmt::format("{} more failing checks; the text, --json or --junit "
+                                      "report lists every one",
+                                      more));
   for (const std::string& w : r.warnings)
     out += gha_annotation("warning", file, 0, 0, "dynemb-dist replay", w);
   if (!r.trouble.empty())

@@ -61,6 +61,26 @@ rc=$?
 rc=$?
 [[ $rc -eq 2 ]] && ok "--annotations gitlab: exit 2" || fail "--annotations gitlab: exit $rc"
 
+# Many failing checks: the first 50 annotated, then one line counting the rest. 30 batches x
+# 2 ranks with a golden output off by 1/64: 60 golden checks fail (and nothing else).
+"$exe" synth --preset unit-seq-w2 --batches 30 --batch-size 2 --hotness 1..3 --seed 4 -o many.h5 >/dev/null || fail "synth many"
+"$py" - <<'PY' || fail "planting 60 golden defects"
+import h5py
+with h5py.File("many.h5", "r+") as f:
+    for k in range(30):
+        for r in range(2):
+            ds = f[f"batches/{k}/rank{r}/output"]
+            v = ds[...]
+            v[0, 0] += 1.0 / 64
+            ds[...] = v
+PY
+"$exe" replay many.h5 --quiet --annotations github --json many.json >many.txt 2>&1
+nfail=$("$py" -c 'import json; r = json.load(open("many.json")); print(r["summary"]["failed"] + r["summary"]["errors"])')
+[[ $(grep -c '^::error file=many.h5,title=dynemb-dist replay%3A batch' many.txt) -eq 50 ]] \
+  && grep -qxF "::error file=many.h5,title=dynemb-dist replay::$((nfail - 50)) more failing checks; the text, --json or --junit report lists every one" many.txt \
+  && [[ $nfail -ge 60 ]] && ok "$nfail failing checks: 50 annotations + 1 counting the rest" \
+  || fail "cap: $nfail failing, $(grep -c '^::' many.txt) annotations, last: $(grep '^::' many.txt | tail -1)"
+
 # Trouble is an annotation too.
 echo "not hdf5" >junk.h5
 "$exe" replay junk.h5 --quiet --annotations github >junk.txt 2>/dev/null
