@@ -7,7 +7,8 @@ Like CUB's compiled examples, the documentation is the test input, so it cannot 
 - a ```python NAME.py (or ```yaml NAME.yaml) block is written to the file NAME before the
   commands after it run;
 - all commands of one document run in one bash session, in a fresh temporary directory, in
-  document order, with `dynemb-dist` and `python3` on PATH being $DYNEMB and $DYNEMB_PYTHON;
+  document order, with `dynemb-dist` and `python3` on PATH being $DYNEMB and $DYNEMB_PYTHON,
+  NO_COLOR=1, no GITHUB_ACTIONS, and no visible GPU (so `--backend auto` is cpu everywhere);
 - `$ echo $?` prints the previous command's exit status, and a command that exits non-zero
   must be followed by one (so a documented failure is always a checked one);
 - before comparing, both sides are normalized: trailing blanks dropped, 64-digit sha256
@@ -115,6 +116,8 @@ def run_doc(path, dynemb, python):
         env = dict(os.environ)
         env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
         env["NO_COLOR"] = "1"
+        # No GPU: `--backend auto` is cpu, as on the pages, also on a CUDA build with a GPU.
+        env["CUDA_VISIBLE_DEVICES"] = ""
         env["DYNEMB_SRC"] = os.path.abspath(SRC)
         env.pop("GITHUB_ACTIONS", None)
         res = subprocess.run(["bash", "--noprofile", "--norc"], input="\n".join(script) + "\n",
