@@ -113,7 +113,7 @@ void write_npy(const std::string& path, const void* data, const char* descr, siz
   f.close();
   std::filesystem::rename(path + ".tmp", path);
 }
-void write_i64(const std::string& dir, const std::string& name, const std::vector<int64_t>& v) {
+[[maybe_unused]] void write_i64(const std::string& dir, const std::string& name, const std::vector<int64_t>& v) {
   write_npy(dir + "/" + name + ".npy", v.data(), "<i8", 8, {static_cast<int64_t>(v.size())});
 }
 

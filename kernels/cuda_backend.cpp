@@ -14,6 +14,7 @@
 #include "common/hash.hpp"
 #include "cuda_check.hpp"
 #include "dist_kernels.hpp"
+#include "engine/dist_checks.hpp"
 #include "engine/ops.hpp"
 
 namespace dynemb {
@@ -33,21 +34,6 @@ bool device_available(int device) {
 namespace {
 
 using cuda::DeviceBuffer;
-
-std::string vec_str(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size() && i < 16; ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  if (v.size() > 16) s += ",...";
-  return s + "]";
-}
-int64_t sum(const std::vector<int64_t>& v) {
-  return std::accumulate(v.begin(), v.end(), int64_t{0});
-}
-
-[[noreturn]] void fail(int64_t rank, const std::string& field, const std::string& msg) {
-  throw OutputDistFailure(static_cast<int>(rank), field,
-                          "rank " + std::to_string(rank) + ": " + field + ": " + msg);
-}
 
 class CudaBackend final : public Backend {
  public:
@@ -287,7 +273,7 @@ namespace cuda {
 SeqDistTables build_seq_dist_tables(const Plan& plan,
                                     const std::vector<const EmbTensor*>& local_embs,
                                     const std::vector<const ShardingContext*>& ctx) {
-  const int64_t W = plan.world_size, F = plan.num_features(), D = plan.seq_dim();
+  const int64_t W = plan.world_size;
   // Forward recat as segments per owner s: send segment k copies seg_len rows from local
   // row seg_src (what permute_2D/1D_sparse_data(invert(recat), lengths*D, local) does).
   SeqDistTables t;
@@ -296,83 +282,24 @@ SeqDistTables build_seq_dist_tables(const Plan& plan,
   std::vector<int64_t>& seg_src = t.seg_src;
   std::vector<int64_t>& local_row_off = t.local_row_off;
   seg_base = {0};
-  std::vector<std::vector<int64_t>> send_off(W);
+  const SequenceDistCheck chk = check_sequence_dist(plan, local_embs, ctx);
   local_row_off = {0};
   for (int64_t s = 0; s < W; ++s) {
-    const EmbTensor& E = *local_embs[s];
-    const ShardingContext& c = *ctx[s];
-    if (E.shape.size() != 2 || E.cols() != D)
-      fail(s, "local_embs", "shape must be [N_local, " + std::to_string(D) + "]");
-    const int64_t rows = E.rows();
-    local_row_off.push_back(local_row_off.back() + rows);
-    if (W == 1) {  // alltoall_sequence returns the input untouched
-      seg_out.push_back(0);
-      seg_src.push_back(0);
-      seg_base.push_back(static_cast<int64_t>(seg_out.size()));
-      send_off[s] = {0, rows};
-      continue;
-    }
-    if (!c.lengths_after_input_dist) fail(s, "lengths_after_input_dist", "missing");
-    const std::vector<int64_t>& lens = *c.lengths_after_input_dist;
-    const int64_t cols = c.lengths_after_input_dist_cols;
-    if (static_cast<int64_t>(lens.size()) != F * cols)
-      fail(s, "lengths_after_input_dist",
-           "has " + std::to_string(lens.size()) + " entries, want F*" + std::to_string(cols));
-    if (sum(lens) != rows)
-      fail(s, "lengths_after_input_dist",
-           "sums to " + std::to_string(sum(lens)) + " ids but local_embs has " +
-               std::to_string(rows) + " rows");
-    bool variable = false;
-    if (c.batch_size_per_rank) {
-      const auto& b = *c.batch_size_per_rank;
-      variable = std::any_of(b.begin(), b.end(), [&](int64_t x) { return x != b.front(); });
-    }
-    std::vector<int64_t> recat;
-    if (c.sparse_features_recat)
-      recat = to_i64(*c.sparse_features_recat);
-    else if (!variable)
-      recat = to_i64(get_recat(F, W));
-    else
-      fail(s, "sparse_features_recat", "missing with unequal batch_size_per_rank");
-    const int64_t want = variable ? F * cols : F * W;
-    if (static_cast<int64_t>(recat.size()) != want)
-      fail(s, "sparse_features_recat",
-           "has " + std::to_string(recat.size()) + " entries, want " + std::to_string(want));
-    std::vector<int64_t> fwd;
-    try {
-      fwd = invert_permute(recat);
-    } catch (const Error& e) {
-      fail(s, "sparse_features_recat", e.what());
-    }
-    if (!variable && cols % W != 0)
-      fail(s, "lengths_after_input_dist",
-           std::to_string(cols) + " columns cannot be viewed as [F*W, B] rows");
-    // Input segments: rows of lens.view(F*W, B) (equal B), or single bags (variable).
-    const int64_t per = variable ? 1 : (W ? cols / W : 0);
-    const int64_t nseg = static_cast<int64_t>(fwd.size());
-    std::vector<int64_t> seg_len(nseg, 0);
-    for (int64_t t = 0; t < nseg; ++t)
-      for (int64_t b = 0; b < per; ++b) seg_len[t] += lens[t * per + b];
-    const std::vector<int64_t> in_off = complete_cumsum(seg_len);
+    const SequenceSendPlan& sp = chk.senders[s];
+    local_row_off.push_back(local_row_off.back() + sp.rows);
+    const std::vector<int64_t>& fwd = sp.forward_recat;
+    const std::vector<int64_t> in_off = complete_cumsum(sp.segment_lengths);
     int64_t o = 0;
-    for (int64_t k2 = 0; k2 < nseg; ++k2) {
+    for (size_t k2 = 0; k2 < fwd.size(); ++k2) {
       seg_out.push_back(o);
       seg_src.push_back(in_off[fwd[k2]]);
-      o += seg_len[fwd[k2]];
+      o += sp.segment_lengths[fwd[k2]];
     }
-    if (nseg == 0) {  // F == 0: keep a well-formed (empty) segment table
+    if (fwd.empty()) {  // F == 0: keep a well-formed (empty) segment table
       seg_out.push_back(0);
       seg_src.push_back(0);
     }
     seg_base.push_back(static_cast<int64_t>(seg_out.size()));
-    if (!c.output_splits || static_cast<int64_t>(c.output_splits->size()) != W)
-      fail(s, "output_splits", "missing or not of length W");
-    const std::vector<int64_t>& os = *c.output_splits;
-    if (sum(os) != rows || std::any_of(os.begin(), os.end(), [](int64_t x) { return x < 0; }))
-      fail(s, "output_splits",
-           vec_str(os) + " (send splits / D) does not split the " + std::to_string(rows) +
-               " rows of local_embs");
-    send_off[s] = complete_cumsum(os);
   }
   std::vector<int64_t>& recv_flat = t.recv_off;
   std::vector<int64_t>& send_flat = t.send_off;
@@ -380,34 +307,11 @@ SeqDistTables build_seq_dist_tables(const Plan& plan,
   std::vector<int64_t>& perm_all = t.perm;
   out_row_off = {0};
   for (int64_t d = 0; d < W; ++d) {
-    const ShardingContext& c = *ctx[d];
-    if (!c.unbucketize_permute) fail(d, "unbucketize_permute", "missing");
-    std::vector<int64_t> ro;
-    if (W == 1) {
-      ro = send_off[d];
-    } else {
-      if (!c.input_splits || static_cast<int64_t>(c.input_splits->size()) != W)
-        fail(d, "input_splits", "missing or not of length W");
-      const std::vector<int64_t>& is = *c.input_splits;
-      for (int64_t s = 0; s < W; ++s) {
-        const int64_t sent = send_off[s][d + 1] - send_off[s][d];
-        if (is[s] != sent)
-          fail(d, "input_splits",
-               "expects " + std::to_string(is[s]) + " rows from rank " + std::to_string(s) +
-                   " but rank " + std::to_string(s) + " sends " + std::to_string(sent) +
-                   " (its output_splits[" + std::to_string(d) + "])");
-      }
-      ro = complete_cumsum(is);
-    }
-    const int64_t R = ro.back();
-    const std::vector<int64_t>& perm = *c.unbucketize_permute;
-    for (size_t i = 0; i < perm.size(); ++i)
-      if (perm[i] < 0 || perm[i] >= R)
-        fail(d, "unbucketize_permute",
-             "entry " + std::to_string(i) + " = " + std::to_string(perm[i]) + " outside the " +
-                 std::to_string(R) + " received rows");
+    const std::vector<int64_t>& ro = chk.recv_off[d];
+    const std::vector<int64_t>& so = chk.senders[d].send_off;
+    const std::vector<int64_t>& perm = *ctx[d]->unbucketize_permute;
     recv_flat.insert(recv_flat.end(), ro.begin(), ro.end());
-    send_flat.insert(send_flat.end(), send_off[d].begin(), send_off[d].end());
+    send_flat.insert(send_flat.end(), so.begin(), so.end());
     out_row_off.push_back(out_row_off.back() + static_cast<int64_t>(perm.size()));
     perm_all.insert(perm_all.end(), perm.begin(), perm.end());
   }
@@ -458,83 +362,16 @@ void CudaBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
   const int64_t W = plan.world_size, F = plan.num_features();
   const DType rd = pooled_reduce_dtype(plan);
   const bool codec = plan.comm_precision != DType::f32;
-  std::vector<std::vector<int64_t>> chunk_off(W);
-  std::vector<int64_t> chunk_len(W);
-  if (!variable_batch) {
-    const int64_t sumD = plan.sum_dim;
-    std::vector<std::vector<int64_t>> bspr(W);
-    for (int64_t d = 0; d < W; ++d) {
-      const EmbTensor& E = *local_embs[d];
-      if (E.shape.size() != 2 || E.cols() != sumD)
-        fail(d, "local_embs", "shape must be [sum_s B_s, " + std::to_string(sumD) + "]");
-      if (ctx[d]->batch_size_per_rank) {
-        bspr[d] = *ctx[d]->batch_size_per_rank;
-      } else {
-        if (E.rows() % W != 0)
-          fail(d, "batch_size_per_rank",
-               "missing, and " + std::to_string(E.rows()) +
-                   " rows do not split evenly over W ranks");
-        bspr[d].assign(W, E.rows() / W);
-      }
-      if (static_cast<int64_t>(bspr[d].size()) != W || sum(bspr[d]) != E.rows() ||
-          std::any_of(bspr[d].begin(), bspr[d].end(), [](int64_t x) { return x < 0; }))
-        fail(d, "batch_size_per_rank",
-             vec_str(bspr[d]) + " does not split the " + std::to_string(E.rows()) +
-                 " rows of local_embs over " + std::to_string(W) + " ranks");
-      chunk_off[d] = complete_cumsum(bspr[d]);
-      for (int64_t& x : chunk_off[d]) x *= sumD;
-    }
-    for (int64_t d = 0; d < W; ++d)
-      for (int64_t r = 0; r < W; ++r)
-        if (bspr[d][r] != bspr[r][r])
-          fail(d, "batch_size_per_rank",
-               "gives rank " + std::to_string(r) + " " + std::to_string(bspr[d][r]) +
-                   " rows but rank " + std::to_string(r) + " expects " +
-                   std::to_string(bspr[r][r]) + ": the reduce-scatter cannot match");
-    for (int64_t r = 0; r < W; ++r) chunk_len[r] = bspr[r][r] * sumD;
-  } else {
-    std::vector<std::vector<int64_t>> splits(W, std::vector<int64_t>(W, 0));
-    for (int64_t d = 0; d < W; ++d) {
-      const auto& b = ctx[d]->batch_size_per_rank_per_feature;
-      if (!b || static_cast<int64_t>(b->size()) != W)
-        fail(d, "batch_size_per_rank_per_feature", "missing or not [W][F]");
-      for (int64_t r = 0; r < W; ++r) {
-        if (static_cast<int64_t>((*b)[r].size()) != F)
-          fail(d, "batch_size_per_rank_per_feature", "row " + std::to_string(r) + " is not [F]");
-        for (int64_t f = 0; f < F; ++f) splits[d][r] += (*b)[r][f] * plan.features[f].dim;
-      }
-      if (local_embs[d]->numel() != sum(splits[d]) || local_embs[d]->shape.size() != 1)
-        fail(d, "batch_size_per_rank_per_feature",
-             "input splits " + vec_str(splits[d]) + " do not cover the " +
-                 std::to_string(local_embs[d]->numel()) + " elements of the 1-D local_embs");
-      chunk_off[d] = complete_cumsum(splits[d]);
-    }
-    for (int64_t d = 0; d < W; ++d)
-      for (int64_t r = 0; r < W; ++r)
-        if (splits[d][r] != splits[r][r])
-          fail(d, "batch_size_per_rank_per_feature",
-               "sends " + std::to_string(splits[d][r]) + " elements to rank " + std::to_string(r) +
-                   " which expects " + std::to_string(splits[r][r]));
-    for (int64_t r = 0; r < W; ++r) chunk_len[r] = splits[r][r];
-  }
+  const PooledDistCheck chk = check_pooled_dist(plan, variable_batch, local_embs, ctx, kjts);
+  // Every rank's local_embs has the same size (the check enforces it), so the W inputs
+  // are stacked back to back and chunk r of each is at the receiver's offsets.
+  const std::vector<int64_t>& chunk_len = chk.chunk_len;
   // MEAN: the W outputs back to back are runs of D_f elements, each divided by the divisor
   // of one bag of the destination's own KJT: rows b then features f ([B_r, sum_D], columns
   // in feature order), or [f][b] (VBE 1-D).
   std::vector<int64_t> run_off{0};
   std::vector<float> run_div;
   if (plan.any_mean) {
-    for (int64_t r = 0; r < W; ++r) {
-      const Kjt& k = *kjts[r];
-      bool ok = k.num_features == F;
-      for (int64_t f = 0; ok && f < F; ++f) {
-        const int64_t want = variable_batch ? (*ctx[r]->batch_size_per_rank_per_feature)[r][f]
-                                            : chunk_len[r] / std::max<int64_t>(1, plan.sum_dim);
-        ok = k.batch_size(f) == want;
-      }
-      if (!ok)
-        fail(r, variable_batch ? "batch_size_per_rank_per_feature" : "batch_size_per_rank",
-             "the output's batch does not match this rank's KJT, needed for the MEAN divisor");
-    }
     for (int64_t r = 0; r < W; ++r) {
       const Kjt& k = *kjts[r];
       const std::vector<float> div = mean_divisors(plan, k);

@@ -9,26 +9,15 @@
 
 #include "common/error.hpp"
 #include "engine/backend.hpp"
+#include "engine/dist_checks.hpp"
 #include "engine/ops.hpp"
 #include "engine/parallel.hpp"
 
 namespace dynemb {
 namespace {
 
-std::string vec_str(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size() && i < 16; ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  if (v.size() > 16) s += ",...";
-  return s + "]";
-}
-
 int64_t sum(const std::vector<int64_t>& v) {
   return std::accumulate(v.begin(), v.end(), int64_t{0});
-}
-
-[[noreturn]] void fail(int64_t rank, const std::string& field, const std::string& msg) {
-  throw OutputDistFailure(static_cast<int>(rank), field,
-                          "rank " + std::to_string(rank) + ": " + field + ": " + msg);
 }
 
 // (s, b) of bag `col` of a lookup-KJT feature row: col = sum_{s'<s} B_{s',f} + b.
@@ -187,105 +176,22 @@ void CpuBackend::sequence_output_dist(const Plan& plan,
                                       const std::vector<const EmbTensor*>& local_embs,
                                       const std::vector<const ShardingContext*>& ctx,
                                       const OutputSink& sink) {
-  const int64_t W = plan.world_size, F = plan.num_features(), D = plan.seq_dim();
+  const int64_t W = plan.world_size, D = plan.seq_dim();
   const DType codec = plan.comm_precision;
-  // send_rows[s][k]: row of local_embs[s] at position k of rank s's send buffer (forward
-  // recat applied); its chunk for destination d starts at send_off[s][d].
+  const SequenceDistCheck chk = check_sequence_dist(plan, local_embs, ctx);
+  // send_rows[s][k]: row of local_embs[s] at position k of rank s's send buffer: the forward
+  // recat applied to row indices (permute_2D over [F*W, B] rows = permute_1D over the row
+  // sums); its chunk for destination d starts at send_off[s][d].
   std::vector<std::vector<int64_t>> send_rows(W);
   std::vector<std::vector<int64_t>> send_off(W);
   for (int64_t s = 0; s < W; ++s) {
-    const EmbTensor& E = *local_embs[s];
-    const ShardingContext& c = *ctx[s];
-    if (E.shape.size() != 2 || E.cols() != D)
-      fail(s, "local_embs", "shape must be [N_local, " + std::to_string(D) + "]");
-    const int64_t rows = E.rows();
-    std::vector<int64_t> iota(static_cast<size_t>(rows));
+    const SequenceSendPlan& sp = chk.senders[s];
+    std::vector<int64_t> iota(static_cast<size_t>(sp.rows));
     std::iota(iota.begin(), iota.end(), int64_t{0});
-    if (W == 1) {  // alltoall_sequence returns the input untouched: no permutes, no splits
-      send_rows[s] = std::move(iota);
-      send_off[s] = {0, rows};
-      continue;
-    }
-    if (!c.lengths_after_input_dist) fail(s, "lengths_after_input_dist", "missing");
-    const std::vector<int64_t>& lens = *c.lengths_after_input_dist;
-    const int64_t cols = c.lengths_after_input_dist_cols;
-    if (static_cast<int64_t>(lens.size()) != F * cols)
-      fail(s, "lengths_after_input_dist",
-           "has " + std::to_string(lens.size()) + " entries, want F*" + std::to_string(cols));
-    if (sum(lens) != rows)
-      fail(s, "lengths_after_input_dist",
-           "sums to " + std::to_string(sum(lens)) + " ids but local_embs has " +
-               std::to_string(rows) + " rows");
-    // variable_batch = batch_size_per_rank given and not all equal (RwSequenceEmbeddingDist).
-    bool variable = false;
-    if (c.batch_size_per_rank) {
-      const auto& b = *c.batch_size_per_rank;
-      variable = std::any_of(b.begin(), b.end(), [&](int64_t x) { return x != b.front(); });
-    }
-    std::vector<int64_t> recat;
-    if (c.sparse_features_recat)
-      recat = to_i64(*c.sparse_features_recat);
-    else if (!variable)
-      recat = to_i64(get_recat(F, W));  // the module's precomputed backward_recat
-    else
-      fail(s, "sparse_features_recat", "missing with unequal batch_size_per_rank");
-    const int64_t want = variable ? F * cols : F * W;
-    if (static_cast<int64_t>(recat.size()) != want)
-      fail(s, "sparse_features_recat",
-           "has " + std::to_string(recat.size()) + " entries, want " + std::to_string(want));
-    try {
-      const std::vector<int64_t> fwd = invert_permute(recat);
-      if (!variable) {
-        if (cols % W != 0)
-          fail(s, "lengths_after_input_dist",
-               std::to_string(cols) + " columns cannot be viewed as [F*W, B] rows");
-        send_rows[s] = permute_2D_sparse_data(fwd, lens, F * W, cols / W, iota, {}).values;
-      } else {
-        send_rows[s] = permute_1D_sparse_data(fwd, lens, iota, {}).values;
-      }
-    } catch (const OutputDistFailure&) {
-      throw;
-    } catch (const Error& e) {
-      fail(s, "sparse_features_recat", e.what());
-    }
-    if (!c.output_splits || static_cast<int64_t>(c.output_splits->size()) != W)
-      fail(s, "output_splits", "missing or not of length W");
-    const std::vector<int64_t>& os = *c.output_splits;
-    if (sum(os) != rows || std::any_of(os.begin(), os.end(), [](int64_t x) { return x < 0; }))
-      fail(s, "output_splits",
-           vec_str(os) + " (send splits / D) does not split the " + std::to_string(rows) +
-               " rows of local_embs");
-    send_off[s] = complete_cumsum(os);
+    send_rows[s] = permute_1D_sparse_data(sp.forward_recat, sp.segment_lengths, iota, {}).values;
+    send_off[s] = sp.send_off;
   }
-  // Validate every receiver before producing any output.
-  std::vector<std::vector<int64_t>> recv_off(W);
-  for (int64_t d = 0; d < W; ++d) {
-    const ShardingContext& c = *ctx[d];
-    if (!c.unbucketize_permute) fail(d, "unbucketize_permute", "missing");
-    if (W == 1) {
-      recv_off[d] = send_off[d];
-    } else {
-      if (!c.input_splits || static_cast<int64_t>(c.input_splits->size()) != W)
-        fail(d, "input_splits", "missing or not of length W");
-      const std::vector<int64_t>& is = *c.input_splits;
-      for (int64_t s = 0; s < W; ++s) {
-        const int64_t sent = send_off[s][d + 1] - send_off[s][d];
-        if (is[s] != sent)
-          fail(d, "input_splits",
-               "expects " + std::to_string(is[s]) + " rows from rank " + std::to_string(s) +
-                   " but rank " + std::to_string(s) + " sends " + std::to_string(sent) +
-                   " (its output_splits[" + std::to_string(d) + "])");
-      }
-      recv_off[d] = complete_cumsum(is);
-    }
-    const int64_t R = recv_off[d].back();
-    const std::vector<int64_t>& perm = *c.unbucketize_permute;
-    for (size_t i = 0; i < perm.size(); ++i)
-      if (perm[i] < 0 || perm[i] >= R)
-        fail(d, "unbucketize_permute",
-             "entry " + std::to_string(i) + " = " + std::to_string(perm[i]) + " outside the " +
-                 std::to_string(R) + " received rows");
-  }
+  const std::vector<std::vector<int64_t>>& recv_off = chk.recv_off;
   for (int64_t d = 0; d < W; ++d) {
     const std::vector<int64_t>& perm = *ctx[d]->unbucketize_permute;
     const std::vector<int64_t>& ro = recv_off[d];
@@ -318,83 +224,9 @@ void CpuBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
   const DType rd = pooled_reduce_dtype(plan);
   const bool codec = plan.comm_precision != DType::f32;
   // chunk_off[d][r]: first element of local_embs[d] reduced into rank r; chunk_len[r]: size.
-  std::vector<std::vector<int64_t>> chunk_off(W);
-  std::vector<int64_t> chunk_len(W);
-  if (!variable_batch) {
-    const int64_t sumD = plan.sum_dim;
-    std::vector<std::vector<int64_t>> bspr(W);
-    for (int64_t d = 0; d < W; ++d) {
-      const EmbTensor& E = *local_embs[d];
-      if (E.shape.size() != 2 || E.cols() != sumD)
-        fail(d, "local_embs", "shape must be [sum_s B_s, " + std::to_string(sumD) + "]");
-      if (ctx[d]->batch_size_per_rank) {
-        bspr[d] = *ctx[d]->batch_size_per_rank;
-      } else {  // ctx without batch sizes: equal-split reduce_scatter_tensor
-        if (E.rows() % W != 0)
-          fail(d, "batch_size_per_rank",
-               "missing, and " + std::to_string(E.rows()) +
-                   " rows do not split evenly over W ranks");
-        bspr[d].assign(W, E.rows() / W);
-      }
-      if (static_cast<int64_t>(bspr[d].size()) != W || sum(bspr[d]) != E.rows() ||
-          std::any_of(bspr[d].begin(), bspr[d].end(), [](int64_t x) { return x < 0; }))
-        fail(d, "batch_size_per_rank",
-             vec_str(bspr[d]) + " does not split the " + std::to_string(E.rows()) +
-                 " rows of local_embs over " + std::to_string(W) + " ranks");
-      chunk_off[d] = complete_cumsum(bspr[d]);
-      for (int64_t& x : chunk_off[d]) x *= sumD;
-    }
-    // Receiver-major, so the rank blamed is the sender whose view differs from the receiver's.
-    for (int64_t r = 0; r < W; ++r)
-      for (int64_t d = 0; d < W; ++d)
-        if (bspr[d][r] != bspr[r][r])
-          fail(d, "batch_size_per_rank",
-               "gives rank " + std::to_string(r) + " " + std::to_string(bspr[d][r]) +
-                   " rows but rank " + std::to_string(r) + " expects " +
-                   std::to_string(bspr[r][r]) + ": the reduce-scatter cannot match");
-    for (int64_t r = 0; r < W; ++r) chunk_len[r] = bspr[r][r] * sumD;
-  } else {
-    std::vector<std::vector<int64_t>> splits(W, std::vector<int64_t>(W, 0));
-    for (int64_t d = 0; d < W; ++d) {
-      const auto& b = ctx[d]->batch_size_per_rank_per_feature;
-      if (!b || static_cast<int64_t>(b->size()) != W)
-        fail(d, "batch_size_per_rank_per_feature", "missing or not [W][F]");
-      for (int64_t r = 0; r < W; ++r) {
-        if (static_cast<int64_t>((*b)[r].size()) != F)
-          fail(d, "batch_size_per_rank_per_feature", "row " + std::to_string(r) + " is not [F]");
-        for (int64_t f = 0; f < F; ++f) splits[d][r] += (*b)[r][f] * plan.features[f].dim;
-      }
-      // input_splits[r] = sum_f B_{r,f} * D_f elements (§7.2).
-      if (local_embs[d]->numel() != sum(splits[d]) || local_embs[d]->shape.size() != 1)
-        fail(d, "batch_size_per_rank_per_feature",
-             "input splits " + vec_str(splits[d]) + " do not cover the " +
-                 std::to_string(local_embs[d]->numel()) + " elements of the 1-D local_embs");
-      chunk_off[d] = complete_cumsum(splits[d]);
-    }
-    for (int64_t r = 0; r < W; ++r)
-      for (int64_t d = 0; d < W; ++d)
-        if (splits[d][r] != splits[r][r])
-          fail(d, "batch_size_per_rank_per_feature",
-               "sends " + std::to_string(splits[d][r]) + " elements to rank " + std::to_string(r) +
-                   " which expects " + std::to_string(splits[r][r]));
-    for (int64_t r = 0; r < W; ++r) chunk_len[r] = splits[r][r];
-  }
-  // The MEAN divisor needs each destination's own KJT to agree with its output shape.
-  std::vector<std::vector<float>> divisors(W);
-  if (plan.any_mean) {
-    for (int64_t r = 0; r < W; ++r) {
-      const Kjt& k = *kjts[r];
-      bool ok = k.num_features == F;
-      for (int64_t f = 0; ok && f < F; ++f) {
-        const int64_t want = variable_batch ? (*ctx[r]->batch_size_per_rank_per_feature)[r][f]
-                                            : chunk_len[r] / std::max<int64_t>(1, plan.sum_dim);
-        ok = k.batch_size(f) == want;
-      }
-      if (!ok)
-        fail(r, variable_batch ? "batch_size_per_rank_per_feature" : "batch_size_per_rank",
-             "the output's batch does not match this rank's KJT, needed for the MEAN divisor");
-    }
-  }
+  const PooledDistCheck chk = check_pooled_dist(plan, variable_batch, local_embs, ctx, kjts);
+  const std::vector<std::vector<int64_t>>& chunk_off = chk.chunk_off;
+  const std::vector<int64_t>& chunk_len = chk.chunk_len;
   for (int64_t r = 0; r < W; ++r) {
     const int64_t n = chunk_len[r];
     EmbTensor out = EmbTensor::zeros(
