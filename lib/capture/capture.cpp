@@ -305,6 +305,26 @@ void CaptureReader::read_root() {
     I.fail("/", fmt::format("world_size {} out of range [1, 2^20]", world_size_));
   num_batches_ = I.int_attr(root, "/", "num_batches");
   if (num_batches_ < 0) I.fail("/", fmt::format("num_batches {} < 0", num_batches_));
+  // num_batches is a claim: callers size loops and lists by it (replay's batch list), so check
+  // it against the groups /batches really holds before anyone allocates from it.
+  if (num_batches_ > 0) {
+    if (!h5::exists(I.fid, "/batches"))
+      I.fail("/batches", fmt::format("missing group (num_batches = {})", num_batches_));
+    Hid bg = h5::group_id(H5Gopen2(I.fid, "/batches", H5P_DEFAULT));
+    H5G_info_t gi{};
+    if (!bg.valid() || H5Gget_info(bg, &gi) < 0)
+      I.fail("/batches", "not a readable group: " + h5::last_error());
+    if (static_cast<uint64_t>(num_batches_) > gi.nlinks) {
+      // Some k <= nlinks is missing: name the first one.
+      int64_t k = 0;
+      while (k < static_cast<int64_t>(gi.nlinks) &&
+             h5::exists(I.fid, fmt::format("/batches/{}", k)))
+        ++k;
+      I.fail(fmt::format("/batches/{}", k),
+             fmt::format("missing group (num_batches = {}); /batches holds {} links", num_batches_,
+                         gi.nlinks));
+    }
+  }
 
   // /plan: scalar string dataset, fixed- or variable-length.
   if (!h5::exists(I.fid, "/plan")) I.fail("/plan", "missing dataset (the plan YAML text)");

@@ -354,7 +354,13 @@ std::vector<std::optional<EmbTensor>> Replayer::replay_batch(int64_t k, const Ba
   bool need_all_derived = false;
   for (int64_t r = 0; r < W; ++r) need_all_derived |= !(use_captured_ && cap_local[size_t(r)]);
   if (!source_) need_all_derived = false;
-  if (need_all_derived) derived_local = derive_local_embs(plan_, der, *source_, backend_, k);
+  if (need_all_derived) {
+    try {
+      derived_local = derive_local_embs(plan_, der, *source_, backend_, k);
+    } catch (const Error& e) {  // bounds_check=error: name the file and the batch
+      throw Error(fmt::format("{}:/batches/{}: {}", opt_.capture_path, k, e.what()));
+    }
+  }
   for (int64_t r = 0; r < W; ++r) {
     if (!cap_local[size_t(r)]) continue;
     if (!source_) continue;  // reported once in the warnings
@@ -366,7 +372,8 @@ std::vector<std::optional<EmbTensor>> Replayer::replay_batch(int64_t k, const Ba
       try {
         one = backend_.lookup(plan_, int(r), der.ranks[size_t(r)].lookup_kjt, *source_);
       } catch (const Error& e) {
-        throw Error(fmt::format("batch {}: {}", k, e.what()));
+        // Name the file and the batch like every other trouble ("<capture>:/batches/3: ...").
+        throw Error(fmt::format("{}:/batches/{}: {}", opt_.capture_path, k, e.what()));
       }
       want = &one;
     }
