@@ -42,8 +42,17 @@ compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/gpu_test_cuda_bac
   -tce='*2^31*' > "$LOG/racecheck.log" 2>&1; RC_RC=$?
 unset DYNEMB_GPU_CASES
 tail -n 2 "$LOG/memcheck.log" "$LOG/racecheck.log"
-stamp "bench"
+stamp "replay every fixture on the GPU (auto -> cuda)"
 D=$B/dynemb-dist
+FIX_FAIL=0
+for f in fixtures/*.h5 fixtures/torchrec/*.h5; do
+  $D replay "$f" --backend cuda --quiet > "$LOG/replay-$(basename "$f" .h5).txt" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && { FIX_FAIL=$((FIX_FAIL+1)); echo "replay --backend cuda $f: exit $rc"; tail -5 "$LOG/replay-$(basename "$f" .h5).txt"; }
+done
+echo "fixtures replayed on cuda: $(ls fixtures/*.h5 fixtures/torchrec/*.h5 | wc -l), failing: $FIX_FAIL"
+$D replay fixtures/seq-w2.h5 --quiet | head -6 | grep backend
+stamp "bench"
 run() {  # name, args...
   local name=$1; shift
   $D bench "$@" --iters $ITERS --json "$LOG/ours-$name.json" > "$LOG/ours-$name.txt" 2>&1 \
@@ -73,5 +82,6 @@ json.dump(out, open(sys.argv[2], "w"), indent=1)
 PYEOF
 tar czf "$OUT/logs.tgz" -C /tmp dynemb-logs
 for n in criteo hstu16 pooled64 seqw8; do cat "$LOG/ours-$n.txt"; done
+echo "fixture replays failing on cuda: $FIX_FAIL"
 echo "build rc=$BUILD_RC  ctest rc=$CTEST_RC  gpu-test rc=$GPU_RC  memcheck rc=$MC_RC  racecheck rc=$RC_RC  ($(( $(date +%s) - t0 )) s)"
 cat "$LOG/summary.txt"

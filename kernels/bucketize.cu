@@ -72,27 +72,43 @@ __device__ __forceinline__ void route(int64_t id, const BagInfo& b, int64_t W, b
   }
 }
 
+constexpr int kPre = 4;  // tiles whose ids are loaded before the first is processed
+
 template <int NW>  // warps per bag
 __global__ void __launch_bounds__(kThreads) count_kernel(BucketizeArgs a) {
   constexpr int kGroups = kThreads / (32 * NW);
+  constexpr int kTile = 32 * NW;
   __shared__ int hist[kGroups][kMaxSharedW];
-  const int grp = threadIdx.x / (32 * NW);
-  const int t = threadIdx.x % (32 * NW);
+  const int grp = threadIdx.x / kTile;
+  const int t = threadIdx.x % kTile;
+  const int lane = t % 32;
   const int64_t W = a.world_size;
   const int64_t g = static_cast<int64_t>(blockIdx.x) * kGroups + grp;
   const bool active = g < a.total_bags;
   BagInfo b{};
   if (active) b = bag_info(a, g);
-  for (int64_t d = t; d < W; d += 32 * NW) hist[grp][d] = 0;
+  for (int64_t d = t; d < W; d += kTile) hist[grp][d] = 0;
   if (NW == 1)
     __syncwarp();
   else
     __syncthreads();
-  if (active) {
-    for (int64_t i = b.id_begin + t; i < b.id_end; i += 32 * NW) {
-      int64_t dest, local;
-      route(a.ids[i], b, W, a.ids_i32, &dest, &local);
-      atomicAdd(&hist[grp][dest], 1);
+  const int64_t len = active ? b.id_end - b.id_begin : 0;
+  // Loop bounds are uniform over the group, so __match_any_sync sees whole warps.
+  for (int64_t c0 = 0; c0 < len; c0 += kTile * kPre) {
+    int64_t idv[kPre];
+#pragma unroll
+    for (int u = 0; u < kPre; ++u) {
+      const int64_t off = c0 + u * kTile + t;
+      idv[u] = off < len ? a.ids[b.id_begin + off] : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kPre; ++u) {
+      const int64_t off = c0 + u * kTile + t;
+      int64_t dest = -1, local;
+      if (off < len) route(idv[u], b, W, a.ids_i32, &dest, &local);
+      // Warp-aggregated: one shared atomic per (warp, bucket) instead of one per id.
+      const unsigned same = __match_any_sync(0xffffffffu, dest);
+      if (dest >= 0 && (same & ((1u << lane) - 1u)) == 0) atomicAdd(&hist[grp][dest], __popc(same));
     }
   }
   if (NW == 1)
@@ -100,7 +116,7 @@ __global__ void __launch_bounds__(kThreads) count_kernel(BucketizeArgs a) {
   else
     __syncthreads();
   if (active)
-    for (int64_t d = t; d < W; d += 32 * NW) a.new_lengths[b.nl0 + d * b.L] = hist[grp][d];
+    for (int64_t d = t; d < W; d += kTile) a.new_lengths[b.nl0 + d * b.L] = hist[grp][d];
 }
 
 template <int NW>
@@ -122,44 +138,54 @@ __global__ void __launch_bounds__(kThreads) place_kernel(BucketizeArgs a) {
     for (int w = 0; w < NW; ++w) cnt[grp][w][d] = 0;
   }
   const int64_t len = active ? b.id_end - b.id_begin : 0;
-  // Every thread of a group runs the same number of tiles (NW > 1: one group per block).
-  for (int64_t t0 = 0; t0 < len || (NW > 1 && t0 == 0); t0 += kTile) {
-    if (NW == 1)
-      __syncwarp();
-    else
-      __syncthreads();
-    const int64_t i = b.id_begin + t0 + t;
-    const bool valid = t0 + t < len;
-    int64_t dest = -1, local = 0;
-    if (valid) route(a.ids[i], b, W, a.ids_i32, &dest, &local);
-    const unsigned same = __match_any_sync(0xffffffffu, dest);
-    const int rank_in_warp = __popc(same & ((1u << lane) - 1u));
-    if (valid && rank_in_warp == 0) cnt[grp][warp][dest] = __popc(same);
-    if (NW == 1)
-      __syncwarp();
-    else
-      __syncthreads();
-    if (valid) {
-      int64_t pos = base[grp][dest] + rank_in_warp;
-      for (int w = 0; w < warp; ++w) pos += cnt[grp][w][dest];
-      a.new_values[pos] = local;
-      if (a.weights) a.new_weights[pos] = a.weights[i];
-      a.perm[i] = pos - b.rank_id_base;
-      if (a.dest_rank) a.dest_rank[i] = dest;
+  // Every thread of a group runs the same tiles (NW > 1: one group per block).
+  for (int64_t c0 = 0; c0 < len; c0 += kTile * kPre) {
+    int64_t idv[kPre];
+#pragma unroll
+    for (int u = 0; u < kPre; ++u) {
+      const int64_t off = c0 + u * kTile + t;
+      idv[u] = off < len ? a.ids[b.id_begin + off] : 0;
     }
-    if (NW == 1)
-      __syncwarp();
-    else
-      __syncthreads();
-    for (int64_t d = t; d < W; d += kTile) {
-      int64_t tot = 0;
-      for (int w = 0; w < NW; ++w) {
-        tot += cnt[grp][w][d];
-        cnt[grp][w][d] = 0;
+#pragma unroll
+    for (int u = 0; u < kPre; ++u) {
+      const int64_t t0 = c0 + u * kTile;
+      if (t0 >= len) break;  // uniform over the group
+      if (NW == 1)
+        __syncwarp();
+      else
+        __syncthreads();
+      const int64_t i = b.id_begin + t0 + t;
+      const bool valid = t0 + t < len;
+      int64_t dest = -1, local = 0;
+      if (valid) route(idv[u], b, W, a.ids_i32, &dest, &local);
+      const unsigned same = __match_any_sync(0xffffffffu, dest);
+      const int rank_in_warp = __popc(same & ((1u << lane) - 1u));
+      if (valid && rank_in_warp == 0) cnt[grp][warp][dest] = __popc(same);
+      if (NW == 1)
+        __syncwarp();
+      else
+        __syncthreads();
+      if (valid) {
+        int64_t pos = base[grp][dest] + rank_in_warp;
+        for (int w = 0; w < warp; ++w) pos += cnt[grp][w][dest];
+        a.new_values[pos] = local;
+        if (a.weights) a.new_weights[pos] = a.weights[i];
+        a.perm[i] = pos - b.rank_id_base;
+        if (a.dest_rank) a.dest_rank[i] = dest;
       }
-      base[grp][d] += tot;
+      if (NW == 1)
+        __syncwarp();
+      else
+        __syncthreads();
+      for (int64_t d = t; d < W; d += kTile) {
+        int64_t tot = 0;
+        for (int w = 0; w < NW; ++w) {
+          tot += cnt[grp][w][d];
+          cnt[grp][w][d] = 0;
+        }
+        base[grp][d] += tot;
+      }
     }
-    if (NW > 1 && t0 + kTile >= len) break;
   }
 }
 

@@ -15,7 +15,7 @@ namespace dynemb::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kRows = 4;
+constexpr int kRows = 4;  // rows in flight per group (8 for 16- and 32-byte rows)
 
 template <int VB>
 struct Vec;
@@ -44,31 +44,57 @@ __device__ __forceinline__ float codec4(int c, float v) {
 }
 
 // out[o, :] = codec(src[idx(o), :]) for o in [0, nrows). idx(o) returns a global row of src.
-template <int VB, int TPR, class Idx>
+// A warp takes 32*R consecutive output rows per step. First every lane computes the source
+// row of R of them (32*R independent index computations in flight: the fused dist's chain
+// perm -> splits -> recat segments is several dependent loads long), then each group of
+// TPR lanes copies its rows, R rows in flight, fetching their source row from the owning
+// lane with a shuffle. Row (k, group gi, lane l) = step base + k*32 + gi*TPR + l, so with
+// TPR = 1 (16-byte rows) every load and store instruction of the warp is contiguous.
+template <int VB, int TPR, int R, class Idx>
 __global__ void __launch_bounds__(kThreads)
     gather_kernel(const float* __restrict__ src, float* __restrict__ out, int64_t nrows,
                   int64_t dim, int codec, Idx idx) {
   using V = typename Vec<VB>::T;
   constexpr int kElems = VB / 4;
+  constexpr int kWarpRows = 32 * R;
   const int64_t nvec = dim / kElems;
   const int lane = threadIdx.x % TPR;
-  const int64_t group = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / TPR;
-  const int64_t ngroups = static_cast<int64_t>(gridDim.x) * kThreads / TPR;
-  for (int64_t o0 = group * kRows; o0 < nrows; o0 += ngroups * kRows) {
-    int64_t s[kRows];
+  const int gi = (threadIdx.x % 32) / TPR;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / 32;
+  const int64_t nwarps = static_cast<int64_t>(gridDim.x) * kThreads / 32;
+  for (int64_t ow = warp * kWarpRows; ow < nrows; ow += nwarps * kWarpRows) {
+    const int64_t base = ow + gi * TPR;
+    int64_t mine[R];
 #pragma unroll
-    for (int k = 0; k < kRows; ++k) s[k] = o0 + k < nrows ? idx(o0 + k) : -1;
-    for (int64_t v = lane; v < nvec; v += TPR) {
-      V x[kRows];
+    for (int k = 0; k < R; ++k) {
+      const int64_t o = base + k * 32 + lane;
+      mine[k] = o < nrows ? idx(o) : -1;
+    }
+#pragma unroll 1
+    for (int r0 = 0; r0 < R * TPR; r0 += R) {
+      int64_t s[R];
+      int64_t o[R];
 #pragma unroll
-      for (int k = 0; k < kRows; ++k)
-        if (s[k] >= 0) x[k] = __ldg(reinterpret_cast<const V*>(src + s[k] * dim) + v);
+      for (int u = 0; u < R; ++u) {
+        const int rr = r0 + u, k = rr / TPR;
+        int64_t m = mine[0];  // mine[k] without a run-time register index (no local memory)
 #pragma unroll
-      for (int k = 0; k < kRows; ++k)
-        if (s[k] >= 0) {
-          if (codec) x[k] = codec4(codec, x[k]);
-          reinterpret_cast<V*>(out + (o0 + k) * dim)[v] = x[k];
-        }
+        for (int kk = 1; kk < R; ++kk) m = k == kk ? mine[kk] : m;
+        s[u] = __shfl_sync(0xffffffffu, m, rr % TPR, TPR);
+        o[u] = base + k * 32 + rr % TPR;
+      }
+      for (int64_t v = lane; v < nvec; v += TPR) {
+        V x[R];
+#pragma unroll
+        for (int u = 0; u < R; ++u)
+          if (s[u] >= 0) x[u] = __ldg(reinterpret_cast<const V*>(src + s[u] * dim) + v);
+#pragma unroll
+        for (int u = 0; u < R; ++u)
+          if (s[u] >= 0) {
+            if (codec) x[u] = codec4(codec, x[u]);
+            reinterpret_cast<V*>(out + o[u] * dim)[v] = x[u];
+          }
+      }
     }
   }
 }
@@ -131,15 +157,16 @@ void launch_vb(const float* src, float* out, int64_t nrows, int64_t dim, int cod
   int dev = 0, sms = 132;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const int64_t groups_needed = (nrows + kRows - 1) / kRows;
-  const int64_t blocks_needed = (groups_needed * tpr + kThreads - 1) / kThreads;
+  const int64_t warps_needed = (nrows + 32 * kRows - 1) / (32 * kRows);
+  const int64_t blocks_needed = (warps_needed * 32 + kThreads - 1) / kThreads;
   // Persistent-ish grid: 8 blocks of 256 per SM fill an H100/H200 (2048 threads / SM).
   const unsigned blocks = static_cast<unsigned>(
       std::max<int64_t>(1, std::min<int64_t>(blocks_needed, static_cast<int64_t>(sms) * 8)));
   switch (tpr) {
-#define DYNEMB_TPR(T)                                                                        \
-  case T:                                                                                    \
-    gather_kernel<VB, T, Idx><<<blocks, kThreads, 0, s>>>(src, out, nrows, dim, codec, idx); \
+#define DYNEMB_TPR(T)                                                   \
+  case T:                                                               \
+    gather_kernel<VB, T, (T <= 2 ? 8 : 4), Idx>                         \
+        <<<blocks, kThreads, 0, s>>>(src, out, nrows, dim, codec, idx); \
     break;
     DYNEMB_TPR(1) DYNEMB_TPR(2) DYNEMB_TPR(4) DYNEMB_TPR(8) DYNEMB_TPR(16) DYNEMB_TPR(32)
 #undef DYNEMB_TPR
