@@ -1,6 +1,6 @@
 // Host dispatch of the NCCL backend. W ranks on G GPUs, k = W/G consecutive ranks per GPU.
 // Contexts are validated exactly as the CPU reference does (the sequence tables come from
-// the CUDA backend's build_seq_dist_tables; the pooled checks mirror cuda_backend.cpp), so a
+// the CUDA backend's build_seq_dist_tables, the pooled layout from check_pooled_dist), so a
 // bad context is the same OutputDistFailure (rank, field) on every backend.
 //
 // Sequence (§6), per GPU g: upload the k local_embs [N_local_r, D] back to back, forward
@@ -29,6 +29,7 @@
 #include "cuda_backend.hpp"
 #include "cuda_check.hpp"
 #include "dist_kernels.hpp"
+#include "engine/dist_checks.hpp"
 #include "engine/ops.hpp"
 #include "nccl_check.hpp"
 #include "nccl_comm.hpp"
@@ -37,20 +38,6 @@ namespace dynemb {
 namespace {
 
 using cuda::DeviceBuffer;
-
-std::string vec_str(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size() && i < 16; ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  if (v.size() > 16) s += ",...";
-  return s + "]";
-}
-int64_t sum(const std::vector<int64_t>& v) {
-  return std::accumulate(v.begin(), v.end(), int64_t{0});
-}
-[[noreturn]] void fail(int64_t rank, const std::string& field, const std::string& msg) {
-  throw OutputDistFailure(static_cast<int>(rank), field,
-                          "rank " + std::to_string(rank) + ": " + field + ": " + msg);
-}
 
 // Host -> device copy of `n` floats on a stream (pageable memory: synchronous for the host).
 void h2d(float* dst, const float* src, int64_t n, cudaStream_t s) {
@@ -69,90 +56,23 @@ struct PooledLayout {
   std::vector<int64_t> run_first;  // [W+1]
 };
 
-// Mirrors CudaBackend::pooled_output_dist's checks and MEAN runs (same ranks, fields, text).
+// Checks through the shared check_pooled_dist (engine/dist_checks.hpp: same rank, field and
+// words as the other backends), then the MEAN runs of every destination.
 PooledLayout pooled_layout(const Plan& plan, bool variable_batch,
                            const std::vector<const EmbTensor*>& local_embs,
                            const std::vector<const ShardingContext*>& ctx,
                            const std::vector<const Kjt*>& kjts) {
   const int64_t W = plan.world_size, F = plan.num_features();
+  PooledDistCheck c = check_pooled_dist(plan, variable_batch, local_embs, ctx, kjts);
   PooledLayout L;
-  L.chunk_off.resize(W);
-  L.chunk_len.resize(W);
-  if (!variable_batch) {
-    const int64_t sumD = plan.sum_dim;
-    std::vector<std::vector<int64_t>> bspr(W);
-    for (int64_t d = 0; d < W; ++d) {
-      const EmbTensor& E = *local_embs[d];
-      if (E.shape.size() != 2 || E.cols() != sumD)
-        fail(d, "local_embs", "shape must be [sum_s B_s, " + std::to_string(sumD) + "]");
-      if (ctx[d]->batch_size_per_rank) {
-        bspr[d] = *ctx[d]->batch_size_per_rank;
-      } else {
-        if (E.rows() % W != 0)
-          fail(d, "batch_size_per_rank",
-               "missing, and " + std::to_string(E.rows()) +
-                   " rows do not split evenly over W ranks");
-        bspr[d].assign(W, E.rows() / W);
-      }
-      if (static_cast<int64_t>(bspr[d].size()) != W || sum(bspr[d]) != E.rows() ||
-          std::any_of(bspr[d].begin(), bspr[d].end(), [](int64_t x) { return x < 0; }))
-        fail(d, "batch_size_per_rank",
-             vec_str(bspr[d]) + " does not split the " + std::to_string(E.rows()) +
-                 " rows of local_embs over " + std::to_string(W) + " ranks");
-      L.chunk_off[d] = complete_cumsum(bspr[d]);
-      for (int64_t& x : L.chunk_off[d]) x *= sumD;
-    }
-    for (int64_t d = 0; d < W; ++d)
-      for (int64_t r = 0; r < W; ++r)
-        if (bspr[d][r] != bspr[r][r])
-          fail(d, "batch_size_per_rank",
-               "gives rank " + std::to_string(r) + " " + std::to_string(bspr[d][r]) +
-                   " rows but rank " + std::to_string(r) + " expects " +
-                   std::to_string(bspr[r][r]) + ": the reduce-scatter cannot match");
-    for (int64_t r = 0; r < W; ++r) L.chunk_len[r] = bspr[r][r] * sumD;
-  } else {
-    std::vector<std::vector<int64_t>> splits(W, std::vector<int64_t>(W, 0));
-    for (int64_t d = 0; d < W; ++d) {
-      const auto& b = ctx[d]->batch_size_per_rank_per_feature;
-      if (!b || static_cast<int64_t>(b->size()) != W)
-        fail(d, "batch_size_per_rank_per_feature", "missing or not [W][F]");
-      for (int64_t r = 0; r < W; ++r) {
-        if (static_cast<int64_t>((*b)[r].size()) != F)
-          fail(d, "batch_size_per_rank_per_feature", "row " + std::to_string(r) + " is not [F]");
-        for (int64_t f = 0; f < F; ++f) splits[d][r] += (*b)[r][f] * plan.features[f].dim;
-      }
-      if (local_embs[d]->numel() != sum(splits[d]) || local_embs[d]->shape.size() != 1)
-        fail(d, "batch_size_per_rank_per_feature",
-             "input splits " + vec_str(splits[d]) + " do not cover the " +
-                 std::to_string(local_embs[d]->numel()) + " elements of the 1-D local_embs");
-      L.chunk_off[d] = complete_cumsum(splits[d]);
-    }
-    for (int64_t d = 0; d < W; ++d)
-      for (int64_t r = 0; r < W; ++r)
-        if (splits[d][r] != splits[r][r])
-          fail(d, "batch_size_per_rank_per_feature",
-               "sends " + std::to_string(splits[d][r]) + " elements to rank " + std::to_string(r) +
-                   " which expects " + std::to_string(splits[r][r]));
-    for (int64_t r = 0; r < W; ++r) L.chunk_len[r] = splits[r][r];
-  }
+  L.chunk_off = std::move(c.chunk_off);
+  L.chunk_len = std::move(c.chunk_len);
   L.equal = !variable_batch && std::all_of(L.chunk_len.begin(), L.chunk_len.end(),
                                            [&](int64_t x) { return x == L.chunk_len[0]; });
   // MEAN: runs of D_f elements, one per bag of the destination's own KJT: rows b then
   // features f ([B_r, sum_D]), or [f][b] (VBE 1-D).
   L.run_first.assign(static_cast<size_t>(W + 1), 0);
   if (plan.any_mean) {
-    for (int64_t r = 0; r < W; ++r) {
-      const Kjt& k = *kjts[r];
-      bool ok = k.num_features == F;
-      for (int64_t f = 0; ok && f < F; ++f) {
-        const int64_t want = variable_batch ? (*ctx[r]->batch_size_per_rank_per_feature)[r][f]
-                                            : L.chunk_len[r] / std::max<int64_t>(1, plan.sum_dim);
-        ok = k.batch_size(f) == want;
-      }
-      if (!ok)
-        fail(r, variable_batch ? "batch_size_per_rank_per_feature" : "batch_size_per_rank",
-             "the output's batch does not match this rank's KJT, needed for the MEAN divisor");
-    }
     for (int64_t r = 0; r < W; ++r) {
       L.run_first[r] = static_cast<int64_t>(L.run_div.size());
       const Kjt& k = *kjts[r];
