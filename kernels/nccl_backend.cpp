@@ -10,11 +10,13 @@
 // (launch_gather_rows).
 // Pooled (§7), per GPU g: upload the k local_embs [n] (n = sum_s B_s * sum_D, or the 1-D VBE
 // length; equal on every rank), codec encode; then either
-//   reduce-scatter: local sum of the k buffers, ncclReduceScatter over G (chunk g = the
+//   reduce-scatter (fp32 reduce dtype): local sum of the k buffers, ncclReduceScatter over G (chunk
+//   g = the
 //     outputs of ranks g*k..g*k+k-1, equal because batch sizes are), or
 //   all-to-all + reduce: GPU g receives, from every source d, the contiguous run of chunks
 //     of its k ranks ([W][M_g]) and sums them in rank order d = 0..W-1 (launch_reduce, with
-//     the low-precision rounding of a codec): the CPU reference's order, bit for bit.
+//     the low-precision rounding of a codec or of fp16/bf16 data): the CPU reference's
+//     order, bit for bit.
 // Then the MEAN divisor and the download of each rank's output, in rank order.
 #include "nccl_backend.hpp"
 
@@ -268,7 +270,9 @@ void NcclBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
   const int G = w.size();
   const int64_t k = W / G;
   const int64_t n = W ? local_embs[0]->numel() : 0;  // equal on every rank (checked)
-  const bool rs = opt_.pooled_reduce_scatter && L.equal && !codec;
+  // fp16/bf16 data (no codec) is reduced in that dtype too, rounded after every add, as the
+  // reduce-scatter of a bf16 tensor is: only an fp32 reduce may go to ncclReduceScatter.
+  const bool rs = opt_.pooled_reduce_scatter && L.equal && rd == DType::f32;
   // out_base[r]: element offset of rank r's output in its GPU's output buffer.
   std::vector<int64_t> out_base(W), gpu_len(G, 0);
   for (int64_t r = 0; r < W; ++r) {
@@ -322,8 +326,8 @@ void NcclBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
     nccl::alltoallv(w, blocks, opt_.intra_gpu_via_nccl);
     for (int g = 0; g < G; ++g) {
       w.set_device(g);
-      cuda::launch_reduce(d_part[g].data(), W, gpu_len[g], gpu_len[g],
-                          codec ? static_cast<int>(rd) : 0, d_out[g].data(), w.stream(g));
+      cuda::launch_reduce(d_part[g].data(), W, gpu_len[g], gpu_len[g], static_cast<int>(rd),
+                          d_out[g].data(), w.stream(g));
     }
   }
   // MEAN divisor on each GPU's outputs (runs rebased to the GPU's buffer).

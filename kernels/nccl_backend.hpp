@@ -14,10 +14,10 @@
 namespace dynemb {
 
 struct NcclOptions {
-  // Pooled, equal batch_size_per_rank, no codec: ncclReduceScatter over the G GPUs (after a
-  // local sum of the W/G ranks of each GPU). Otherwise (unequal batches, VBE, codecs, or
-  // false here): all-to-all of the chunks, then our reduce kernel in rank order, which is
-  // bit-exact with the CPU reference whatever the data (docs/multi-node.md, "Sum order").
+  // Pooled, equal batch_size_per_rank, reduce in fp32 (no codec, fp32 data): ncclReduceScatter over
+  // the G GPUs (after a local sum of the W/G ranks of each GPU). Otherwise (unequal batches, VBE,
+  // codecs, or false here): all-to-all of the chunks, then our reduce kernel in rank order, which
+  // is bit-exact with the CPU reference whatever the data (docs/multi-node.md, "Sum order").
   bool pooled_reduce_scatter = true;
   // Also send blocks between two ranks of the same GPU through NCCL (send/recv to self)
   // instead of device copies. Slower; lets a one-GPU machine exercise the grouped

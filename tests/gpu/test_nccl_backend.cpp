@@ -170,7 +170,7 @@ bool compare_dist(const Plan& plan, bool variable_batch, const std::vector<const
   std::string want_field;
   run(cpu(), want, want_rank, want_field);
   for (size_t v = 0; v < variants().size(); ++v) {
-    INFO("variant " << variants()[v].name);
+    INFO("variant " << std::string(variants()[v].name));
     std::vector<EmbTensor> got;
     int got_rank = -1;
     std::string got_field;
@@ -278,7 +278,7 @@ TEST_CASE("spec worked example §6.1 through the NCCL backend") {
   l0.data = {1, 1.5, 0, 0.5, 3, 3.5, 100, 100.5, 102, 102.5};
   l1.data = {7, 7.5, 5, 5.5, 9, 9.5, 104, 104.5, 105, 105.5};
   for (size_t v = 0; v < variants().size(); ++v) {
-    INFO("variant " << variants()[v].name);
+    INFO("variant " << std::string(variants()[v].name));
     std::vector<EmbTensor> out(2);
     nccl(v).sequence_output_dist(p, {&l0, &l1}, {&d.ranks[0].ctx, &d.ranks[1].ctx},
                                  [&](int r, EmbTensor&& t) { out[r] = std::move(t); });
@@ -311,7 +311,7 @@ TEST_CASE("spec worked example §7.1 (pooled, equal batches) through the NCCL ba
   Kjt k;  // only read for MEAN
   k.num_features = 2;
   for (size_t v = 0; v < variants().size(); ++v) {
-    INFO("variant " << variants()[v].name);
+    INFO("variant " << std::string(variants()[v].name));
     std::vector<EmbTensor> out(2);
     nccl(v).pooled_output_dist(p, false, {&l0, &l1}, {&c, &c}, {&k, &k},
                                [&](int r, EmbTensor&& t) { out[r] = std::move(t); });
