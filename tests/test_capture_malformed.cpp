@@ -279,6 +279,35 @@ TEST_CASE("an extent no capture can have is refused before allocating") {
   expect_error(g.path, g.plan, p, "extent [1099511627776] is implausibly large");
 }
 
+TEST_CASE("an extent under the cap that the file does not store is refused before allocating") {
+  // Found by fuzz_capture: 2^33 int64 values (64 GiB) claimed, a few KB stored. The reader
+  // must not size a buffer from the claim; the 2^38-byte cap alone let this through.
+  Good g;
+  const std::string p = kR1 + "/values";
+  mutate(g.path, [&](hid_t f) {
+    H5Ldelete(f, p.c_str(), H5P_DEFAULT);
+    hsize_t dims[1] = {hsize_t(1) << 33}, chunk[1] = {4096};
+    hid_t sp = H5Screate_simple(1, dims, nullptr);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(dcpl, 1, chunk);
+    hid_t d = H5Dcreate2(f, p.c_str(), H5T_STD_I64LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    REQUIRE(d >= 0);
+    // One chunk written: 32 KiB stored, far below 64 GiB / 1100.
+    std::vector<int64_t> one(4096, 1);
+    hsize_t start[1] = {0}, count[1] = {4096};
+    hid_t fs = H5Dget_space(d);
+    H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, nullptr, count, nullptr);
+    hid_t ms = H5Screate_simple(1, count, nullptr);
+    REQUIRE(H5Dwrite(d, H5T_NATIVE_INT64, ms, fs, H5P_DEFAULT, one.data()) >= 0);
+    H5Sclose(ms);
+    H5Sclose(fs);
+    H5Dclose(d);
+    H5Pclose(dcpl);
+    H5Sclose(sp);
+  });
+  expect_error(g.path, g.plan, p, "extent [8589934592] claims 6.87e+10 bytes but the file stores only 32768 bytes");
+}
+
 TEST_CASE("ctx: wrong shape of every field, wrong dtypes, bad flag") {
   Good probe;
   const int64_t W = 2, F = 2;

@@ -163,6 +163,19 @@ struct CaptureReader::Impl {
     if (bytes > kMaxBytes)
       fail(path,
            fmt::format("extent {} is implausibly large ({:.3g} bytes)", shape_str(ds.dims), bytes));
+    // Below that cap a damaged header can still claim gigabytes that the file does not hold
+    // (unwritten chunks read back as fill values). A real capture stores its data: deflate
+    // compresses at most ~1032:1, so a claim beyond kMaxRatio x the bytes stored (and past a
+    // small floor that leaves tiny, fill-valued datasets alone) is refused before allocation.
+    constexpr double kFloorBytes = 64.0 * 1024 * 1024;
+    constexpr double kMaxRatio = 1100.0;
+    if (bytes > kFloorBytes) {
+      const double stored = static_cast<double>(H5Dget_storage_size(ds.d));
+      if (bytes > kMaxRatio * stored)
+        fail(path, fmt::format("extent {} claims {:.3g} bytes but the file stores only {:.0f} "
+                               "bytes for it (a damaged header, or chunks never written)",
+                               shape_str(ds.dims), bytes, stored));
+    }
     for (int64_t x : ds.dims) ds.numel *= x;
     return ds;
   }

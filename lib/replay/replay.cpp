@@ -180,7 +180,7 @@ class Replayer {
   std::unique_ptr<RwSequenceEmbeddingDist> seq_dist_;
   std::unique_ptr<RwPooledEmbeddingDist> pooled_dist_;
   std::optional<int64_t> latched_batch_;  // batch whose context latched the pooled module
-  bool warned_no_local_ = false, warned_vbe_ctx_ = false;
+  bool warned_no_local_ = false;
 };
 
 TensorLayout Replayer::output_layout(const Kjt& kjt, const EmbTensor& t) const {
