@@ -22,6 +22,9 @@ import numpy as np
 import torch
 
 
+QUEUE_AHEAD = 200000  # SM cycles spun before each timed repeat, as `dynemb-dist bench`
+
+
 def timeit(fn, iters):
     for _ in range(3):
         fn()
@@ -30,6 +33,10 @@ def timeit(fn, iters):
     for _ in range(iters):
         e0 = torch.cuda.Event(enable_timing=True)
         e1 = torch.cuda.Event(enable_timing=True)
+        # Same method as our bench: the GPU spins while the host enqueues the events and the
+        # ops, so the events bracket GPU execution, not launch latency (0: include it).
+        if QUEUE_AHEAD > 0:
+            torch.cuda._sleep(QUEUE_AHEAD)
         e0.record()
         fn()
         e1.record()
@@ -60,8 +67,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("export_dir")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--queue-ahead", type=int, default=QUEUE_AHEAD,
+                    help="SM cycles spun before each timed repeat (0: time launch latency too)")
     ap.add_argument("--json")
     a = ap.parse_args()
+    global QUEUE_AHEAD
+    QUEUE_AHEAD = a.queue_ahead
     d = a.export_dir
     meta = json.load(open(os.path.join(d, "meta.json")))
     dev = torch.device("cuda")

@@ -28,7 +28,7 @@ if [ ! -x $B/dynemb-dist ] || [ ! -x $B/tests/gpu_test_cuda_backend ]; then
   tail -40 "$LOG/build.log"; tar czf "$OUT/logs.tgz" -C /tmp dynemb-logs; exit 1
 fi
 stamp "ctest (all labels)"
-ctest --test-dir $B --output-on-failure --timeout 300 -j 8 > "$LOG/ctest.log" 2>&1
+ctest --test-dir $B --output-on-failure --timeout 150 -j 8 > "$LOG/ctest.log" 2>&1
 CTEST_RC=$?
 tail -15 "$LOG/ctest.log"
 stamp "gpu tests verbose"
@@ -36,9 +36,9 @@ $B/tests/gpu_test_cuda_backend -s=false > "$LOG/gpu-test.log" 2>&1; GPU_RC=$?
 tail -4 "$LOG/gpu-test.log"
 stamp "compute-sanitizer"
 export DYNEMB_GPU_CASES=40
-compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/gpu_test_cuda_backend \
+timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/gpu_test_cuda_backend \
   -tce='*2^31*' > "$LOG/memcheck.log" 2>&1; MC_RC=$?
-compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/gpu_test_cuda_backend \
+timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/gpu_test_cuda_backend \
   -tce='*2^31*' > "$LOG/racecheck.log" 2>&1; RC_RC=$?
 unset DYNEMB_GPU_CASES
 tail -n 2 "$LOG/memcheck.log" "$LOG/racecheck.log"
@@ -60,6 +60,7 @@ run() {  # name, args...
 }
 run criteo --preset ec-bench-criteo --dims 4,8,16,32,64,128 --export $EXP/criteo
 run hstu --preset hstu-e2e --export $EXP/hstu
+run hstu-launch --preset hstu-e2e --queue-ahead 0   # the same, launch latency included
 run hstu16 --preset hstu-e2e --scale 16 --export $EXP/hstu16
 run pooled64 --preset unit-pooled-w8 --scale 64 --export $EXP/pooled64
 run seqw2 --preset unit-seq-w2
@@ -81,7 +82,7 @@ out = {os.path.basename(p)[:-5]: json.load(open(p)) for p in sorted(glob.glob(d 
 json.dump(out, open(sys.argv[2], "w"), indent=1)
 PYEOF
 tar czf "$OUT/logs.tgz" -C /tmp dynemb-logs
-for n in criteo hstu16 pooled64 seqw8; do cat "$LOG/ours-$n.txt"; done
+for n in criteo hstu hstu-launch hstu16 pooled64 seqw8; do cat "$LOG/ours-$n.txt"; done
 echo "fixture replays failing on cuda: $FIX_FAIL"
 echo "build rc=$BUILD_RC  ctest rc=$CTEST_RC  gpu-test rc=$GPU_RC  memcheck rc=$MC_RC  racecheck rc=$RC_RC  ($(( $(date +%s) - t0 )) s)"
 cat "$LOG/summary.txt"

@@ -40,6 +40,7 @@ namespace {
 struct BenchArgs {
   std::string capture, preset, backend = "cuda", json, export_dir, dims;
   int iters = 20;
+  int64_t queue_ahead = 200000;  // SM cycles spun before each timed repeat (0: off)
   int64_t scale = 1;
   uint64_t seed = 1;
 };
@@ -128,6 +129,10 @@ void report(const BenchArgs& a, const Workload& w, const std::string& device, do
     fmt::print("# copy bandwidth (D2D cudaMemcpy, bytes read + written): {:.1f} GB/s\n", copy_gbps);
   fmt::print("# iters {} after warm-up; time = median; bytes = fewest bytes the stage must move\n",
              a.iters);
+  if (a.backend == "cuda")
+    fmt::print("# launch latency {} (--queue-ahead {})\n",
+               a.queue_ahead > 0 ? "excluded: stage queued behind a spin kernel" : "included",
+               a.queue_ahead);
   fmt::print("#{:>34} {:>12} {:>6} {:>12} {:>11} {:>9} {:>7}\n", "stage", "rows", "dim", "bytes",
              "time(us)", "GB/s", "%copy");
   nlohmann::json js;
@@ -136,6 +141,7 @@ void report(const BenchArgs& a, const Workload& w, const std::string& device, do
   js["workload"] = w.name;
   js["preset"] = a.preset;
   js["scale"] = a.scale;
+  js["queue_ahead_cycles"] = a.backend == "cuda" ? a.queue_ahead : 0;
   js["module"] = to_string(p.module);
   js["world_size"] = p.world_size;
   js["num_ids"] = ids;
@@ -234,8 +240,9 @@ using cuda::DeviceBuffer;
 struct Timer {
   cudaStream_t s;
   int iters;
+  int64_t queue_ahead;
   cudaEvent_t e0, e1;
-  Timer(cudaStream_t s_, int it) : s(s_), iters(it) {
+  Timer(cudaStream_t s_, int it, int64_t qa) : s(s_), iters(it), queue_ahead(qa) {
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
   }
@@ -248,6 +255,9 @@ struct Timer {
     CUDA_CHECK(cudaStreamSynchronize(s));
     std::vector<double> t;
     for (int i = 0; i < iters; ++i) {
+      // The spin keeps the GPU busy while the host enqueues e0, the stage and e1, so the
+      // events bracket GPU execution, not launch latency (--queue-ahead 0 includes it).
+      cuda::launch_spin(queue_ahead, s);
       CUDA_CHECK(cudaEventRecord(e0, s));
       f();
       CUDA_CHECK(cudaEventRecord(e1, s));
@@ -315,7 +325,7 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
   const int64_t W = p.world_size, F = p.num_features();
   cudaStream_t s;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  Timer timer(s, a.iters);
+  Timer timer(s, a.iters, a.queue_ahead);
   std::vector<Stage> st;
   std::vector<std::string> notes;
   const std::string ex = a.export_dir;
@@ -406,22 +416,34 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
     ba.perm = d_perm.data();
     ba.scan_temp = d_tmp.data();
     ba.scan_temp_bytes = tb;
-    const double us = timer([&] {
-      cuda::launch_offsets_from_lengths(d_len.data(), L, d_off.data(), d_tmp.data(), tb, s);
-      cuda::launch_bucketize(ba, s);
-    });
+    cuda::BucketizeFused fused;  // long bags: one persistent kernel (kernels/bucketize.cu)
+    for (int64_t r = 0; r < W; ++r)
+      fused.max_rank_bags = std::max(fused.max_rank_bags, rank_bag_off[r + 1] - rank_bag_off[r]);
+    fused.scratch_bytes = cuda::bucketize_fused_scratch_bytes(W);
+    DeviceBuffer<char> d_fused(static_cast<int64_t>(std::max<size_t>(fused.scratch_bytes, 1)));
+    if (fused.scratch_bytes > 0) {
+      fused.scratch = d_fused.data();
+      cuda::bucketize_fused_scratch_init(fused.scratch, fused.scratch_bytes, s);
+    }
+    const bool one_kernel = cuda::bucketize_fused_eligible(ba, fused);
+    const double us =
+        timer([&] { cuda::launch_bucketize_from_lengths(ba, d_len.data(), fused, s); });
     // ids in; new_values + unbucketize_permute out; lengths in; new_lengths out (+ weights).
     const double bytes = 8.0 * (3 * N + L + W * L) + (weighted ? 8.0 * N : 0.0);
     st.push_back({"bucketize (all ranks)", N, 0, bytes, us,
-                  max_len > 64 ? "block per bag" : "warp per bag"});
+                  one_kernel      ? "fused: one kernel, block per bag"
+                  : max_len > 64 ? "3 passes, block per bag"
+                                 : "3 passes, warp per bag"});
     // Check against the CPU reference (derive_input_dist's bucketize).
-    const std::vector<int64_t> perm = d_perm.download(s), nv = d_nv.download(s);
+    const std::vector<int64_t> perm = d_perm.download(s), nv = d_nv.download(s),
+                               nl = d_nl.download(s);
     bool ok = true;
-    int64_t o = 0;
+    int64_t o = 0, ol = 0;
     for (int64_t r = 0; r < W && ok; ++r) {
       const BucketizedKjt& ref = derived.ranks[r].bucketized;
       for (size_t i = 0; i < ref.unbucketize_permute.size(); ++i, ++o)
         ok = ok && perm[o] == ref.unbucketize_permute[i] && nv[o] == ref.new_values[i];
+      for (size_t i = 0; i < ref.new_lengths.size(); ++i, ++ol) ok = ok && nl[ol] == ref.new_lengths[i];
     }
     notes.push_back(std::string("check: batched bucketize == CPU reference: ") +
                     (ok ? "ok" : "MISMATCH"));
@@ -591,6 +613,12 @@ void setup_bench(CLI::App& app, RunFn& run) {
   sub->add_option("--preset", args->preset, "Generate a preset's batch in memory instead");
   sub->add_option("--backend", args->backend, "cuda (default) or cpu");
   sub->add_option("--iters", args->iters, "Timed repeats per stage after warm-up (median)");
+  sub->add_option("--queue-ahead", args->queue_ahead,
+                  "CUDA: SM cycles a one-thread kernel spins before each timed repeat so the "
+                  "stage is queued before the GPU reaches it (times exclude launch latency); "
+                  "0 times launch latency too")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   sub->add_option("--json", args->json, "Write the results as JSON (format_version 1)");
   sub->add_option("--scale", args->scale, "Multiply the preset's local batch size");
   sub->add_option("--seed", args->seed, "Workload seed for --preset");

@@ -6,7 +6,15 @@
 // id's slot is (ids of the same bucket in earlier tiles) + (in earlier warps of the tile)
 // + (in earlier lanes of its warp, from __match_any_sync). W > 256 buckets fall back to
 // one thread per bag (DynamicEmb's kernel2 order, also stable).
+//
+// Long bags have a second, fused path (fused_kernel below): one persistent kernel for the
+// whole stage, because at hstu-e2e's size (1 M ids, 25 MB) the three-pass version is
+// dominated by its six launches (two cub scans), not by bandwidth.
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_scan.cuh>
+
+#include <algorithm>
 
 #include "cuda_check.hpp"
 #include "device_math.cuh"
@@ -217,6 +225,307 @@ __global__ void place_serial_kernel(BucketizeArgs a) {
   }
 }
 
+// ------------------------------------------------------------------- fused long-bag path
+// One cooperative launch, every block resident, so a block may wait for another:
+//   A. bag offsets: block b owns bags [g0, g1) (k = ceil(L / G) each); it publishes the sum of
+//      its lengths, adds up the sums of blocks < b (spinning on their flags), and scans its
+//      own lengths into bag_offsets.
+//   B. counts: per owned bag, as count_kernel<8> (ids and destinations stay in registers
+//      when the block owns one bag of <= kCacheIds ids); then an atomic per-rank tally. The
+//      block that counts a rank's last bag scans that rank's W x L_q new_lengths into
+//      new_offsets (rank region base = bag_offsets[first bag]) and publishes a rank flag.
+//   C. placement: per owned bag, once its rank's flag is up, as place_kernel<8>.
+// No block waits in B, and A waits only on blocks that publish before waiting, so there is
+// no deadlock while all blocks are resident (the cooperative launch guarantees it). The
+// scratch flags and counters are zeroed by the last block to finish, ready for the next
+// launch on the same stream.
+constexpr int kCacheTiles = 8;                    // ids per thread kept in registers
+constexpr int64_t kCacheIds = kCacheTiles * kThreads;  // 2048: hstu-e2e's bag length
+constexpr int64_t kMaxFusedRankEntries = 65536;   // W x L_q scanned by one block
+
+struct FusedScratch {
+  int* chunk_flag;     // [G]  block b's length sum is published
+  int* rank_cnt;       // [R]  bags of rank q counted
+  int* rank_flag;      // [R]  rank q's new_offsets are published
+  int* done;           // [1]  blocks finished
+  int64_t* chunk_sum;  // [G]  block b's length sum
+};
+
+struct FusedArgs {
+  BucketizeArgs a;
+  const int64_t* lengths;  // [L]
+  FusedScratch sc;
+  int64_t bags_per_block;  // k
+  bool cache;              // every block owns at most one bag of <= kCacheIds ids
+};
+
+size_t fused_scratch_bytes_for(int64_t grid, int64_t R) {
+  const int64_t ints = grid + 2 * R + 1;
+  const int64_t int_bytes = (4 * ints + 15) / 16 * 16;
+  return static_cast<size_t>(int_bytes + 8 * grid);
+}
+FusedScratch fused_scratch_view(void* p, int64_t grid, int64_t R) {
+  FusedScratch sc;
+  int* ip = static_cast<int*>(p);
+  sc.chunk_flag = ip;
+  sc.rank_cnt = ip + grid;
+  sc.rank_flag = ip + grid + R;
+  sc.done = ip + grid + 2 * R;
+  const int64_t int_bytes = (4 * (grid + 2 * R + 1) + 15) / 16 * 16;
+  sc.chunk_sum = reinterpret_cast<int64_t*>(static_cast<char*>(p) + int_bytes);
+  return sc;
+}
+
+// Release/acquire flag accesses at GPU scope (PTX memory model, sm_70+).
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release(int* p, int v) {
+  asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Spins until *flag is set. The flags are set by resident blocks that never wait first, so
+// this returns; should that ever break (a driver that does not honour the cooperative launch,
+// a bug), trap after 10 s instead of hanging the GPU: the host then sees a CUDA error.
+__device__ __forceinline__ void wait_flag(const int* flag, unsigned sleep_ns) {
+  uint64_t t0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  while (ld_acquire(flag) == 0) {
+    __nanosleep(sleep_ns);
+    uint64_t now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    if (now - t0 > 10000000000ull) __trap();
+  }
+}
+
+struct FusedBag {
+  BagInfo b;      // id_begin/id_end, nl0, L (= L_q), blk, dist; rank_id_base unused here
+  int64_t q;      // owning rank
+  int64_t first;  // first bag of rank q
+};
+
+__device__ __forceinline__ FusedBag fused_bag(const BucketizeArgs& a, const int64_t* lengths,
+                                              int64_t g) {
+  FusedBag fb;
+  fb.q = d_upper_bound_m1(a.rank_bag_off, a.num_ranks, g);
+  fb.first = a.rank_bag_off[fb.q];
+  const int64_t j = g - fb.first;
+  fb.b.L = a.rank_bag_off[fb.q + 1] - fb.first;
+  fb.b.nl0 = a.world_size * fb.first + j;
+  fb.b.id_begin = a.bag_offsets[g];  // written by this block in phase A (visible after a barrier)
+  fb.b.id_end = fb.b.id_begin + lengths[g];
+  fb.b.rank_id_base = 0;
+  const int64_t f =
+      d_upper_bound_m1(a.feat_bag_off + fb.q * (a.num_features + 1), a.num_features, j);
+  fb.b.blk = a.block_sizes[f];
+  fb.b.dist = a.dist_types[f];
+  return fb;
+}
+
+// 4 resident blocks per SM (<= 64 registers): hstu-e2e's 512 bags get a block each.
+__global__ void __launch_bounds__(kThreads, 4) fused_kernel(FusedArgs fa) {
+  using BlockReduce = cub::BlockReduce<int64_t, kThreads>;
+  using BlockScan = cub::BlockScan<int64_t, kThreads>;
+  __shared__ union {
+    typename BlockReduce::TempStorage reduce;
+    typename BlockScan::TempStorage scan;
+  } tmp;
+  __shared__ int cnt[kThreads / 32][kMaxSharedW];  // ids per (warp, bucket); hist = cnt[0]
+  __shared__ int64_t base[kMaxSharedW];             // next free slot per bucket for this bag
+  __shared__ int64_t s_val;
+  __shared__ int s_flag;
+
+  const BucketizeArgs& a = fa.a;
+  const FusedScratch& sc = fa.sc;
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  const int64_t W = a.world_size, L = a.total_bags;
+  const int64_t bid = blockIdx.x;
+  const int64_t g0 = bid * fa.bags_per_block;
+  const int64_t g1 = std::min<int64_t>(g0 + fa.bags_per_block, L);
+
+  int64_t* bag_off = const_cast<int64_t*>(a.bag_offsets);  // an output on this path
+  // The cached bag's ids (fa.cache), read once: phase C re-routes them (a few ALU ops per id
+  // instead of a second pass over memory).
+  int64_t cid[kCacheTiles];
+
+  if (g0 < L) {
+    // ---- A. bag offsets
+    int64_t part = 0;
+    for (int64_t g = g0 + t; g < g1; g += kThreads) part += fa.lengths[g];
+    const int64_t own = BlockReduce(tmp.reduce).Sum(part);
+    if (t == 0) {
+      sc.chunk_sum[bid] = own;
+      __threadfence();
+      st_release(&sc.chunk_flag[bid], 1);
+    }
+    part = 0;
+    for (int64_t bb = t; bb < bid; bb += kThreads) {
+      wait_flag(&sc.chunk_flag[bb], 32);
+      part += __ldcg(&sc.chunk_sum[bb]);
+    }
+    __syncthreads();  // tmp reused
+    const int64_t prefix = BlockReduce(tmp.reduce).Sum(part);
+    if (t == 0) s_val = prefix;
+    __syncthreads();
+    int64_t carry = s_val;
+    for (int64_t c = g0; c < g1; c += kThreads) {
+      const int64_t g = c + t;
+      const int64_t len = g < g1 ? fa.lengths[g] : 0;
+      int64_t excl, tile_sum;
+      BlockScan(tmp.scan).ExclusiveSum(len, excl, tile_sum);
+      if (g < g1) bag_off[g] = carry + excl;
+      if (g == L - 1) bag_off[L] = carry + excl + len;
+      carry += tile_sum;
+      __syncthreads();
+    }
+
+    // ---- B. counts per owned bag; the last counter of a rank scans it
+    for (int64_t g = g0; g < g1; ++g) {
+      const FusedBag fb = fused_bag(a, fa.lengths, g);
+      const int64_t len = fb.b.id_end - fb.b.id_begin;
+      for (int64_t d = t; d < W; d += kThreads) cnt[0][d] = 0;
+      __syncthreads();
+      for (int64_t c0 = 0; c0 < len; c0 += kCacheIds) {
+        int64_t idv[kCacheTiles];
+#pragma unroll
+        for (int u = 0; u < kCacheTiles; ++u) {
+          const int64_t off = c0 + u * kThreads + t;
+          idv[u] = off < len ? a.ids[fb.b.id_begin + off] : 0;
+        }
+#pragma unroll
+        for (int u = 0; u < kCacheTiles; ++u) {
+          const int64_t off = c0 + u * kThreads + t;
+          int64_t dest = -1, local = 0;
+          if (off < len) route(idv[u], fb.b, W, a.ids_i32, &dest, &local);
+          if (fa.cache) cid[u] = idv[u];
+          const unsigned same = __match_any_sync(0xffffffffu, dest);
+          if (dest >= 0 && (same & ((1u << lane) - 1u)) == 0)
+            atomicAdd(&cnt[0][dest], __popc(same));
+        }
+      }
+      __syncthreads();
+      for (int64_t d = t; d < W; d += kThreads) a.new_lengths[fb.b.nl0 + d * fb.b.L] = cnt[0][d];
+      // Every thread's writes (bag offsets, new_lengths) before the tally that publishes them.
+      __threadfence();
+      __syncthreads();
+      if (t == 0) {
+        const int old = atomicAdd(&sc.rank_cnt[fb.q], 1);
+        s_flag = old == fb.b.L - 1;
+        if (s_flag) __threadfence();
+      }
+      __syncthreads();
+      if (s_flag) {
+        // This block counted rank q's last bag: scan its [d][j] new_lengths into new_offsets.
+        const int64_t n = W * fb.b.L, r0 = W * fb.first;
+        int64_t rc = __ldcg(&a.bag_offsets[fb.first]);  // rank region base
+        for (int64_t c = 0; c < n; c += kThreads) {
+          const int64_t i = c + t;
+          const int64_t v = i < n ? __ldcg(&a.new_lengths[r0 + i]) : 0;
+          int64_t excl, tile_sum;
+          BlockScan(tmp.scan).ExclusiveSum(v, excl, tile_sum);
+          if (i < n) a.new_offsets[r0 + i] = rc + excl;
+          rc += tile_sum;
+          __syncthreads();
+        }
+        __threadfence();
+        __syncthreads();
+        if (t == 0) st_release(&sc.rank_flag[fb.q], 1);
+      }
+      __syncthreads();  // cnt and s_flag reused
+    }
+
+    // ---- C. placement per owned bag, stable (as place_kernel<8>)
+    for (int64_t g = g0; g < g1; ++g) {
+      const FusedBag fb = fused_bag(a, fa.lengths, g);
+      const int64_t len = fb.b.id_end - fb.b.id_begin;
+      if (t == 0)
+        wait_flag(&sc.rank_flag[fb.q], 64);
+      __syncthreads();
+      for (int64_t d = t; d < W; d += kThreads) {
+        base[d] = __ldcg(&a.new_offsets[fb.b.nl0 + d * fb.b.L]);
+        for (int w = 0; w < kThreads / 32; ++w) cnt[w][d] = 0;
+      }
+      const int64_t rank_base = __ldcg(&a.bag_offsets[fb.first]);
+      for (int64_t c0 = 0; c0 < len; c0 += kCacheIds) {
+        int64_t idv[kCacheTiles];
+#pragma unroll
+        for (int u = 0; u < kCacheTiles; ++u) {
+          const int64_t off = c0 + u * kThreads + t;
+          idv[u] = fa.cache ? cid[u] : off < len ? a.ids[fb.b.id_begin + off] : 0;
+        }
+#pragma unroll
+        for (int u = 0; u < kCacheTiles; ++u) {
+          const int64_t t0 = c0 + u * kThreads;
+          if (t0 >= len) break;  // uniform over the block
+          __syncthreads();
+          const bool valid = t0 + t < len;
+          int64_t dest64 = -1, local = 0;
+          if (valid) route(idv[u], fb.b, W, a.ids_i32, &dest64, &local);
+          const int dest = static_cast<int>(dest64);
+          const unsigned same = __match_any_sync(0xffffffffu, dest);
+          const int rank_in_warp = __popc(same & ((1u << lane) - 1u));
+          if (valid && rank_in_warp == 0) cnt[warp][dest] = __popc(same);
+          __syncthreads();
+          if (valid) {
+            const int64_t i = fb.b.id_begin + t0 + t;
+            int64_t pos = base[dest] + rank_in_warp;
+            for (int w = 0; w < warp; ++w) pos += cnt[w][dest];
+            a.new_values[pos] = local;
+            if (a.weights) a.new_weights[pos] = a.weights[i];
+            a.perm[i] = pos - rank_base;
+            if (a.dest_rank) a.dest_rank[i] = dest;
+          }
+          __syncthreads();
+          for (int64_t d = t; d < W; d += kThreads) {
+            int64_t tot = 0;
+            for (int w = 0; w < kThreads / 32; ++w) {
+              tot += cnt[w][d];
+              cnt[w][d] = 0;
+            }
+            base[d] += tot;
+          }
+        }
+      }
+      __syncthreads();  // base/cnt reused by the next bag
+    }
+  }
+
+  // ---- the last block to finish leaves the scratch zeroed for the next launch
+  __threadfence();
+  __syncthreads();
+  if (t == 0) {
+    s_flag = atomicAdd(sc.done, 1) == static_cast<int>(gridDim.x) - 1;
+    if (s_flag) __threadfence();
+  }
+  __syncthreads();
+  if (s_flag) {
+    for (int64_t i = t; i < static_cast<int64_t>(gridDim.x); i += kThreads) sc.chunk_flag[i] = 0;
+    for (int64_t q = t; q < a.num_ranks; q += kThreads) {
+      sc.rank_cnt[q] = 0;
+      sc.rank_flag[q] = 0;
+    }
+    if (t == 0) *sc.done = 0;
+  }
+}
+
+// Resident blocks of fused_kernel on the current device (0: no cooperative launch).
+int64_t fused_capacity() {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  static int cached_dev = -1;
+  static int64_t cached = 0;
+  if (cached_dev == dev) return cached;
+  int coop = 0, sms = 0, per_sm = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_kernel, kThreads, 0));
+  cached = coop ? static_cast<int64_t>(sms) * per_sm : 0;
+  cached_dev = dev;
+  return cached;
+}
+
 }  // namespace
 
 size_t bucketize_scan_temp_bytes(int64_t n) {
@@ -259,6 +568,52 @@ void launch_bucketize(const BucketizeArgs& a, cudaStream_t s) {
     place_kernel<1><<<static_cast<unsigned>((a.total_bags + 7) / 8), kThreads, 0, s>>>(a);
   }
   CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dynemb::cuda
+
+namespace dynemb::cuda {
+
+size_t bucketize_fused_scratch_bytes(int64_t num_ranks) {
+  const int64_t cap = fused_capacity();
+  return cap > 0 ? fused_scratch_bytes_for(cap, num_ranks) : 0;
+}
+
+void bucketize_fused_scratch_init(void* scratch, size_t bytes, cudaStream_t s) {
+  if (scratch && bytes) CUDA_CHECK(cudaMemsetAsync(scratch, 0, bytes, s));
+}
+
+bool bucketize_fused_eligible(const BucketizeArgs& a, const BucketizeFused& f) {
+  if (!f.scratch || a.total_bags == 0 || a.world_size > kMaxSharedW || a.max_bag_len <= 64 ||
+      f.max_rank_bags * a.world_size > kMaxFusedRankEntries)
+    return false;
+  const int64_t cap = fused_capacity();
+  return cap > 0 && f.scratch_bytes >= fused_scratch_bytes_for(cap, a.num_ranks);
+}
+
+void launch_bucketize_from_lengths(const BucketizeArgs& a, const int64_t* lengths,
+                                   const BucketizeFused& f, cudaStream_t s) {
+  if (!bucketize_fused_eligible(a, f)) {
+    launch_offsets_from_lengths(lengths, a.total_bags, const_cast<int64_t*>(a.bag_offsets),
+                                a.scan_temp, a.scan_temp_bytes, s);
+    launch_bucketize(a, s);
+    return;
+  }
+  int64_t grid = std::min(a.total_bags, fused_capacity());
+  if (f.max_grid > 0) grid = std::min<int64_t>(grid, f.max_grid);
+  FusedArgs fa;
+  fa.a = a;
+  fa.lengths = lengths;
+  fa.bags_per_block = (a.total_bags + grid - 1) / grid;
+  grid = (a.total_bags + fa.bags_per_block - 1) / fa.bags_per_block;  // no empty blocks
+  fa.cache = fa.bags_per_block == 1 && a.max_bag_len <= kCacheIds;
+  // The view is laid out for the capacity the scratch was sized for; a smaller grid uses a
+  // prefix of chunk_flag/chunk_sum.
+  fa.sc = fused_scratch_view(f.scratch, fused_capacity(), a.num_ranks);
+  void* params[] = {&fa};
+  CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(fused_kernel),
+                                         dim3(static_cast<unsigned>(grid)), dim3(kThreads),
+                                         params, 0, s));
 }
 
 }  // namespace dynemb::cuda

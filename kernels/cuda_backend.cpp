@@ -92,14 +92,15 @@ BucketizedKjt CudaBackend::bucketize(const Plan& plan, const Kjt& kjt) {
   for (int64_t l : kjt.lengths) max_len = std::max(max_len, l);
   const std::vector<int64_t> rank_bag_off{0, L};
 
-  DeviceBuffer<int64_t> d_rbo, d_fbo, d_off, d_ids, d_nl, d_no, d_nv, d_perm, d_dest;
+  DeviceBuffer<int64_t> d_rbo, d_fbo, d_len, d_off, d_ids, d_nl, d_no, d_nv, d_perm, d_dest;
   DeviceBuffer<uint64_t> d_blk;
   DeviceBuffer<int32_t> d_dt;
   DeviceBuffer<float> d_w, d_nw;
-  DeviceBuffer<char> d_tmp;
+  DeviceBuffer<char> d_tmp, d_fused;
   d_rbo.upload(rank_bag_off, stream_);
   d_fbo.upload(feat_bag_off, stream_);
-  d_off.upload(off, stream_);
+  d_len.upload(kjt.lengths, stream_);
+  d_off.resize(L + 1);  // written on the device from the lengths
   d_ids.upload(kjt.values, stream_);
   d_blk.upload(blk, stream_);
   d_dt.upload(dt, stream_);
@@ -112,8 +113,17 @@ BucketizedKjt CudaBackend::bucketize(const Plan& plan, const Kjt& kjt) {
     d_w.upload(kjt.weights, stream_);
     d_nw.resize(N);
   }
-  const size_t tb = cuda::bucketize_scan_temp_bytes(W * L);
+  const size_t tb =
+      std::max(cuda::bucketize_scan_temp_bytes(W * L), cuda::bucketize_scan_temp_bytes(L));
   d_tmp.resize(static_cast<int64_t>(tb));
+  cuda::BucketizeFused fused;  // long bags take the one-kernel path (bucketize.cu)
+  fused.scratch_bytes = cuda::bucketize_fused_scratch_bytes(1);
+  fused.max_rank_bags = L;
+  if (fused.scratch_bytes > 0) {
+    d_fused.resize(static_cast<int64_t>(fused.scratch_bytes));
+    fused.scratch = d_fused.data();
+    cuda::bucketize_fused_scratch_init(fused.scratch, fused.scratch_bytes, stream_);
+  }
 
   cuda::BucketizeArgs a;
   a.num_ranks = 1;
@@ -138,7 +148,8 @@ BucketizedKjt CudaBackend::bucketize(const Plan& plan, const Kjt& kjt) {
   a.dest_rank = d_dest.data();
   a.scan_temp = d_tmp.data();
   a.scan_temp_bytes = tb;
-  cuda::launch_bucketize(a, stream_);
+  if (L > 0)
+    cuda::launch_bucketize_from_lengths(a, d_len.data(), fused, stream_);
 
   BucketizedKjt out;
   out.new_lengths = d_nl.download(stream_);

@@ -42,10 +42,38 @@ struct BucketizeArgs {
   size_t scan_temp_bytes = 0;
 };
 size_t bucketize_scan_temp_bytes(int64_t n);
+// Three passes over precomputed bag_offsets: per-(bag, bucket) counts, one cub exclusive scan
+// over all new_lengths, placement. Any W, any bag lengths.
 void launch_bucketize(const BucketizeArgs& a, cudaStream_t s);
 // offsets[0] = 0, offsets[i+1] = lengths[0] + ... + lengths[i] (temp: same cub scratch size).
 void launch_offsets_from_lengths(const int64_t* lengths, int64_t n, int64_t* offsets, void* temp,
                                  size_t temp_bytes, cudaStream_t s);
+
+// The whole stage from lengths: writes a.bag_offsets [total_bags+1] from `lengths`
+// [total_bags], then bucketizes. Long bags (max_bag_len > 64, W <= 256, W x bags of one rank
+// <= 65536) with a fused workspace take ONE persistent kernel (cooperative launch, every block
+// resident): bag offsets by a look-back over per-block sums, counts with the ids kept in
+// registers, each rank's scan by the block that counts its last bag, placement once the
+// rank's offsets are published. Everything else: launch_offsets_from_lengths +
+// launch_bucketize. Same outputs, bit for bit, either way.
+struct BucketizeFused {
+  void* scratch = nullptr;  // bucketize_fused_scratch_bytes(R), zeroed once before first use
+  size_t scratch_bytes = 0;
+  int64_t max_rank_bags = 0;  // max_q (rank_bag_off[q+1] - rank_bag_off[q]), host-known
+  int max_grid = 0;           // > 0: cap the grid (tests force many bags per block)
+};
+// 0 when the device cannot launch the fused kernel (no cooperative launch).
+size_t bucketize_fused_scratch_bytes(int64_t num_ranks);
+// The scratch holds flags and counters; the kernel leaves it zeroed for the next launch.
+void bucketize_fused_scratch_init(void* scratch, size_t bytes, cudaStream_t s);
+// Whether launch_bucketize_from_lengths takes the fused kernel for these arguments.
+bool bucketize_fused_eligible(const BucketizeArgs& a, const BucketizeFused& f);
+void launch_bucketize_from_lengths(const BucketizeArgs& a, const int64_t* lengths,
+                                   const BucketizeFused& f, cudaStream_t s);
+
+// ---------------------------------------------------------------- benchmarking
+// One thread spinning `cycles` SM clock cycles on stream s (kernels/timing.cu).
+void launch_spin(int64_t cycles, cudaStream_t s);
 
 // ---------------------------------------------------------------- sequence output dist (§6)
 // Per owner rank r: local_embs rows [local_row_off[r], local_row_off[r+1]) in (f, s, b)

@@ -22,6 +22,7 @@
 #include "engine/ops.hpp"
 
 using namespace dynemb;
+using dynemb::cuda::DeviceBuffer;
 
 namespace {
 
@@ -201,6 +202,169 @@ TEST_CASE("cuda == cpu on random batches (bit for bit)") {
     ++n;
   }
   CHECK(n == cases);
+}
+
+// The batched bucketize of all W ranks in one launch (what `bench` times), through both
+// paths of launch_bucketize_from_lengths: the fused one-kernel path (default grid, so one
+// bag per block with the ids cached in registers, and tiny grids, so a block owns many bags
+// across rank boundaries and must look back and wait on other blocks) and the three-pass
+// path. Every output is compared with the CPU reference rank by rank.
+TEST_CASE("batched bucketize: fused and three-pass paths == cpu") {
+  require_gpu();
+  std::mt19937_64 rng(7);
+  auto U = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  cudaStream_t s = nullptr;
+  int fused_runs = 0;
+  for (int it = 0; it < 40; ++it) {
+    Plan p;
+    p.world_size = std::vector<int64_t>{1, 2, 5, 16, 256}[U(0, 4)];
+    p.module = ModuleKind::sequence;
+    const int64_t T = U(1, 3);
+    for (int64_t t = 0; t < T; ++t) {
+      TableConfig tc;
+      tc.name = "t" + std::to_string(t);
+      tc.num_embeddings = U(0, 3) == 0 ? U(1, 7) : U(10, 100000);
+      tc.embedding_dim = 4;
+      tc.dist_type = static_cast<DistType>(U(0, 2));
+      tc.features = {tc.name + "_f"};
+      p.tables.push_back(tc);
+    }
+    p.finalize();
+    const int64_t W = p.world_size, F = p.num_features();
+    const bool weighted = U(0, 2) == 0, i32 = U(0, 3) == 0;
+    std::vector<Kjt> kjts(static_cast<size_t>(W));
+    std::vector<int64_t> ids, lengths, rbo{0}, fbo;
+    std::vector<float> wts;
+    // max_bag_len only picks the path: > 64 takes the block-per-bag kernels whatever the
+    // real lengths are, so short-bag batches are covered by both paths too.
+    int64_t max_len = 65, max_rank_bags = 0;
+    for (int64_t r = 0; r < W; ++r) {
+      Kjt& k = kjts[r];
+      k.num_features = F;
+      k.weighted = weighted;
+      k.values_type = i32 ? IndexType::i32 : IndexType::i64;
+      const int64_t B = W > 16 ? U(0, 1) : U(0, 9);  // some ranks have no bags
+      for (int64_t f = 0; f < F; ++f)
+        for (int64_t b = 0; b < B; ++b) {
+          const int64_t kind = U(0, 9);
+          const int64_t len = kind == 0 ? 0 : kind == 1 ? U(2040, 2300) : U(1, 300);
+          k.lengths.push_back(len);
+          for (int64_t i = 0; i < len; ++i) {
+            int64_t id = U(0, 4) == 0 ? static_cast<int64_t>(rng() >> 1)
+                                      : U(-3, p.features[f].hash_size + 5);
+            if (i32) id = static_cast<int64_t>(static_cast<int32_t>(id));
+            k.values.push_back(id);
+            if (weighted) k.weights.push_back(static_cast<float>(U(-8, 8)) / 4.0f);
+          }
+        }
+      ids.insert(ids.end(), k.values.begin(), k.values.end());
+      lengths.insert(lengths.end(), k.lengths.begin(), k.lengths.end());
+      if (weighted) wts.insert(wts.end(), k.weights.begin(), k.weights.end());
+      for (int64_t f = 0; f < F; ++f) fbo.push_back(k.bag_begin(f));
+      fbo.push_back(k.num_bags());
+      rbo.push_back(rbo.back() + k.num_bags());
+      max_rank_bags = std::max(max_rank_bags, k.num_bags());
+      for (int64_t l : k.lengths) max_len = std::max(max_len, l);
+    }
+    const int64_t N = static_cast<int64_t>(ids.size()), L = rbo.back();
+    std::vector<uint64_t> blk(F);
+    std::vector<int32_t> dt(F);
+    for (int64_t f = 0; f < F; ++f) {
+      blk[f] = static_cast<uint64_t>(p.features[f].block_size);
+      dt[f] = static_cast<int32_t>(p.features[f].dist_type);
+    }
+    std::vector<int64_t> ref_off{0};
+    for (int64_t l : lengths) ref_off.push_back(ref_off.back() + l);
+    for (int variant = 0; variant < 4; ++variant) {
+      // 0: default grid (fused); 1: grid 1; 2: grid 3 (fused, many bags per block); 3: three passes.
+      DeviceBuffer<int64_t> d_ids, d_len, d_off, d_rbo, d_fbo, d_nl, d_no, d_nv, d_perm, d_dest;
+      DeviceBuffer<uint64_t> d_blk;
+      DeviceBuffer<int32_t> d_dt;
+      DeviceBuffer<float> d_w, d_nw;
+      d_ids.upload(ids, s);
+      d_len.upload(lengths, s);
+      d_rbo.upload(rbo, s);
+      d_fbo.upload(fbo, s);
+      d_blk.upload(blk, s);
+      d_dt.upload(dt, s);
+      d_off.resize(L + 1);
+      d_nl.resize(W * L);
+      d_no.resize(W * L);
+      d_nv.resize(N);
+      d_perm.resize(N);
+      d_dest.resize(N);
+      if (weighted) {
+        d_w.upload(wts, s);
+        d_nw.resize(N);
+      }
+      const size_t tb =
+          std::max(cuda::bucketize_scan_temp_bytes(W * L), cuda::bucketize_scan_temp_bytes(L));
+      DeviceBuffer<char> d_tmp(static_cast<int64_t>(tb));
+      cuda::BucketizeArgs ba;
+      ba.num_ranks = W;
+      ba.world_size = W;
+      ba.num_features = F;
+      ba.total_bags = L;
+      ba.total_ids = N;
+      ba.rank_bag_off = d_rbo.data();
+      ba.feat_bag_off = d_fbo.data();
+      ba.bag_offsets = d_off.data();
+      ba.ids = d_ids.data();
+      ba.weights = weighted ? d_w.data() : nullptr;
+      ba.block_sizes = d_blk.data();
+      ba.dist_types = d_dt.data();
+      ba.ids_i32 = i32;
+      ba.max_bag_len = max_len;
+      ba.new_lengths = d_nl.data();
+      ba.new_offsets = d_no.data();
+      ba.new_values = d_nv.data();
+      ba.new_weights = weighted ? d_nw.data() : nullptr;
+      ba.perm = d_perm.data();
+      ba.dest_rank = d_dest.data();
+      ba.scan_temp = d_tmp.data();
+      ba.scan_temp_bytes = tb;
+      cuda::BucketizeFused fused;
+      DeviceBuffer<char> d_fused;
+      if (variant < 3) {
+        fused.scratch_bytes = cuda::bucketize_fused_scratch_bytes(W);
+        REQUIRE(fused.scratch_bytes > 0);  // an H200 has cooperative launch
+        d_fused.resize(static_cast<int64_t>(fused.scratch_bytes));
+        fused.scratch = d_fused.data();
+        cuda::bucketize_fused_scratch_init(fused.scratch, fused.scratch_bytes, s);
+        fused.max_rank_bags = max_rank_bags;
+        fused.max_grid = variant == 1 ? 1 : variant == 2 ? 3 : 0;
+      }
+      const bool want_fused = variant < 3 && L > 0 && max_rank_bags * W <= 65536;
+      INFO("it " << it << " variant " << variant << " W=" << W << " F=" << F << " L=" << L
+                 << " N=" << N << (weighted ? " weighted" : "") << (i32 ? " int32" : ""));
+      CHECK(cuda::bucketize_fused_eligible(ba, fused) == want_fused);
+      fused_runs += want_fused;
+      // Twice on the same scratch: the kernel must leave it zeroed for the next launch.
+      for (int rep = 0; rep < 2; ++rep) cuda::launch_bucketize_from_lengths(ba, d_len.data(), fused, s);
+      CHECK(d_off.download(s) == ref_off);
+      const std::vector<int64_t> nl = d_nl.download(s), nv = d_nv.download(s),
+                                 perm = d_perm.download(s), dest = d_dest.download(s);
+      const std::vector<float> nw = weighted ? d_nw.download(s) : std::vector<float>{};
+      int64_t o = 0, ol = 0;
+      for (int64_t r = 0; r < W; ++r) {
+        const BucketizedKjt ref = cpu().bucketize(p, kjts[r]);
+        const size_t n = ref.new_values.size(), nlr = ref.new_lengths.size();
+        INFO("rank " << r);
+        CHECK(std::vector<int64_t>(nl.begin() + ol, nl.begin() + ol + nlr) == ref.new_lengths);
+        CHECK(std::vector<int64_t>(nv.begin() + o, nv.begin() + o + n) == ref.new_values);
+        CHECK(std::vector<int64_t>(perm.begin() + o, perm.begin() + o + n) ==
+              ref.unbucketize_permute);
+        CHECK(std::vector<int64_t>(dest.begin() + o, dest.begin() + o + n) == ref.dest_rank);
+        if (weighted)
+          CHECK(same_bits(std::vector<float>(nw.begin() + o, nw.begin() + o + n), ref.new_weights));
+        o += n;
+        ol += nlr;
+      }
+    }
+  }
+  CHECK(fused_runs >= 60);
 }
 
 TEST_CASE("spec worked example §6.1 on the GPU") {
