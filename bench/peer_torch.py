@@ -64,6 +64,7 @@ def fmix64(k):
 
 
 def main():
+    global QUEUE_AHEAD
     ap = argparse.ArgumentParser()
     ap.add_argument("export_dir")
     ap.add_argument("--iters", type=int, default=20)
@@ -71,7 +72,6 @@ def main():
                     help="SM cycles spun before each timed repeat (0: time launch latency too)")
     ap.add_argument("--json")
     a = ap.parse_args()
-    global QUEUE_AHEAD
     QUEUE_AHEAD = a.queue_ahead
     d = a.export_dir
     meta = json.load(open(os.path.join(d, "meta.json")))

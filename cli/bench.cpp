@@ -426,12 +426,15 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
       cuda::bucketize_fused_scratch_init(fused.scratch, fused.scratch_bytes, s);
     }
     const bool one_kernel = cuda::bucketize_fused_eligible(ba, fused);
+    const cuda::BucketizeFusedShape shape = cuda::bucketize_fused_shape(ba, fused);
     const double us =
         timer([&] { cuda::launch_bucketize_from_lengths(ba, d_len.data(), fused, s); });
     // ids in; new_values + unbucketize_permute out; lengths in; new_lengths out (+ weights).
     const double bytes = 8.0 * (3 * N + L + W * L) + (weighted ? 8.0 * N : 0.0);
     st.push_back({"bucketize (all ranks)", N, 0, bytes, us,
-                  one_kernel      ? "fused: one kernel, block per bag"
+                  one_kernel      ? fmt::format("fused: 1 kernel, {} blocks (of {}), {} bag(s)/block{}",
+                                           shape.grid, shape.capacity, shape.bags_per_block,
+                                           shape.ids_cached ? ", ids in registers" : "")
                   : max_len > 64 ? "3 passes, block per bag"
                                  : "3 passes, warp per bag"});
     // Check against the CPU reference (derive_input_dist's bucketize).

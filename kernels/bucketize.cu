@@ -242,6 +242,8 @@ __global__ void place_serial_kernel(BucketizeArgs a) {
 constexpr int kCacheTiles = 8;                    // ids per thread kept in registers
 constexpr int64_t kCacheIds = kCacheTiles * kThreads;  // 2048: hstu-e2e's bag length
 constexpr int64_t kMaxFusedRankEntries = 65536;   // W x L_q scanned by one block
+constexpr int kSlots = kCacheTiles * (kThreads / 32);  // (tile, warp) slots of a cached bag
+constexpr int kSlotsMaxW = 64;                         // slot counts kept for W <= 64
 
 struct FusedScratch {
   int* chunk_flag;     // [G]  block b's length sum is published
@@ -257,6 +259,7 @@ struct FusedArgs {
   FusedScratch sc;
   int64_t bags_per_block;  // k
   bool cache;              // every block owns at most one bag of <= kCacheIds ids
+  bool slots;              // cache and W <= kSlotsMaxW: barrier-free placement
 };
 
 size_t fused_scratch_bytes_for(int64_t grid, int64_t R) {
@@ -336,6 +339,9 @@ __global__ void __launch_bounds__(kThreads, 4) fused_kernel(FusedArgs fa) {
   __shared__ int64_t base[kMaxSharedW];             // next free slot per bucket for this bag
   __shared__ int64_t s_val;
   __shared__ int s_flag;
+  // fa.slots: ids of slot s = (tile u, warp w) per bucket d at [s * W + d], turned into the
+  // exclusive prefix over slots in id order, so placement needs no barrier per tile.
+  __shared__ int slot_cnt[kSlots * kSlotsMaxW];
 
   const BucketizeArgs& a = fa.a;
   const FusedScratch& sc = fa.sc;
@@ -376,7 +382,9 @@ __global__ void __launch_bounds__(kThreads, 4) fused_kernel(FusedArgs fa) {
       int64_t excl, tile_sum;
       BlockScan(tmp.scan).ExclusiveSum(len, excl, tile_sum);
       if (g < g1) bag_off[g] = carry + excl;
-      if (g == L - 1) bag_off[L] = carry + excl + len;
+      // Only the owner of bag L-1 writes the total (a thread past g1 of an earlier block has
+      // g == L-1 too, with len 0: it must not race the owner).
+      if (g < g1 && g == L - 1) bag_off[L] = carry + excl + len;
       carry += tile_sum;
       __syncthreads();
     }
@@ -385,7 +393,10 @@ __global__ void __launch_bounds__(kThreads, 4) fused_kernel(FusedArgs fa) {
     for (int64_t g = g0; g < g1; ++g) {
       const FusedBag fb = fused_bag(a, fa.lengths, g);
       const int64_t len = fb.b.id_end - fb.b.id_begin;
-      for (int64_t d = t; d < W; d += kThreads) cnt[0][d] = 0;
+      if (fa.slots)
+        for (int64_t i = t; i < kSlots * W; i += kThreads) slot_cnt[i] = 0;
+      else
+        for (int64_t d = t; d < W; d += kThreads) cnt[0][d] = 0;
       __syncthreads();
       for (int64_t c0 = 0; c0 < len; c0 += kCacheIds) {
         int64_t idv[kCacheTiles];
@@ -401,12 +412,28 @@ __global__ void __launch_bounds__(kThreads, 4) fused_kernel(FusedArgs fa) {
           if (off < len) route(idv[u], fb.b, W, a.ids_i32, &dest, &local);
           if (fa.cache) cid[u] = idv[u];
           const unsigned same = __match_any_sync(0xffffffffu, dest);
-          if (dest >= 0 && (same & ((1u << lane) - 1u)) == 0)
-            atomicAdd(&cnt[0][dest], __popc(same));
+          if (dest >= 0 && (same & ((1u << lane) - 1u)) == 0) {
+            if (fa.slots)  // one leader per (slot, bucket): a plain store
+              slot_cnt[(u * (kThreads / 32) + warp) * W + dest] = __popc(same);
+            else
+              atomicAdd(&cnt[0][dest], __popc(same));
+          }
         }
       }
       __syncthreads();
-      for (int64_t d = t; d < W; d += kThreads) a.new_lengths[fb.b.nl0 + d * fb.b.L] = cnt[0][d];
+      if (fa.slots) {
+        for (int64_t d = t; d < W; d += kThreads) {
+          int run = 0;
+          for (int sl = 0; sl < kSlots; ++sl) {
+            const int v = slot_cnt[sl * W + d];
+            slot_cnt[sl * W + d] = run;
+            run += v;
+          }
+          a.new_lengths[fb.b.nl0 + d * fb.b.L] = run;
+        }
+      } else {
+        for (int64_t d = t; d < W; d += kThreads) a.new_lengths[fb.b.nl0 + d * fb.b.L] = cnt[0][d];
+      }
       // Every thread's writes (bag offsets, new_lengths) before the tally that publishes them.
       __threadfence();
       __syncthreads();
@@ -448,7 +475,31 @@ __global__ void __launch_bounds__(kThreads, 4) fused_kernel(FusedArgs fa) {
         for (int w = 0; w < kThreads / 32; ++w) cnt[w][d] = 0;
       }
       const int64_t rank_base = __ldcg(&a.bag_offsets[fb.first]);
-      for (int64_t c0 = 0; c0 < len; c0 += kCacheIds) {
+      if (fa.slots) {
+        // Positions straight from the slot prefixes of phase B: no barrier per tile.
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < kCacheTiles; ++u) {
+          const int64_t t0 = u * kThreads;
+          if (t0 >= len) break;
+          const bool valid = t0 + t < len;
+          int64_t dest64 = -1, local = 0;
+          if (valid) route(cid[u], fb.b, W, a.ids_i32, &dest64, &local);
+          const int dest = static_cast<int>(dest64);
+          const unsigned same = __match_any_sync(0xffffffffu, dest);
+          const int rank_in_warp = __popc(same & ((1u << lane) - 1u));
+          if (valid) {
+            const int64_t i = fb.b.id_begin + t0 + t;
+            const int64_t pos =
+                base[dest] + slot_cnt[(u * (kThreads / 32) + warp) * W + dest] + rank_in_warp;
+            a.new_values[pos] = local;
+            if (a.weights) a.new_weights[pos] = a.weights[i];
+            a.perm[i] = pos - rank_base;
+            if (a.dest_rank) a.dest_rank[i] = dest;
+          }
+        }
+      }
+      for (int64_t c0 = 0; !fa.slots && c0 < len; c0 += kCacheIds) {
         int64_t idv[kCacheTiles];
 #pragma unroll
         for (int u = 0; u < kCacheTiles; ++u) {
@@ -591,6 +642,18 @@ bool bucketize_fused_eligible(const BucketizeArgs& a, const BucketizeFused& f) {
   return cap > 0 && f.scratch_bytes >= fused_scratch_bytes_for(cap, a.num_ranks);
 }
 
+BucketizeFusedShape bucketize_fused_shape(const BucketizeArgs& a, const BucketizeFused& f) {
+  BucketizeFusedShape sh;
+  if (!bucketize_fused_eligible(a, f)) return sh;
+  int64_t grid = std::min(a.total_bags, fused_capacity());
+  if (f.max_grid > 0) grid = std::min<int64_t>(grid, f.max_grid);
+  sh.bags_per_block = (a.total_bags + grid - 1) / grid;
+  sh.grid = (a.total_bags + sh.bags_per_block - 1) / sh.bags_per_block;  // no empty blocks
+  sh.capacity = fused_capacity();
+  sh.ids_cached = sh.bags_per_block == 1 && a.max_bag_len <= kCacheIds;
+  return sh;
+}
+
 void launch_bucketize_from_lengths(const BucketizeArgs& a, const int64_t* lengths,
                                    const BucketizeFused& f, cudaStream_t s) {
   if (!bucketize_fused_eligible(a, f)) {
@@ -599,14 +662,14 @@ void launch_bucketize_from_lengths(const BucketizeArgs& a, const int64_t* length
     launch_bucketize(a, s);
     return;
   }
-  int64_t grid = std::min(a.total_bags, fused_capacity());
-  if (f.max_grid > 0) grid = std::min<int64_t>(grid, f.max_grid);
+  const BucketizeFusedShape sh = bucketize_fused_shape(a, f);
+  const int64_t grid = sh.grid;
   FusedArgs fa;
   fa.a = a;
   fa.lengths = lengths;
-  fa.bags_per_block = (a.total_bags + grid - 1) / grid;
-  grid = (a.total_bags + fa.bags_per_block - 1) / fa.bags_per_block;  // no empty blocks
-  fa.cache = fa.bags_per_block == 1 && a.max_bag_len <= kCacheIds;
+  fa.bags_per_block = sh.bags_per_block;
+  fa.cache = sh.ids_cached;
+  fa.slots = sh.ids_cached && a.world_size <= kSlotsMaxW;
   // The view is laid out for the capacity the scratch was sized for; a smaller grid uses a
   // prefix of chunk_flag/chunk_sum.
   fa.sc = fused_scratch_view(f.scratch, fused_capacity(), a.num_ranks);

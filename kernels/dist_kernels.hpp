@@ -68,6 +68,13 @@ size_t bucketize_fused_scratch_bytes(int64_t num_ranks);
 void bucketize_fused_scratch_init(void* scratch, size_t bytes, cudaStream_t s);
 // Whether launch_bucketize_from_lengths takes the fused kernel for these arguments.
 bool bucketize_fused_eligible(const BucketizeArgs& a, const BucketizeFused& f);
+struct BucketizeFusedShape {
+  int64_t grid = 0;  // 0: not the fused path
+  int64_t bags_per_block = 0;
+  int64_t capacity = 0;  // resident blocks of the kernel on this device
+  bool ids_cached = false;
+};
+BucketizeFusedShape bucketize_fused_shape(const BucketizeArgs& a, const BucketizeFused& f);
 void launch_bucketize_from_lengths(const BucketizeArgs& a, const int64_t* lengths,
                                    const BucketizeFused& f, cudaStream_t s);
 

@@ -338,7 +338,7 @@ TEST_CASE("batched bucketize: fused and three-pass paths == cpu") {
       }
       const bool want_fused = variant < 3 && L > 0 && max_rank_bags * W <= 65536;
       INFO("it " << it << " variant " << variant << " W=" << W << " F=" << F << " L=" << L
-                 << " N=" << N << (weighted ? " weighted" : "") << (i32 ? " int32" : ""));
+                 << " N=" << N << " weighted=" << weighted << " int32=" << i32);
       CHECK(cuda::bucketize_fused_eligible(ba, fused) == want_fused);
       fused_runs += want_fused;
       // Twice on the same scratch: the kernel must leave it zeroed for the next launch.
