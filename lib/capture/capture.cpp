@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -167,6 +168,49 @@ struct CaptureReader::Impl {
     // (unwritten chunks read back as fill values). A real capture stores its data: deflate
     // compresses at most ~1032:1, so a claim beyond kMaxRatio x the bytes stored (and past a
     // small floor that leaves tiny, fill-valued datasets alone) is refused before allocation.
+    // Contiguous data must lie inside the file: a truncated copy, or a damaged address, would
+    // otherwise have libhdf5 1.10 read past its buffer of an in-memory image (found by
+    // fuzz_capture) or return garbage.
+    // Chunks likewise (libhdf5's sieve buffer is sized by the file, and a chunk claimed past
+    // its end is copied out of bounds); checked up to kMaxCheckedChunks chunks, as
+    // H5Dget_chunk_info walks the index from the start on every call.
+    hsize_t fsize = 0;
+    if (bytes > 0 && H5Fget_filesize(fid, &fsize) >= 0) {
+      auto past_eof = [&](haddr_t addr, double n, const char* what) {
+        if (addr != HADDR_UNDEF && (addr > fsize || n > static_cast<double>(fsize - addr)))
+          fail(path, fmt::format("{} of extent {} ({:.0f} bytes at offset {}) lies past the end "
+                                 "of the file ({} bytes): truncated or damaged",
+                                 what, shape_str(ds.dims), n, static_cast<uint64_t>(addr),
+                                 static_cast<uint64_t>(fsize)));
+      };
+      past_eof(H5Dget_offset(ds.d), bytes, "data");  // HADDR_UNDEF unless contiguous
+      Hid dcpl = h5::plist_id(H5Dget_create_plist(ds.d));
+      hsize_t nchunks = 0;
+      constexpr hsize_t kMaxCheckedChunks = 1024;
+      if (dcpl.valid() && H5Pget_layout(dcpl) == H5D_CHUNKED) {
+        // Without filters a chunk stores exactly its bytes; a shorter one is copied from out
+        // of bounds by libhdf5 1.10 (found by fuzz_capture).
+        double raw_chunk = static_cast<double>(H5Tget_size(ds.t));
+        std::vector<hsize_t> cdims(ds.dims.size());
+        const int crank = H5Pget_chunk(dcpl, static_cast<int>(cdims.size()), cdims.data());
+        for (int i = 0; i < crank; ++i) raw_chunk *= static_cast<double>(cdims[i]);
+        const bool unfiltered = H5Pget_nfilters(dcpl) == 0;
+        Hid space = h5::space_id(H5Dget_space(ds.d));
+        if (H5Dget_num_chunks(ds.d, space, &nchunks) >= 0 && nchunks <= kMaxCheckedChunks)
+          for (hsize_t i = 0; i < nchunks; ++i) {
+            unsigned mask = 0;
+            haddr_t caddr = HADDR_UNDEF;
+            hsize_t csize = 0;
+            if (H5Dget_chunk_info(ds.d, space, i, nullptr, &mask, &caddr, &csize) < 0)
+              fail(path, "unreadable chunk index: " + h5::last_error());
+            past_eof(caddr, static_cast<double>(csize), "a chunk");
+            if (unfiltered && crank > 0 && static_cast<double>(csize) != raw_chunk)
+              fail(path, fmt::format("chunk {} stores {} bytes, want {} (no filters): damaged",
+                                     static_cast<uint64_t>(i), static_cast<uint64_t>(csize),
+                                     raw_chunk));
+          }
+      }
+    }
     constexpr double kFloorBytes = 64.0 * 1024 * 1024;
     constexpr double kMaxRatio = 1100.0;
     if (bytes > kFloorBytes) {
@@ -292,7 +336,13 @@ CaptureReader::CaptureReader(const std::string& name, const void* image, size_t 
   if (!fapl.valid() || H5Pset_fapl_core(fapl, 1 << 16, 0) < 0 ||
       H5Pset_file_image(fapl, const_cast<void*>(image), size) < 0)
     I.fail("/", "cannot set up the in-memory image: " + h5::last_error());
-  I.fid = h5::file_id(H5Fopen(name.c_str(), H5F_ACC_RDONLY, fapl));
+  // libhdf5 finds an already-open file by name, also for in-memory images: a damaged image
+  // whose handles libhdf5 leaked on an error path would be shared with the next image of the
+  // same name (a use-after-free found by fuzz_capture). Each image gets its own internal name;
+  // messages keep `name`.
+  static std::atomic<uint64_t> image_seq{0};
+  const std::string internal = name + "#image" + std::to_string(image_seq.fetch_add(1));
+  I.fid = h5::file_id(H5Fopen(internal.c_str(), H5F_ACC_RDONLY, fapl));
   if (!I.fid.valid())
     I.fail("/", "cannot open as HDF5 (truncated or damaged?): " + h5::last_error());
   read_root();

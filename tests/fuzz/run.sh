@@ -13,7 +13,7 @@ secs=${2:-30}
 # libhdf5 1.10 itself leaks small blocks on some error paths and mallocs whatever size a damaged
 # metadata header claims (it checks for NULL): both are excluded, see docs/robustness.md.
 export LSAN_OPTIONS="suppressions=$src/tests/fuzz/lsan.supp:print_suppressions=0"
-export ASAN_OPTIONS="allocator_may_return_null=1"
+export ASAN_OPTIONS="allocator_may_return_null=1:suppressions=$src/tests/fuzz/asan.supp"
 work="$build/fuzz-run"
 rm -rf "$work"
 mkdir -p "$work/plan" "$work/capture" "$build/fuzz-artifacts"
