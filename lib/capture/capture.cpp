@@ -186,7 +186,7 @@ struct CaptureReader::Impl {
       past_eof(H5Dget_offset(ds.d), bytes, "data");  // HADDR_UNDEF unless contiguous
       Hid dcpl = h5::plist_id(H5Dget_create_plist(ds.d));
       hsize_t nchunks = 0;
-      constexpr hsize_t kMaxCheckedChunks = 1024;
+      constexpr hsize_t kMaxCheckedChunks = 256;
       if (dcpl.valid() && H5Pget_layout(dcpl) == H5D_CHUNKED) {
         // Without filters a chunk stores exactly its bytes; a shorter one is copied from out
         // of bounds by libhdf5 1.10 (found by fuzz_capture).
