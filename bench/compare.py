@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Joins `dynemb-dist bench --json` (ours-NAME.json) with bench/peer_torch.py (peer-NAME.json)
-from one run of bench/run_on_gpu.sh and prints the ratio table and the issue-7 acceptance."""
+from one run of bench/run_on_gpu.sh and prints the ratio table and the issue-7 acceptance.
+Rows marked "+launch" come from `bench --queue-ahead 0` (host launch latency included)."""
 import glob
 import json
 import os
@@ -20,7 +21,8 @@ for name, o in ours.items():
             t = p.get("sequence dist (torch 3 steps)")
         tu = f"{t['time_us']:10.1f}" if t else f"{'-':>10}"
         sp = f"{t['time_us'] / s['time_us']:7.2f}x" if t and s["time_us"] > 0 else f"{'-':>8}"
-        print(f"  {o['workload']:<26} {s['name']:<32} {s['time_us']:10.1f} {s['gbps']:8.1f} {s['pct_copy']:6.1f} {tu} {sp}")
+        wl = o["workload"] + (" +launch" if o.get("queue_ahead_cycles", 1) == 0 else "")
+        print(f"  {wl:<26} {s['name']:<32} {s['time_us']:10.1f} {s['gbps']:8.1f} {s['pct_copy']:6.1f} {tu} {sp}")
 
 def stage(name, st):
     for s in ours.get(name, {}).get("stages", []):
