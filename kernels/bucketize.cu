@@ -639,7 +639,15 @@ bool bucketize_fused_eligible(const BucketizeArgs& a, const BucketizeFused& f) {
       f.max_rank_bags * a.world_size > kMaxFusedRankEntries)
     return false;
   const int64_t cap = fused_capacity();
-  return cap > 0 && f.scratch_bytes >= fused_scratch_bytes_for(cap, a.num_ranks);
+  if (cap <= 0 || f.scratch_bytes < fused_scratch_bytes_for(cap, a.num_ranks)) return false;
+  // One kernel wins when every block owns one bag (hstu-e2e: 37.8 us vs 53 us for the three
+  // passes). With several bags per block it is slower than the three passes (hstu-e2e x16:
+  // 503 us vs 397 us, BENCHMARKS.md), so that shape is taken only when a test forces it.
+  return f.max_grid > 0 || a.total_bags <= cap;
+}
+
+int64_t bucketize_fused_capacity() {
+  return fused_capacity();
 }
 
 BucketizeFusedShape bucketize_fused_shape(const BucketizeArgs& a, const BucketizeFused& f) {

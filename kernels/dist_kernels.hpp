@@ -51,7 +51,7 @@ void launch_offsets_from_lengths(const int64_t* lengths, int64_t n, int64_t* off
 
 // The whole stage from lengths: writes a.bag_offsets [total_bags+1] from `lengths`
 // [total_bags], then bucketizes. Long bags (max_bag_len > 64, W <= 256, W x bags of one rank
-// <= 65536) with a fused workspace take ONE persistent kernel (cooperative launch, every block
+// <= 65536, at most one bag per resident block) with a fused workspace take ONE persistent kernel (cooperative launch, every block
 // resident): bag offsets by a look-back over per-block sums, counts with the ids kept in
 // registers, each rank's scan by the block that counts its last bag, placement once the
 // rank's offsets are published. Everything else: launch_offsets_from_lengths +
@@ -66,6 +66,9 @@ struct BucketizeFused {
 size_t bucketize_fused_scratch_bytes(int64_t num_ranks);
 // The scratch holds flags and counters; the kernel leaves it zeroed for the next launch.
 void bucketize_fused_scratch_init(void* scratch, size_t bytes, cudaStream_t s);
+// Resident blocks of the fused kernel on the current device (0: no cooperative launch). The
+// fused path is taken when total_bags <= this (one bag per block), or when max_grid forces it.
+int64_t bucketize_fused_capacity();
 // Whether launch_bucketize_from_lengths takes the fused kernel for these arguments.
 bool bucketize_fused_eligible(const BucketizeArgs& a, const BucketizeFused& f);
 struct BucketizeFusedShape {
