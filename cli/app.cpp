@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <new>
 #include <string>
 #include <vector>
 
 #include "commands.hpp"
+#include "capture/capture.hpp"
 #include "common/error.hpp"
 
 namespace dynemb::cli {
@@ -81,6 +83,28 @@ const CLI::App* named_subcommand(const CLI::App& app, int argc, char** argv) {
   return nullptr;
 }
 
+// A damaged capture can make libhdf5 loop forever while the file's metadata is read
+// (docs/robustness.md): report it and exit 2 rather than hang a CI job.
+// DYNEMB_OPEN_TIMEOUT=SECONDS (default 60; 0 turns the watchdog off).
+void arm_open_watchdog() {
+  double secs = 60;
+  if (const char* env = std::getenv("DYNEMB_OPEN_TIMEOUT"); env && *env) {
+    char* end = nullptr;
+    const double v = std::strtod(env, &end);
+    if (end != env && *end == '\0' && v >= 0) secs = v;
+  }
+  set_capture_open_watchdog(secs, [secs](const std::string& path) {
+    std::fflush(stdout);
+    fmt::print(stderr,
+               "dynemb-dist: error: {}: libhdf5 did not finish reading the file's metadata in "
+               "{:g} s; the file is damaged (libhdf5 1.10 can loop on a damaged global heap). "
+               "DYNEMB_OPEN_TIMEOUT sets the limit.\n",
+               path, secs);
+    std::fflush(stderr);
+    std::_Exit(2);
+  });
+}
+
 }  // namespace
 
 int main_entry(int argc, char** argv) {
@@ -128,6 +152,7 @@ int main_entry(int argc, char** argv) {
     std::fputs(kShortUsage, stdout);
     return 0;
   }
+  arm_open_watchdog();
   try {
     return run();
   } catch (const PlanError& e) {  // already "file:line:col: error: ..."

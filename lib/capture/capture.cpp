@@ -6,6 +6,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -303,7 +307,71 @@ struct CaptureReader::Impl {
   void read_kjt(const Plan& plan, const std::string& rp, Kjt& kjt) const;
 };
 
+namespace {
+
+struct WatchdogConfig {
+  std::mutex m;
+  double seconds = 0;
+  std::function<void(const std::string&)> on_timeout;
+};
+WatchdogConfig& watchdog_config() {
+  static WatchdogConfig c;
+  return c;
+}
+
+// Lives for the duration of one capture open; calls the armed callback if that open is
+// still running after the configured time.
+class OpenWatchdog {
+ public:
+  explicit OpenWatchdog(const std::string& path) {
+    WatchdogConfig& c = watchdog_config();
+    std::function<void(const std::string&)> cb;
+    double secs = 0;
+    {
+      std::lock_guard<std::mutex> lk(c.m);
+      secs = c.seconds;
+      cb = c.on_timeout;
+    }
+    if (secs <= 0 || !cb) return;
+    thread_ = std::thread([this, path, secs, cb] {
+      std::unique_lock<std::mutex> lk(m_);
+      if (!cv_.wait_for(lk, std::chrono::duration<double>(secs), [this] { return done_; })) {
+        lk.unlock();
+        cb(path);
+      }
+    });
+  }
+  ~OpenWatchdog() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  OpenWatchdog(const OpenWatchdog&) = delete;
+  OpenWatchdog& operator=(const OpenWatchdog&) = delete;
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: started once the members above exist
+};
+
+}  // namespace
+
+void set_capture_open_watchdog(double seconds,
+                               std::function<void(const std::string& path)> on_timeout) {
+  WatchdogConfig& c = watchdog_config();
+  std::lock_guard<std::mutex> lk(c.m);
+  c.seconds = seconds;
+  c.on_timeout = std::move(on_timeout);
+}
+
 CaptureReader::CaptureReader(const std::string& path) : path_(path), impl_(new Impl) {
+  const OpenWatchdog watchdog(path);
   h5::quiet();
   Impl& I = *impl_;
   I.file = path;

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,14 @@ struct DatasetStat {
   int64_t logical_bytes = 0;  // elements x element size
   int64_t stored_bytes = 0;   // on disk (after compression)
 };
+
+// libhdf5 1.10 can loop forever inside a metadata read of a damaged file (a damaged global
+// heap under /plan's string, docs/robustness.md); nothing can interrupt it from outside. When
+// armed, opening a capture from a file (superblock, root attributes, /plan) that takes longer
+// than `seconds` calls `on_timeout(path)` from a watchdog thread: the CLI reports the file and
+// exits 2 there. seconds <= 0 disarms (the default).
+void set_capture_open_watchdog(double seconds,
+                               std::function<void(const std::string& path)> on_timeout);
 
 class CaptureReader {
  public:

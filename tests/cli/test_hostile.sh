@@ -149,5 +149,15 @@ plant deepplan seq 'del f["plan"]; f["plan"] = np.bytes_(b"world_size: 2\ntables
 run deepplan 2 replay "$tmp/deepplan.h5" --quiet
 has deepplan "deepplan\.h5:/plan"
 
+# A damaged global heap makes libhdf5 1.10 loop forever inside the /plan read (found by
+# fuzz_capture; docs/robustness.md): the open watchdog names the file and exits 2, not a hang.
+export DYNEMB_OPEN_TIMEOUT=3
+run heaploop 2 inspect "$DYNEMB_SRC/tests/data/hdf5-global-heap-loop.h5"
+has heaploop "hdf5-global-heap-loop\.h5: libhdf5 did not finish reading the file's metadata in 3 s"
+run heaploop-validate 2 validate "$DYNEMB_SRC/plans/unit-seq-w2.yaml" \
+  --capture "$DYNEMB_SRC/tests/data/hdf5-global-heap-loop.h5"
+has heaploop-validate "did not finish reading"
+unset DYNEMB_OPEN_TIMEOUT
+
 [[ $fails -eq 0 ]] && echo "all hostile inputs handled" || echo "$fails failures"
 [[ $fails -eq 0 ]]
