@@ -48,8 +48,10 @@ _, synth1 = peak("synth", "--preset", "unit-seq-w8", "--batches", "1", "--seed",
 _, synthN = peak("synth", "--preset", "unit-seq-w8", "--batches", "24", "--seed", "1", "-o", big)
 size = logical_bytes(big)
 budget = size / 4
-_, rep1 = peak("replay", one, "--quiet")
-_, repN = peak("replay", big, "--quiet")
+# The CPU backend: what is measured is the streaming of batches, not a CUDA context's RSS
+# (on a GPU machine `auto` would pick cuda and add ~100 MiB of driver state to both).
+_, rep1 = peak("replay", one, "--quiet", "--backend", "cpu")
+_, repN = peak("replay", big, "--quiet", "--backend", "cpu")
 _, valN = peak("validate", os.path.join(os.environ.get("DYNEMB_SRC", "."), "plans/unit-seq-w8.yaml"),
                   "--capture", big)
 mib = 1 << 20

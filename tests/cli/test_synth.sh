@@ -16,7 +16,10 @@ ok() { echo "ok: $*"; }
 "$exe" synth --preset unit-seq-w2 --batches 2 --seed 9 --weighted --store ctx,local_embs,output -o "$tmp/a.h5" >/dev/null || fail "synth a"
 "$exe" synth --preset unit-seq-w2 --batches 2 --seed 9 --weighted --store ctx,local_embs,output -o "$tmp/b.h5" >/dev/null || fail "synth b"
 "$exe" synth --preset unit-seq-w2 --batches 2 --seed 10 --weighted --store ctx,local_embs,output -o "$tmp/c.h5" >/dev/null || fail "synth c"
-if h5diff -q "$tmp/a.h5" "$tmp/b.h5"; then ok "same seed: h5diff finds no difference"; else fail "same seed gives different captures"; fi
+# h5diff/h5dump come with hdf5-tools (CI installs them); where missing, those two checks say so.
+if ! command -v h5diff >/dev/null 2>&1; then
+  echo "skip: h5diff (hdf5-tools not installed); the byte comparison below still runs"
+elif h5diff -q "$tmp/a.h5" "$tmp/b.h5"; then ok "same seed: h5diff finds no difference"; else fail "same seed gives different captures"; fi
 cmp -s "$tmp/a.h5" "$tmp/b.h5" && ok "same seed: byte-identical files (no HDF5 timestamps)" || fail "same seed: files differ in bytes"
 # (h5diff calls datasets of different shapes "not comparable" and exits 0: compare in Python)
 "$py" - "$tmp/a.h5" "$tmp/c.h5" <<'PY' && ok "another seed: other ids, oracle seed = --seed" || fail "seed 9 vs 10"
@@ -53,9 +56,13 @@ printf 'format_version: 1\nworld_size: 0\n' >"$tmp/bad.yaml"
 compgen -G "$tmp/keep.h5.tmp-*" >/dev/null && fail "temp left by a failed run"
 
 # ---- fixtures are chunked with shuffle + deflate
-hd=$(h5dump -pH "$src/fixtures/seq-w2.h5")
-grep -q CHUNKED <<<"$hd" && grep -q 'COMPRESSION DEFLATE' <<<"$hd" && grep -q 'PREPROCESSING SHUFFLE' <<<"$hd" \
-  && ok "h5dump -pH fixtures/seq-w2.h5: CHUNKED, SHUFFLE, DEFLATE" || fail "fixture not chunked/deflated"
+if command -v h5dump >/dev/null 2>&1; then
+  hd=$(h5dump -pH "$src/fixtures/seq-w2.h5")
+  grep -q CHUNKED <<<"$hd" && grep -q 'COMPRESSION DEFLATE' <<<"$hd" && grep -q 'PREPROCESSING SHUFFLE' <<<"$hd" \
+    && ok "h5dump -pH fixtures/seq-w2.h5: CHUNKED, SHUFFLE, DEFLATE" || fail "fixture not chunked/deflated"
+else
+  echo "skip: h5dump -pH (hdf5-tools not installed)"
+fi
 # every chunk <= 1 MiB
 "$py" - "$tmp/slow.h5" <<'PY' && ok "every chunk <= 1 MiB" || fail "a chunk is larger than 1 MiB"
 import sys, h5py

@@ -185,6 +185,11 @@ def main():
         print("DYNEMB (the dynemb-dist binary) is not set")
         return 2
     python = os.environ.get("DYNEMB_PYTHON") or sys.executable
+    # The documents' scripts use h5py and numpy: without them there is nothing to check here
+    # (CI installs them; a bare GPU machine may not have them).
+    if subprocess.run([python, "-c", "import h5py, numpy"], capture_output=True).returncode != 0:
+        print(f"SKIP: {python} has no h5py/numpy (the documents' scripts need them)")
+        return 77
     docs = sys.argv[1:] or [os.path.join(SRC, d) for d in DOCS]
     ok = True
     for d in docs:
