@@ -682,9 +682,20 @@ void launch_bucketize_from_lengths(const BucketizeArgs& a, const int64_t* length
   // prefix of chunk_flag/chunk_sum.
   fa.sc = fused_scratch_view(f.scratch, fused_capacity(), a.num_ranks);
   void* params[] = {&fa};
-  CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(fused_kernel),
-                                         dim3(static_cast<unsigned>(grid)), dim3(kThreads),
-                                         params, 0, s));
+  const cudaError_t err = cudaLaunchCooperativeKernel(reinterpret_cast<void*>(fused_kernel),
+                                                      dim3(static_cast<unsigned>(grid)),
+                                                      dim3(kThreads), params, 0, s);
+  if (err == cudaErrorCooperativeLaunchTooLarge) {
+    // Fewer blocks fit than the occupancy query promised (e.g. SMs shared under MPS or a
+    // green context): the three passes need no co-residency.
+    (void)cudaGetLastError();
+    launch_offsets_from_lengths(lengths, a.total_bags, const_cast<int64_t*>(a.bag_offsets),
+                                a.scan_temp, a.scan_temp_bytes, s);
+    launch_bucketize(a, s);
+    return;
+  }
+  if (err != cudaSuccess)
+    throw_cuda(err, "cudaLaunchCooperativeKernel(fused_kernel)", __FILE__, __LINE__);
 }
 
 }  // namespace dynemb::cuda
