@@ -7,13 +7,9 @@ set -uo pipefail
 exe=${DYNEMB:?}
 src=${DYNEMB_SRC:?}
 py=${DYNEMB_PYTHON:-python3}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail
 cd "$tmp" || exit 1
 unset GITHUB_ACTIONS
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
 
 # A capture with one planted context defect that the output dist still runs with: two
 # entries of rank 1's unbucketize_permute in batch 1 swapped (a stale permute).

@@ -4,13 +4,9 @@
 set -uo pipefail
 exe=${DYNEMB:?}
 py=${DYNEMB_PYTHON:-python3}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail
 cd "$tmp" || exit 1
 unset GITHUB_ACTIONS
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
 
 out=$("$exe" 2>&1)
 rc=$?

@@ -9,12 +9,9 @@ set -u
 : "${DYNEMB:?}" "${DYNEMB_SRC:?}" "${DYNEMB_PYTHON:=python3}"
 "$DYNEMB_PYTHON" -c 'import h5py, numpy' 2>/dev/null || { echo "no h5py for $DYNEMB_PYTHON"; exit 77; }
 
-fails=0
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail
 asan=0
 nm "$DYNEMB" 2>/dev/null | grep -q __asan_init && asan=1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 # run NAME WANT_RC ARGS...: runs the tool under a 60 s limit and 4 GiB of address space
 # (ASan reserves far more virtual memory, so the limit only applies to plain builds).
 run() {

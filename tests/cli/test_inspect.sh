@@ -6,11 +6,7 @@ set -uo pipefail
 exe=${DYNEMB:?}
 src=${DYNEMB_SRC:?}
 py=${DYNEMB_PYTHON:-python3}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail
 
 out=$("$exe" inspect "$src/fixtures/seq-empty-rank.h5") || fail "inspect fixture: exit $?"
 grep -q '^# plan .*sequence, W=2, F=4, D=128, data_type fp32' <<<"$out" && ok "plan summary" || fail "plan line: $out"

@@ -6,11 +6,7 @@ set -uo pipefail
 exe=${DYNEMB:?}
 src=${DYNEMB_SRC:?}
 build=$(dirname "$exe")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail
 
 if [[ ! -f "$build/cmake_install.cmake" ]]; then
   echo "FAIL: $build is not a CMake build directory (no cmake_install.cmake)"

@@ -9,11 +9,7 @@ set -uo pipefail
 exe=${DYNEMB:?}
 src=${DYNEMB_SRC:?}
 page="$src/man/dynemb-dist.1"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail
 
 [[ -f "$page" ]] || { echo "FAIL: no $page"; exit 1; }
 # The page's text with roff escapes undone: \- is -, font changes vanish.

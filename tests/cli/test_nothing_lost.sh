@@ -7,10 +7,7 @@
 # Env (tests/CMakeLists.txt): DYNEMB (binary), DYNEMB_PYTHON.
 set -u
 : "${DYNEMB:?}"
-fails=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 
 # kill_mid NAME TARGET ARGS...: starts the tool, waits until its temp file has grown past

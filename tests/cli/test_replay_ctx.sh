@@ -7,10 +7,7 @@ set -u
 : "${DYNEMB:?}" "${DYNEMB_PYTHON:=python3}"
 "$DYNEMB_PYTHON" -c 'import h5py, numpy' 2>/dev/null || { echo "no h5py for $DYNEMB_PYTHON"; exit 77; }
 
-fails=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail
 run() {  # run NAME WANT_RC ARGS...
   local name=$1 want=$2
   shift 2

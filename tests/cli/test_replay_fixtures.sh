@@ -11,12 +11,9 @@ shopt -s nullglob
 fixtures=("$DYNEMB_SRC"/fixtures/*.h5 "$DYNEMB_SRC"/fixtures/torchrec/*.h5)
 [[ ${#fixtures[@]} -gt 0 ]] || { echo "no fixtures under $DYNEMB_SRC/fixtures"; exit 77; }
 
-fails=0
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail
 planted_ctx=0
 planted_gold=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
 for fx in "${fixtures[@]}"; do
   name=$(basename "$fx" .h5)

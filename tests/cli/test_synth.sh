@@ -6,11 +6,7 @@ set -uo pipefail
 exe=${DYNEMB:?}
 src=${DYNEMB_SRC:?}
 py=${DYNEMB_PYTHON:-python3}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail
 
 # ---- determinism: same seed -> identical datasets; another seed -> different ids
 "$exe" synth --preset unit-seq-w2 --batches 2 --seed 9 --weighted --store ctx,local_embs,output -o "$tmp/a.h5" >/dev/null || fail "synth a"

@@ -5,11 +5,8 @@
 set -u
 : "${DYNEMB:?}" "${DYNEMB_SRC:?}" "${DYNEMB_PYTHON:=python3}"
 
-fails=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail
 
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
 # run NAME WANT_RC ARGS...: runs the binary, stdout+stderr to $tmp/NAME.out, checks the status.
 run() {
