@@ -416,10 +416,10 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
     ba.perm = d_perm.data();
     ba.scan_temp = d_tmp.data();
     ba.scan_temp_bytes = tb;
-    cuda::BucketizeFused fused;  // long bags: one persistent kernel (kernels/bucketize.cu)
+    cuda::BucketizeFused fused;  // a block per bag: one kernel (kernels/bucketize.cu)
     for (int64_t r = 0; r < W; ++r)
       fused.max_rank_bags = std::max(fused.max_rank_bags, rank_bag_off[r + 1] - rank_bag_off[r]);
-    fused.scratch_bytes = cuda::bucketize_fused_scratch_bytes(W);
+    fused.scratch_bytes = cuda::bucketize_fused_scratch_bytes();
     DeviceBuffer<char> d_fused(static_cast<int64_t>(std::max<size_t>(fused.scratch_bytes, 1)));
     if (fused.scratch_bytes > 0) {
       fused.scratch = d_fused.data();
@@ -432,11 +432,35 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
     // ids in; new_values + unbucketize_permute out; lengths in; new_lengths out (+ weights).
     const double bytes = 8.0 * (3 * N + L + W * L) + (weighted ? 8.0 * N : 0.0);
     st.push_back({"bucketize (all ranks)", N, 0, bytes, us,
-                  one_kernel      ? fmt::format("fused: 1 kernel, {} blocks (of {}), {} bag(s)/block{}",
-                                           shape.grid, shape.capacity, shape.bags_per_block,
+                  one_kernel      ? fmt::format("one pass: 1 kernel, a block per bag, {} blocks (of {}){}",
+                                           shape.grid, shape.capacity,
                                            shape.ids_cached ? ", ids in registers" : "")
                   : max_len > 64 ? "3 passes, block per bag"
                                  : "3 passes, warp per bag"});
+    if (one_kernel) {
+      // Where the one-pass kernel's time goes: one more launch recording %globaltimer at the
+      // end of each step of every block (bucketize.cu), as us after the first block started.
+      DeviceBuffer<unsigned long long> d_trace(cuda::kBucketizeTracePoints * L);
+      fused.trace = d_trace.data();
+      cuda::launch_bucketize_from_lengths(ba, d_len.data(), fused, s);
+      fused.trace = nullptr;
+      const std::vector<unsigned long long> tr = d_trace.download(s);
+      unsigned long long t0 = ~0ull;
+      for (int64_t g = 0; g < L; ++g) t0 = std::min(t0, tr[g * cuda::kBucketizeTracePoints]);
+      std::string line = fmt::format("one-pass steps over {} blocks, us after the first block "
+                                     "started (median / max):", L);
+      const char* names[] = {"start", "bag offsets", "counts", "rank's counts seen", "bases",
+                             "placed"};
+      for (int pt = 0; pt < cuda::kBucketizeTracePoints; ++pt) {
+        std::vector<double> v;
+        for (int64_t g = 0; g < L; ++g)
+          v.push_back(1e-3 * static_cast<double>(tr[g * cuda::kBucketizeTracePoints + pt] - t0));
+        std::sort(v.begin(), v.end());
+        line += fmt::format(" {} {:.1f}/{:.1f}{}", names[pt], v[v.size() / 2], v.back(),
+                            pt + 1 < cuda::kBucketizeTracePoints ? "," : "");
+      }
+      notes.push_back(line);
+    }
     // Check against the CPU reference (derive_input_dist's bucketize).
     const std::vector<int64_t> perm = d_perm.download(s), nv = d_nv.download(s),
                                nl = d_nl.download(s);

@@ -7,21 +7,25 @@
 // + (in earlier lanes of its warp, from __match_any_sync). W > 256 buckets fall back to
 // one thread per bag (DynamicEmb's kernel2 order, also stable).
 //
-// Long bags have a second, fused path (fused_kernel below): one persistent kernel for the
-// whole stage, because at hstu-e2e's size (1 M ids, 25 MB) the three-pass version is
-// dominated by its six launches (two cub scans), not by bandwidth.
+// Batches of at most one bag per resident block have a second path (onepass_kernel below):
+// one kernel for the whole stage, because at hstu-e2e's size (1 M ids, 25 MB) the three-pass
+// version is dominated by its six launches (two cub scans) and their dependency chain, not
+// by bandwidth.
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_scan.cuh>
 
 #include <algorithm>
 
+#include "common/fastdiv.hpp"
 #include "cuda_check.hpp"
 #include "device_math.cuh"
 #include "dist_kernels.hpp"
 
 namespace dynemb::cuda {
 namespace {
+
+using dynemb::FastDivU64;
 
 constexpr int kThreads = 256;
 constexpr int kMaxSharedW = 256;
@@ -51,29 +55,51 @@ __device__ __forceinline__ BagInfo bag_info(const BucketizeArgs& a, int64_t g) {
   return b;
 }
 
-// Destination rank and local id of one id (§3.2 uniform blocks; §10.2 dist types).
-__device__ __forceinline__ void route(int64_t id, const BagInfo& b, int64_t W, bool i32,
+// x / blk and x % blk. The continuous rule divides only ids below blk*W, whose quotient is
+// < W: an fp32 estimate is then within one of it, and one correction step makes it exact.
+// Anything the estimate cannot settle (a huge quotient or blk) takes the exact division.
+__device__ __forceinline__ uint64_t div_by_block(uint64_t x, uint64_t blk, uint64_t* rem) {
+  uint64_t q = static_cast<uint64_t>(__fdividef(__ull2float_rn(x), __ull2float_rn(blk)));
+  uint64_t r = x - q * blk;  // mod 2^64: R + (Q - q) * blk
+  if (static_cast<int64_t>(r) < 0) {
+    --q;
+    r += blk;
+  } else if (r >= blk) {
+    ++q;
+    r -= blk;
+  }
+  if (r >= blk) {  // the estimate was off by more than one
+    q = x / blk;
+    r = x - q * blk;
+  }
+  *rem = r;
+  return q;
+}
+
+// Destination rank and local id of one id (§3.2 uniform blocks; §10.2 dist types), exactly
+// as route_id (lib/engine/ops.cpp). wd divides by W.
+__device__ __forceinline__ void route(int64_t id, const BagInfo& b, const FastDivU64& wd, bool i32,
                                       int64_t* dest, int64_t* local) {
-  const uint64_t w = static_cast<uint64_t>(W);
   const uint64_t x =
       i32 ? static_cast<uint64_t>(static_cast<uint32_t>(id)) : static_cast<uint64_t>(id);
   if (b.dist == 1) {  // roundrobin: raw key stays
-    *dest = static_cast<int64_t>(x % w);
+    *dest = static_cast<int64_t>(wd.mod(x));
     *local = id;
   } else if (b.dist == 2) {  // hash_roundrobin: fmix64, cast to the index type, % W
     uint64_t h = d_fmix64(x);
     if (i32) h = static_cast<uint32_t>(h);
-    *dest = static_cast<int64_t>(h % w);
+    *dest = static_cast<int64_t>(wd.mod(h));
     *local = id;
   } else {
-    const uint64_t G = b.blk * w;
+    uint64_t G = b.blk * wd.d;  // FBGEMM computes in uindex_t: wraps for int32 ids
+    if (i32) G = static_cast<uint32_t>(G);
     uint64_t loc;
     if (x < G) {
-      *dest = static_cast<int64_t>(x / b.blk);
-      loc = x % b.blk;
+      *dest = static_cast<int64_t>(div_by_block(x, b.blk, &loc));
     } else {
-      *dest = static_cast<int64_t>(x % w);
-      loc = x / w;
+      const uint64_t q = wd.div(x);
+      *dest = static_cast<int64_t>(x - q * wd.d);
+      loc = q;
     }
     *local = i32 ? static_cast<int64_t>(static_cast<int32_t>(static_cast<uint32_t>(loc)))
                  : static_cast<int64_t>(loc);
@@ -83,7 +109,7 @@ __device__ __forceinline__ void route(int64_t id, const BagInfo& b, int64_t W, b
 constexpr int kPre = 4;  // tiles whose ids are loaded before the first is processed
 
 template <int NW>  // warps per bag
-__global__ void __launch_bounds__(kThreads) count_kernel(BucketizeArgs a) {
+__global__ void __launch_bounds__(kThreads) count_kernel(BucketizeArgs a, FastDivU64 wd) {
   constexpr int kGroups = kThreads / (32 * NW);
   constexpr int kTile = 32 * NW;
   __shared__ int hist[kGroups][kMaxSharedW];
@@ -113,7 +139,7 @@ __global__ void __launch_bounds__(kThreads) count_kernel(BucketizeArgs a) {
     for (int u = 0; u < kPre; ++u) {
       const int64_t off = c0 + u * kTile + t;
       int64_t dest = -1, local;
-      if (off < len) route(idv[u], b, W, a.ids_i32, &dest, &local);
+      if (off < len) route(idv[u], b, wd, a.ids_i32, &dest, &local);
       // Warp-aggregated: one shared atomic per (warp, bucket) instead of one per id.
       const unsigned same = __match_any_sync(0xffffffffu, dest);
       if (dest >= 0 && (same & ((1u << lane) - 1u)) == 0) atomicAdd(&hist[grp][dest], __popc(same));
@@ -128,7 +154,7 @@ __global__ void __launch_bounds__(kThreads) count_kernel(BucketizeArgs a) {
 }
 
 template <int NW>
-__global__ void __launch_bounds__(kThreads) place_kernel(BucketizeArgs a) {
+__global__ void __launch_bounds__(kThreads) place_kernel(BucketizeArgs a, FastDivU64 wd) {
   constexpr int kGroups = kThreads / (32 * NW);
   constexpr int kTile = 32 * NW;
   __shared__ int cnt[kGroups][NW][kMaxSharedW];   // ids per (warp of the tile, bucket)
@@ -165,7 +191,7 @@ __global__ void __launch_bounds__(kThreads) place_kernel(BucketizeArgs a) {
       const int64_t i = b.id_begin + t0 + t;
       const bool valid = t0 + t < len;
       int64_t dest = -1, local = 0;
-      if (valid) route(idv[u], b, W, a.ids_i32, &dest, &local);
+      if (valid) route(idv[u], b, wd, a.ids_i32, &dest, &local);
       const unsigned same = __match_any_sync(0xffffffffu, dest);
       const int rank_in_warp = __popc(same & ((1u << lane) - 1u));
       if (valid && rank_in_warp == 0) cnt[grp][warp][dest] = __popc(same);
@@ -198,25 +224,25 @@ __global__ void __launch_bounds__(kThreads) place_kernel(BucketizeArgs a) {
 }
 
 // W > kMaxSharedW: one thread per bag, ids in order (counts, then cursors in new_offsets).
-__global__ void count_serial_kernel(BucketizeArgs a) {
+__global__ void count_serial_kernel(BucketizeArgs a, FastDivU64 wd) {
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (g >= a.total_bags) return;
   const BagInfo b = bag_info(a, g);
   for (int64_t d = 0; d < a.world_size; ++d) a.new_lengths[b.nl0 + d * b.L] = 0;
   for (int64_t i = b.id_begin; i < b.id_end; ++i) {
     int64_t dest, local;
-    route(a.ids[i], b, a.world_size, a.ids_i32, &dest, &local);
+    route(a.ids[i], b, wd, a.ids_i32, &dest, &local);
     ++a.new_lengths[b.nl0 + dest * b.L];
   }
 }
 
-__global__ void place_serial_kernel(BucketizeArgs a) {
+__global__ void place_serial_kernel(BucketizeArgs a, FastDivU64 wd) {
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (g >= a.total_bags) return;
   const BagInfo b = bag_info(a, g);
   for (int64_t i = b.id_begin; i < b.id_end; ++i) {
     int64_t dest, local;
-    route(a.ids[i], b, a.world_size, a.ids_i32, &dest, &local);
+    route(a.ids[i], b, wd, a.ids_i32, &dest, &local);
     const int64_t pos = a.new_offsets[b.nl0 + dest * b.L]++;  // bag-owned cursor
     a.new_values[pos] = local;
     if (a.weights) a.new_weights[pos] = a.weights[i];
@@ -225,344 +251,372 @@ __global__ void place_serial_kernel(BucketizeArgs a) {
   }
 }
 
-// ------------------------------------------------------------------- fused long-bag path
-// One cooperative launch, every block resident, so a block may wait for another:
-//   A. bag offsets: block b owns bags [g0, g1) (k = ceil(L / G) each); it publishes the sum of
-//      its lengths, adds up the sums of blocks < b (spinning on their flags), and scans its
-//      own lengths into bag_offsets.
-//   B. counts: per owned bag, as count_kernel<8> (ids and destinations stay in registers
-//      when the block owns one bag of <= kCacheIds ids); then an atomic per-rank tally. The
-//      block that counts a rank's last bag scans that rank's W x L_q new_lengths into
-//      new_offsets (rank region base = bag_offsets[first bag]) and publishes a rank flag.
-//   C. placement: per owned bag, once its rank's flag is up, as place_kernel<8>.
-// No block waits in B, and A waits only on blocks that publish before waiting, so there is
-// no deadlock while all blocks are resident (the cooperative launch guarantees it). The
-// scratch flags and counters are zeroed by the last block to finish, ready for the next
-// launch on the same stream.
-constexpr int kCacheTiles = 8;                    // ids per thread kept in registers
-constexpr int64_t kCacheIds = kCacheTiles * kThreads;  // 2048: hstu-e2e's bag length
-constexpr int64_t kMaxFusedRankEntries = 65536;   // W x L_q scanned by one block
-constexpr int kSlots = kCacheTiles * (kThreads / 32);  // (tile, warp) slots of a cached bag
-constexpr int kSlotsMaxW = 64;                         // slot counts kept for W <= 64
+// ------------------------------------------------------------ one-pass path (a block per bag)
+// One cooperative launch, a block per bag, every block resident (so a block may wait for
+// another). Each block, in order:
+//   1. bag offsets: loads rank_bag_off, the feature tables and the lengths of the bags up to
+//      its own (total_bags <= kMaxOnePassBags) in ONE round of independent loads, and reduces
+//      them to its bag's first id and its rank's first id (bag_offsets is an output here);
+//   2. counts: warp w ranks the ids [w*256, (w+1)*256) of each 2048-id chunk of the bag,
+//      32 at a time with __match_any_sync, so an id's slot in its (bucket, bag) segment is
+//      (same-bucket ids in earlier chunks) + (in earlier warps of its chunk) + (earlier in its
+//      warp). A bag of <= 2048 ids keeps its ids' values and slots in registers;
+//   3. publish: its W counts go to new_lengths and, tagged with this launch's epoch, to one
+//      64-bit scratch word each, laid out like new_lengths ([d][j] per rank);
+//   4. bases: it reads its rank's W x L_q words (spinning on any not yet carrying the epoch)
+//      and forms base[d] = rank's first id + sum_{d'<d} T[d'] + sum_{j'<j} count[d][j'],
+//      T[d] = the rank's ids of bucket d: exactly new_offsets of (d, j);
+//   5. placement: new_values, new_weights, perm, dest_rank.
+// So the chain per block is: one load round, the id loads, the counting, a store-then-load
+// exchange with the other blocks of its rank, and the placement stores. The previous fused
+// kernel (runs 3-4 of BENCHMARKS.md) also had a look-back for bag offsets, a scanning block
+// per rank, fences, a release flag and a done counter: ~20 dependent L2 round trips. Nothing
+// here needs resetting: a word is fresh iff it carries this launch's epoch, and the host
+// bumps the epoch per launch (BucketizeFused::epoch). Blocks publish before they wait and all
+// are resident, so every wait ends.
+constexpr int kWarps = kThreads / 32;
+constexpr int kIdsPerLane = 8;              // ids per thread per chunk
+constexpr int kWarpIds = 32 * kIdsPerLane;  // consecutive ids ranked by one warp
+constexpr int kChunk = kWarps * kWarpIds;   // 2048 = hstu-e2e's bag length
+constexpr int kLensPerThread = 4;           // lengths held per thread in step 1
+constexpr int64_t kMaxOnePassBags = kLensPerThread * kThreads;  // 1024
+constexpr int64_t kMaxRankEntries = 65536;                      // W x L_q words read by each block
+constexpr int kWordsPerThread = 2;                              // words loaded per round in step 4
+constexpr int kWordRound = kWordsPerThread * kThreads;
+constexpr int64_t kMaxFeatTab = 512;  // R x (F+1) feature offsets kept in shared
 
-struct FusedScratch {
-  int* chunk_flag;     // [G]  block b's length sum is published
-  int* rank_cnt;       // [R]  bags of rank q counted
-  int* rank_flag;      // [R]  rank q's new_offsets are published
-  int* done;           // [1]  blocks finished
-  int64_t* chunk_sum;  // [G]  block b's length sum
-};
-
-struct FusedArgs {
+struct OnePassArgs {
   BucketizeArgs a;
-  const int64_t* lengths;  // [L]
-  FusedScratch sc;
-  int64_t bags_per_block;  // k
-  bool cache;              // every block owns at most one bag of <= kCacheIds ids
-  bool slots;              // cache and W <= kSlotsMaxW: barrier-free placement
+  const int64_t* lengths;     // [L]
+  unsigned long long* words;  // [W x L]: epoch << 32 | count of (bucket d, bag j)
+  unsigned epoch;             // != 0
+  FastDivU64 wd;              // divides by W
+  unsigned long long* trace;  // BucketizeFused::trace
 };
 
-size_t fused_scratch_bytes_for(int64_t grid, int64_t R) {
-  const int64_t ints = grid + 2 * R + 1;
-  const int64_t int_bytes = (4 * ints + 15) / 16 * 16;
-  return static_cast<size_t>(int_bytes + 8 * grid);
-}
-FusedScratch fused_scratch_view(void* p, int64_t grid, int64_t R) {
-  FusedScratch sc;
-  int* ip = static_cast<int*>(p);
-  sc.chunk_flag = ip;
-  sc.rank_cnt = ip + grid;
-  sc.rank_flag = ip + grid + R;
-  sc.done = ip + grid + 2 * R;
-  const int64_t int_bytes = (4 * (grid + 2 * R + 1) + 15) / 16 * 16;
-  sc.chunk_sum = reinterpret_cast<int64_t*>(static_cast<char*>(p) + int_bytes);
-  return sc;
-}
-
-// Release/acquire flag accesses at GPU scope (PTX memory model, sm_70+).
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+// Relaxed GPU-scope accesses: a word is read whole (count and epoch together), so no fence
+// or acquire is needed; .gpu keeps the load from being served by a stale L1 line.
+__device__ __forceinline__ unsigned long long ld_word(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ void st_release(int* p, int v) {
-  asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+__device__ __forceinline__ void st_word(unsigned long long* p, unsigned long long v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
 }
 
-// Spins until *flag is set. The flags are set by resident blocks that never wait first, so
-// this returns; should that ever break (a driver that does not honour the cooperative launch,
-// a bug), trap after 10 s instead of hanging the GPU: the host then sees a CUDA error.
-__device__ __forceinline__ void wait_flag(const int* flag, unsigned sleep_ns) {
-  uint64_t t0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  while (ld_acquire(flag) == 0) {
-    __nanosleep(sleep_ns);
-    uint64_t now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    if (now - t0 > 10000000000ull) __trap();
-  }
-}
-
-struct FusedBag {
-  BagInfo b;      // id_begin/id_end, nl0, L (= L_q), blk, dist; rank_id_base unused here
-  int64_t q;      // owning rank
-  int64_t first;  // first bag of rank q
+// The block's view of its bag, shared by all its threads. Everything fits 32 bits on this
+// path (total_ids < 2^31, total_bags <= kMaxOnePassBags): cheaper index math.
+struct OnePassBag {
+  int begin, len;    // ids [begin, begin + len)
+  int rank_begin;    // first id of the bag's rank (perm is rank-local)
+  int first, Lq, j;  // the rank's first bag, its bag count, this bag's index in it
+  uint64_t blk;
+  int32_t dist;
 };
 
-__device__ __forceinline__ FusedBag fused_bag(const BucketizeArgs& a, const int64_t* lengths,
-                                              int64_t g) {
-  FusedBag fb;
-  fb.q = d_upper_bound_m1(a.rank_bag_off, a.num_ranks, g);
-  fb.first = a.rank_bag_off[fb.q];
-  const int64_t j = g - fb.first;
-  fb.b.L = a.rank_bag_off[fb.q + 1] - fb.first;
-  fb.b.nl0 = a.world_size * fb.first + j;
-  fb.b.id_begin = a.bag_offsets[g];  // written by this block in phase A (visible after a barrier)
-  fb.b.id_end = fb.b.id_begin + lengths[g];
-  fb.b.rank_id_base = 0;
-  const int64_t f =
-      d_upper_bound_m1(a.feat_bag_off + fb.q * (a.num_features + 1), a.num_features, j);
-  fb.b.blk = a.block_sizes[f];
-  fb.b.dist = a.dist_types[f];
-  return fb;
+// The lanes of the warp whose dest equals this lane's (dest < 2^nbits, or -1: no id), from
+// one ballot per bit of dest as CUB's radix ranking does: cheaper than __match_any_sync.
+__device__ __forceinline__ unsigned peers(int dest, int nbits) {
+  unsigned m = __ballot_sync(0xffffffffu, dest >= 0);
+  if (dest < 0) m = ~m;
+#pragma unroll
+  for (int b = 0; b < 8; ++b) {
+    if (b >= nbits) break;  // uniform over the warp
+    const bool bit = (dest >> b) & 1;
+    const unsigned ones = __ballot_sync(0xffffffffu, bit);
+    m &= bit ? ones : ~ones;
+  }
+  return m;
 }
 
-// 4 resident blocks per SM (<= 64 registers): hstu-e2e's 512 bags get a block each.
-__global__ void __launch_bounds__(kThreads, 4) fused_kernel(FusedArgs fa) {
-  using BlockReduce = cub::BlockReduce<int64_t, kThreads>;
-  using BlockScan = cub::BlockScan<int64_t, kThreads>;
-  __shared__ union {
-    typename BlockReduce::TempStorage reduce;
-    typename BlockScan::TempStorage scan;
-  } tmp;
-  __shared__ int cnt[kThreads / 32][kMaxSharedW];  // ids per (warp, bucket); hist = cnt[0]
-  __shared__ int64_t base[kMaxSharedW];             // next free slot per bucket for this bag
-  __shared__ int64_t s_val;
-  __shared__ int s_flag;
-  // fa.slots: ids of slot s = (tile u, warp w) per bucket d at [s * W + d], turned into the
-  // exclusive prefix over slots in id order, so placement needs no barrier per tile.
-  __shared__ int slot_cnt[kSlots * kSlotsMaxW];
-
-  const BucketizeArgs& a = fa.a;
-  const FusedScratch& sc = fa.sc;
-  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
-  const int64_t W = a.world_size, L = a.total_bags;
-  const int64_t bid = blockIdx.x;
-  const int64_t g0 = bid * fa.bags_per_block;
-  const int64_t g1 = std::min<int64_t>(g0 + fa.bags_per_block, L);
-
-  int64_t* bag_off = const_cast<int64_t*>(a.bag_offsets);  // an output on this path
-  // The cached bag's ids (fa.cache), read once: phase C re-routes them (a few ALU ops per id
-  // instead of a second pass over memory).
-  int64_t cid[kCacheTiles];
-
-  if (g0 < L) {
-    // ---- A. bag offsets
-    int64_t part = 0;
-    for (int64_t g = g0 + t; g < g1; g += kThreads) part += fa.lengths[g];
-    const int64_t own = BlockReduce(tmp.reduce).Sum(part);
-    if (t == 0) {
-      sc.chunk_sum[bid] = own;
-      __threadfence();
-      st_release(&sc.chunk_flag[bid], 1);
-    }
-    part = 0;
-    for (int64_t bb = t; bb < bid; bb += kThreads) {
-      wait_flag(&sc.chunk_flag[bb], 32);
-      part += __ldcg(&sc.chunk_sum[bb]);
-    }
-    __syncthreads();  // tmp reused
-    const int64_t prefix = BlockReduce(tmp.reduce).Sum(part);
-    if (t == 0) s_val = prefix;
-    __syncthreads();
-    int64_t carry = s_val;
-    for (int64_t c = g0; c < g1; c += kThreads) {
-      const int64_t g = c + t;
-      const int64_t len = g < g1 ? fa.lengths[g] : 0;
-      int64_t excl, tile_sum;
-      BlockScan(tmp.scan).ExclusiveSum(len, excl, tile_sum);
-      if (g < g1) bag_off[g] = carry + excl;
-      // Only the owner of bag L-1 writes the total (a thread past g1 of an earlier block has
-      // g == L-1 too, with len 0: it must not race the owner).
-      if (g < g1 && g == L - 1) bag_off[L] = carry + excl + len;
-      carry += tile_sum;
-      __syncthreads();
-    }
-
-    // ---- B. counts per owned bag; the last counter of a rank scans it
-    for (int64_t g = g0; g < g1; ++g) {
-      const FusedBag fb = fused_bag(a, fa.lengths, g);
-      const int64_t len = fb.b.id_end - fb.b.id_begin;
-      if (fa.slots)
-        for (int64_t i = t; i < kSlots * W; i += kThreads) slot_cnt[i] = 0;
-      else
-        for (int64_t d = t; d < W; d += kThreads) cnt[0][d] = 0;
-      __syncthreads();
-      for (int64_t c0 = 0; c0 < len; c0 += kCacheIds) {
-        int64_t idv[kCacheTiles];
+// Step 2 for ids [c0, c0 + kChunk) of the bag (c0 uniform over the block). Lane l of warp w
+// takes ids c0 + w*kWarpIds + k*32 + l, k < kIdsPerLane: value[k] is its bucketized value,
+// its 16-bit key = bucket | slot << 8 (two per word of key[]), slot = same-bucket ids before
+// it among its warp's kWarpIds (< 256; W <= 256 on this path). On return, after a barrier:
+// wc[w][d] = bucket d's ids in warps < w of this chunk, chunk_tot[d] = its ids in the chunk.
+template <int Dist>
+__device__ __forceinline__ void rank_chunk(const BucketizeArgs& a, const FastDivU64& wd,
+                                           const OnePassBag& bag, int c0,
+                                           int64_t (&value)[kIdsPerLane],
+                                           unsigned (&key)[kIdsPerLane / 2], int (*wc)[kMaxSharedW],
+                                           int* chunk_tot) {
+  const int t = threadIdx.x, w = t / 32, lane = t % 32;
+  const int W = static_cast<int>(a.world_size);
 #pragma unroll
-        for (int u = 0; u < kCacheTiles; ++u) {
-          const int64_t off = c0 + u * kThreads + t;
-          idv[u] = off < len ? a.ids[fb.b.id_begin + off] : 0;
-        }
-#pragma unroll
-        for (int u = 0; u < kCacheTiles; ++u) {
-          const int64_t off = c0 + u * kThreads + t;
-          int64_t dest = -1, local = 0;
-          if (off < len) route(idv[u], fb.b, W, a.ids_i32, &dest, &local);
-          if (fa.cache) cid[u] = idv[u];
-          const unsigned same = __match_any_sync(0xffffffffu, dest);
-          if (dest >= 0 && (same & ((1u << lane) - 1u)) == 0) {
-            if (fa.slots)  // one leader per (slot, bucket): a plain store
-              slot_cnt[(u * (kThreads / 32) + warp) * W + dest] = __popc(same);
-            else
-              atomicAdd(&cnt[0][dest], __popc(same));
-          }
-        }
-      }
-      __syncthreads();
-      if (fa.slots) {
-        for (int64_t d = t; d < W; d += kThreads) {
-          int run = 0;
-          for (int sl = 0; sl < kSlots; ++sl) {
-            const int v = slot_cnt[sl * W + d];
-            slot_cnt[sl * W + d] = run;
-            run += v;
-          }
-          a.new_lengths[fb.b.nl0 + d * fb.b.L] = run;
-        }
-      } else {
-        for (int64_t d = t; d < W; d += kThreads) a.new_lengths[fb.b.nl0 + d * fb.b.L] = cnt[0][d];
-      }
-      // Every thread's writes (bag offsets, new_lengths) before the tally that publishes them.
-      __threadfence();
-      __syncthreads();
-      if (t == 0) {
-        const int old = atomicAdd(&sc.rank_cnt[fb.q], 1);
-        s_flag = old == fb.b.L - 1;
-        if (s_flag) __threadfence();
-      }
-      __syncthreads();
-      if (s_flag) {
-        // This block counted rank q's last bag: scan its [d][j] new_lengths into new_offsets.
-        const int64_t n = W * fb.b.L, r0 = W * fb.first;
-        int64_t rc = __ldcg(&a.bag_offsets[fb.first]);  // rank region base
-        for (int64_t c = 0; c < n; c += kThreads) {
-          const int64_t i = c + t;
-          const int64_t v = i < n ? __ldcg(&a.new_lengths[r0 + i]) : 0;
-          int64_t excl, tile_sum;
-          BlockScan(tmp.scan).ExclusiveSum(v, excl, tile_sum);
-          if (i < n) a.new_offsets[r0 + i] = rc + excl;
-          rc += tile_sum;
-          __syncthreads();
-        }
-        __threadfence();
-        __syncthreads();
-        if (t == 0) st_release(&sc.rank_flag[fb.q], 1);
-      }
-      __syncthreads();  // cnt and s_flag reused
-    }
-
-    // ---- C. placement per owned bag, stable (as place_kernel<8>)
-    for (int64_t g = g0; g < g1; ++g) {
-      const FusedBag fb = fused_bag(a, fa.lengths, g);
-      const int64_t len = fb.b.id_end - fb.b.id_begin;
-      if (t == 0)
-        wait_flag(&sc.rank_flag[fb.q], 64);
-      __syncthreads();
-      for (int64_t d = t; d < W; d += kThreads) {
-        base[d] = __ldcg(&a.new_offsets[fb.b.nl0 + d * fb.b.L]);
-        for (int w = 0; w < kThreads / 32; ++w) cnt[w][d] = 0;
-      }
-      const int64_t rank_base = __ldcg(&a.bag_offsets[fb.first]);
-      if (fa.slots) {
-        // Positions straight from the slot prefixes of phase B: no barrier per tile.
-        __syncthreads();
-#pragma unroll
-        for (int u = 0; u < kCacheTiles; ++u) {
-          const int64_t t0 = u * kThreads;
-          if (t0 >= len) break;
-          const bool valid = t0 + t < len;
-          int64_t dest64 = -1, local = 0;
-          if (valid) route(cid[u], fb.b, W, a.ids_i32, &dest64, &local);
-          const int dest = static_cast<int>(dest64);
-          const unsigned same = __match_any_sync(0xffffffffu, dest);
-          const int rank_in_warp = __popc(same & ((1u << lane) - 1u));
-          if (valid) {
-            const int64_t i = fb.b.id_begin + t0 + t;
-            const int64_t pos =
-                base[dest] + slot_cnt[(u * (kThreads / 32) + warp) * W + dest] + rank_in_warp;
-            a.new_values[pos] = local;
-            if (a.weights) a.new_weights[pos] = a.weights[i];
-            a.perm[i] = pos - rank_base;
-            if (a.dest_rank) a.dest_rank[i] = dest;
-          }
-        }
-      }
-      for (int64_t c0 = 0; !fa.slots && c0 < len; c0 += kCacheIds) {
-        int64_t idv[kCacheTiles];
-#pragma unroll
-        for (int u = 0; u < kCacheTiles; ++u) {
-          const int64_t off = c0 + u * kThreads + t;
-          idv[u] = fa.cache ? cid[u] : off < len ? a.ids[fb.b.id_begin + off] : 0;
-        }
-#pragma unroll
-        for (int u = 0; u < kCacheTiles; ++u) {
-          const int64_t t0 = c0 + u * kThreads;
-          if (t0 >= len) break;  // uniform over the block
-          __syncthreads();
-          const bool valid = t0 + t < len;
-          int64_t dest64 = -1, local = 0;
-          if (valid) route(idv[u], fb.b, W, a.ids_i32, &dest64, &local);
-          const int dest = static_cast<int>(dest64);
-          const unsigned same = __match_any_sync(0xffffffffu, dest);
-          const int rank_in_warp = __popc(same & ((1u << lane) - 1u));
-          if (valid && rank_in_warp == 0) cnt[warp][dest] = __popc(same);
-          __syncthreads();
-          if (valid) {
-            const int64_t i = fb.b.id_begin + t0 + t;
-            int64_t pos = base[dest] + rank_in_warp;
-            for (int w = 0; w < warp; ++w) pos += cnt[w][dest];
-            a.new_values[pos] = local;
-            if (a.weights) a.new_weights[pos] = a.weights[i];
-            a.perm[i] = pos - rank_base;
-            if (a.dest_rank) a.dest_rank[i] = dest;
-          }
-          __syncthreads();
-          for (int64_t d = t; d < W; d += kThreads) {
-            int64_t tot = 0;
-            for (int w = 0; w < kThreads / 32; ++w) {
-              tot += cnt[w][d];
-              cnt[w][d] = 0;
-            }
-            base[d] += tot;
-          }
-        }
-      }
-      __syncthreads();  // base/cnt reused by the next bag
-    }
+  for (int k = 0; k < kIdsPerLane; ++k) {  // issued together: one round trip; the ids are
+    const int off = c0 + w * kWarpIds + k * 32 + lane;  // replaced by their values below
+    value[k] = off < bag.len ? a.ids[bag.begin + off] : 0;
   }
+  __syncthreads();  // wc of the previous chunk is no longer read
+  for (int i = t; i < kWarps * W; i += kThreads) wc[i / W][i % W] = 0;
+  __syncthreads();
+  BagInfo rb{};
+  rb.blk = bag.blk;
+  rb.dist = Dist;  // uniform over the bag: route's branch is resolved at compile time
+  const unsigned lt = (1u << lane) - 1u;
+  int nbits = 0;  // bits of a bucket number
+  while ((1 << nbits) < W) ++nbits;
+#pragma unroll
+  for (int k = 0; k < kIdsPerLane; ++k) {
+    const int off = c0 + w * kWarpIds + k * 32 + lane;
+    int dest = -1;
+    if (off < bag.len) {
+      int64_t d64;
+      route(value[k], rb, wd, a.ids_i32, &d64, &value[k]);
+      dest = static_cast<int>(d64);
+    }
+    const unsigned same = peers(dest, nbits);
+    const int below = __popc(same & lt);
+    const int before = dest >= 0 ? wc[w][dest] : 0;
+    __syncwarp();
+    if (dest >= 0 && below == 0) wc[w][dest] = before + __popc(same);
+    __syncwarp();
+    const unsigned kv =
+        dest >= 0 ? static_cast<unsigned>(dest) | static_cast<unsigned>(before + below) << 8 : 0u;
+    if (k % 2 == 0)
+      key[k / 2] = kv;
+    else
+      key[k / 2] |= kv << 16;
+  }
+  __syncthreads();
+  for (int d = t; d < W; d += kThreads) {
+    int run = 0;
+    for (int ww = 0; ww < kWarps; ++ww) {
+      const int v = wc[ww][d];
+      wc[ww][d] = run;
+      run += v;
+    }
+    chunk_tot[d] = run;
+  }
+  __syncthreads();
+}
 
-  // ---- the last block to finish leaves the scratch zeroed for the next launch
-  __threadfence();
+__device__ __forceinline__ void rank_chunk_any(const BucketizeArgs& a, const FastDivU64& wd,
+                                               const OnePassBag& bag, int c0,
+                                               int64_t (&value)[kIdsPerLane],
+                                               unsigned (&key)[kIdsPerLane / 2],
+                                               int (*wc)[kMaxSharedW], int* chunk_tot) {
+  if (bag.dist == 2)
+    rank_chunk<2>(a, wd, bag, c0, value, key, wc, chunk_tot);
+  else if (bag.dist == 1)
+    rank_chunk<1>(a, wd, bag, c0, value, key, wc, chunk_tot);
+  else
+    rank_chunk<0>(a, wd, bag, c0, value, key, wc, chunk_tot);
+}
+
+// Step 5 for one chunk ranked by rank_chunk: run[d] = bucket d's first free slot (global).
+__device__ __forceinline__ void place_chunk(const BucketizeArgs& a, const OnePassBag& bag, int c0,
+                                            const int64_t (&value)[kIdsPerLane],
+                                            const unsigned (&key)[kIdsPerLane / 2],
+                                            int (*wc)[kMaxSharedW], const int* run) {
+  const int t = threadIdx.x, w = t / 32, lane = t % 32;
+#pragma unroll
+  for (int k = 0; k < kIdsPerLane; ++k) {
+    const int off = c0 + w * kWarpIds + k * 32 + lane;
+    if (off >= bag.len) continue;
+    const unsigned kv = (key[k / 2] >> (16 * (k % 2))) & 0xffffu;
+    const int d = static_cast<int>(kv & 0xffu);
+    const int i = bag.begin + off;
+    const int pos = run[d] + wc[w][d] + static_cast<int>(kv >> 8);
+    a.new_values[pos] = value[k];
+    if (a.weights) a.new_weights[pos] = a.weights[i];
+    a.perm[i] = pos - bag.rank_begin;
+    if (a.dest_rank) a.dest_rank[i] = d;
+  }
+}
+
+// 4 resident blocks per SM (<= 64 registers): 528 on an H200, hstu-e2e has 512 bags.
+__global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
+  using BlockScan = cub::BlockScan<int, kThreads>;
+  __shared__ typename BlockScan::TempStorage scan_tmp;
+  __shared__ int64_t s_rbo[kMaxSharedW + 1];  // rank_bag_off (R <= 256)
+  __shared__ int64_t s_fbo[kMaxFeatTab];      // feat_bag_off when R x (F+1) fits
+  __shared__ uint64_t s_blk[kMaxSharedW];     // block_sizes and dist_types when F fits
+  __shared__ int32_t s_dt[kMaxSharedW];
+  __shared__ int wc[kWarps][kMaxSharedW];  // see rank_chunk
+  __shared__ int s_tot[kMaxSharedW];       // the bag's ids per bucket, then next free slot
+  __shared__ int s_chunk[kMaxSharedW];     // one chunk's ids per bucket
+  __shared__ int s_T[kMaxSharedW], s_P[kMaxSharedW];
+  __shared__ int s_cnt[kWordRound];
+  __shared__ unsigned s_red[2][kWarps];
+  __shared__ OnePassBag s_bag;
+
+  const BucketizeArgs& a = p.a;
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  const int W = static_cast<int>(a.world_size);
+  const int64_t R = a.num_ranks, F = a.num_features, L = a.total_bags;
+  const int g = blockIdx.x;
+  const bool fbo_shared = R * (F + 1) <= kMaxFeatTab, feat_shared = F <= kMaxSharedW;
+  const auto mark = [&](int point) {
+    if (p.trace && t == 0) p.trace[g * kBucketizeTracePoints + point] = global_ns();
+  };
+  mark(0);
+
+  // ---- 1. one round of independent loads: lengths[0..g], rank_bag_off, feature tables
+  unsigned lens[kLensPerThread];  // < 2^31 each, and so are their sums (total_ids < 2^31)
+#pragma unroll
+  for (int k = 0; k < kLensPerThread; ++k) {
+    const int i = t + k * kThreads;
+    lens[k] = i <= g ? static_cast<unsigned>(p.lengths[i]) : 0u;
+  }
+  for (int64_t i = t; i <= R; i += kThreads) s_rbo[i] = a.rank_bag_off[i];
+  if (fbo_shared)
+    for (int64_t i = t; i < R * (F + 1); i += kThreads) s_fbo[i] = a.feat_bag_off[i];
+  if (feat_shared)
+    for (int64_t i = t; i < F; i += kThreads) {
+      s_blk[i] = a.block_sizes[i];
+      s_dt[i] = a.dist_types[i];
+    }
+  __syncthreads();
+  const int64_t q = d_upper_bound_m1(s_rbo, R, g);
+  const int first = static_cast<int>(s_rbo[q]);
+  unsigned before_bag = 0, before_rank = 0;
+#pragma unroll
+  for (int k = 0; k < kLensPerThread; ++k) {
+    const int i = t + k * kThreads;
+    if (i < g) before_bag += lens[k];
+    if (i < first) before_rank += lens[k];
+    if (i == g) s_bag.len = static_cast<int>(lens[k]);
+  }
+  before_bag = __reduce_add_sync(0xffffffffu, before_bag);
+  before_rank = __reduce_add_sync(0xffffffffu, before_rank);
+  if (lane == 0) {
+    s_red[0][warp] = before_bag;
+    s_red[1][warp] = before_rank;
+  }
   __syncthreads();
   if (t == 0) {
-    s_flag = atomicAdd(sc.done, 1) == static_cast<int>(gridDim.x) - 1;
-    if (s_flag) __threadfence();
+    OnePassBag& b = s_bag;
+    unsigned sb = 0, sr = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      sb += s_red[0][w];
+      sr += s_red[1][w];
+    }
+    b.begin = static_cast<int>(sb);
+    b.rank_begin = static_cast<int>(sr);
+    b.first = first;
+    b.Lq = static_cast<int>(s_rbo[q + 1]) - first;
+    b.j = g - first;
+    const int64_t* fo = fbo_shared ? s_fbo + q * (F + 1) : a.feat_bag_off + q * (F + 1);
+    const int64_t f = d_upper_bound_m1(fo, F, b.j);
+    b.blk = feat_shared ? s_blk[f] : a.block_sizes[f];
+    b.dist = feat_shared ? s_dt[f] : a.dist_types[f];
+  }
+  for (int d = t; d < W; d += kThreads) s_tot[d] = 0;
+  __syncthreads();
+  const OnePassBag bag = s_bag;
+  int64_t* bag_off = const_cast<int64_t*>(a.bag_offsets);  // an output on this path
+  if (t == 0) {
+    bag_off[g] = bag.begin;
+    if (g == L - 1) bag_off[L] = static_cast<int64_t>(bag.begin) + bag.len;
+  }
+  mark(1);
+
+  // ---- 2. counts (a bag of <= kChunk ids: one chunk, kept in registers for step 5)
+  const int nl0 = W * bag.first + bag.j;
+  int64_t value[kIdsPerLane];
+  unsigned key[kIdsPerLane / 2];
+  for (int c0 = 0; c0 < bag.len; c0 += kChunk) {
+    rank_chunk_any(a, p.wd, bag, c0, value, key, wc, s_chunk);
+    for (int d = t; d < W; d += kThreads) s_tot[d] += s_chunk[d];  // same thread as above
   }
   __syncthreads();
-  if (s_flag) {
-    for (int64_t i = t; i < static_cast<int64_t>(gridDim.x); i += kThreads) sc.chunk_flag[i] = 0;
-    for (int64_t q = t; q < a.num_ranks; q += kThreads) {
-      sc.rank_cnt[q] = 0;
-      sc.rank_flag[q] = 0;
+  mark(2);
+
+  // ---- 3. publish this bag's counts
+  const unsigned long long tag = static_cast<unsigned long long>(p.epoch) << 32;
+  for (int d = t; d < W; d += kThreads) {
+    const int c = s_tot[d];
+    a.new_lengths[nl0 + d * bag.Lq] = c;
+    st_word(&p.words[nl0 + d * bag.Lq], tag | static_cast<unsigned long long>(c));
+    s_T[d] = 0;
+    s_P[d] = 0;
+  }
+
+  // ---- 4. the rank's counts: T[d] over all its bags, P[d] over its bags before this one
+  const int n = W * bag.Lq, r0 = W * bag.first;
+  const uint64_t t_start = global_ns();
+  for (int c = 0; c < n; c += kWordRound) {
+    unsigned long long v[kWordsPerThread];
+#pragma unroll
+    for (int k = 0; k < kWordsPerThread; ++k) {
+      const int i = c + k * kThreads + t;
+      v[k] = i < n ? ld_word(&p.words[r0 + i]) : tag;
     }
-    if (t == 0) *sc.done = 0;
+#pragma unroll
+    for (int k = 0; k < kWordsPerThread; ++k) {
+      const int i = c + k * kThreads + t;
+      if (i >= n) continue;
+      while ((v[k] & 0xffffffff00000000ull) != tag) {
+        // Every block of the rank publishes before it waits and all are resident, so this
+        // ends; should that ever break (a driver not honouring the cooperative launch, a
+        // bug), trap after 10 s: the host sees a CUDA error instead of a hung GPU. The
+        // sleep keeps waiting warps from taking issue slots from working ones.
+        __nanosleep(256);
+        if (global_ns() - t_start > 10000000000ull) __trap();
+        v[k] = ld_word(&p.words[r0 + i]);
+      }
+      s_cnt[k * kThreads + t] = static_cast<int>(v[k] & 0xffffffffu);
+    }
+    __syncthreads();
+    // Warp per bucket row d of the words in this round: entries [max(c, d*Lq), ...).
+    const int m = n - c < kWordRound ? n - c : kWordRound;
+    const int d_lo = c / bag.Lq, d_hi = (c + m - 1) / bag.Lq;
+    for (int d = d_lo + warp; d <= d_hi; d += kWarps) {
+      const int e0 = c > d * bag.Lq ? c : d * bag.Lq;
+      const int e1 = c + m < (d + 1) * bag.Lq ? c + m : (d + 1) * bag.Lq;
+      unsigned sT = 0, sP = 0;
+      for (int e = e0 + lane; e < e1; e += 32) {
+        const unsigned x = static_cast<unsigned>(s_cnt[e - c]);
+        sT += x;
+        if (e - d * bag.Lq < bag.j) sP += x;
+      }
+      sT = __reduce_add_sync(0xffffffffu, sT);
+      sP = __reduce_add_sync(0xffffffffu, sP);
+      if (lane == 0) {
+        s_T[d] += static_cast<int>(sT);
+        s_P[d] += static_cast<int>(sP);
+      }
+    }
+    __syncthreads();
+  }
+  mark(3);
+  // base[d] = rank_begin + sum_{d' < d} T[d'] + P[d]  (W <= kThreads: a value per thread)
+  int before = 0;
+  BlockScan(scan_tmp).ExclusiveSum(t < W ? s_T[t] : 0, before);
+  if (t < W) {
+    const int b = bag.rank_begin + before + s_P[t];
+    a.new_offsets[nl0 + t * bag.Lq] = b;
+    s_tot[t] = b;  // next free slot per bucket
+  }
+  __syncthreads();
+  mark(4);
+
+  // ---- 5. placement
+  if (bag.len <= kChunk) {
+    if (bag.len > 0) place_chunk(a, bag, 0, value, key, wc, s_tot);
+  } else {
+    for (int c0 = 0; c0 < bag.len; c0 += kChunk) {  // a long bag: rank each chunk again
+      rank_chunk_any(a, p.wd, bag, c0, value, key, wc, s_chunk);
+      place_chunk(a, bag, c0, value, key, wc, s_tot);
+      __syncthreads();  // s_tot read above
+      for (int d = t; d < W; d += kThreads) s_tot[d] += s_chunk[d];
+    }
+  }
+  if (p.trace) {
+    __syncthreads();
+    mark(5);
   }
 }
 
-// Resident blocks of fused_kernel on the current device (0: no cooperative launch).
-int64_t fused_capacity() {
+// Resident blocks of onepass_kernel on the current device (0: no cooperative launch).
+int64_t onepass_capacity() {
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   static int cached_dev = -1;
@@ -571,8 +625,8 @@ int64_t fused_capacity() {
   int coop = 0, sms = 0, per_sm = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_kernel, kThreads, 0));
-  cached = coop ? static_cast<int64_t>(sms) * per_sm : 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, onepass_kernel, kThreads, 0));
+  cached = coop ? std::min<int64_t>(static_cast<int64_t>(sms) * per_sm, kMaxOnePassBags) : 0;
   cached_dev = dev;
   return cached;
 }
@@ -596,15 +650,16 @@ void launch_offsets_from_lengths(const int64_t* lengths, int64_t n, int64_t* off
 void launch_bucketize(const BucketizeArgs& a, cudaStream_t s) {
   const int64_t nl = a.world_size * a.total_bags;
   if (a.total_bags == 0) return;
+  const FastDivU64 wd = FastDivU64::make(static_cast<uint64_t>(a.world_size));
   const bool shared_path = a.world_size <= kMaxSharedW;
   const bool long_bags = a.max_bag_len > 64;
   if (!shared_path) {
     const unsigned blocks = static_cast<unsigned>((a.total_bags + 127) / 128);
-    count_serial_kernel<<<blocks, 128, 0, s>>>(a);
+    count_serial_kernel<<<blocks, 128, 0, s>>>(a, wd);
   } else if (long_bags) {
-    count_kernel<8><<<static_cast<unsigned>(a.total_bags), kThreads, 0, s>>>(a);
+    count_kernel<8><<<static_cast<unsigned>(a.total_bags), kThreads, 0, s>>>(a, wd);
   } else {
-    count_kernel<1><<<static_cast<unsigned>((a.total_bags + 7) / 8), kThreads, 0, s>>>(a);
+    count_kernel<1><<<static_cast<unsigned>((a.total_bags + 7) / 8), kThreads, 0, s>>>(a, wd);
   }
   CUDA_CHECK_LAUNCH();
   size_t tb = a.scan_temp_bytes;
@@ -612,11 +667,11 @@ void launch_bucketize(const BucketizeArgs& a, cudaStream_t s) {
   if (a.total_ids == 0) return;
   if (!shared_path) {
     const unsigned blocks = static_cast<unsigned>((a.total_bags + 127) / 128);
-    place_serial_kernel<<<blocks, 128, 0, s>>>(a);
+    place_serial_kernel<<<blocks, 128, 0, s>>>(a, wd);
   } else if (long_bags) {
-    place_kernel<8><<<static_cast<unsigned>(a.total_bags), kThreads, 0, s>>>(a);
+    place_kernel<8><<<static_cast<unsigned>(a.total_bags), kThreads, 0, s>>>(a, wd);
   } else {
-    place_kernel<1><<<static_cast<unsigned>((a.total_bags + 7) / 8), kThreads, 0, s>>>(a);
+    place_kernel<1><<<static_cast<unsigned>((a.total_bags + 7) / 8), kThreads, 0, s>>>(a, wd);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -625,77 +680,68 @@ void launch_bucketize(const BucketizeArgs& a, cudaStream_t s) {
 
 namespace dynemb::cuda {
 
-size_t bucketize_fused_scratch_bytes(int64_t num_ranks) {
-  const int64_t cap = fused_capacity();
-  return cap > 0 ? fused_scratch_bytes_for(cap, num_ranks) : 0;
+size_t bucketize_fused_scratch_bytes() {
+  // One word per (bucket, bag) of the largest eligible batch: W <= 256, L <= capacity.
+  return static_cast<size_t>(8 * kMaxSharedW * onepass_capacity());
 }
 
 void bucketize_fused_scratch_init(void* scratch, size_t bytes, cudaStream_t s) {
   if (scratch && bytes) CUDA_CHECK(cudaMemsetAsync(scratch, 0, bytes, s));
 }
 
-bool bucketize_fused_eligible(const BucketizeArgs& a, const BucketizeFused& f) {
-  if (!f.scratch || a.total_bags == 0 || a.world_size > kMaxSharedW || a.max_bag_len <= 64 ||
-      f.max_rank_bags * a.world_size > kMaxFusedRankEntries)
-    return false;
-  const int64_t cap = fused_capacity();
-  if (cap <= 0 || f.scratch_bytes < fused_scratch_bytes_for(cap, a.num_ranks)) return false;
-  // One kernel wins when every block owns one bag (hstu-e2e: 37.8 us vs 53 us for the three
-  // passes). With several bags per block it is slower than the three passes (hstu-e2e x16:
-  // 503 us vs 397 us, BENCHMARKS.md), so that shape is taken only when a test forces it.
-  return f.max_grid > 0 || a.total_bags <= cap;
+int64_t bucketize_fused_capacity() {
+  return onepass_capacity();
 }
 
-int64_t bucketize_fused_capacity() {
-  return fused_capacity();
+bool bucketize_fused_eligible(const BucketizeArgs& a, const BucketizeFused& f) {
+  if (!f.scratch || a.total_bags == 0 || a.world_size > kMaxSharedW || a.num_ranks > kMaxSharedW ||
+      a.total_ids >= (int64_t{1} << 31) || f.max_rank_bags * a.world_size > kMaxRankEntries ||
+      f.scratch_bytes < static_cast<size_t>(8 * a.world_size * a.total_bags))
+    return false;
+  // A block per bag, all resident (hstu-e2e: 512 bags, 528 resident blocks on an H200).
+  return a.total_bags <= onepass_capacity();
 }
 
 BucketizeFusedShape bucketize_fused_shape(const BucketizeArgs& a, const BucketizeFused& f) {
   BucketizeFusedShape sh;
   if (!bucketize_fused_eligible(a, f)) return sh;
-  int64_t grid = std::min(a.total_bags, fused_capacity());
-  if (f.max_grid > 0) grid = std::min<int64_t>(grid, f.max_grid);
-  sh.bags_per_block = (a.total_bags + grid - 1) / grid;
-  sh.grid = (a.total_bags + sh.bags_per_block - 1) / sh.bags_per_block;  // no empty blocks
-  sh.capacity = fused_capacity();
-  sh.ids_cached = sh.bags_per_block == 1 && a.max_bag_len <= kCacheIds;
+  sh.grid = a.total_bags;
+  sh.capacity = onepass_capacity();
+  sh.ids_cached = a.max_bag_len <= kChunk;
   return sh;
 }
 
 void launch_bucketize_from_lengths(const BucketizeArgs& a, const int64_t* lengths,
-                                   const BucketizeFused& f, cudaStream_t s) {
-  if (!bucketize_fused_eligible(a, f)) {
+                                   BucketizeFused& f, cudaStream_t s) {
+  const auto three_passes = [&] {
     launch_offsets_from_lengths(lengths, a.total_bags, const_cast<int64_t*>(a.bag_offsets),
                                 a.scan_temp, a.scan_temp_bytes, s);
     launch_bucketize(a, s);
-    return;
+  };
+  if (!bucketize_fused_eligible(a, f)) return three_passes();
+  if (++f.epoch == 0) {  // 2^32 launches on this scratch: start over from zeroed words
+    bucketize_fused_scratch_init(f.scratch, f.scratch_bytes, s);
+    f.epoch = 1;
   }
-  const BucketizeFusedShape sh = bucketize_fused_shape(a, f);
-  const int64_t grid = sh.grid;
-  FusedArgs fa;
-  fa.a = a;
-  fa.lengths = lengths;
-  fa.bags_per_block = sh.bags_per_block;
-  fa.cache = sh.ids_cached;
-  fa.slots = sh.ids_cached && a.world_size <= kSlotsMaxW;
-  // The view is laid out for the capacity the scratch was sized for; a smaller grid uses a
-  // prefix of chunk_flag/chunk_sum.
-  fa.sc = fused_scratch_view(f.scratch, fused_capacity(), a.num_ranks);
-  void* params[] = {&fa};
-  const cudaError_t err = cudaLaunchCooperativeKernel(reinterpret_cast<void*>(fused_kernel),
-                                                      dim3(static_cast<unsigned>(grid)),
+  OnePassArgs p;
+  p.a = a;
+  p.lengths = lengths;
+  p.words = static_cast<unsigned long long*>(f.scratch);
+  p.epoch = f.epoch;
+  p.wd = FastDivU64::make(static_cast<uint64_t>(a.world_size));
+  p.trace = f.trace;
+  void* params[] = {&p};
+  const cudaError_t err = cudaLaunchCooperativeKernel(reinterpret_cast<void*>(onepass_kernel),
+                                                      dim3(static_cast<unsigned>(a.total_bags)),
                                                       dim3(kThreads), params, 0, s);
   if (err == cudaErrorCooperativeLaunchTooLarge) {
-    // Fewer blocks fit than the occupancy query promised (e.g. SMs shared under MPS or a
-    // green context): the three passes need no co-residency.
+    // Fewer blocks fit than the occupancy query promised (SMs shared under MPS or a green
+    // context): the three passes need no co-residency.
     (void)cudaGetLastError();
-    launch_offsets_from_lengths(lengths, a.total_bags, const_cast<int64_t*>(a.bag_offsets),
-                                a.scan_temp, a.scan_temp_bytes, s);
-    launch_bucketize(a, s);
-    return;
+    return three_passes();
   }
   if (err != cudaSuccess)
-    throw_cuda(err, "cudaLaunchCooperativeKernel(fused_kernel)", __FILE__, __LINE__);
+    throw_cuda(err, "cudaLaunchCooperativeKernel(onepass_kernel)", __FILE__, __LINE__);
 }
 
 }  // namespace dynemb::cuda

@@ -116,8 +116,8 @@ BucketizedKjt CudaBackend::bucketize(const Plan& plan, const Kjt& kjt) {
   const size_t tb =
       std::max(cuda::bucketize_scan_temp_bytes(W * L), cuda::bucketize_scan_temp_bytes(L));
   d_tmp.resize(static_cast<int64_t>(tb));
-  cuda::BucketizeFused fused;  // long bags take the one-kernel path (bucketize.cu)
-  fused.scratch_bytes = cuda::bucketize_fused_scratch_bytes(1);
+  cuda::BucketizeFused fused;  // one bag per resident block: the one-kernel path (bucketize.cu)
+  fused.scratch_bytes = cuda::bucketize_fused_scratch_bytes();
   fused.max_rank_bags = L;
   if (fused.scratch_bytes > 0) {
     d_fused.resize(static_cast<int64_t>(fused.scratch_bytes));

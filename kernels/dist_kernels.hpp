@@ -50,36 +50,42 @@ void launch_offsets_from_lengths(const int64_t* lengths, int64_t n, int64_t* off
                                  size_t temp_bytes, cudaStream_t s);
 
 // The whole stage from lengths: writes a.bag_offsets [total_bags+1] from `lengths`
-// [total_bags], then bucketizes. Long bags (max_bag_len > 64, W <= 256, W x bags of one rank
-// <= 65536, at most one bag per resident block) with a fused workspace take ONE persistent kernel (cooperative launch, every block
-// resident): bag offsets by a look-back over per-block sums, counts with the ids kept in
-// registers, each rank's scan by the block that counts its last bag, placement once the
-// rank's offsets are published. Everything else: launch_offsets_from_lengths +
-// launch_bucketize. Same outputs, bit for bit, either way.
+// [total_bags], then bucketizes. A batch with at most one bag per resident block (W <= 256,
+// R <= 256, W x bags of one rank <= 65536, fewer than 2^31 ids) and a workspace takes ONE
+// kernel (cooperative launch, a block per bag, bucketize.cu "one-pass path"): bag offsets reduced
+// by each block, counts with the ids kept in registers, an exchange of epoch-tagged counts between
+// the blocks of a rank, placement. Everything else: launch_offsets_from_lengths + launch_bucketize.
+// Same outputs, bit for bit, either way.
 struct BucketizeFused {
-  void* scratch = nullptr;  // bucketize_fused_scratch_bytes(R), zeroed once before first use
+  void* scratch = nullptr;  // bucketize_fused_scratch_bytes(), zeroed once before first use
   size_t scratch_bytes = 0;
   int64_t max_rank_bags = 0;  // max_q (rank_bag_off[q+1] - rank_bag_off[q]), host-known
-  int max_grid = 0;           // > 0: cap the grid (tests force many bags per block)
+  uint32_t epoch = 0;         // launches so far on this scratch (the kernel's freshness tag)
+  // Optional [kBucketizeTracePoints x total_bags]: %globaltimer (ns) per block at the end of
+  // each step (0 start, 1 bag offsets, 2 counts, 3 rank's counts seen, 4 bases, 5 placed),
+  // for `dynemb-dist bench`'s phase breakdown. Null: not recorded.
+  unsigned long long* trace = nullptr;
 };
-// 0 when the device cannot launch the fused kernel (no cooperative launch).
-size_t bucketize_fused_scratch_bytes(int64_t num_ranks);
-// The scratch holds flags and counters; the kernel leaves it zeroed for the next launch.
+constexpr int kBucketizeTracePoints = 6;
+// 0 when the device cannot launch the one-pass kernel (no cooperative launch). One scratch
+// serves one stream: launches on it must not overlap.
+size_t bucketize_fused_scratch_bytes();
+// Zeroes the scratch (epoch 0 = never written); do it once, with BucketizeFused::epoch = 0.
 void bucketize_fused_scratch_init(void* scratch, size_t bytes, cudaStream_t s);
-// Resident blocks of the fused kernel on the current device (0: no cooperative launch). The
-// fused path is taken when total_bags <= this (one bag per block), or when max_grid forces it.
+// Resident blocks of the one-pass kernel on the current device, at most 1024 (0: no
+// cooperative launch): the one-pass path is taken when total_bags <= this.
 int64_t bucketize_fused_capacity();
-// Whether launch_bucketize_from_lengths takes the fused kernel for these arguments.
+// Whether launch_bucketize_from_lengths takes the one-pass kernel for these arguments.
 bool bucketize_fused_eligible(const BucketizeArgs& a, const BucketizeFused& f);
 struct BucketizeFusedShape {
-  int64_t grid = 0;  // 0: not the fused path
-  int64_t bags_per_block = 0;
-  int64_t capacity = 0;  // resident blocks of the kernel on this device
-  bool ids_cached = false;
+  int64_t grid = 0;         // blocks = bags; 0: not the one-pass path
+  int64_t capacity = 0;     // resident blocks of the kernel on this device
+  bool ids_cached = false;  // every bag <= 2048 ids: ids read once
 };
 BucketizeFusedShape bucketize_fused_shape(const BucketizeArgs& a, const BucketizeFused& f);
+// Bumps f.epoch when it takes the one-pass kernel.
 void launch_bucketize_from_lengths(const BucketizeArgs& a, const int64_t* lengths,
-                                   const BucketizeFused& f, cudaStream_t s);
+                                   BucketizeFused& f, cudaStream_t s);
 
 // ---------------------------------------------------------------- benchmarking
 // One thread spinning `cycles` SM clock cycles on stream s (kernels/timing.cu).
