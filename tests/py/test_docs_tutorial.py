@@ -102,7 +102,12 @@ def run_doc(path, dynemb, python):
         bindir = os.path.join(work, ".bin")
         os.mkdir(bindir)
         os.symlink(os.path.abspath(dynemb), os.path.join(bindir, "dynemb-dist"))
-        os.symlink(python, os.path.join(bindir, "python3"))
+        # A wrapper, not a symlink: a virtualenv's interpreter finds its site-packages from
+        # the path it is started by (pyvenv.cfg beside it), which a symlink here would hide.
+        shim = os.path.join(bindir, "python3")
+        with open(shim, "w", encoding="utf-8") as f:
+            f.write("#!/bin/sh\nexec '%s' \"$@\"\n" % python.replace("'", "'\\''"))
+        os.chmod(shim, 0o755)
         script = ["exec 2>&1", "__rc=0"]
         for n, s in enumerate(steps):
             if s[0] == "file":
