@@ -205,10 +205,10 @@ TEST_CASE("cuda == cpu on random batches (bit for bit)") {
 }
 
 // The batched bucketize of all W ranks in one launch (what `bench` times), through both
-// paths of launch_bucketize_from_lengths: the fused one-kernel path (default grid, so one
-// bag per block with the ids cached in registers, and tiny grids, so a block owns many bags
-// across rank boundaries and must look back and wait on other blocks) and the three-pass
-// path. Every output is compared with the CPU reference rank by rank.
+// paths of launch_bucketize_from_lengths: the one-pass kernel (a block per bag; bags of
+// <= 2048 ids keep them in registers, longer ones are ranked again chunk by chunk; blocks of a
+// rank exchange epoch-tagged counts) and the three-pass path. Every output is compared with
+// the CPU reference rank by rank.
 TEST_CASE("batched bucketize: one-pass and three-pass paths == cpu") {
   require_gpu();
   std::mt19937_64 rng(7);
