@@ -14,6 +14,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_scan.cuh>
+#include <cooperative_groups.h>
 
 #include <algorithm>
 
@@ -615,6 +616,424 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
   }
 }
 
+// ---------------------------------------------------------------- cluster path (sm_90)
+// One thread-block cluster per rank: the bags of rank q are split over the C blocks of
+// cluster q (contiguous runs of bags), and the only cross-block dependency of a bucketize,
+// every bucket's total over the rank (T[d], for new_offsets' sum_{d'<d} T[d']), is exchanged
+// through distributed shared memory behind one hardware cluster barrier. Ranks are independent,
+// so clusters never wait for each other: no cooperative launch, no global scratch, no spinning,
+// any number of ranks (clusters beyond the resident ones simply run later).
+//
+// Inside a block the ids of its bags are cut into warp units of <= 256 consecutive ids of one
+// bag (8 per lane); unit u of round r is taken by warp u - 32r. A warp ranks its unit alone
+// (ballot per bucket bit: slot = same-bucket ids before it in the unit), then one segmented
+// scan over the round's units per bucket turns the per-unit counts into each unit's offset
+// inside its (bucket, bag) segment, carrying across rounds in run[bag][d]. So an id's global
+// position is
+//   rank_begin + sum_{d'<d} T[d'] + (bucket-d ids of the rank's blocks before this one)
+//   + (bucket-d ids of this block's bags before its bag) + (of its bag's units before its
+//   unit) + slot,
+// which is exactly the stable order of block_bucketize_sparse_features. A block with one round
+// (<= 32 units, hstu-e2e: 4 bags of 2048 ids) keeps its ids in registers from the load to the
+// placement; more rounds rank each round again for the placement (ids read twice).
+namespace cl {
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr int kIdsPerLane = 8;
+constexpr int kUnit = 32 * kIdsPerLane;  // 256 ids
+constexpr int kLensPerThread = 4;        // lengths loaded per thread per round of step 1
+constexpr int kDefaultBlocks = 8;        // blocks per cluster (the portable maximum)
+constexpr int kMaxBlocks = 16;           // non-portable maximum on sm_90
+constexpr int kMaxFeat = 64;             // features whose tables step 1 keeps in shared memory
+
+struct Args {
+  BucketizeArgs a;
+  const int64_t* lengths;  // [L]
+  FastDivU64 wd;           // divides by W
+  int nb_max;              // bags per block at most: the shared-memory layout
+  unsigned long long* trace;
+};
+
+// Dynamic shared memory, in this order (host and device agree through these two functions).
+struct Layout {
+  size_t bblk, wc, run, boff, ust, bdist, tot, base, bytes;
+};
+__host__ __device__ inline Layout layout(int W, int nb) {
+  Layout l{};
+  size_t o = 0;
+  l.bblk = o;  o += 8 * static_cast<size_t>(nb);                 // uint64 blk of each bag
+  l.wc = o;    o += 4 * static_cast<size_t>(kWarps) * W;         // int [warp][d]
+  l.run = o;   o += 4 * static_cast<size_t>(nb) * W;             // int [bag][d]
+  l.boff = o;  o += 4 * static_cast<size_t>(nb + 1);             // int first id of each bag
+  l.ust = o;   o += 4 * static_cast<size_t>(nb + 1);             // int first unit of each bag
+  l.bdist = o; o += 4 * static_cast<size_t>(nb);                 // int dist type of each bag
+  l.tot = o;   o += 4 * static_cast<size_t>(W);                  // int: read by the cluster
+  l.base = o;  o += 4 * static_cast<size_t>(W);
+  l.bytes = o;
+  return l;
+}
+
+__device__ __forceinline__ int upper_bound_m1(const int* a, int n, int x) {
+  int lo = 0, hi = n;  // largest j in [0, n) with a[j] <= x (a[0] <= x)
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (a[mid] <= x)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// Warp `warp` ranks its unit (ids [c0, c0 + n) of one bag, n <= kUnit): value[k] becomes the
+// bucketized value of id c0 + 32k + lane, key[k/2] holds bucket | slot << 8 (16 bits each),
+// wc[d] (the warp's row) the unit's ids per bucket. Warp-private: no block barrier.
+template <int Dist>
+__device__ __forceinline__ void rank_unit(const BucketizeArgs& a, const FastDivU64& wd,
+                                          uint64_t blk, int c0, int n, int nbits,
+                                          int64_t (&value)[kIdsPerLane],
+                                          unsigned (&key)[kIdsPerLane / 2], int* wc) {
+  const int lane = threadIdx.x % 32, W = static_cast<int>(a.world_size);
+#pragma unroll
+  for (int k = 0; k < kIdsPerLane; ++k) {  // issued together: one round trip
+    const int off = k * 32 + lane;
+    value[k] = off < n ? a.ids[c0 + off] : 0;
+  }
+  __syncwarp();  // every lane is done reading the row (the previous round's placement)
+  for (int d = lane; d < W; d += 32) wc[d] = 0;
+  __syncwarp();
+  BagInfo rb{};
+  rb.blk = blk;
+  rb.dist = Dist;
+  const unsigned lt = (1u << lane) - 1u;
+#pragma unroll
+  for (int k = 0; k < kIdsPerLane; ++k) {
+    const int off = k * 32 + lane;
+    int dest = -1;
+    if (off < n) {
+      int64_t d64;
+      route(value[k], rb, wd, a.ids_i32, &d64, &value[k]);
+      dest = static_cast<int>(d64);
+    }
+    const unsigned same = peers(dest, nbits);
+    const int below = __popc(same & lt);
+    const int before = dest >= 0 ? wc[dest] : 0;
+    __syncwarp();
+    if (dest >= 0 && below == 0) wc[dest] = before + __popc(same);
+    __syncwarp();
+    const unsigned kv =
+        dest >= 0 ? static_cast<unsigned>(dest) | static_cast<unsigned>(before + below) << 8 : 0u;
+    if (k % 2 == 0)
+      key[k / 2] = kv;
+    else
+      key[k / 2] |= kv << 16;
+  }
+}
+
+// The block's units of round r: which bag and ids each warp's unit has (s_ubag/-1: none).
+struct Unit {
+  int bag = -1;  // block-local bag, -1: no unit for this warp in this round
+  int c0 = 0, n = 0;
+};
+
+__device__ __forceinline__ Unit unit_of(int u, int units, int nb, const int* ust, const int* boff) {
+  Unit un;
+  if (u >= units) return un;
+  un.bag = upper_bound_m1(ust, nb, u);
+  un.c0 = boff[un.bag] + (u - ust[un.bag]) * kUnit;
+  const int end = boff[un.bag + 1];
+  un.n = end - un.c0 < kUnit ? end - un.c0 : kUnit;
+  return un;
+}
+
+// After every warp ranked its unit of the round: per bucket d (a warp per bucket, a lane per
+// unit), wc[u][d] := run[bag][d] + (bucket-d ids of the bag's earlier units in this round), and
+// run[bag][d] advances by the round's bucket-d ids of the bag. Bags are contiguous runs of
+// units, so this is a segmented exclusive scan over the 32 lanes.
+__device__ __forceinline__ void scan_round(int W, const int* s_ubag, int* wc, int* run) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int bag = s_ubag[lane];
+  const int prev = __shfl_up_sync(0xffffffffu, bag, 1);
+  const unsigned heads = __ballot_sync(0xffffffffu, lane == 0 || bag != prev);
+  const unsigned upto = lane == 31 ? 0xffffffffu : (2u << lane) - 1u;
+  const int head = 31 - __clz(heads & upto);  // first lane of this lane's segment
+  const bool tail = lane == 31 || ((heads >> (lane + 1)) & 1u) != 0;  // last lane of its segment
+  for (int d = warp; d < W; d += kWarps) {
+    const int v = bag >= 0 ? wc[lane * W + d] : 0;
+    int x = v;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, x, off);
+      if (lane - off >= head) x += y;
+    }
+    const int carry = bag >= 0 ? run[bag * W + d] : 0;
+    __syncwarp();
+    if (bag >= 0) {
+      wc[lane * W + d] = carry + x - v;
+      if (tail) run[bag * W + d] = carry + x;
+    }
+  }
+}
+
+__device__ __forceinline__ void place_unit(const BucketizeArgs& a, const Unit& un, int rank_begin,
+                                           const int64_t (&value)[kIdsPerLane],
+                                           const unsigned (&key)[kIdsPerLane / 2], const int* wc) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int k = 0; k < kIdsPerLane; ++k) {
+    const int off = k * 32 + lane;
+    if (off >= un.n) continue;
+    const unsigned kv = (key[k / 2] >> (16 * (k % 2))) & 0xffffu;
+    const int d = static_cast<int>(kv & 0xffu);
+    const int i = un.c0 + off;
+    const int pos = wc[d] + static_cast<int>(kv >> 8);
+    a.new_values[pos] = value[k];
+    if (a.weights) a.new_weights[pos] = a.weights[i];
+    a.perm[i] = pos - rank_begin;
+    if (a.dest_rank) a.dest_rank[i] = d;
+  }
+}
+
+__device__ __forceinline__ void rank_any(const BucketizeArgs& a, const FastDivU64& wd, int dist,
+                                         uint64_t blk, const Unit& un, int nbits,
+                                         int64_t (&value)[kIdsPerLane],
+                                         unsigned (&key)[kIdsPerLane / 2], int* wc) {
+  if (dist == 2)
+    rank_unit<2>(a, wd, blk, un.c0, un.n, nbits, value, key, wc);
+  else if (dist == 1)
+    rank_unit<1>(a, wd, blk, un.c0, un.n, nbits, value, key, wc);
+  else
+    rank_unit<0>(a, wd, blk, un.c0, un.n, nbits, value, key, wc);
+}
+
+__global__ void __launch_bounds__(kThreads, 1) cluster_kernel(Args p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ unsigned s_red[2][kWarps];
+  __shared__ int s_ubag[kWarps];
+  __shared__ int s_scalars[1];  // the rank's first id
+  __shared__ int64_t s_fo[kMaxFeat + 1];  // the rank's feat_bag_off, blk and dist per feature
+  __shared__ uint64_t s_fblk[kMaxFeat];   // (when F <= kMaxFeat)
+  __shared__ int s_fdt[kMaxFeat];
+  using BlockScan = cub::BlockScan<int, kThreads>;
+  __shared__ typename BlockScan::TempStorage scan_tmp;
+
+  const BucketizeArgs& a = p.a;
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  const int W = static_cast<int>(a.world_size);
+  const int F = static_cast<int>(a.num_features);
+  const int L = static_cast<int>(a.total_bags);
+  const int C = static_cast<int>(cluster.num_blocks());
+  const int c = static_cast<int>(cluster.block_rank());
+  const int q = static_cast<int>(blockIdx.x) / C;
+  const Layout ly = layout(W, p.nb_max);
+  uint64_t* s_bblk = reinterpret_cast<uint64_t*>(smem + ly.bblk);
+  int* s_wc = reinterpret_cast<int*>(smem + ly.wc);
+  int* s_run = reinterpret_cast<int*>(smem + ly.run);
+  int* s_boff = reinterpret_cast<int*>(smem + ly.boff);
+  int* s_ust = reinterpret_cast<int*>(smem + ly.ust);
+  int* s_bdist = reinterpret_cast<int*>(smem + ly.bdist);
+  int* s_tot = reinterpret_cast<int*>(smem + ly.tot);
+  int* s_base = reinterpret_cast<int*>(smem + ly.base);
+  const auto mark = [&](int point) {
+    if (p.trace && t == 0) p.trace[blockIdx.x * kBucketizeTracePoints + point] = global_ns();
+  };
+  mark(0);
+
+  // ---- 1. bag offsets: one round of independent loads (the rank's bag range and lengths),
+  // reduced to the rank's first id, this block's first id and its bags' lengths.
+  const int first = static_cast<int>(a.rank_bag_off[q]);
+  const int Lq = static_cast<int>(a.rank_bag_off[q + 1]) - first;
+  const int lo = first + static_cast<int>(static_cast<int64_t>(Lq) * c / C);
+  const int hi = first + static_cast<int>(static_cast<int64_t>(Lq) * (c + 1) / C);
+  const int nb = hi - lo;
+  const bool feat_shared = F <= kMaxFeat;
+  if (feat_shared && t <= F) {
+    s_fo[t] = a.feat_bag_off[static_cast<int64_t>(q) * (F + 1) + t];
+    if (t < F) {
+      s_fblk[t] = a.block_sizes[t];
+      s_fdt[t] = a.dist_types[t];
+    }
+  }
+  unsigned pre_rank = 0, pre_blk = 0;
+  for (int i0 = 0; i0 < L; i0 += kLensPerThread * kThreads) {
+    unsigned v[kLensPerThread];
+#pragma unroll
+    for (int k = 0; k < kLensPerThread; ++k) {
+      const int i = i0 + k * kThreads + t;
+      v[k] = i < L ? static_cast<unsigned>(p.lengths[i]) : 0u;
+    }
+#pragma unroll
+    for (int k = 0; k < kLensPerThread; ++k) {
+      const int i = i0 + k * kThreads + t;
+      if (i < first)
+        pre_rank += v[k];
+      else if (i < lo)
+        pre_blk += v[k];
+      else if (i < hi)
+        s_boff[i - lo + 1] = static_cast<int>(v[k]);  // the bag's length, scanned below
+    }
+    if (i0 + kLensPerThread * kThreads >= hi) break;  // uniform
+  }
+  pre_rank = __reduce_add_sync(0xffffffffu, pre_rank);
+  pre_blk = __reduce_add_sync(0xffffffffu, pre_blk);
+  if (lane == 0) {
+    s_red[0][warp] = pre_rank;
+    s_red[1][warp] = pre_blk;
+  }
+  for (int i = t; i < nb * W; i += kThreads) s_run[i] = 0;
+  __syncthreads();
+  if (warp == 0) {
+    const int rank_begin = static_cast<int>(__reduce_add_sync(0xffffffffu, s_red[0][lane]));
+    const int blk_begin = rank_begin + static_cast<int>(__reduce_add_sync(0xffffffffu, s_red[1][lane]));
+    // Inclusive scans of the block's bag lengths and unit counts, 32 bags at a time; each
+    // lane also finds its bag's feature (dist type and block size).
+    const int64_t* fo = feat_shared ? s_fo : a.feat_bag_off + static_cast<int64_t>(q) * (F + 1);
+    int id_run = blk_begin, unit_run = 0;
+    for (int j0 = 0; j0 < nb; j0 += 32) {
+      const int j = j0 + lane;
+      const int len = j < nb ? s_boff[j + 1] : 0;
+      int x = len, u = (len + kUnit - 1) / kUnit;
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, off);
+        const int z = __shfl_up_sync(0xffffffffu, u, off);
+        if (lane >= off) {
+          x += y;
+          u += z;
+        }
+      }
+      if (j < nb) {
+        s_boff[j + 1] = id_run + x;
+        s_ust[j + 1] = unit_run + u;
+        const int64_t f = d_upper_bound_m1(fo, F, lo - first + j);
+        s_bblk[j] = feat_shared ? s_fblk[f] : a.block_sizes[f];
+        s_bdist[j] = feat_shared ? s_fdt[f] : a.dist_types[f];
+      }
+      id_run += __shfl_sync(0xffffffffu, x, 31);
+      unit_run += __shfl_sync(0xffffffffu, u, 31);
+    }
+    if (lane == 0) {
+      s_boff[0] = blk_begin;
+      s_ust[0] = 0;
+      s_scalars[0] = rank_begin;
+    }
+  }
+  __syncthreads();
+  const int rank_begin = s_scalars[0];
+  int64_t* bag_off = const_cast<int64_t*>(a.bag_offsets);  // an output on this path
+  for (int j = t; j < nb; j += kThreads) bag_off[lo + j] = s_boff[j];
+  if (t == 0 && nb > 0 && hi == L) bag_off[L] = s_boff[nb];
+  mark(1);
+
+  // ---- 2. counts: rank every unit; run[bag][d] accumulates the bag's bucket-d ids.
+  int nbits = 0;
+  while ((1 << nbits) < W) ++nbits;
+  const int units = s_ust[nb];
+  const int rounds = (units + kWarps - 1) / kWarps;
+  int64_t value[kIdsPerLane];
+  unsigned key[kIdsPerLane / 2];
+  Unit un;
+  int* my_wc = s_wc + warp * W;
+  for (int r = 0; r < rounds; ++r) {
+    un = unit_of(r * kWarps + warp, units, nb, s_ust, s_boff);
+    if (un.bag >= 0)
+      rank_any(a, p.wd, s_bdist[un.bag], s_bblk[un.bag], un, nbits, value, key, my_wc);
+    if (lane == 0) s_ubag[warp] = un.bag;
+    __syncthreads();
+    scan_round(W, s_ubag, s_wc, s_run);
+    __syncthreads();
+  }
+  // new_lengths of the block's bags; run[bag][d] := bucket-d ids of the block's bags before
+  // it; tot[d] := the block's bucket-d ids (what the other blocks of the rank read).
+  for (int d = warp; d < W; d += kWarps) {
+    int carry = 0;
+    for (int j0 = 0; j0 < nb; j0 += 32) {
+      const int j = j0 + lane;
+      const int v = j < nb ? s_run[j * W + d] : 0;
+      if (j < nb) a.new_lengths[static_cast<int64_t>(W) * first + static_cast<int64_t>(d) * Lq +
+                                (lo - first + j)] = v;
+      int x = v;
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, off);
+        if (lane >= off) x += y;
+      }
+      if (j < nb) s_run[j * W + d] = carry + x - v;
+      carry += __shfl_sync(0xffffffffu, x, 31);
+    }
+    if (lane == 0) s_tot[d] = carry;
+  }
+  mark(2);
+
+  // ---- 3. the rank's totals from the cluster's blocks (distributed shared memory)
+  cluster_arrive();  // release: s_tot is written
+  cluster_wait();
+  int T = 0, before_blk = 0;
+  if (t < W) {
+    for (int c2 = 0; c2 < C; ++c2) {
+      const int v = cluster.map_shared_rank(s_tot, c2)[t];
+      T += v;
+      if (c2 < c) before_blk += v;
+    }
+  }
+  cluster_arrive();  // this block no longer reads the others' shared memory
+  mark(3);
+
+  // ---- 4. bases: new_offsets of (d, bag) = rank_begin + sum_{d'<d} T[d'] + before_blk[d]
+  // + run[bag][d] (global positions); run then holds each (bag, d) segment's next free slot.
+  int below = 0;
+  BlockScan(scan_tmp).ExclusiveSum(T, below);
+  if (t < W) s_base[t] = rank_begin + below + before_blk;
+  __syncthreads();
+  for (int i = t; i < nb * W; i += kThreads) {
+    const int j = i / W, d = i % W;
+    const int b = s_base[d] + s_run[i];
+    s_run[i] = b;
+    a.new_offsets[static_cast<int64_t>(W) * first + static_cast<int64_t>(d) * Lq + (lo - first + j)] = b;
+  }
+  __syncthreads();
+  mark(4);
+
+  // ---- 5. placement
+  if (rounds == 1) {  // the ids are still in registers; add the bag's base to the unit's offsets
+    if (un.bag >= 0) {
+      for (int d = lane; d < W; d += 32) my_wc[d] += s_run[un.bag * W + d];
+      __syncwarp();
+      place_unit(a, un, rank_begin, value, key, my_wc);
+    }
+  } else {
+    for (int r = 0; r < rounds; ++r) {
+      un = unit_of(r * kWarps + warp, units, nb, s_ust, s_boff);
+      if (un.bag >= 0)
+        rank_any(a, p.wd, s_bdist[un.bag], s_bblk[un.bag], un, nbits, value, key, my_wc);
+      if (lane == 0) s_ubag[warp] = un.bag;
+      __syncthreads();
+      scan_round(W, s_ubag, s_wc, s_run);
+      __syncthreads();
+      if (un.bag >= 0) place_unit(a, un, rank_begin, value, key, my_wc);
+    }
+  }
+  if (p.trace) {
+    __syncthreads();
+    mark(5);
+  }
+  cluster_wait();  // no block leaves while another may still read its s_tot
+#endif
+}
+
+}  // namespace cl
+
 // Resident blocks of onepass_kernel on the current device (0: no cooperative launch).
 int64_t onepass_capacity() {
   int dev = 0;
@@ -679,6 +1098,81 @@ void launch_bucketize(const BucketizeArgs& a, cudaStream_t s) {
 }  // namespace dynemb::cuda
 
 namespace dynemb::cuda {
+namespace {
+
+int cluster_blocks_of(const BucketizeFused& f) {
+  return f.cluster_blocks == 0 ? cl::kDefaultBlocks : f.cluster_blocks;
+}
+
+// Shared memory the cluster kernel may take dynamically on the current device (0: the device
+// cannot launch clusters).
+size_t cluster_smem_limit() {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  static int cached_dev = -1;
+  static size_t cached = 0;
+  if (cached_dev == dev) return cached;
+  int clusters = 0, optin = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  cudaFuncAttributes fa{};
+  CUDA_CHECK(cudaFuncGetAttributes(&fa, cl::cluster_kernel));
+  cached = clusters && optin > static_cast<int>(fa.sharedSizeBytes)
+               ? static_cast<size_t>(optin) - fa.sharedSizeBytes
+               : 0;
+  cached_dev = dev;
+  return cached;
+}
+
+int64_t cluster_bags_per_block(const BucketizeFused& f) {
+  const int64_t C = cluster_blocks_of(f);
+  return (f.max_rank_bags + C - 1) / C;
+}
+
+// The launch of the cluster kernel for these arguments (attr: storage for its one attribute);
+// raises the kernel's shared-memory and cluster-size limits as needed.
+cudaLaunchConfig_t cluster_config(const BucketizeArgs& a, const BucketizeFused& f,
+                                  cudaLaunchAttribute (&attr)[1], cudaStream_t s) {
+  const int C = cluster_blocks_of(f);
+  const size_t smem = cl::layout(static_cast<int>(a.world_size),
+                                 static_cast<int>(cluster_bags_per_block(f))).bytes;
+  static size_t smem_set = 0;  // the kernel's dynamic shared-memory limit raised so far
+  if (smem > smem_set) {
+    CUDA_CHECK(cudaFuncSetAttribute(cl::cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem)));
+    smem_set = smem;
+  }
+  if (C > 8)
+    CUDA_CHECK(cudaFuncSetAttribute(cl::cluster_kernel,
+                                    cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(a.num_ranks * C));
+  cfg.blockDim = dim3(cl::kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(C);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+}  // namespace
+
+bool bucketize_cluster_eligible(const BucketizeArgs& a, const BucketizeFused& f) {
+  const int C = cluster_blocks_of(f);
+  if (f.cluster_blocks < 0 || C > cl::kMaxBlocks || a.total_bags == 0 ||
+      a.world_size > kMaxSharedW || a.total_ids >= (int64_t{1} << 31) ||
+      a.total_bags >= (int64_t{1} << 31) || f.max_rank_bags <= 0 || a.max_bag_len <= 64 ||
+      a.num_ranks * C >= (int64_t{1} << 31))
+    return false;
+  const int64_t nb = cluster_bags_per_block(f);
+  if (nb * a.world_size >= (int64_t{1} << 24)) return false;
+  const size_t bytes = cl::layout(static_cast<int>(a.world_size), static_cast<int>(nb)).bytes;
+  return bytes <= cluster_smem_limit();
+}
 
 size_t bucketize_fused_scratch_bytes() {
   // One word per (bucket, bag) of the largest eligible batch: W <= 256, L <= capacity.
@@ -704,6 +1198,17 @@ bool bucketize_fused_eligible(const BucketizeArgs& a, const BucketizeFused& f) {
 
 BucketizeFusedShape bucketize_fused_shape(const BucketizeArgs& a, const BucketizeFused& f) {
   BucketizeFusedShape sh;
+  if (bucketize_cluster_eligible(a, f)) {
+    sh.cluster_blocks = cluster_blocks_of(f);
+    sh.grid = a.num_ranks * sh.cluster_blocks;
+    cudaLaunchAttribute attr[1];
+    const cudaLaunchConfig_t cfg = cluster_config(a, f, attr, nullptr);
+    int resident = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveClusters(&resident, cl::cluster_kernel, &cfg));
+    sh.capacity = resident;
+    sh.ids_cached = cluster_bags_per_block(f) * ((a.max_bag_len + cl::kUnit - 1) / cl::kUnit) <= cl::kWarps;
+    return sh;
+  }
   if (!bucketize_fused_eligible(a, f)) return sh;
   sh.grid = a.total_bags;
   sh.capacity = onepass_capacity();
@@ -718,6 +1223,22 @@ void launch_bucketize_from_lengths(const BucketizeArgs& a, const int64_t* length
                                 a.scan_temp, a.scan_temp_bytes, s);
     launch_bucketize(a, s);
   };
+  if (bucketize_cluster_eligible(a, f)) {
+    const int C = cluster_blocks_of(f);
+    cl::Args p;
+    p.a = a;
+    p.lengths = lengths;
+    p.wd = FastDivU64::make(static_cast<uint64_t>(a.world_size));
+    p.nb_max = static_cast<int>(cluster_bags_per_block(f));
+    p.trace = f.trace;
+    cudaLaunchAttribute attr[1];
+    cudaLaunchConfig_t cfg = cluster_config(a, f, attr, s);
+    const cudaError_t err = cudaLaunchKernelEx(&cfg, cl::cluster_kernel, p);
+    if (err == cudaSuccess) return;
+    if (err != cudaErrorInvalidClusterSize)
+      throw_cuda(err, "cudaLaunchKernelEx(cluster_kernel)", __FILE__, __LINE__);
+    (void)cudaGetLastError();  // a cluster of C such blocks does not fit: the other paths
+  }
   if (!bucketize_fused_eligible(a, f)) return three_passes();
   if (++f.epoch == 0) {  // 2^32 launches on this scratch: start over from zeroed words
     bucketize_fused_scratch_init(f.scratch, f.scratch_bytes, s);
