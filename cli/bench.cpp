@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -432,47 +431,29 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
         timer([&] { cuda::launch_bucketize_from_lengths(ba, d_len.data(), fused, s); });
     // ids in; new_values + unbucketize_permute out; lengths in; new_lengths out (+ weights).
     const double bytes = 8.0 * (3 * N + L + W * L) + (weighted ? 8.0 * N : 0.0);
-    const bool cluster = shape.cluster_blocks > 0;
     st.push_back({"bucketize (all ranks)", N, 0, bytes, us,
-                  cluster ? fmt::format("1 kernel, a cluster of {} blocks per rank ({} blocks, "
-                                        "{} clusters resident at once){}",
-                                        shape.cluster_blocks, shape.grid, shape.capacity,
-                                        shape.ids_cached ? ", ids in registers" : "")
-                  : one_kernel    ? fmt::format("one pass: 1 kernel, a block per bag, {} blocks (of {}){}",
+                  one_kernel      ? fmt::format("one pass: 1 kernel, a block per bag, {} blocks (of {}){}",
                                            shape.grid, shape.capacity,
                                            shape.ids_cached ? ", ids in registers" : "")
                   : max_len > 64 ? "3 passes, block per bag"
                                  : "3 passes, warp per bag"});
-    if (const char* sweep = std::getenv("DYNEMB_BENCH_BUCKETIZE_SWEEP"); sweep && *sweep) {
-      // EXPERIMENT (not for commit): time every path on the same data.
-      for (int cb : {-1, 2, 4, 8, 16}) {
-        cuda::BucketizeFused v = fused;
-        v.cluster_blocks = cb;
-        const double t2 = timer([&] { cuda::launch_bucketize_from_lengths(ba, d_len.data(), v, s); });
-        const cuda::BucketizeFusedShape sh2 = cuda::bucketize_fused_shape(ba, v);
-        fmt::print(stderr, "SWEEP cluster_blocks={} eligible={} resident={} us={:.2f}\n", cb,
-                   cuda::bucketize_cluster_eligible(ba, v), sh2.capacity, t2);
-      }
-    }
-    if (one_kernel || cluster) {
-      // Where the one-kernel time goes: one more launch recording %globaltimer at the end of
-      // each step of every block (bucketize.cu), as us after the first block started.
-      const int64_t G = shape.grid;  // trace entries: one per block
-      DeviceBuffer<unsigned long long> d_trace(cuda::kBucketizeTracePoints * G);
+    if (one_kernel) {
+      // Where the one-pass kernel's time goes: one more launch recording %globaltimer at the
+      // end of each step of every block (bucketize.cu), as us after the first block started.
+      DeviceBuffer<unsigned long long> d_trace(cuda::kBucketizeTracePoints * L);
       fused.trace = d_trace.data();
       cuda::launch_bucketize_from_lengths(ba, d_len.data(), fused, s);
       fused.trace = nullptr;
       const std::vector<unsigned long long> tr = d_trace.download(s);
       unsigned long long t0 = ~0ull;
-      for (int64_t g = 0; g < G; ++g) t0 = std::min(t0, tr[g * cuda::kBucketizeTracePoints]);
-      std::string line = fmt::format("{} steps over {} blocks, us after the first block "
-                                     "started (median / max):",
-                                     cluster ? "cluster-kernel" : "one-pass", G);
+      for (int64_t g = 0; g < L; ++g) t0 = std::min(t0, tr[g * cuda::kBucketizeTracePoints]);
+      std::string line = fmt::format("one-pass steps over {} blocks, us after the first block "
+                                     "started (median / max):", L);
       const char* names[] = {"start", "bag offsets", "counts", "rank's counts seen", "bases",
                              "placed"};
       for (int pt = 0; pt < cuda::kBucketizeTracePoints; ++pt) {
         std::vector<double> v;
-        for (int64_t g = 0; g < G; ++g)
+        for (int64_t g = 0; g < L; ++g)
           v.push_back(1e-3 * static_cast<double>(tr[g * cuda::kBucketizeTracePoints + pt] - t0));
         std::sort(v.begin(), v.end());
         line += fmt::format(" {} {:.1f}/{:.1f}{}", names[pt], v[v.size() / 2], v.back(),

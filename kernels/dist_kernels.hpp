@@ -65,14 +65,8 @@ struct BucketizeFused {
   // each step (0 start, 1 bag offsets, 2 counts, 3 rank's counts seen, 4 bases, 5 placed),
   // for `dynemb-dist bench`'s phase breakdown. Null: not recorded.
   unsigned long long* trace = nullptr;
-  // Blocks per thread-block cluster of the cluster path (one cluster per rank): 0 = 8, up to
-  // 16; -1 = never take the cluster path.
-  int cluster_blocks = 0;
 };
 constexpr int kBucketizeTracePoints = 6;
-// Whether launch_bucketize_from_lengths takes the cluster kernel (sm_90 thread-block clusters,
-// one per rank; bags longer than 64 ids; W <= 256; fewer than 2^31 ids). Needs no scratch.
-bool bucketize_cluster_eligible(const BucketizeArgs& a, const BucketizeFused& f);
 // 0 when the device cannot launch the one-pass kernel (no cooperative launch). One scratch
 // serves one stream: launches on it must not overlap.
 size_t bucketize_fused_scratch_bytes();
@@ -84,9 +78,8 @@ int64_t bucketize_fused_capacity();
 // Whether launch_bucketize_from_lengths takes the one-pass kernel for these arguments.
 bool bucketize_fused_eligible(const BucketizeArgs& a, const BucketizeFused& f);
 struct BucketizeFusedShape {
-  int64_t grid = 0;         // blocks (one-pass: = bags; cluster: ranks x cluster_blocks); 0: 3 passes
-  int64_t cluster_blocks = 0;  // > 0: the cluster path
-  int64_t capacity = 0;     // resident blocks (cluster path: clusters) of the kernel on this device
+  int64_t grid = 0;         // blocks = bags; 0: not the one-pass path
+  int64_t capacity = 0;     // resident blocks of the kernel on this device
   bool ids_cached = false;  // every bag <= 2048 ids: ids read once
 };
 BucketizeFusedShape bucketize_fused_shape(const BucketizeArgs& a, const BucketizeFused& f);

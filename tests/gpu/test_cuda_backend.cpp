@@ -216,7 +216,7 @@ TEST_CASE("batched bucketize: one-pass and three-pass paths == cpu") {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
   cudaStream_t s = nullptr;
-  int fused_runs = 0, cluster_runs = 0, multi_round_runs = 0;
+  int fused_runs = 0;
   for (int it = 0; it < 40; ++it) {
     Plan p;
     p.world_size = std::vector<int64_t>{1, 2, 5, 16, 256}[U(0, 4)];
@@ -282,10 +282,8 @@ TEST_CASE("batched bucketize: one-pass and three-pass paths == cpu") {
     }
     std::vector<int64_t> ref_off{0};
     for (int64_t l : lengths) ref_off.push_back(ref_off.back() + l);
-    const int cluster_blocks = std::vector<int>{1, 3, 8, 16}[U(0, 3)];
-    for (int variant = 0; variant < 3; ++variant) {
-      // 0: the cluster kernel (a cluster of blocks per rank); 1: the one-pass kernel where
-      // eligible (a block per bag); 2: the three passes.
+    for (int variant = 0; variant < 2; ++variant) {
+      // 0: the one-pass kernel where eligible (a block per bag); 1: the three passes.
       DeviceBuffer<int64_t> d_ids, d_len, d_off, d_rbo, d_fbo, d_nl, d_no, d_nv, d_perm, d_dest;
       DeviceBuffer<uint64_t> d_blk;
       DeviceBuffer<int32_t> d_dt;
@@ -333,39 +331,21 @@ TEST_CASE("batched bucketize: one-pass and three-pass paths == cpu") {
       ba.scan_temp = d_tmp.data();
       ba.scan_temp_bytes = tb;
       cuda::BucketizeFused fused;
-      fused.cluster_blocks = variant == 0 ? cluster_blocks : -1;
-      fused.max_rank_bags = max_rank_bags;
       DeviceBuffer<char> d_fused;
-      if (variant == 1) {
+      if (variant == 0) {
         fused.scratch_bytes = cuda::bucketize_fused_scratch_bytes();
         REQUIRE(fused.scratch_bytes > 0);  // an H200 has cooperative launch
         d_fused.resize(static_cast<int64_t>(fused.scratch_bytes));
         fused.scratch = d_fused.data();
         cuda::bucketize_fused_scratch_init(fused.scratch, fused.scratch_bytes, s);
+        fused.max_rank_bags = max_rank_bags;
       }
-      const bool want_cluster = variant == 0 && L > 0;  // every shape drawn here fits one
-      const bool want_fused = variant == 1 && L > 0 && max_rank_bags * W <= 65536 &&
+      const bool want_fused = variant == 0 && L > 0 && max_rank_bags * W <= 65536 &&
                               L <= cuda::bucketize_fused_capacity();
       INFO("it " << it << " variant " << variant << " W=" << W << " F=" << F << " L=" << L
-                 << " N=" << N << " weighted=" << weighted << " int32=" << i32
-                 << " cluster_blocks=" << cluster_blocks);
-      CHECK(cuda::bucketize_cluster_eligible(ba, fused) == want_cluster);
-      if (!want_cluster) CHECK(cuda::bucketize_fused_eligible(ba, fused) == want_fused);
+                 << " N=" << N << " weighted=" << weighted << " int32=" << i32);
+      CHECK(cuda::bucketize_fused_eligible(ba, fused) == want_fused);
       fused_runs += want_fused;
-      cluster_runs += want_cluster;
-      if (want_cluster) {  // does a block rank its ids in more than one round of 32 units?
-        bool multi = false;
-        for (int64_t r = 0; r < W; ++r) {
-          const int64_t Lq = rbo[r + 1] - rbo[r];
-          for (int64_t c = 0; c < cluster_blocks; ++c) {
-            int64_t units = 0;
-            for (int64_t j = Lq * c / cluster_blocks; j < Lq * (c + 1) / cluster_blocks; ++j)
-              units += (lengths[rbo[r] + j] + 255) / 256;
-            multi = multi || units > 32;
-          }
-        }
-        multi_round_runs += multi;
-      }
       // First on other ids (same lengths), then twice on the real ones, all on one scratch:
       // the scratch words of an earlier launch hold other counts, so a block that took a
       // stale word for a fresh one (the epoch tag) would misplace ids below.
@@ -400,8 +380,6 @@ TEST_CASE("batched bucketize: one-pass and three-pass paths == cpu") {
     }
   }
   CHECK(fused_runs >= 25);
-  CHECK(cluster_runs >= 25);
-  CHECK(multi_round_runs >= 3);  // the cluster kernel's ids-read-twice placement
 }
 
 TEST_CASE("spec worked example §6.1 on the GPU") {
