@@ -266,7 +266,10 @@ __global__ void place_serial_kernel(BucketizeArgs a, FastDivU64 wd) {
 //   4. bases: it reads its rank's W x L_q words (spinning on any not yet carrying the epoch)
 //      and forms base[d] = rank's first id + sum_{d'<d} T[d'] + sum_{j'<j} count[d][j'],
 //      T[d] = the rank's ids of bucket d: exactly new_offsets of (d, j);
-//   5. placement: new_values, new_weights, perm, dest_rank.
+//   5. placement: perm, dest_rank and new_weights directly; new_values through shared memory
+//      (the bag's values in its bucketized order, then each bucket's run copied out with
+//      consecutive lanes on consecutive addresses: 256-byte warp stores instead of scattered
+//      pairs; 22.7 -> 18.1 us on hstu-e2e, BENCHMARKS.md run 11).
 // So the chain per block is: one load round, the id loads, the counting, a store-then-load
 // exchange with the other blocks of its rank, and the placement stores. The previous fused
 // kernel (runs 3-4 of BENCHMARKS.md) also had a look-back for bag offsets, a scanning block
@@ -431,21 +434,72 @@ __device__ __forceinline__ void place_chunk(const BucketizeArgs& a, const OnePas
   }
 }
 
+// Step 5 for a bag of <= kChunk ids, through shared memory: each id's value goes to its
+// place in the bag's own bucketized order (stage[lex[d] + offset in its segment]), then each
+// bucket's segment is copied out with consecutive lanes on consecutive addresses, so a warp's
+// store covers 256 contiguous bytes instead of ~16 scattered pairs of values (what the direct
+// scatter of place_chunk does with W = 16). perm, dest_rank and weights keep the direct path
+// (perm is indexed by the input position: already contiguous).
+__device__ __forceinline__ void place_staged(const BucketizeArgs& a, const OnePassBag& bag,
+                                             const int64_t (&value)[kIdsPerLane],
+                                             const unsigned (&key)[kIdsPerLane / 2],
+                                             int (*wc)[kMaxSharedW], const int* run, const int* lex,
+                                             const int* cnt, int64_t* stage) {
+  const int t = threadIdx.x, w = t / 32, lane = t % 32;
+  const int W = static_cast<int>(a.world_size);
+#pragma unroll
+  for (int k = 0; k < kIdsPerLane; ++k) {
+    const int off = w * kWarpIds + k * 32 + lane;
+    if (off >= bag.len) continue;
+    const unsigned kv = (key[k / 2] >> (16 * (k % 2))) & 0xffffu;
+    const int d = static_cast<int>(kv & 0xffu);
+    const int i = bag.begin + off;
+    const int in_seg = wc[w][d] + static_cast<int>(kv >> 8);
+    stage[lex[d] + in_seg] = value[k];
+    const int pos = run[d] + in_seg;
+    if (a.weights) a.new_weights[pos] = a.weights[i];
+    a.perm[i] = pos - bag.rank_begin;
+    if (a.dest_rank) a.dest_rank[i] = d;
+  }
+  __syncthreads();
+  for (int d = w; d < W; d += kWarps) {
+    const int n = cnt[d], l0 = lex[d];
+    int64_t* out = a.new_values + run[d];
+    for (int i = lane; i < n; i += 32) out[i] = stage[l0 + i];
+  }
+}
+
 // 4 resident blocks per SM (<= 64 registers): 528 on an H200, hstu-e2e has 512 bags.
 __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
-  using BlockScan = cub::BlockScan<int, kThreads>;
-  __shared__ typename BlockScan::TempStorage scan_tmp;
-  __shared__ int64_t s_rbo[kMaxSharedW + 1];  // rank_bag_off (R <= 256)
-  __shared__ int64_t s_fbo[kMaxFeatTab];      // feat_bag_off when R x (F+1) fits
-  __shared__ uint64_t s_blk[kMaxSharedW];     // block_sizes and dist_types when F fits
-  __shared__ int32_t s_dt[kMaxSharedW];
+  using BlockScanU64 = cub::BlockScan<unsigned long long, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
+  __shared__ typename BlockScanU64::TempStorage scan_tmp64;
+  // Shared memory used by one step only shares space: step 1's tables, step 4's counts and
+  // step 5's staged values (barriers separate the steps). 30 KB per block instead of 43 keeps
+  // more of the SM's 256 KB as L1, which holds step 2's loads in flight (counting took ~1 us
+  // longer with 43 KB: BENCHMARKS.md runs 12-13).
+  __shared__ union {
+    struct {
+      int64_t rbo[kMaxSharedW + 1];  // rank_bag_off (R <= 256)
+      int64_t fbo[kMaxFeatTab];      // feat_bag_off when R x (F+1) fits
+      uint64_t blk[kMaxSharedW];     // block_sizes and dist_types when F fits
+      int32_t dt[kMaxSharedW];
+    } tab;
+    int cnt[kWordRound];    // step 4: one round of the rank's counts
+    int64_t stage[kChunk];  // step 5: the bag's values in its bucketized order
+  } u;
+  int64_t* const s_rbo = u.tab.rbo;
+  int64_t* const s_fbo = u.tab.fbo;
+  uint64_t* const s_blk = u.tab.blk;
+  int32_t* const s_dt = u.tab.dt;
+  int* const s_cnt = u.cnt;
+  int64_t* const s_stage = u.stage;
   __shared__ int wc[kWarps][kMaxSharedW];  // see rank_chunk
   __shared__ int s_tot[kMaxSharedW];       // the bag's ids per bucket, then next free slot
   __shared__ int s_chunk[kMaxSharedW];     // one chunk's ids per bucket
   __shared__ int s_T[kMaxSharedW], s_P[kMaxSharedW];
-  __shared__ int s_cnt[kWordRound];
   __shared__ unsigned s_red[2][kWarps];
-  __shared__ OnePassBag s_bag;
+  __shared__ int s_len;               // the bag's length
+  __shared__ int s_lex[kMaxSharedW];  // the bag's ids in buckets < d (staged placement)
 
   const BucketizeArgs& a = p.a;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
@@ -482,7 +536,7 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
     const int i = t + k * kThreads;
     if (i < g) before_bag += lens[k];
     if (i < first) before_rank += lens[k];
-    if (i == g) s_bag.len = static_cast<int>(lens[k]);
+    if (i == g) s_len = static_cast<int>(lens[k]);
   }
   before_bag = __reduce_add_sync(0xffffffffu, before_bag);
   before_rank = __reduce_add_sync(0xffffffffu, before_rank);
@@ -491,26 +545,28 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
     s_red[1][warp] = before_rank;
   }
   __syncthreads();
-  if (t == 0) {
-    OnePassBag& b = s_bag;
+  // Every thread forms the bag's view itself (8 broadcast reads) rather than one thread and
+  // another barrier.
+  OnePassBag bag;
+  {
     unsigned sb = 0, sr = 0;
+#pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       sb += s_red[0][w];
       sr += s_red[1][w];
     }
-    b.begin = static_cast<int>(sb);
-    b.rank_begin = static_cast<int>(sr);
-    b.first = first;
-    b.Lq = static_cast<int>(s_rbo[q + 1]) - first;
-    b.j = g - first;
+    bag.begin = static_cast<int>(sb);
+    bag.rank_begin = static_cast<int>(sr);
+    bag.len = s_len;
+    bag.first = first;
+    bag.Lq = static_cast<int>(s_rbo[q + 1]) - first;
+    bag.j = g - first;
     const int64_t* fo = fbo_shared ? s_fbo + q * (F + 1) : a.feat_bag_off + q * (F + 1);
-    const int64_t f = d_upper_bound_m1(fo, F, b.j);
-    b.blk = feat_shared ? s_blk[f] : a.block_sizes[f];
-    b.dist = feat_shared ? s_dt[f] : a.dist_types[f];
+    const int64_t f = d_upper_bound_m1(fo, F, bag.j);
+    bag.blk = feat_shared ? s_blk[f] : a.block_sizes[f];
+    bag.dist = feat_shared ? s_dt[f] : a.dist_types[f];
   }
-  for (int d = t; d < W; d += kThreads) s_tot[d] = 0;
-  __syncthreads();
-  const OnePassBag bag = s_bag;
+  for (int d = t; d < W; d += kThreads) s_tot[d] = 0;      // read by the same thread in step 2
   int64_t* bag_off = const_cast<int64_t*>(a.bag_offsets);  // an output on this path
   if (t == 0) {
     bag_off[g] = bag.begin;
@@ -549,21 +605,26 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
       const int i = c + k * kThreads + t;
       v[k] = i < n ? ld_word(&p.words[r0 + i]) : tag;
     }
+    // Re-read all of this thread's stale words together: one round trip per poll, whichever
+    // of them turns fresh last. Every block of the rank publishes before it waits and all are
+    // resident, so this ends; should that ever break (a driver not honouring the cooperative
+    // launch, a bug), trap after 10 s: the host sees a CUDA error instead of a hung GPU. The
+    // short sleep keeps waiting warps from taking issue slots from working ones.
+    for (;;) {
+      bool stale = false;
 #pragma unroll
-    for (int k = 0; k < kWordsPerThread; ++k) {
-      const int i = c + k * kThreads + t;
-      if (i >= n) continue;
-      while ((v[k] & 0xffffffff00000000ull) != tag) {
-        // Every block of the rank publishes before it waits and all are resident, so this
-        // ends; should that ever break (a driver not honouring the cooperative launch, a
-        // bug), trap after 10 s: the host sees a CUDA error instead of a hung GPU. The
-        // sleep keeps waiting warps from taking issue slots from working ones.
-        __nanosleep(256);
-        if (global_ns() - t_start > 10000000000ull) __trap();
-        v[k] = ld_word(&p.words[r0 + i]);
-      }
-      s_cnt[k * kThreads + t] = static_cast<int>(v[k] & 0xffffffffu);
+      for (int k = 0; k < kWordsPerThread; ++k) stale |= (v[k] & 0xffffffff00000000ull) != tag;
+      if (!stale) break;
+      __nanosleep(64);
+      if (global_ns() - t_start > 10000000000ull) __trap();
+#pragma unroll
+      for (int k = 0; k < kWordsPerThread; ++k)
+        if ((v[k] & 0xffffffff00000000ull) != tag)
+          v[k] = ld_word(&p.words[r0 + c + k * kThreads + t]);
     }
+#pragma unroll
+    for (int k = 0; k < kWordsPerThread; ++k)
+      if (c + k * kThreads + t < n) s_cnt[k * kThreads + t] = static_cast<int>(v[k] & 0xffffffffu);
     __syncthreads();
     // Warp per bucket row d of the words in this round: entries [max(c, d*Lq), ...).
     const int m = n - c < kWordRound ? n - c : kWordRound;
@@ -588,19 +649,27 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
   }
   mark(3);
   // base[d] = rank_begin + sum_{d' < d} T[d'] + P[d]  (W <= kThreads: a value per thread)
-  int before = 0;
-  BlockScan(scan_tmp).ExclusiveSum(t < W ? s_T[t] : 0, before);
+  // One scan for two prefix sums over buckets: the rank's (high 32 bits) and, for the staged
+  // placement, this bag's own (low 32 bits; < 2^11 in total, so no carry into the high half).
+  const bool staged = bag.len <= kChunk;
+  unsigned long long before = 0;
+  BlockScanU64(scan_tmp64)
+      .ExclusiveSum(t < W ? static_cast<unsigned long long>(s_T[t]) << 32 |
+                                static_cast<unsigned long long>(staged ? s_chunk[t] : 0)
+                          : 0ull,
+                    before);
   if (t < W) {
-    const int b = bag.rank_begin + before + s_P[t];
+    const int b = bag.rank_begin + static_cast<int>(before >> 32) + s_P[t];
     a.new_offsets[nl0 + t * bag.Lq] = b;
     s_tot[t] = b;  // next free slot per bucket
+    s_lex[t] = static_cast<int>(before & 0xffffffffu);
   }
   __syncthreads();
   mark(4);
 
   // ---- 5. placement
-  if (bag.len <= kChunk) {
-    if (bag.len > 0) place_chunk(a, bag, 0, value, key, wc, s_tot);
+  if (staged) {
+    if (bag.len > 0) place_staged(a, bag, value, key, wc, s_tot, s_lex, s_chunk, s_stage);
   } else {
     for (int c0 = 0; c0 < bag.len; c0 += kChunk) {  // a long bag: rank each chunk again
       rank_chunk_any(a, p.wd, bag, c0, value, key, wc, s_chunk);
