@@ -114,7 +114,8 @@ void write_npy(const std::string& path, const void* data, const char* descr, siz
   f.close();
   std::filesystem::rename(path + ".tmp", path);
 }
-[[maybe_unused]] void write_i64(const std::string& dir, const std::string& name, const std::vector<int64_t>& v) {
+[[maybe_unused]] void write_i64(const std::string& dir, const std::string& name,
+                                const std::vector<int64_t>& v) {
   write_npy(dir + "/" + name + ".npy", v.data(), "<i8", 8, {static_cast<int64_t>(v.size())});
 }
 
@@ -431,12 +432,31 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
         timer([&] { cuda::launch_bucketize_from_lengths(ba, d_len.data(), fused, s); });
     // ids in; new_values + unbucketize_permute out; lengths in; new_lengths out (+ weights).
     const double bytes = 8.0 * (3 * N + L + W * L) + (weighted ? 8.0 * N : 0.0);
-    st.push_back({"bucketize (all ranks)", N, 0, bytes, us,
-                  one_kernel      ? fmt::format("one pass: 1 kernel, a block per bag, {} blocks (of {}){}",
-                                           shape.grid, shape.capacity,
-                                           shape.ids_cached ? ", ids in registers" : "")
-                  : max_len > 64 ? "3 passes, block per bag"
-                                 : "3 passes, warp per bag"});
+    st.push_back(
+        {"bucketize (all ranks)", N, 0, bytes, us,
+         one_kernel
+             ? fmt::format("one pass: 1 kernel, a block per bag, {} blocks (of {}){}", shape.grid,
+                           shape.capacity, shape.ids_cached ? ", ids in registers" : "")
+         : max_len > 64 ? "3 passes, block per bag"
+                        : "3 passes, warp per bag"});
+    // Floors of the stage, timed right after it (same clocks): an empty kernel of the one-pass
+    // grid (what a launch of that shape costs), and that grid streaming the stage's main bytes
+    // (ids in, values and perm out) with no routing, counting or exchange. No kernel of this
+    // grid that writes these outputs can be faster than the second.
+    {
+      const int64_t blocks = one_kernel ? L : std::max<int64_t>(1, (N + 2047) / 2048);
+      DeviceBuffer<int64_t> f_nv(N), f_perm(N);
+      const double t_empty = timer([&] { cuda::launch_empty(blocks, 256, s); });
+      const double t_stream = timer([&] {
+        cuda::launch_stream_floor(d_ids.data(), N, f_nv.data(), f_perm.data(), blocks, s);
+      });
+      notes.push_back(fmt::format(
+          "bucketize floors, {} blocks x 256: empty kernel {:.2f} us; streaming its {:.1f} MB "
+          "(ids in, values and perm out, no routing) {:.2f} us = {:.1f} % of copy",
+          blocks, t_empty, 24e-6 * static_cast<double>(N), t_stream,
+          copy_gbps > 0 ? 100.0 * 24.0 * static_cast<double>(N) / (t_stream * 1e3) / copy_gbps
+                        : 0.0));
+    }
     if (one_kernel) {
       // Where the one-pass kernel's time goes: one more launch recording %globaltimer at the
       // end of each step of every block (bucketize.cu), as us after the first block started.
@@ -447,10 +467,12 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
       const std::vector<unsigned long long> tr = d_trace.download(s);
       unsigned long long t0 = ~0ull;
       for (int64_t g = 0; g < L; ++g) t0 = std::min(t0, tr[g * cuda::kBucketizeTracePoints]);
-      std::string line = fmt::format("one-pass steps over {} blocks, us after the first block "
-                                     "started (median / max):", L);
-      const char* names[] = {"start", "bag offsets", "counts", "rank's counts seen", "bases",
-                             "placed"};
+      std::string line = fmt::format(
+          "one-pass steps over {} blocks, us after the first block "
+          "started (median / max):",
+          L);
+      const char* names[] = {"start", "bag offsets", "counts", "rank's counts seen",
+                             "bases", "placed"};
       for (int pt = 0; pt < cuda::kBucketizeTracePoints; ++pt) {
         std::vector<double> v;
         for (int64_t g = 0; g < L; ++g)
@@ -470,7 +492,8 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
       const BucketizedKjt& ref = derived.ranks[r].bucketized;
       for (size_t i = 0; i < ref.unbucketize_permute.size(); ++i, ++o)
         ok = ok && perm[o] == ref.unbucketize_permute[i] && nv[o] == ref.new_values[i];
-      for (size_t i = 0; i < ref.new_lengths.size(); ++i, ++ol) ok = ok && nl[ol] == ref.new_lengths[i];
+      for (size_t i = 0; i < ref.new_lengths.size(); ++i, ++ol)
+        ok = ok && nl[ol] == ref.new_lengths[i];
     }
     notes.push_back(std::string("check: batched bucketize == CPU reference: ") +
                     (ok ? "ok" : "MISMATCH"));

@@ -1,11 +1,10 @@
 // block_bucketize_sparse_features (rw-semantics.md §3.2, §3.3, §10.2), stable, in three
 // passes: per-(bag, bucket) counts -> one exclusive scan over all new_lengths -> placement.
-// A bag is handled by a group of threads (one warp for short bags, a whole 256-thread
-// block for long ones, e.g. hstu-e2e's 2048-id bags), so long bags run in parallel while
-// each id keeps its order inside its (bucket, bag) segment: within a tile of the bag, an
-// id's slot is (ids of the same bucket in earlier tiles) + (in earlier warps of the tile)
-// + (in earlier lanes of its warp, from __match_any_sync). W > 256 buckets fall back to
-// one thread per bag (DynamicEmb's kernel2 order, also stable).
+// A bag is handled by one warp (bags of <= 64 ids) or by a whole 256-thread block in chunks
+// of 2048 ids (longer bags, e.g. hstu-e2e's), so long bags run in parallel while each id
+// keeps its order inside its (bucket, bag) segment: an id's slot is (ids of the same bucket
+// in earlier chunks or tiles) + (in earlier warps of its chunk) + (earlier in its warp).
+// W > 256 buckets fall back to one thread per bag (DynamicEmb's kernel2 order, also stable).
 //
 // Batches of at most one bag per resident block have a second path (onepass_kernel below):
 // one kernel for the whole stage, because at hstu-e2e's size (1 M ids, 25 MB) the three-pass
@@ -106,38 +105,35 @@ __device__ __forceinline__ void route(int64_t id, const BagInfo& b, const FastDi
   }
 }
 
-constexpr int kPre = 4;  // tiles whose ids are loaded before the first is processed
+// ------------------------------------------------------- three-pass path, bags <= 64 ids
+// A warp per bag, 8 bags per block; tiles of 32 ids, kPre of them loaded before the first is
+// ranked. An id's slot in its (bucket, bag) segment: ids of the same bucket in earlier tiles
+// + earlier lanes of its tile with the same bucket (__match_any_sync).
+constexpr int kPre = 4;
+constexpr int kBagsPerBlock = kThreads / 32;
 
-template <int NW>  // warps per bag
-__global__ void __launch_bounds__(kThreads) count_kernel(BucketizeArgs a, FastDivU64 wd) {
-  constexpr int kGroups = kThreads / (32 * NW);
-  constexpr int kTile = 32 * NW;
-  __shared__ int hist[kGroups][kMaxSharedW];
-  const int grp = threadIdx.x / kTile;
-  const int t = threadIdx.x % kTile;
-  const int lane = t % 32;
+__global__ void __launch_bounds__(kThreads) count_warp_kernel(BucketizeArgs a, FastDivU64 wd) {
+  __shared__ int hist[kBagsPerBlock][kMaxSharedW];
+  const int grp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t W = a.world_size;
-  const int64_t g = static_cast<int64_t>(blockIdx.x) * kGroups + grp;
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * kBagsPerBlock + grp;
   const bool active = g < a.total_bags;
   BagInfo b{};
   if (active) b = bag_info(a, g);
-  for (int64_t d = t; d < W; d += kTile) hist[grp][d] = 0;
-  if (NW == 1)
-    __syncwarp();
-  else
-    __syncthreads();
+  for (int64_t d = lane; d < W; d += 32) hist[grp][d] = 0;
+  __syncwarp();
   const int64_t len = active ? b.id_end - b.id_begin : 0;
-  // Loop bounds are uniform over the group, so __match_any_sync sees whole warps.
-  for (int64_t c0 = 0; c0 < len; c0 += kTile * kPre) {
+  // Loop bounds are uniform over the warp, so __match_any_sync sees whole warps.
+  for (int64_t c0 = 0; c0 < len; c0 += 32 * kPre) {
     int64_t idv[kPre];
 #pragma unroll
     for (int u = 0; u < kPre; ++u) {
-      const int64_t off = c0 + u * kTile + t;
+      const int64_t off = c0 + u * 32 + lane;
       idv[u] = off < len ? a.ids[b.id_begin + off] : 0;
     }
 #pragma unroll
     for (int u = 0; u < kPre; ++u) {
-      const int64_t off = c0 + u * kTile + t;
+      const int64_t off = c0 + u * 32 + lane;
       int64_t dest = -1, local;
       if (off < len) route(idv[u], b, wd, a.ids_i32, &dest, &local);
       // Warp-aggregated: one shared atomic per (warp, bucket) instead of one per id.
@@ -145,80 +141,48 @@ __global__ void __launch_bounds__(kThreads) count_kernel(BucketizeArgs a, FastDi
       if (dest >= 0 && (same & ((1u << lane) - 1u)) == 0) atomicAdd(&hist[grp][dest], __popc(same));
     }
   }
-  if (NW == 1)
-    __syncwarp();
-  else
-    __syncthreads();
+  __syncwarp();
   if (active)
-    for (int64_t d = t; d < W; d += kTile) a.new_lengths[b.nl0 + d * b.L] = hist[grp][d];
+    for (int64_t d = lane; d < W; d += 32) a.new_lengths[b.nl0 + d * b.L] = hist[grp][d];
 }
 
-template <int NW>
-__global__ void __launch_bounds__(kThreads) place_kernel(BucketizeArgs a, FastDivU64 wd) {
-  constexpr int kGroups = kThreads / (32 * NW);
-  constexpr int kTile = 32 * NW;
-  __shared__ int cnt[kGroups][NW][kMaxSharedW];   // ids per (warp of the tile, bucket)
-  __shared__ int64_t base[kGroups][kMaxSharedW];  // next free slot per bucket for this bag
-  const int grp = threadIdx.x / kTile;
-  const int t = threadIdx.x % kTile;
-  const int warp = t / 32, lane = t % 32;
+__global__ void __launch_bounds__(kThreads) place_warp_kernel(BucketizeArgs a, FastDivU64 wd) {
+  __shared__ int64_t base[kBagsPerBlock][kMaxSharedW];  // next free slot per bucket for this bag
+  const int grp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t W = a.world_size;
-  const int64_t g = static_cast<int64_t>(blockIdx.x) * kGroups + grp;
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * kBagsPerBlock + grp;
   const bool active = g < a.total_bags;
   BagInfo b{};
   if (active) b = bag_info(a, g);
-  for (int64_t d = t; d < W; d += kTile) {
-    base[grp][d] = active ? a.new_offsets[b.nl0 + d * b.L] : 0;
-    for (int w = 0; w < NW; ++w) cnt[grp][w][d] = 0;
-  }
+  for (int64_t d = lane; d < W; d += 32) base[grp][d] = active ? a.new_offsets[b.nl0 + d * b.L] : 0;
   const int64_t len = active ? b.id_end - b.id_begin : 0;
-  // Every thread of a group runs the same tiles (NW > 1: one group per block).
-  for (int64_t c0 = 0; c0 < len; c0 += kTile * kPre) {
+  for (int64_t c0 = 0; c0 < len; c0 += 32 * kPre) {
     int64_t idv[kPre];
 #pragma unroll
     for (int u = 0; u < kPre; ++u) {
-      const int64_t off = c0 + u * kTile + t;
+      const int64_t off = c0 + u * 32 + lane;
       idv[u] = off < len ? a.ids[b.id_begin + off] : 0;
     }
 #pragma unroll
     for (int u = 0; u < kPre; ++u) {
-      const int64_t t0 = c0 + u * kTile;
-      if (t0 >= len) break;  // uniform over the group
-      if (NW == 1)
-        __syncwarp();
-      else
-        __syncthreads();
-      const int64_t i = b.id_begin + t0 + t;
-      const bool valid = t0 + t < len;
+      const int64_t t0 = c0 + u * 32;
+      if (t0 >= len) break;  // uniform over the warp
+      __syncwarp();          // base of the previous tile
+      const int64_t i = b.id_begin + t0 + lane;
+      const bool valid = t0 + lane < len;
       int64_t dest = -1, local = 0;
       if (valid) route(idv[u], b, wd, a.ids_i32, &dest, &local);
       const unsigned same = __match_any_sync(0xffffffffu, dest);
-      const int rank_in_warp = __popc(same & ((1u << lane) - 1u));
-      if (valid && rank_in_warp == 0) cnt[grp][warp][dest] = __popc(same);
-      if (NW == 1)
-        __syncwarp();
-      else
-        __syncthreads();
+      const int below = __popc(same & ((1u << lane) - 1u));
       if (valid) {
-        int64_t pos = base[grp][dest] + rank_in_warp;
-        for (int w = 0; w < warp; ++w) pos += cnt[grp][w][dest];
+        const int64_t pos = base[grp][dest] + below;
         a.new_values[pos] = local;
         if (a.weights) a.new_weights[pos] = a.weights[i];
         a.perm[i] = pos - b.rank_id_base;
         if (a.dest_rank) a.dest_rank[i] = dest;
       }
-      if (NW == 1)
-        __syncwarp();
-      else
-        __syncthreads();
-      for (int64_t d = t; d < W; d += kTile) {
-        int64_t tot = 0;
-        for (int w = 0; w < NW; ++w) {
-          tot += cnt[grp][w][d];
-          cnt[grp][w][d] = 0;
-        }
-        base[grp][d] += tot;
-      }
+      __syncwarp();
+      if (valid && below == 0) base[grp][dest] += __popc(same);
     }
   }
 }
@@ -258,9 +222,9 @@ __global__ void place_serial_kernel(BucketizeArgs a, FastDivU64 wd) {
 //      its own (total_bags <= kMaxOnePassBags) in ONE round of independent loads, and reduces
 //      them to its bag's first id and its rank's first id (bag_offsets is an output here);
 //   2. counts: warp w ranks the ids [w*256, (w+1)*256) of each 2048-id chunk of the bag,
-//      32 at a time with __match_any_sync, so an id's slot in its (bucket, bag) segment is
-//      (same-bucket ids in earlier chunks) + (in earlier warps of its chunk) + (earlier in its
-//      warp). A bag of <= 2048 ids keeps its ids' values and slots in registers;
+//      32 at a time (a ballot per bit of the bucket, peers()), so an id's slot in its (bucket, bag)
+//      segment is (same-bucket ids in earlier chunks) + (in earlier warps of its chunk) + (earlier
+//      in its warp). A bag of <= 2048 ids keeps its ids' values and slots in registers;
 //   3. publish: its W counts go to new_lengths and, tagged with this launch's epoch, to one
 //      64-bit scratch word each, laid out like new_lengths ([d][j] per rank);
 //   4. bases: it reads its rank's W x L_q words (spinning on any not yet carrying the epoch)
@@ -338,38 +302,38 @@ __device__ __forceinline__ unsigned peers(int dest, int nbits) {
   return m;
 }
 
-// Step 2 for ids [c0, c0 + kChunk) of the bag (c0 uniform over the block). Lane l of warp w
-// takes ids c0 + w*kWarpIds + k*32 + l, k < kIdsPerLane: value[k] is its bucketized value,
-// its 16-bit key = bucket | slot << 8 (two per word of key[]), slot = same-bucket ids before
+// Step 2 for one chunk of a bag: its n <= kChunk ids start at ids (n uniform over the block).
+// Lane l of warp w takes ids w*kWarpIds + k*32 + l, k < kIdsPerLane: value[k] is its bucketized
+// value, its 16-bit key = bucket | slot << 8 (two per word of key[]), slot = same-bucket ids before
 // it among its warp's kWarpIds (< 256; W <= 256 on this path). On return, after a barrier:
 // wc[w][d] = bucket d's ids in warps < w of this chunk, chunk_tot[d] = its ids in the chunk.
 template <int Dist>
 __device__ __forceinline__ void rank_chunk(const BucketizeArgs& a, const FastDivU64& wd,
-                                           const OnePassBag& bag, int c0,
+                                           const int64_t* ids, int n, uint64_t blk,
                                            int64_t (&value)[kIdsPerLane],
                                            unsigned (&key)[kIdsPerLane / 2], int (*wc)[kMaxSharedW],
                                            int* chunk_tot) {
   const int t = threadIdx.x, w = t / 32, lane = t % 32;
   const int W = static_cast<int>(a.world_size);
 #pragma unroll
-  for (int k = 0; k < kIdsPerLane; ++k) {  // issued together: one round trip; the ids are
-    const int off = c0 + w * kWarpIds + k * 32 + lane;  // replaced by their values below
-    value[k] = off < bag.len ? a.ids[bag.begin + off] : 0;
+  for (int k = 0; k < kIdsPerLane; ++k) {          // issued together: one round trip; the ids are
+    const int off = w * kWarpIds + k * 32 + lane;  // replaced by their values below
+    value[k] = off < n ? ids[off] : 0;
   }
   __syncthreads();  // wc of the previous chunk is no longer read
   for (int i = t; i < kWarps * W; i += kThreads) wc[i / W][i % W] = 0;
   __syncthreads();
   BagInfo rb{};
-  rb.blk = bag.blk;
+  rb.blk = blk;
   rb.dist = Dist;  // uniform over the bag: route's branch is resolved at compile time
   const unsigned lt = (1u << lane) - 1u;
   int nbits = 0;  // bits of a bucket number
   while ((1 << nbits) < W) ++nbits;
 #pragma unroll
   for (int k = 0; k < kIdsPerLane; ++k) {
-    const int off = c0 + w * kWarpIds + k * 32 + lane;
+    const int off = w * kWarpIds + k * 32 + lane;
     int dest = -1;
-    if (off < bag.len) {
+    if (off < n) {
       int64_t d64;
       route(value[k], rb, wd, a.ids_i32, &d64, &value[k]);
       dest = static_cast<int>(d64);
@@ -401,72 +365,184 @@ __device__ __forceinline__ void rank_chunk(const BucketizeArgs& a, const FastDiv
 }
 
 __device__ __forceinline__ void rank_chunk_any(const BucketizeArgs& a, const FastDivU64& wd,
-                                               const OnePassBag& bag, int c0,
+                                               int dist, const int64_t* ids, int n, uint64_t blk,
                                                int64_t (&value)[kIdsPerLane],
                                                unsigned (&key)[kIdsPerLane / 2],
                                                int (*wc)[kMaxSharedW], int* chunk_tot) {
-  if (bag.dist == 2)
-    rank_chunk<2>(a, wd, bag, c0, value, key, wc, chunk_tot);
-  else if (bag.dist == 1)
-    rank_chunk<1>(a, wd, bag, c0, value, key, wc, chunk_tot);
+  if (dist == 2)
+    rank_chunk<2>(a, wd, ids, n, blk, value, key, wc, chunk_tot);
+  else if (dist == 1)
+    rank_chunk<1>(a, wd, ids, n, blk, value, key, wc, chunk_tot);
   else
-    rank_chunk<0>(a, wd, bag, c0, value, key, wc, chunk_tot);
+    rank_chunk<0>(a, wd, ids, n, blk, value, key, wc, chunk_tot);
 }
 
-// Step 5 for one chunk ranked by rank_chunk: run[d] = bucket d's first free slot (global).
-__device__ __forceinline__ void place_chunk(const BucketizeArgs& a, const OnePassBag& bag, int c0,
-                                            const int64_t (&value)[kIdsPerLane],
-                                            const unsigned (&key)[kIdsPerLane / 2],
-                                            int (*wc)[kMaxSharedW], const int* run) {
-  const int t = threadIdx.x, w = t / 32, lane = t % 32;
-#pragma unroll
-  for (int k = 0; k < kIdsPerLane; ++k) {
-    const int off = c0 + w * kWarpIds + k * 32 + lane;
-    if (off >= bag.len) continue;
-    const unsigned kv = (key[k / 2] >> (16 * (k % 2))) & 0xffffu;
-    const int d = static_cast<int>(kv & 0xffu);
-    const int i = bag.begin + off;
-    const int pos = run[d] + wc[w][d] + static_cast<int>(kv >> 8);
-    a.new_values[pos] = value[k];
-    if (a.weights) a.new_weights[pos] = a.weights[i];
-    a.perm[i] = pos - bag.rank_begin;
-    if (a.dest_rank) a.dest_rank[i] = d;
-  }
-}
+// Where one chunk's outputs go: `off` below is an id's index inside the chunk.
+template <typename Pos>  // int on the one-pass path (< 2^31 ids), int64_t elsewhere
+struct ChunkOut {
+  const float* weights;  // the chunk's input weights, or null
+  int64_t* perm;         // the chunk's unbucketize_permute entries
+  int64_t* dest_rank;    // or null
+  Pos rank_begin;        // the rank's first global id: perm is rank-local
+};
 
-// Step 5 for a bag of <= kChunk ids, through shared memory: each id's value goes to its
-// place in the bag's own bucketized order (stage[lex[d] + offset in its segment]), then each
-// bucket's segment is copied out with consecutive lanes on consecutive addresses, so a warp's
-// store covers 256 contiguous bytes instead of ~16 scattered pairs of values (what the direct
-// scatter of place_chunk does with W = 16). perm, dest_rank and weights keep the direct path
-// (perm is indexed by the input position: already contiguous).
-__device__ __forceinline__ void place_staged(const BucketizeArgs& a, const OnePassBag& bag,
-                                             const int64_t (&value)[kIdsPerLane],
-                                             const unsigned (&key)[kIdsPerLane / 2],
-                                             int (*wc)[kMaxSharedW], const int* run, const int* lex,
-                                             const int* cnt, int64_t* stage) {
+// Step 5 for one chunk ranked by rank_chunk (n ids), through shared memory. run[d] = global
+// position of bucket d's first slot for this chunk, lex[d] = the chunk's ids in buckets < d,
+// cnt[d] = its ids in bucket d. Each id's value goes to its place in the chunk's own
+// bucketized order (stage[lex[d] + offset in its segment]); then each bucket's segment is
+// copied out with consecutive lanes on consecutive addresses, so a warp's store covers 256
+// contiguous bytes instead of ~16 scattered pairs of values (a direct scatter with W = 16):
+// 22.7 -> 18.1 us on hstu-e2e (BENCHMARKS.md run 11). perm, dest_rank and weights are stored
+// directly (perm is indexed by the input position: already contiguous). Ends before the
+// copy-out is complete: the caller's next barrier orders it before stage is reused.
+template <typename Pos>
+__device__ __forceinline__ void place_chunk_staged(const BucketizeArgs& a, const ChunkOut<Pos>& o,
+                                                   int n, const int64_t (&value)[kIdsPerLane],
+                                                   const unsigned (&key)[kIdsPerLane / 2],
+                                                   int (*wc)[kMaxSharedW], const Pos* run,
+                                                   const int* lex, const int* cnt, int64_t* stage) {
   const int t = threadIdx.x, w = t / 32, lane = t % 32;
   const int W = static_cast<int>(a.world_size);
 #pragma unroll
   for (int k = 0; k < kIdsPerLane; ++k) {
     const int off = w * kWarpIds + k * 32 + lane;
-    if (off >= bag.len) continue;
+    if (off >= n) continue;
     const unsigned kv = (key[k / 2] >> (16 * (k % 2))) & 0xffffu;
     const int d = static_cast<int>(kv & 0xffu);
-    const int i = bag.begin + off;
     const int in_seg = wc[w][d] + static_cast<int>(kv >> 8);
     stage[lex[d] + in_seg] = value[k];
-    const int pos = run[d] + in_seg;
-    if (a.weights) a.new_weights[pos] = a.weights[i];
-    a.perm[i] = pos - bag.rank_begin;
-    if (a.dest_rank) a.dest_rank[i] = d;
+    const Pos pos = run[d] + in_seg;
+    if (o.weights) a.new_weights[pos] = o.weights[off];
+    o.perm[off] = pos - o.rank_begin;
+    if (o.dest_rank) o.dest_rank[off] = d;
   }
   __syncthreads();
   for (int d = w; d < W; d += kWarps) {
-    const int n = cnt[d], l0 = lex[d];
+    const int m = cnt[d], l0 = lex[d];
     int64_t* out = a.new_values + run[d];
-    for (int i = lane; i < n; i += 32) out[i] = stage[l0 + i];
+    for (int i = lane; i < m; i += 32) out[i] = stage[l0 + i];
   }
+}
+
+// lex[d] = in[0] + ... + in[d-1] for d < W <= 256, by warp 0 (8 values per lane); the caller
+// synchronizes before reading lex.
+__device__ __forceinline__ void exclusive_scan_buckets(const int* in, int* lex, int W) {
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  int v[kMaxSharedW / 32], sum = 0;
+#pragma unroll
+  for (int k = 0; k < kMaxSharedW / 32; ++k) {
+    const int d = lane * (kMaxSharedW / 32) + k;
+    v[k] = d < W ? in[d] : 0;
+    sum += v[k];
+  }
+  int incl = sum;  // inclusive scan of the lanes' sums
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    const int x = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += x;
+  }
+  int run = incl - sum;
+#pragma unroll
+  for (int k = 0; k < kMaxSharedW / 32; ++k) {
+    const int d = lane * (kMaxSharedW / 32) + k;
+    if (d < W) lex[d] = run;
+    run += v[k];
+  }
+}
+
+// Placement of a whole bag, chunk by chunk (each ranked again from its ids): run[d] holds
+// bucket d's next free global position for the bag on entry and is advanced. Used for bags
+// longer than a chunk on the one-pass path and for every long bag on the three-pass path.
+template <typename Pos>
+__device__ __forceinline__ void place_bag_chunked(const BucketizeArgs& a, const FastDivU64& wd,
+                                                  int dist, uint64_t blk, int64_t begin,
+                                                  int64_t len, Pos rank_begin, Pos* run,
+                                                  int (*wc)[kMaxSharedW], int* chunk_cnt, int* lex,
+                                                  int64_t* stage) {
+  const int W = static_cast<int>(a.world_size);
+  int64_t value[kIdsPerLane];
+  unsigned key[kIdsPerLane / 2];
+  for (int64_t c0 = 0; c0 < len; c0 += kChunk) {  // uniform over the block
+    const int n = static_cast<int>(len - c0 < kChunk ? len - c0 : kChunk);
+    const int64_t i0 = begin + c0;
+    rank_chunk_any(a, wd, dist, a.ids + i0, n, blk, value, key, wc, chunk_cnt);  // ends synced
+    exclusive_scan_buckets(chunk_cnt, lex, W);
+    __syncthreads();
+    const ChunkOut<Pos> o{a.weights ? a.weights + i0 : nullptr, a.perm + i0,
+                          a.dest_rank ? a.dest_rank + i0 : nullptr, rank_begin};
+    place_chunk_staged(a, o, n, value, key, wc, run, lex, chunk_cnt, stage);
+    __syncthreads();  // run, lex, stage and chunk_cnt read above
+    for (int d = threadIdx.x; d < W; d += kThreads) run[d] += chunk_cnt[d];
+  }
+}
+
+// ------------------------------------------------------- three-pass path, bags > 64 ids
+// A block per bag, chunks of kChunk ids as on the one-pass path: counts, then (after the
+// host's scan of new_lengths) the ranking again and the staged placement. Ids are read twice
+// (the stage's only extra traffic); large batches (hstu-e2e x16: 8192 bags) take this path.
+template <int Dist>
+__device__ __forceinline__ void count_chunk(const BucketizeArgs& a, const FastDivU64& wd,
+                                            const int64_t* ids, int n, uint64_t blk, int* hist) {
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int W = static_cast<int>(a.world_size);
+  int nbits = 0;
+  while ((1 << nbits) < W) ++nbits;
+  BagInfo rb{};
+  rb.blk = blk;
+  rb.dist = Dist;
+  int64_t id[kIdsPerLane];
+#pragma unroll
+  for (int k = 0; k < kIdsPerLane; ++k) {
+    const int off = w * kWarpIds + k * 32 + lane;
+    id[k] = off < n ? ids[off] : 0;
+  }
+#pragma unroll
+  for (int k = 0; k < kIdsPerLane; ++k) {
+    const int off = w * kWarpIds + k * 32 + lane;
+    int dest = -1;
+    if (off < n) {
+      int64_t d64, local;
+      route(id[k], rb, wd, a.ids_i32, &d64, &local);
+      dest = static_cast<int>(d64);
+    }
+    // One shared atomic per (warp, bucket) instead of one per id.
+    const unsigned same = peers(dest, nbits);
+    if (dest >= 0 && (same & ((1u << lane) - 1u)) == 0) atomicAdd(&hist[dest], __popc(same));
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 4) count_bag_kernel(BucketizeArgs a, FastDivU64 wd) {
+  __shared__ int hist[kMaxSharedW];
+  const int64_t W = a.world_size;
+  const BagInfo b = bag_info(a, blockIdx.x);
+  for (int64_t d = threadIdx.x; d < W; d += kThreads) hist[d] = 0;
+  __syncthreads();
+  const int64_t len = b.id_end - b.id_begin;
+  for (int64_t c0 = 0; c0 < len; c0 += kChunk) {
+    const int n = static_cast<int>(len - c0 < kChunk ? len - c0 : kChunk);
+    const int64_t* ids = a.ids + b.id_begin + c0;
+    if (b.dist == 2)
+      count_chunk<2>(a, wd, ids, n, b.blk, hist);
+    else if (b.dist == 1)
+      count_chunk<1>(a, wd, ids, n, b.blk, hist);
+    else
+      count_chunk<0>(a, wd, ids, n, b.blk, hist);
+  }
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < W; d += kThreads) a.new_lengths[b.nl0 + d * b.L] = hist[d];
+}
+
+__global__ void __launch_bounds__(kThreads, 4) place_bag_kernel(BucketizeArgs a, FastDivU64 wd) {
+  __shared__ int wc[kWarps][kMaxSharedW];
+  __shared__ int s_cnt[kMaxSharedW], s_lex[kMaxSharedW];
+  __shared__ int64_t s_run[kMaxSharedW];
+  __shared__ int64_t s_stage[kChunk];
+  const BagInfo b = bag_info(a, blockIdx.x);
+  for (int64_t d = threadIdx.x; d < a.world_size; d += kThreads)
+    s_run[d] = a.new_offsets[b.nl0 + d * b.L];  // read after rank_chunk's barriers
+  place_bag_chunked<int64_t>(a, wd, b.dist, b.blk, b.id_begin, b.id_end - b.id_begin,
+                             b.rank_id_base, s_run, wc, s_cnt, s_lex, s_stage);
 }
 
 // 4 resident blocks per SM (<= 64 registers): 528 on an H200, hstu-e2e has 512 bags.
@@ -579,7 +655,8 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
   int64_t value[kIdsPerLane];
   unsigned key[kIdsPerLane / 2];
   for (int c0 = 0; c0 < bag.len; c0 += kChunk) {
-    rank_chunk_any(a, p.wd, bag, c0, value, key, wc, s_chunk);
+    const int n = bag.len - c0 < kChunk ? bag.len - c0 : kChunk;
+    rank_chunk_any(a, p.wd, bag.dist, a.ids + bag.begin + c0, n, bag.blk, value, key, wc, s_chunk);
     for (int d = t; d < W; d += kThreads) s_tot[d] += s_chunk[d];  // same thread as above
   }
   __syncthreads();
@@ -668,15 +745,14 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
   mark(4);
 
   // ---- 5. placement
-  if (staged) {
-    if (bag.len > 0) place_staged(a, bag, value, key, wc, s_tot, s_lex, s_chunk, s_stage);
-  } else {
-    for (int c0 = 0; c0 < bag.len; c0 += kChunk) {  // a long bag: rank each chunk again
-      rank_chunk_any(a, p.wd, bag, c0, value, key, wc, s_chunk);
-      place_chunk(a, bag, c0, value, key, wc, s_tot);
-      __syncthreads();  // s_tot read above
-      for (int d = t; d < W; d += kThreads) s_tot[d] += s_chunk[d];
-    }
+  if (staged) {  // the ids' values and keys are still in registers
+    const ChunkOut<int> o{a.weights ? a.weights + bag.begin : nullptr, a.perm + bag.begin,
+                          a.dest_rank ? a.dest_rank + bag.begin : nullptr, bag.rank_begin};
+    if (bag.len > 0)
+      place_chunk_staged(a, o, bag.len, value, key, wc, s_tot, s_lex, s_chunk, s_stage);
+  } else {  // a long bag: rank each chunk again
+    place_bag_chunked<int>(a, p.wd, bag.dist, bag.blk, bag.begin, bag.len, bag.rank_begin, s_tot,
+                           wc, s_chunk, s_lex, s_stage);
   }
   if (p.trace) {
     __syncthreads();
@@ -726,9 +802,10 @@ void launch_bucketize(const BucketizeArgs& a, cudaStream_t s) {
     const unsigned blocks = static_cast<unsigned>((a.total_bags + 127) / 128);
     count_serial_kernel<<<blocks, 128, 0, s>>>(a, wd);
   } else if (long_bags) {
-    count_kernel<8><<<static_cast<unsigned>(a.total_bags), kThreads, 0, s>>>(a, wd);
+    count_bag_kernel<<<static_cast<unsigned>(a.total_bags), kThreads, 0, s>>>(a, wd);
   } else {
-    count_kernel<1><<<static_cast<unsigned>((a.total_bags + 7) / 8), kThreads, 0, s>>>(a, wd);
+    count_warp_kernel<<<static_cast<unsigned>((a.total_bags + kBagsPerBlock - 1) / kBagsPerBlock),
+                        kThreads, 0, s>>>(a, wd);
   }
   CUDA_CHECK_LAUNCH();
   size_t tb = a.scan_temp_bytes;
@@ -738,9 +815,10 @@ void launch_bucketize(const BucketizeArgs& a, cudaStream_t s) {
     const unsigned blocks = static_cast<unsigned>((a.total_bags + 127) / 128);
     place_serial_kernel<<<blocks, 128, 0, s>>>(a, wd);
   } else if (long_bags) {
-    place_kernel<8><<<static_cast<unsigned>(a.total_bags), kThreads, 0, s>>>(a, wd);
+    place_bag_kernel<<<static_cast<unsigned>(a.total_bags), kThreads, 0, s>>>(a, wd);
   } else {
-    place_kernel<1><<<static_cast<unsigned>((a.total_bags + 7) / 8), kThreads, 0, s>>>(a, wd);
+    place_warp_kernel<<<static_cast<unsigned>((a.total_bags + kBagsPerBlock - 1) / kBagsPerBlock),
+                        kThreads, 0, s>>>(a, wd);
   }
   CUDA_CHECK_LAUNCH();
 }

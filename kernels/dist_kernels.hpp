@@ -90,6 +90,12 @@ void launch_bucketize_from_lengths(const BucketizeArgs& a, const int64_t* length
 // ---------------------------------------------------------------- benchmarking
 // One thread spinning `cycles` SM clock cycles on stream s (kernels/timing.cu).
 void launch_spin(int64_t cycles, cudaStream_t s);
+// Floors for the bucketize stage (bench's note line): an empty kernel of blocks x threads, and
+// blocks x 256 threads that only move the stage's main bytes: values[i] = ids[i], perm[i] = i
+// for i < n (8N read, 16N written, no routing, no ordering).
+void launch_empty(int64_t blocks, int threads, cudaStream_t s);
+void launch_stream_floor(const int64_t* ids, int64_t n, int64_t* values, int64_t* perm,
+                         int64_t blocks, cudaStream_t s);
 
 // ---------------------------------------------------------------- sequence output dist (§6)
 // Per owner rank r: local_embs rows [local_row_off[r], local_row_off[r+1]) in (f, s, b)
