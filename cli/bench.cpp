@@ -350,76 +350,12 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
   for (const Kjt& k : w.kjts) kp.push_back(&k);
   const DerivedBatch derived = derive_input_dist(p, kp, *cpu);  // CPU reference contexts
   {
-    std::vector<int64_t> ids, lengths, rank_bag_off{0}, fbo, bag_blk;
-    std::vector<float> wts;
-    int64_t max_len = 0;
-    for (const Kjt& k : w.kjts) {
-      ids.insert(ids.end(), k.values.begin(), k.values.end());
-      lengths.insert(lengths.end(), k.lengths.begin(), k.lengths.end());
-      if (k.weighted) wts.insert(wts.end(), k.weights.begin(), k.weights.end());
-      for (int64_t f = 0; f < F; ++f) {
-        fbo.push_back(k.bag_begin(f));
-        for (int64_t b = 0; b < k.batch_size(f); ++b) bag_blk.push_back(p.features[f].block_size);
-      }
-      fbo.push_back(k.num_bags());
-      rank_bag_off.push_back(rank_bag_off.back() + k.num_bags());
-      for (int64_t l : k.lengths) max_len = std::max(max_len, l);
-    }
-    const int64_t N = static_cast<int64_t>(ids.size()), L = rank_bag_off.back();
-    const bool weighted = !wts.empty();
-    std::vector<uint64_t> blk(F);
-    std::vector<int32_t> dt(F);
-    for (int64_t f = 0; f < F; ++f) {
-      blk[f] = static_cast<uint64_t>(p.features[f].block_size);
-      dt[f] = static_cast<int32_t>(p.features[f].dist_type);
-    }
-    DeviceBuffer<int64_t> d_ids, d_len, d_off, d_rbo, d_fbo, d_nl, d_no, d_nv, d_perm;
-    DeviceBuffer<uint64_t> d_blk;
-    DeviceBuffer<int32_t> d_dt;
-    DeviceBuffer<float> d_w, d_nw;
-    d_ids.upload(ids, s);
-    d_len.upload(lengths, s);
-    d_rbo.upload(rank_bag_off, s);
-    d_fbo.upload(fbo, s);
-    d_blk.upload(blk, s);
-    d_dt.upload(dt, s);
-    d_off.resize(L + 1);
-    d_nl.resize(W * L);
-    d_no.resize(W * L);
-    d_nv.resize(N);
-    d_perm.resize(N);
-    if (weighted) {
-      d_w.upload(wts, s);
-      d_nw.resize(N);
-    }
-    const size_t tb =
-        std::max(cuda::bucketize_scan_temp_bytes(W * L), cuda::bucketize_scan_temp_bytes(L));
-    DeviceBuffer<char> d_tmp(static_cast<int64_t>(tb));
-    cuda::BucketizeArgs ba;
-    ba.num_ranks = W;
-    ba.world_size = W;
-    ba.num_features = F;
-    ba.total_bags = L;
-    ba.total_ids = N;
-    ba.rank_bag_off = d_rbo.data();
-    ba.feat_bag_off = d_fbo.data();
-    ba.bag_offsets = d_off.data();
-    ba.ids = d_ids.data();
-    ba.weights = weighted ? d_w.data() : nullptr;
-    ba.block_sizes = d_blk.data();
-    ba.dist_types = d_dt.data();
-    ba.ids_i32 = !w.kjts.empty() && w.kjts[0].values_type == IndexType::i32;
-    ba.max_bag_len = max_len;
-    ba.new_lengths = d_nl.data();
-    ba.new_offsets = d_no.data();
-    ba.new_values = d_nv.data();
-    ba.new_weights = weighted ? d_nw.data() : nullptr;
-    ba.perm = d_perm.data();
-    ba.scan_temp = d_tmp.data();
-    ba.scan_temp_bytes = tb;
+    cuda::BatchedBucketize bb(p, kp, /*with_dest_rank=*/false, s);
+    const cuda::BucketizeArgs& ba = bb.args;
+    const int64_t N = ba.total_ids, L = ba.total_bags, max_len = ba.max_bag_len;
+    const bool weighted = ba.weights != nullptr;
     cuda::BucketizeFused fused;  // a block per bag: one kernel (kernels/bucketize.cu)
-    for (int64_t r = 0; r < W; ++r)
-      fused.max_rank_bags = std::max(fused.max_rank_bags, rank_bag_off[r + 1] - rank_bag_off[r]);
+    fused.max_rank_bags = bb.max_rank_bags;
     fused.scratch_bytes = cuda::bucketize_fused_scratch_bytes();
     DeviceBuffer<char> d_fused(static_cast<int64_t>(std::max<size_t>(fused.scratch_bytes, 1)));
     if (fused.scratch_bytes > 0) {
@@ -429,14 +365,14 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
     const bool one_kernel = cuda::bucketize_fused_eligible(ba, fused);
     const cuda::BucketizeFusedShape shape = cuda::bucketize_fused_shape(ba, fused);
     const double us =
-        timer([&] { cuda::launch_bucketize_from_lengths(ba, d_len.data(), fused, s); });
+        timer([&] { cuda::launch_bucketize_from_lengths(ba, bb.d_lengths.data(), fused, s); });
     // ids in; new_values + unbucketize_permute out; lengths in; new_lengths out (+ weights).
     const double bytes = 8.0 * (3 * N + L + W * L) + (weighted ? 8.0 * N : 0.0);
     st.push_back(
         {"bucketize (all ranks)", N, 0, bytes, us,
          one_kernel
              ? fmt::format("one pass: 1 kernel, a block per bag, {} blocks (of {}){}", shape.grid,
-                           shape.capacity, shape.ids_cached ? ", ids in registers" : "")
+                           shape.capacity, shape.ids_cached ? ", ids read once" : "")
          : max_len > 64 ? "3 passes, block per bag"
                         : "3 passes, warp per bag"});
     // Floors of the stage, timed right after it (same clocks): an empty kernel of the one-pass
@@ -448,7 +384,7 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
       DeviceBuffer<int64_t> f_nv(N), f_perm(N);
       const double t_empty = timer([&] { cuda::launch_empty(blocks, 256, s); });
       const double t_stream = timer([&] {
-        cuda::launch_stream_floor(d_ids.data(), N, f_nv.data(), f_perm.data(), blocks, s);
+        cuda::launch_stream_floor(bb.d_ids.data(), N, f_nv.data(), f_perm.data(), blocks, s);
       });
       notes.push_back(fmt::format(
           "bucketize floors, {} blocks x 256: empty kernel {:.2f} us; streaming its {:.1f} MB "
@@ -462,7 +398,7 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
       // end of each step of every block (bucketize.cu), as us after the first block started.
       DeviceBuffer<unsigned long long> d_trace(cuda::kBucketizeTracePoints * L);
       fused.trace = d_trace.data();
-      cuda::launch_bucketize_from_lengths(ba, d_len.data(), fused, s);
+      cuda::launch_bucketize_from_lengths(ba, bb.d_lengths.data(), fused, s);
       fused.trace = nullptr;
       const std::vector<unsigned long long> tr = d_trace.download(s);
       unsigned long long t0 = ~0ull;
@@ -484,8 +420,8 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
       notes.push_back(line);
     }
     // Check against the CPU reference (derive_input_dist's bucketize).
-    const std::vector<int64_t> perm = d_perm.download(s), nv = d_nv.download(s),
-                               nl = d_nl.download(s);
+    const std::vector<int64_t> perm = bb.d_perm.download(s), nv = bb.d_new_values.download(s),
+                               nl = bb.d_new_lengths.download(s);
     bool ok = true;
     int64_t o = 0, ol = 0;
     for (int64_t r = 0; r < W && ok; ++r) {
@@ -499,10 +435,15 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
                     (ok ? "ok" : "MISMATCH"));
     if (!ok) throw DeviceError("bench: the GPU bucketize disagrees with the CPU reference");
     if (!ex.empty()) {
-      write_i64(ex, "bk_ids", ids);
-      write_i64(ex, "bk_lengths", lengths);
+      std::vector<int64_t> bag_blk;  // each bag's block size (the peer's continuous rule)
+      for (const Kjt& k : w.kjts)
+        for (int64_t f = 0; f < F; ++f)
+          bag_blk.insert(bag_blk.end(), static_cast<size_t>(k.batch_size(f)),
+                         p.features[f].block_size);
+      write_i64(ex, "bk_ids", bb.ids);
+      write_i64(ex, "bk_lengths", bb.lengths);
       write_i64(ex, "bk_bag_blk", bag_blk);
-      write_i64(ex, "bk_rank_bag_off", rank_bag_off);
+      write_i64(ex, "bk_rank_bag_off", bb.rank_bag_off);
       write_i64(ex, "bk_perm", perm);
       meta["dist_type"] = p.features.empty() ? 0 : static_cast<int>(p.features[0].dist_type);
       bool uniform = true;

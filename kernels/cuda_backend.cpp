@@ -70,7 +70,6 @@ class CudaBackend final : public Backend {
 
 BucketizedKjt CudaBackend::bucketize(const Plan& plan, const Kjt& kjt) {
   CUDA_CHECK(cudaSetDevice(device_));
-  const int64_t W = plan.world_size, F = plan.num_features();
   const int64_t L = kjt.num_bags(), N = kjt.num_ids();
   const std::vector<int64_t> off = complete_cumsum(kjt.lengths);
   if (off.back() != N)
@@ -79,43 +78,9 @@ BucketizedKjt CudaBackend::bucketize(const Plan& plan, const Kjt& kjt) {
   if (kjt.weighted && static_cast<int64_t>(kjt.weights.size()) != N)
     throw Error("bucketize: " + std::to_string(kjt.weights.size()) + " weights for " +
                 std::to_string(N) + " values");
-  std::vector<int64_t> feat_bag_off(static_cast<size_t>(F + 1));
-  for (int64_t f = 0; f < F; ++f) feat_bag_off[f] = kjt.bag_begin(f);
-  feat_bag_off[F] = L;
-  std::vector<uint64_t> blk(F);
-  std::vector<int32_t> dt(F);
-  for (int64_t f = 0; f < F; ++f) {
-    blk[f] = static_cast<uint64_t>(plan.features[f].block_size);
-    dt[f] = static_cast<int32_t>(plan.features[f].dist_type);
-  }
-  int64_t max_len = 0;
-  for (int64_t l : kjt.lengths) max_len = std::max(max_len, l);
-  const std::vector<int64_t> rank_bag_off{0, L};
-
-  DeviceBuffer<int64_t> d_rbo, d_fbo, d_len, d_off, d_ids, d_nl, d_no, d_nv, d_perm, d_dest;
-  DeviceBuffer<uint64_t> d_blk;
-  DeviceBuffer<int32_t> d_dt;
-  DeviceBuffer<float> d_w, d_nw;
-  DeviceBuffer<char> d_tmp, d_fused;
-  d_rbo.upload(rank_bag_off, stream_);
-  d_fbo.upload(feat_bag_off, stream_);
-  d_len.upload(kjt.lengths, stream_);
-  d_off.resize(L + 1);  // written on the device from the lengths
-  d_ids.upload(kjt.values, stream_);
-  d_blk.upload(blk, stream_);
-  d_dt.upload(dt, stream_);
-  d_nl.resize(W * L);
-  d_no.resize(W * L);
-  d_nv.resize(N);
-  d_perm.resize(N);
-  d_dest.resize(N);
-  if (kjt.weighted) {
-    d_w.upload(kjt.weights, stream_);
-    d_nw.resize(N);
-  }
-  const size_t tb =
-      std::max(cuda::bucketize_scan_temp_bytes(W * L), cuda::bucketize_scan_temp_bytes(L));
-  d_tmp.resize(static_cast<int64_t>(tb));
+  // One rank's KJT: the batched bucketize with R = 1.
+  cuda::BatchedBucketize bb(plan, {&kjt}, /*with_dest_rank=*/true, stream_);
+  DeviceBuffer<char> d_fused;
   cuda::BucketizeFused fused;  // one bag per resident block: the one-kernel path (bucketize.cu)
   fused.scratch_bytes = cuda::bucketize_fused_scratch_bytes();
   fused.max_rank_bags = L;
@@ -124,39 +89,14 @@ BucketizedKjt CudaBackend::bucketize(const Plan& plan, const Kjt& kjt) {
     fused.scratch = d_fused.data();
     cuda::bucketize_fused_scratch_init(fused.scratch, fused.scratch_bytes, stream_);
   }
-
-  cuda::BucketizeArgs a;
-  a.num_ranks = 1;
-  a.world_size = W;
-  a.num_features = F;
-  a.total_bags = L;
-  a.total_ids = N;
-  a.rank_bag_off = d_rbo.data();
-  a.feat_bag_off = d_fbo.data();
-  a.bag_offsets = d_off.data();
-  a.ids = d_ids.data();
-  a.weights = kjt.weighted ? d_w.data() : nullptr;
-  a.block_sizes = d_blk.data();
-  a.dist_types = d_dt.data();
-  a.ids_i32 = kjt.values_type == IndexType::i32;
-  a.max_bag_len = max_len;
-  a.new_lengths = d_nl.data();
-  a.new_offsets = d_no.data();
-  a.new_values = d_nv.data();
-  a.new_weights = kjt.weighted ? d_nw.data() : nullptr;
-  a.perm = d_perm.data();
-  a.dest_rank = d_dest.data();
-  a.scan_temp = d_tmp.data();
-  a.scan_temp_bytes = tb;
-  if (L > 0)
-    cuda::launch_bucketize_from_lengths(a, d_len.data(), fused, stream_);
+  if (L > 0) cuda::launch_bucketize_from_lengths(bb.args, bb.d_lengths.data(), fused, stream_);
 
   BucketizedKjt out;
-  out.new_lengths = d_nl.download(stream_);
-  out.new_values = d_nv.download(stream_);
-  if (kjt.weighted) out.new_weights = d_nw.download(stream_);
-  out.unbucketize_permute = d_perm.download(stream_);
-  out.dest_rank = d_dest.download(stream_);
+  out.new_lengths = bb.d_new_lengths.download(stream_);
+  out.new_values = bb.d_new_values.download(stream_);
+  if (kjt.weighted) out.new_weights = bb.d_new_weights.download(stream_);
+  out.unbucketize_permute = bb.d_perm.download(stream_);
+  out.dest_rank = bb.d_dest_rank.download(stream_);
   return out;
 }
 
@@ -441,6 +381,76 @@ void CudaBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
 }  // namespace
 
 namespace cuda {
+
+BatchedBucketize::BatchedBucketize(const Plan& plan, const std::vector<const Kjt*>& kjts,
+                                   bool with_dest_rank, cudaStream_t s) {
+  // R KJTs (ranks) of a plan with W buckets: the bench and the GPU test pass all W ranks,
+  // the backend one (R = 1). new_lengths has W entries per bag either way.
+  const int64_t R = static_cast<int64_t>(kjts.size()), W = plan.world_size;
+  const int64_t F = plan.num_features();
+  std::vector<int64_t> fbo;  // [R x (F+1)] rank-local first bag of each feature
+  std::vector<float> wts;
+  rank_bag_off = {0};
+  int64_t max_len = 0;
+  for (const Kjt* k : kjts) {
+    ids.insert(ids.end(), k->values.begin(), k->values.end());
+    lengths.insert(lengths.end(), k->lengths.begin(), k->lengths.end());
+    if (k->weighted) wts.insert(wts.end(), k->weights.begin(), k->weights.end());
+    for (int64_t f = 0; f < F; ++f) fbo.push_back(k->bag_begin(f));
+    fbo.push_back(k->num_bags());
+    rank_bag_off.push_back(rank_bag_off.back() + k->num_bags());
+    max_rank_bags = std::max(max_rank_bags, k->num_bags());
+    for (int64_t l : k->lengths) max_len = std::max(max_len, l);
+  }
+  const int64_t N = static_cast<int64_t>(ids.size()), L = rank_bag_off.back();
+  const bool weighted = !wts.empty();
+  std::vector<uint64_t> blk(static_cast<size_t>(F));
+  std::vector<int32_t> dt(static_cast<size_t>(F));
+  for (int64_t f = 0; f < F; ++f) {
+    blk[f] = static_cast<uint64_t>(plan.features[f].block_size);
+    dt[f] = static_cast<int32_t>(plan.features[f].dist_type);
+  }
+  d_ids.upload(ids, s);
+  d_lengths.upload(lengths, s);
+  d_rank_bag_off.upload(rank_bag_off, s);
+  d_feat_bag_off.upload(fbo, s);
+  d_block_sizes.upload(blk, s);
+  d_dist_types.upload(dt, s);
+  d_bag_offsets.resize(L + 1);
+  d_new_lengths.resize(W * L);
+  d_new_offsets.resize(W * L);
+  d_new_values.resize(N);
+  d_perm.resize(N);
+  if (with_dest_rank) d_dest_rank.resize(N);
+  if (weighted) {
+    d_weights.upload(wts, s);
+    d_new_weights.resize(N);
+  }
+  const size_t tb = std::max(bucketize_scan_temp_bytes(W * L), bucketize_scan_temp_bytes(L));
+  d_scan_temp.resize(static_cast<int64_t>(tb));
+  args.num_ranks = R;
+  args.world_size = W;
+  args.num_features = F;
+  args.total_bags = L;
+  args.total_ids = N;
+  args.rank_bag_off = d_rank_bag_off.data();
+  args.feat_bag_off = d_feat_bag_off.data();
+  args.bag_offsets = d_bag_offsets.data();
+  args.ids = d_ids.data();
+  args.weights = weighted ? d_weights.data() : nullptr;
+  args.block_sizes = d_block_sizes.data();
+  args.dist_types = d_dist_types.data();
+  args.ids_i32 = !kjts.empty() && kjts[0]->values_type == IndexType::i32;
+  args.max_bag_len = max_len;
+  args.new_lengths = d_new_lengths.data();
+  args.new_offsets = d_new_offsets.data();
+  args.new_values = d_new_values.data();
+  args.new_weights = weighted ? d_new_weights.data() : nullptr;
+  args.perm = d_perm.data();
+  args.dest_rank = with_dest_rank ? d_dest_rank.data() : nullptr;
+  args.scan_temp = d_scan_temp.data();
+  args.scan_temp_bytes = tb;
+}
 
 SeqDistDevice::SeqDistDevice(const SeqDistTables& t, cudaStream_t s)
     : world_size(static_cast<int64_t>(t.local_row_off.size()) - 1),

@@ -44,4 +44,26 @@ struct SeqDistDevice {
   DeviceBuffer<int64_t> seg_base, seg_out, seg_src;
 };
 
+// One batch's bucketize for all W ranks in one launch sequence (launch_bucketize_from_lengths
+// over the ranks' bags concatenated rank-major), with the device buffers it reads and writes.
+// `dynemb-dist bench` times it and the GPU test checks it against the CPU reference; the
+// backend itself bucketizes rank by rank. Outputs are laid out rank after rank, each as the
+// CPU reference's BucketizedKjt of that rank.
+struct BatchedBucketize {
+  // kjts[r] is rank r's input KJT (all of one values type): all W ranks, or any R of them
+  // (the backend passes one).
+  BatchedBucketize(const Plan& plan, const std::vector<const Kjt*>& kjts, bool with_dest_rank,
+                   cudaStream_t s);
+  // Host copies of the concatenated inputs.
+  std::vector<int64_t> ids, lengths, rank_bag_off;  // [N], [L], [R+1]
+  int64_t max_rank_bags = 0;                        // bags of the largest rank
+  DeviceBuffer<int64_t> d_ids, d_lengths, d_bag_offsets, d_rank_bag_off, d_feat_bag_off;
+  DeviceBuffer<int64_t> d_new_lengths, d_new_offsets, d_new_values, d_perm, d_dest_rank;
+  DeviceBuffer<uint64_t> d_block_sizes;
+  DeviceBuffer<int32_t> d_dist_types;
+  DeviceBuffer<float> d_weights, d_new_weights;
+  DeviceBuffer<char> d_scan_temp;
+  BucketizeArgs args;  // points at the buffers above
+};
+
 }  // namespace dynemb::cuda

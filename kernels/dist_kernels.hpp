@@ -53,9 +53,9 @@ void launch_offsets_from_lengths(const int64_t* lengths, int64_t n, int64_t* off
 // [total_bags], then bucketizes. A batch with at most one bag per resident block (W <= 256,
 // R <= 256, W x bags of one rank <= 65536, fewer than 2^31 ids) and a workspace takes ONE
 // kernel (cooperative launch, a block per bag, bucketize.cu "one-pass path"): bag offsets reduced
-// by each block, counts with the ids kept in registers, an exchange of epoch-tagged counts between
-// the blocks of a rank, placement. Everything else: launch_offsets_from_lengths + launch_bucketize.
-// Same outputs, bit for bit, either way.
+// by each block, counts with the ids kept on chip (read once), an exchange of epoch-tagged counts
+// between the blocks of a rank, placement. Everything else: launch_offsets_from_lengths +
+// launch_bucketize. Same outputs, bit for bit, either way.
 struct BucketizeFused {
   void* scratch = nullptr;  // bucketize_fused_scratch_bytes(), zeroed once before first use
   size_t scratch_bytes = 0;

@@ -206,7 +206,7 @@ TEST_CASE("cuda == cpu on random batches (bit for bit)") {
 
 // The batched bucketize of all W ranks in one launch (what `bench` times), through both
 // paths of launch_bucketize_from_lengths: the one-pass kernel (a block per bag; bags of
-// <= 2048 ids keep them in registers, longer ones are ranked again chunk by chunk; blocks of a
+// <= 2048 ids keep them on chip, longer ones are ranked again chunk by chunk; blocks of a
 // rank exchange epoch-tagged counts) and the three-pass path. Every output is compared with
 // the CPU reference rank by rank.
 TEST_CASE("batched bucketize: one-pass and three-pass paths == cpu") {
@@ -240,11 +240,6 @@ TEST_CASE("batched bucketize: one-pass and three-pass paths == cpu") {
     const int64_t W = p.world_size, F = p.num_features();
     const bool weighted = U(0, 2) == 0, i32 = U(0, 3) == 0;
     std::vector<Kjt> kjts(static_cast<size_t>(W));
-    std::vector<int64_t> ids, lengths, rbo{0}, fbo;
-    std::vector<float> wts;
-    // max_bag_len only picks the path: > 64 takes the block-per-bag kernels whatever the
-    // real lengths are, so short-bag batches are covered by both paths too.
-    int64_t max_len = 65, max_rank_bags = 0;
     for (int64_t r = 0; r < W; ++r) {
       Kjt& k = kjts[r];
       k.num_features = F;
@@ -264,72 +259,22 @@ TEST_CASE("batched bucketize: one-pass and three-pass paths == cpu") {
             if (weighted) k.weights.push_back(static_cast<float>(U(-8, 8)) / 4.0f);
           }
         }
-      ids.insert(ids.end(), k.values.begin(), k.values.end());
-      lengths.insert(lengths.end(), k.lengths.begin(), k.lengths.end());
-      if (weighted) wts.insert(wts.end(), k.weights.begin(), k.weights.end());
-      for (int64_t f = 0; f < F; ++f) fbo.push_back(k.bag_begin(f));
-      fbo.push_back(k.num_bags());
-      rbo.push_back(rbo.back() + k.num_bags());
-      max_rank_bags = std::max(max_rank_bags, k.num_bags());
-      for (int64_t l : k.lengths) max_len = std::max(max_len, l);
     }
-    const int64_t N = static_cast<int64_t>(ids.size()), L = rbo.back();
-    std::vector<uint64_t> blk(F);
-    std::vector<int32_t> dt(F);
-    for (int64_t f = 0; f < F; ++f) {
-      blk[f] = static_cast<uint64_t>(p.features[f].block_size);
-      dt[f] = static_cast<int32_t>(p.features[f].dist_type);
-    }
+    std::vector<const Kjt*> kp;
+    for (const Kjt& k : kjts) kp.push_back(&k);
     std::vector<int64_t> ref_off{0};
-    for (int64_t l : lengths) ref_off.push_back(ref_off.back() + l);
+    for (const Kjt& k : kjts)
+      for (int64_t l : k.lengths) ref_off.push_back(ref_off.back() + l);
     for (int variant = 0; variant < 2; ++variant) {
       // 0: the one-pass kernel where eligible (a block per bag); 1: the three passes.
-      DeviceBuffer<int64_t> d_ids, d_len, d_off, d_rbo, d_fbo, d_nl, d_no, d_nv, d_perm, d_dest;
-      DeviceBuffer<uint64_t> d_blk;
-      DeviceBuffer<int32_t> d_dt;
-      DeviceBuffer<float> d_w, d_nw;
-      d_ids.upload(ids, s);
-      d_len.upload(lengths, s);
-      d_rbo.upload(rbo, s);
-      d_fbo.upload(fbo, s);
-      d_blk.upload(blk, s);
-      d_dt.upload(dt, s);
-      d_off.resize(L + 1);
-      d_nl.resize(W * L);
-      d_no.resize(W * L);
-      d_nv.resize(N);
-      d_perm.resize(N);
-      d_dest.resize(N);
-      if (weighted) {
-        d_w.upload(wts, s);
-        d_nw.resize(N);
-      }
-      const size_t tb =
-          std::max(cuda::bucketize_scan_temp_bytes(W * L), cuda::bucketize_scan_temp_bytes(L));
-      DeviceBuffer<char> d_tmp(static_cast<int64_t>(tb));
-      cuda::BucketizeArgs ba;
-      ba.num_ranks = W;
-      ba.world_size = W;
-      ba.num_features = F;
-      ba.total_bags = L;
-      ba.total_ids = N;
-      ba.rank_bag_off = d_rbo.data();
-      ba.feat_bag_off = d_fbo.data();
-      ba.bag_offsets = d_off.data();
-      ba.ids = d_ids.data();
-      ba.weights = weighted ? d_w.data() : nullptr;
-      ba.block_sizes = d_blk.data();
-      ba.dist_types = d_dt.data();
-      ba.ids_i32 = i32;
-      ba.max_bag_len = max_len;
-      ba.new_lengths = d_nl.data();
-      ba.new_offsets = d_no.data();
-      ba.new_values = d_nv.data();
-      ba.new_weights = weighted ? d_nw.data() : nullptr;
-      ba.perm = d_perm.data();
-      ba.dest_rank = d_dest.data();
-      ba.scan_temp = d_tmp.data();
-      ba.scan_temp_bytes = tb;
+      cuda::BatchedBucketize bb(p, kp, /*with_dest_rank=*/true, s);
+      // max_bag_len only picks the path: > 64 takes the block-per-bag kernels whatever the
+      // real lengths are, so short-bag batches are covered by both paths too.
+      bb.args.max_bag_len = std::max<int64_t>(bb.args.max_bag_len, 65);
+      const cuda::BucketizeArgs& ba = bb.args;
+      const int64_t N = ba.total_ids, L = ba.total_bags, max_rank_bags = bb.max_rank_bags;
+      REQUIRE(ba.ids_i32 == i32);
+      REQUIRE((ba.weights != nullptr) == (weighted && N > 0));
       cuda::BucketizeFused fused;
       DeviceBuffer<char> d_fused;
       if (variant == 0) {
@@ -350,18 +295,20 @@ TEST_CASE("batched bucketize: one-pass and three-pass paths == cpu") {
       // the scratch words of an earlier launch hold other counts, so a block that took a
       // stale word for a fresh one (the epoch tag) would misplace ids below.
       DeviceBuffer<int64_t> d_other;
-      std::vector<int64_t> other(ids.size());
+      std::vector<int64_t> other(static_cast<size_t>(N));
       for (size_t i = 0; i < other.size(); ++i) other[i] = static_cast<int64_t>(rng() >> 1);
       d_other.upload(other, s);
       cuda::BucketizeArgs warm = ba;
       warm.ids = d_other.data();
-      cuda::launch_bucketize_from_lengths(warm, d_len.data(), fused, s);
-      for (int rep = 0; rep < 2; ++rep) cuda::launch_bucketize_from_lengths(ba, d_len.data(), fused, s);
+      cuda::launch_bucketize_from_lengths(warm, bb.d_lengths.data(), fused, s);
+      for (int rep = 0; rep < 2; ++rep)
+        cuda::launch_bucketize_from_lengths(ba, bb.d_lengths.data(), fused, s);
       CHECK(fused.epoch == (want_fused ? 3u : 0u));
-      CHECK(d_off.download(s) == ref_off);
-      const std::vector<int64_t> nl = d_nl.download(s), nv = d_nv.download(s),
-                                 perm = d_perm.download(s), dest = d_dest.download(s);
-      const std::vector<float> nw = weighted ? d_nw.download(s) : std::vector<float>{};
+      CHECK(bb.d_bag_offsets.download(s) == ref_off);
+      const std::vector<int64_t> nl = bb.d_new_lengths.download(s),
+                                 nv = bb.d_new_values.download(s), perm = bb.d_perm.download(s),
+                                 dest = bb.d_dest_rank.download(s);
+      const std::vector<float> nw = weighted ? bb.d_new_weights.download(s) : std::vector<float>{};
       int64_t o = 0, ol = 0;
       for (int64_t r = 0; r < W; ++r) {
         const BucketizedKjt ref = cpu().bucketize(p, kjts[r]);
