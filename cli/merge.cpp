@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "capture/capture.hpp"
+#include "capture/h5string.hpp"
 #include "commands.hpp"
 #include "common/error.hpp"
 
@@ -101,47 +102,19 @@ std::optional<uint64_t> uint_attr(hid_t obj, const char* name) {
   return v;
 }
 
-// Reads a scalar string (fixed- or variable-length) from an attribute or dataset.
-template <typename ReadFn>
-std::optional<std::string> read_string(hid_t type, ReadFn read) {
-  if (H5Tget_class(type) != H5T_STRING) return std::nullopt;
-  if (H5Tis_variable_str(type) > 0) {
-    Hid mem(H5Tcopy(H5T_C_S1), H5Tclose);
-    H5Tset_size(mem.get(), H5T_VARIABLE);
-    H5Tset_cset(mem.get(), H5Tget_cset(type));
-    char* p = nullptr;
-    if (read(mem.get(), static_cast<void*>(&p)) < 0) return std::nullopt;
-    std::string s = p ? p : "";
-    H5free_memory(p);
-    return s;
-  }
-  size_t n = H5Tget_size(type);
-  std::string buf(n, '\0');
-  Hid mem(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(mem.get(), n);
-  H5Tset_strpad(mem.get(), H5T_STR_NULLPAD);
-  H5Tset_cset(mem.get(), H5Tget_cset(type));  // HDF5 refuses to convert ASCII <-> UTF-8
-  if (read(mem.get(), static_cast<void*>(buf.data())) < 0) return std::nullopt;
-  buf.resize(std::string(buf.c_str()).size());  // stop at the first NUL padding byte
-  return buf;
+// Scalar string attribute / dataset, fixed or variable length (h5string.hpp: variable-length
+// strings are resolved from the file's bytes, never by libhdf5's global heap code).
+std::optional<std::string> string_attr(hid_t obj, const char* name, const h5::RawFile& raw) {
+  std::string s, why;
+  if (!h5::read_string_attr(obj, name, raw, s, why)) return std::nullopt;
+  return s;
 }
 
-std::optional<std::string> string_attr(hid_t obj, const char* name) {
-  if (H5Aexists(obj, name) <= 0) return std::nullopt;
-  Hid a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  Hid t(H5Aget_type(a.get()), H5Tclose);
-  return read_string(t.get(), [&](hid_t mem, void* buf) { return H5Aread(a.get(), mem, buf); });
-}
-
-std::optional<std::string> string_dataset(hid_t file, const char* path) {
+std::optional<std::string> string_dataset(hid_t file, const char* path, const h5::RawFile& raw) {
   Hid d(H5Dopen2(file, path, H5P_DEFAULT), H5Dclose);
-  if (!d.valid()) return std::nullopt;
-  Hid t(H5Dget_type(d.get()), H5Tclose);
-  Hid s(H5Dget_space(d.get()), H5Sclose);
-  if (H5Sget_simple_extent_npoints(s.get()) != 1) return std::nullopt;
-  return read_string(t.get(), [&](hid_t mem, void* buf) {
-    return H5Dread(d.get(), mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf);
-  });
+  std::string s, why;
+  if (!d.valid() || !h5::read_string_dataset(d.get(), raw, s, why)) return std::nullopt;
+  return s;
 }
 
 // Names of the links directly under `group`.
@@ -172,7 +145,8 @@ RankFile open_rank_file(const std::string& path) {
   rf.file = Hid(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!rf.file.valid()) throw CaptureError(path, "/", "cannot open as HDF5");
   hid_t f = rf.file.get();
-  auto format = string_attr(f, "format");
+  const h5::RawFile raw = h5::RawFile::open_path(path);
+  auto format = string_attr(f, "format", raw);
   if (!format || *format != kCaptureFormat)
     throw CaptureError(path, "/",
                        fmt::format("attribute format: want \"{}\", got {}", kCaptureFormat,
@@ -197,12 +171,12 @@ RankFile open_rank_file(const std::string& path) {
     throw CaptureError(path, "/",
                        fmt::format("attribute rank: {} not in [0, {})", *rank, rf.world_size));
   rf.rank = *rank;
-  auto plan = string_dataset(f, "/plan");
+  auto plan = string_dataset(f, "/plan", raw);
   if (!plan) throw CaptureError(path, "/plan", "missing or not a scalar string");
   rf.plan = *plan;
   if (H5Lexists(f, "/oracle", H5P_DEFAULT) > 0) {
     Hid g(H5Gopen2(f, "/oracle", H5P_DEFAULT), H5Gclose);
-    auto kind = string_attr(g.get(), "kind");
+    auto kind = string_attr(g.get(), "kind", raw);
     auto seed = uint_attr(g.get(), "seed");
     if (!kind || !seed) throw CaptureError(path, "/oracle", "needs attributes kind and seed");
     rf.oracle_kind = *kind;

@@ -305,7 +305,8 @@ TEST_CASE("an extent under the cap that the file does not store is refused befor
     H5Pclose(dcpl);
     H5Sclose(sp);
   });
-  expect_error(g.path, g.plan, p, "extent [8589934592] claims 6.87e+10 bytes but the file stores only 32768 bytes");
+  expect_error(g.path, g.plan, p,
+               "extent [8589934592] claims 6.87e+10 bytes but the file stores only 32768 bytes");
 }
 
 TEST_CASE("ctx: wrong shape of every field, wrong dtypes, bad flag") {

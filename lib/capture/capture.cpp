@@ -8,12 +8,13 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
-#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <thread>
 
+#include "capture/h5string.hpp"
 #include "capture/h5util.hpp"
 #include "common/hash.hpp"
 #include "engine/ops.hpp"
@@ -40,69 +41,28 @@ const char* dtype_h5_name(DType t) {
   return "?";
 }
 
-// Element type of a float dataset as the spec encodes it; nullopt when it is none of them.
-std::optional<DType> float_dtype_of(hid_t dset, hid_t type);
-
-std::string read_string_attr_or(hid_t obj, const char* name, const std::string& dflt);
-
-// Reads a scalar (or 1-element) string from an attribute or dataset, fixed or variable length.
-template <class GetType, class GetSpace, class Read>
-bool read_string_obj(GetType get_type, GetSpace get_space, Read read, std::string& out,
-                     std::string& why) {
-  Hid t = h5::type_id(get_type());
-  if (!t.valid()) return why = h5::last_error(), false;
-  if (H5Tget_class(t) != H5T_STRING) return why = h5::type_name(t) + ", want a string", false;
-  Hid sp = h5::space_id(get_space());
-  if (H5Sget_simple_extent_npoints(sp) != 1) return why = "want a single string", false;
-  if (H5Tis_variable_str(t) > 0) {
-    Hid mt = h5::type_id(H5Tcopy(H5T_C_S1));
-    H5Tset_size(mt, H5T_VARIABLE);
-    H5Tset_cset(mt, H5Tget_cset(t));
-    char* p = nullptr;
-    if (read(mt.get(), static_cast<void*>(&p)) < 0) return why = h5::last_error(), false;
-    out = p ? p : "";
-    H5free_memory(p);
-  } else {
-    const size_t size = H5Tget_size(t);
-    std::vector<char> buf(size + 1, '\0');
-    Hid mt = h5::type_id(H5Tcopy(t));
-    if (read(mt.get(), static_cast<void*>(buf.data())) < 0) return why = h5::last_error(), false;
-    out.assign(buf.data());  // fixed strings are NUL- or space-padded
-    while (!out.empty() && out.back() == ' ') out.pop_back();
-  }
-  return true;
-}
-
-bool read_string_attr(hid_t obj, const char* name, std::string& out, std::string& why) {
-  Hid a = h5::attr_id(H5Aopen(obj, name, H5P_DEFAULT));
-  if (!a.valid()) {
-    h5::last_error();
-    why = "missing attribute";
-    return false;
-  }
-  return read_string_obj([&] { return H5Aget_type(a); }, [&] { return H5Aget_space(a); },
-                         [&](hid_t mt, void* buf) { return H5Aread(a, mt, buf); }, out, why);
-}
-
-std::string read_string_attr_or(hid_t obj, const char* name, const std::string& dflt) {
-  if (!h5::has_attr(obj, name)) return dflt;
+// Strings (fixed or variable length) are read by h5string.cpp, never by libhdf5's
+// variable-length path; `raw` is the file's bytes for that.
+std::string read_string_attr_or(hid_t obj, const char* name, const h5::RawFile& raw,
+                                const std::string& dflt) {
   std::string s, why;
-  return read_string_attr(obj, name, s, why) ? s : dflt;
+  return h5::has_attr(obj, name) && h5::read_string_attr(obj, name, raw, s, why) ? s : dflt;
 }
 
-std::optional<DType> float_dtype_of(hid_t dset, hid_t type) {
+// Element type of a float dataset as the spec encodes it; nullopt when it is none of them.
+std::optional<DType> float_dtype_of(hid_t dset, hid_t type, const h5::RawFile& raw) {
   const H5T_class_t cls = H5Tget_class(type);
   const size_t size = H5Tget_size(type);
   if (cls == H5T_FLOAT && size == 4) return DType::f32;
   if (cls == H5T_FLOAT && size == 2) return DType::f16;
   if (cls == H5T_INTEGER && size == 2 && H5Tget_sign(type) == H5T_SGN_NONE &&
-      read_string_attr_or(dset, "dtype", "") == "bfloat16")
+      read_string_attr_or(dset, "dtype", raw, "") == "bfloat16")
     return DType::bf16;
   return std::nullopt;
 }
 
-std::string element_name(hid_t dset, hid_t type) {
-  auto f = float_dtype_of(dset, type);
+std::string element_name(hid_t dset, hid_t type, const h5::RawFile& raw) {
+  auto f = float_dtype_of(dset, type, raw);
   return f ? dtype_h5_name(*f) : h5::type_name(type);
 }
 
@@ -132,6 +92,7 @@ int64_t kjt_bag_begin(const Kjt& k, int64_t f) {
 struct CaptureReader::Impl {
   std::string file;
   Hid fid;
+  h5::RawFile raw;  // the same file's bytes, for strings (h5string.hpp)
 
   [[noreturn]] void fail(const std::string& path, const std::string& msg) const {
     throw CaptureError(file, path, msg);
@@ -189,6 +150,15 @@ struct CaptureReader::Impl {
       };
       past_eof(H5Dget_offset(ds.d), bytes, "data");  // HADDR_UNDEF unless contiguous
       Hid dcpl = h5::plist_id(H5Dget_create_plist(ds.d));
+      // Compact data lives in the object header with its own stored size; libhdf5 1.10 copies
+      // the extent's bytes from it without comparing (out of bounds when it is shorter: found
+      // by fuzz_capture).
+      if (dcpl.valid() && H5Pget_layout(dcpl) == H5D_COMPACT) {
+        const hsize_t stored = H5Dget_storage_size(ds.d);
+        if (static_cast<double>(stored) != bytes)
+          fail(path, fmt::format("compact data of extent {} stores {} bytes, want {:.0f}: damaged",
+                                 shape_str(ds.dims), static_cast<uint64_t>(stored), bytes));
+      }
       hsize_t nchunks = 0;
       constexpr hsize_t kMaxCheckedChunks = 256;
       if (dcpl.valid() && H5Pget_layout(dcpl) == H5D_CHUNKED) {
@@ -209,9 +179,9 @@ struct CaptureReader::Impl {
               fail(path, "unreadable chunk index: " + h5::last_error());
             past_eof(caddr, static_cast<double>(csize), "a chunk");
             if (unfiltered && crank > 0 && static_cast<double>(csize) != raw_chunk)
-              fail(path, fmt::format("chunk {} stores {} bytes, want {} (no filters): damaged",
-                                     static_cast<uint64_t>(i), static_cast<uint64_t>(csize),
-                                     raw_chunk));
+              fail(path,
+                   fmt::format("chunk {} stores {} bytes, want {} (no filters): damaged",
+                               static_cast<uint64_t>(i), static_cast<uint64_t>(csize), raw_chunk));
           }
       }
     }
@@ -239,7 +209,7 @@ struct CaptureReader::Impl {
     bool ok_size = false;
     for (size_t s : sizes) ok_size |= H5Tget_size(ds.t) == s;
     if (!ok_class || !ok_size)
-      fail(ds.path, fmt::format("dtype {}, want {}", element_name(ds.d, ds.t), want));
+      fail(ds.path, fmt::format("dtype {}, want {}", element_name(ds.d, ds.t, raw), want));
   }
   void expect_shape(const Ds& ds, const std::vector<int64_t>& want, const std::string& why) const {
     if (ds.dims != want)
@@ -266,7 +236,7 @@ struct CaptureReader::Impl {
     return v;
   }
   DType float_type(const Ds& ds) const {
-    auto t = float_dtype_of(ds.d, ds.t);
+    auto t = float_dtype_of(ds.d, ds.t, raw);
     if (!t)
       fail(ds.path, fmt::format("dtype {}, want float32, float16 or bfloat16 (uint16 with "
                                 "attribute dtype=\"bfloat16\")",
@@ -362,6 +332,19 @@ class OpenWatchdog {
 
 }  // namespace
 
+namespace {
+char g_capture_being_read[4096];  // written outside signal handlers only
+void note_capture_open(const std::string& path) {
+  const size_t n = std::min(path.size(), sizeof g_capture_being_read - 1);
+  std::memcpy(g_capture_being_read, path.data(), n);
+  g_capture_being_read[n] = '\0';
+}
+}  // namespace
+
+const char* capture_being_read() noexcept {
+  return g_capture_being_read;
+}
+
 void set_capture_open_watchdog(double seconds,
                                std::function<void(const std::string& path)> on_timeout) {
   WatchdogConfig& c = watchdog_config();
@@ -370,7 +353,8 @@ void set_capture_open_watchdog(double seconds,
   c.on_timeout = std::move(on_timeout);
 }
 
-CaptureReader::CaptureReader(const std::string& path) : path_(path), impl_(new Impl) {
+CaptureReader::CaptureReader(const std::string& path) try : path_(path), impl_(new Impl) {
+  note_capture_open(path);
   const OpenWatchdog watchdog(path);
   h5::quiet();
   Impl& I = *impl_;
@@ -389,7 +373,10 @@ CaptureReader::CaptureReader(const std::string& path) : path_(path), impl_(new I
   I.fid = h5::file_id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!I.fid.valid())
     I.fail("/", "cannot open as HDF5 (truncated or damaged?): " + h5::last_error());
+  I.raw = h5::RawFile::open_path(path);
   read_root();
+} catch (...) {
+  g_capture_being_read[0] = '\0';  // no reader of it is left
 }
 
 CaptureReader::CaptureReader(const std::string& name, const void* image, size_t size)
@@ -413,6 +400,7 @@ CaptureReader::CaptureReader(const std::string& name, const void* image, size_t 
   I.fid = h5::file_id(H5Fopen(internal.c_str(), H5F_ACC_RDONLY, fapl));
   if (!I.fid.valid())
     I.fail("/", "cannot open as HDF5 (truncated or damaged?): " + h5::last_error());
+  I.raw = h5::RawFile::from_image(image, size);
   read_root();
 }
 
@@ -424,7 +412,8 @@ void CaptureReader::read_root() {
   if (!h5::has_attr(root, "format"))
     I.fail("/", fmt::format("missing attribute 'format' (want \"{}\"): not a dynemb-dist capture",
                             kCaptureFormat));
-  if (!read_string_attr(root, "format", fmt_name, why)) I.fail("/", "attribute 'format': " + why);
+  if (!h5::read_string_attr(root, "format", I.raw, fmt_name, why))
+    I.fail("/", "attribute 'format': " + why);
   if (fmt_name != kCaptureFormat)
     I.fail("/", fmt::format("unknown format \"{}\" (want \"{}\")", fmt_name, kCaptureFormat));
   const int64_t version = I.int_attr(root, "/", "format_version");
@@ -461,17 +450,14 @@ void CaptureReader::read_root() {
   if (!h5::exists(I.fid, "/plan")) I.fail("/plan", "missing dataset (the plan YAML text)");
   Hid pd = h5::dset_id(H5Dopen2(I.fid, "/plan", H5P_DEFAULT));
   if (!pd.valid()) I.fail("/plan", "not a dataset: " + h5::last_error());
-  if (!read_string_obj(
-          [&] { return H5Dget_type(pd); }, [&] { return H5Dget_space(pd); },
-          [&](hid_t mt, void* buf) { return H5Dread(pd, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf); },
-          plan_text_, why))
-    I.fail("/plan", why);
+  if (!h5::read_string_dataset(pd, I.raw, plan_text_, why)) I.fail("/plan", why);
 
   if (h5::exists(I.fid, "/oracle")) {
     Hid og = h5::group_id(H5Gopen2(I.fid, "/oracle", H5P_DEFAULT));
     if (!og.valid()) I.fail("/oracle", "not a group");
     std::string kind;
-    if (!read_string_attr(og, "kind", kind, why)) I.fail("/oracle", "attribute 'kind': " + why);
+    if (!h5::read_string_attr(og, "kind", I.raw, kind, why))
+      I.fail("/oracle", "attribute 'kind': " + why);
     if (kind != "hash64")
       I.fail("/oracle", fmt::format("unknown oracle kind \"{}\" (want \"hash64\")", kind));
     Hid a = h5::attr_id(H5Aopen(og, "seed", H5P_DEFAULT));
@@ -494,7 +480,9 @@ void CaptureReader::read_root() {
   }
 }
 
-CaptureReader::~CaptureReader() = default;
+CaptureReader::~CaptureReader() {
+  if (path_ == g_capture_being_read) g_capture_being_read[0] = '\0';
+}
 
 namespace {
 #if H5_VERSION_GE(1, 12, 0)
@@ -583,7 +571,7 @@ void CaptureReader::Impl::read_kjt(const Plan& plan, const std::string& rp, Kjt&
   kjt.values = read_ints(val);
   if (auto w = try_open(rp + "/weights")) {
     if (H5Tget_class(w->t) != H5T_FLOAT || H5Tget_size(w->t) != 4)
-      fail(w->path, fmt::format("dtype {}, want float32", element_name(w->d, w->t)));
+      fail(w->path, fmt::format("dtype {}, want float32", element_name(w->d, w->t, raw)));
     expect_shape(*w, {val.numel}, "len(values)");
     kjt.weights = read_floats(*w, DType::f32);
     kjt.weighted = true;
@@ -765,7 +753,7 @@ std::vector<DatasetStat> CaptureReader::dataset_stats(int64_t k) const {
       if (auto ds = impl_->try_open(p)) {
         DatasetStat s;
         s.path = p;
-        s.dtype = element_name(ds->d, ds->t);
+        s.dtype = element_name(ds->d, ds->t, impl_->raw);
         s.dims = ds->dims;
         s.logical_bytes = ds->numel * static_cast<int64_t>(H5Tget_size(ds->t));
         s.stored_bytes = static_cast<int64_t>(H5Dget_storage_size(ds->d));
@@ -781,7 +769,7 @@ std::vector<DatasetStat> CaptureReader::table_stats() const {
     auto ds = impl_->try_open("/tables/" + n + "/weight");
     DatasetStat s;
     s.path = ds->path;
-    s.dtype = element_name(ds->d, ds->t);
+    s.dtype = element_name(ds->d, ds->t, impl_->raw);
     s.dims = ds->dims;
     s.logical_bytes = ds->numel * static_cast<int64_t>(H5Tget_size(ds->t));
     s.stored_bytes = static_cast<int64_t>(H5Dget_storage_size(ds->d));

@@ -14,9 +14,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -58,6 +58,11 @@ struct DatasetStat {
 // exits 2 there. seconds <= 0 disarms (the default).
 void set_capture_open_watchdog(double seconds,
                                std::function<void(const std::string& path)> on_timeout);
+
+// The path of the capture file opened last by a CaptureReader still alive ("" when none), in a
+// fixed NUL-terminated buffer: safe to read from a signal handler. The CLI's crash handler
+// names it when libhdf5 crashes on a damaged file (docs/robustness.md).
+const char* capture_being_read() noexcept;
 
 class CaptureReader {
  public:
