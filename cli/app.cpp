@@ -92,7 +92,7 @@ const CLI::App* named_subcommand(const CLI::App& app, int argc, char** argv) {
 // hang a CI job.
 // DYNEMB_OPEN_TIMEOUT=SECONDS (default 60; 0 turns the watchdog off).
 // libhdf5 1.10 crashes (SIGSEGV) on some damaged files in metadata it does not check, e.g. a
-// damaged group B-tree read into its metadata accumulator (tests/data/hdf5-accum-read-segv.h5;
+// damaged group B-tree read into its metadata accumulator (tests/fuzz/libhdf5/accum-read-segv.h5;
 // docs/robustness.md). While a capture is open, such a signal becomes exit 2 with a message
 // naming the file instead of a bare "Segmentation fault". Only async-signal-safe calls here.
 // Not installed under ASan, whose own handler reports the crash with its stack.

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <string>
 
 #include "capture/capture.hpp"
 
@@ -109,6 +111,15 @@ TEST_CASE("image reader: the fuzzer's findings are errors (tests/fuzz/regression
     INFO(e.path().string() << ": " << msg);
     if (name.rfind("capture-", 0) == 0) {
       CHECK(msg.rfind("img.h5:", 0) == 0);
+      // The later findings each have a check of their own: its message, not libhdf5's.
+      static const std::map<std::string, std::string> kWant = {
+          {"capture-vlen-length-oom.h5", "/plan: variable-length string: claims 2994737160 bytes"},
+          {"capture-fixed-string-huge-size.h5", "/plan: fixed-length string of 4278191048 bytes"},
+          {"capture-compact-short-storage.h5",
+           "/batches/0/rank0/ctx/input_splits: compact data of extent [2] stores 0 bytes, want 16"},
+      };
+      if (auto it = kWant.find(name); it != kWant.end())
+        CHECK(msg.find(it->second) != std::string::npos);
       ++ours;
     } else {
       CHECK((msg.empty() || msg.rfind("img.h5:", 0) == 0));

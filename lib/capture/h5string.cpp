@@ -209,7 +209,13 @@ bool read_string(hid_t obj, hid_t type, hid_t space, const RawFile& raw, Read re
     if (read(mt.get(), static_cast<void*>(e)) < 0) return why = last_error(), false;
     return resolve(e + kRecordAt, e[0], g, raw, out, why);
   }
+  // A fixed-length string is stored whole in the file (object header or data): a damaged
+  // datatype can claim any size, so bound it by the file before allocating.
   const size_t size = H5Tget_size(type);
+  if (size == 0 || size > raw.size())
+    return why = fmt::format("fixed-length string of {} bytes in a file of {} bytes: damaged", size,
+                             raw.size()),
+           false;
   std::vector<char> buf(size + 1, '\0');
   Hid mt = type_id(H5Tcopy(type));
   if (read(mt.get(), static_cast<void*>(buf.data())) < 0) return why = last_error(), false;

@@ -189,14 +189,22 @@ trouble kindlen "kindlen\.h5:/oracle: (error: )?attribute 'kind': variable-lengt
 # the global heap; found by fuzz_capture): the string itself is intact and now reads, so the
 # capture replays and matches its golden output.
 run heaploop 0 replay "$DYNEMB_SRC/tests/data/hdf5-global-heap-loop.h5" --quiet
-# A damaged group B-tree that libhdf5 1.10 reads out of bounds into its metadata accumulator
-# (SIGSEGV inside H5Gget_info; found by fuzz_capture, nothing of ours can check it first): the
-# CLI's crash handler names the file and exits 2. Not under ASan, whose handler reports it.
+# Damage inside libhdf5 1.10's own metadata decoding that nothing of ours can check first
+# (found by fuzz_capture; tests/fuzz/libhdf5/README.md): a damaged group B-tree read out of
+# bounds into the metadata accumulator (SIGSEGV inside H5Gget_info), attribute messages decoded
+# past their buffer. The plain CLI must still exit 2 naming the file: the SIGSEGV through its
+# crash handler, the others through the error they end in. Not under ASan, which reports the
+# out-of-bounds accesses inside libhdf5 (that is the finding, not ours to fix).
 if [[ $asan -eq 0 ]]; then
-  run segv 2 inspect "$DYNEMB_SRC/tests/data/hdf5-accum-read-segv.h5"
-  has segv "hdf5-accum-read-segv\.h5: crashed \(SIGSEGV\) while reading this capture; libhdf5 1\.10"
-  run segv-replay 2 replay "$DYNEMB_SRC/tests/data/hdf5-accum-read-segv.h5" --quiet
-  has segv-replay "hdf5-accum-read-segv\.h5: crashed \(SIGSEGV\)"
+  run segv 2 inspect "$DYNEMB_SRC/tests/fuzz/libhdf5/accum-read-segv.h5"
+  has segv "accum-read-segv\.h5: crashed \(SIGSEGV\) while reading this capture; libhdf5 1\.10"
+  run segv-replay 2 replay "$DYNEMB_SRC/tests/fuzz/libhdf5/accum-read-segv.h5" --quiet
+  has segv-replay "accum-read-segv\.h5: crashed \(SIGSEGV\)"
+  for f in "$DYNEMB_SRC"/tests/fuzz/libhdf5/*.h5; do
+    n=$(basename "$f" .h5)
+    run "lib-$n" 2 inspect "$f"
+    has "lib-$n" "$n\.h5"
+  done
 fi
 # The open watchdog (for loops left inside libhdf5): a FIFO without a writer blocks the open.
 export DYNEMB_OPEN_TIMEOUT=3
