@@ -242,6 +242,16 @@ bool read_string_dataset(hid_t dset, const RawFile& raw, std::string& out, std::
   Hid t = type_id(H5Dget_type(dset));
   Hid sp = space_id(H5Dget_space(dset));
   if (!t.valid() || !sp.valid()) return why = last_error(), false;
+  // One string stored compactly: its fixed size, or one raw record of a variable-length string.
+  if (const int64_t stored = compact_stored_bytes(dset); stored >= 0) {
+    Geometry g;
+    if (H5Tis_variable_str(t) > 0 && !geometry(dset, g, why)) return false;
+    const uint64_t want = H5Tis_variable_str(t) > 0 ? 4 + g.sizeof_addr + 4 : H5Tget_size(t);
+    if (static_cast<uint64_t>(stored) != want)
+      return why =
+                 fmt::format("compact string data stores {} bytes, want {}: damaged", stored, want),
+             false;
+  }
   return read_string(
       dset, t, sp, raw,
       [&](hid_t mt, void* buf) { return H5Dread(dset, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf); },

@@ -54,6 +54,12 @@ bool has_attr(hid_t obj, const char* name) {
   return r > 0;
 }
 
+int64_t compact_stored_bytes(hid_t dset) {
+  Hid dcpl = plist_id(H5Dget_create_plist(dset));
+  if (!dcpl.valid() || H5Pget_layout(dcpl) != H5D_COMPACT) return -1;
+  return static_cast<int64_t>(H5Dget_storage_size(dset));
+}
+
 std::string type_name(hid_t type) {
   const H5T_class_t cls = H5Tget_class(type);
   const size_t size = H5Tget_size(type);

@@ -83,6 +83,11 @@ bool exists(hid_t file, const std::string& path);
 // Integer or string attribute helpers; nullopt-style via `found`.
 bool has_attr(hid_t obj, const char* name);
 
+// Bytes a compact dataset (its data inside the object header) stores, -1 for other layouts.
+// libhdf5 1.10 copies the extent's bytes from compact data without comparing them with this
+// (out of bounds, or from NULL, when it is shorter: found by fuzz_capture), so readers check.
+int64_t compact_stored_bytes(hid_t dset);
+
 // Human name of a dataset's element type: "int32", "uint16", "float16", "float32", ...
 std::string type_name(hid_t type);
 
