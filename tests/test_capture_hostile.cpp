@@ -115,6 +115,8 @@ TEST_CASE("image reader: the fuzzer's findings are errors (tests/fuzz/regression
       static const std::map<std::string, std::string> kWant = {
           {"capture-vlen-length-oom.h5", "/plan: variable-length string: claims 2994737160 bytes"},
           {"capture-fixed-string-huge-size.h5", "/plan: fixed-length string of 4278191048 bytes"},
+          {"capture-chunk-rank-mismatch.h5",
+           "/batches/0/rank3/output: chunk rank 2 != rank 0 of extent []: damaged"},
           {"capture-compact-plan-empty.h5",
            "/plan: compact string data stores 0 bytes, want 968: damaged"},
           {"capture-compact-short-storage.h5",

@@ -162,6 +162,11 @@ struct CaptureReader::Impl {
         double raw_chunk = static_cast<double>(H5Tget_size(ds.t));
         std::vector<hsize_t> cdims(ds.dims.size());
         const int crank = H5Pget_chunk(dcpl, static_cast<int>(cdims.size()), cdims.data());
+        // A chunk has the dataset's rank; a damaged layout can claim another (fills only the
+        // first min(rank, crank) of cdims: found by fuzz_capture, a scalar with chunk rank 1).
+        if (crank != static_cast<int>(cdims.size()))
+          fail(path, fmt::format("chunk rank {} != rank {} of extent {}: damaged", crank,
+                                 cdims.size(), shape_str(ds.dims)));
         for (int i = 0; i < crank; ++i) raw_chunk *= static_cast<double>(cdims[i]);
         const bool unfiltered = H5Pget_nfilters(dcpl) == 0;
         Hid space = h5::space_id(H5Dget_space(ds.d));
