@@ -200,9 +200,9 @@ if [[ $asan -eq 0 ]]; then
   has segv "accum-read-segv\.h5: crashed \(SIGSEGV\) while reading this capture; libhdf5 1\.10"
   run segv-replay 2 replay "$DYNEMB_SRC/tests/fuzz/libhdf5/accum-read-segv.h5" --quiet
   has segv-replay "accum-read-segv\.h5: crashed \(SIGSEGV\)"
-  for f in "$DYNEMB_SRC"/tests/fuzz/libhdf5/*.h5; do
-    n=$(basename "$f" .h5)
-    run "lib-$n" 2 inspect "$f"
+  # (Not local-heap-free-list-loop.h5: libhdf5 allocates 4 GB over 14 s on it; README.md.)
+  for n in accum-read-segv attr-message-memcpy attr-name-strdup; do
+    run "lib-$n" 2 inspect "$DYNEMB_SRC/tests/fuzz/libhdf5/$n.h5"
     has "lib-$n" "$n\.h5"
   done
 fi
