@@ -3,7 +3,6 @@
 // does), read back, then damaged byte by byte where the raw record sits.
 #include <doctest/doctest.h>
 #include <hdf5.h>
-#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -14,20 +13,11 @@
 #include <vector>
 
 #include "capture/h5string.hpp"
+#include "test_capture_util.hpp"
 
 namespace {
 
-struct TmpFile {
-  std::string path;
-  TmpFile() {
-    char tmpl[] = "/tmp/dynemb-h5string-XXXXXX";
-    const int fd = mkstemp(tmpl);
-    REQUIRE(fd >= 0);
-    close(fd);
-    path = tmpl;
-  }
-  ~TmpFile() { std::remove(path.c_str()); }
-};
+using dynemb::testcap::TempDir;
 
 hid_t vlen_type() {
   hid_t t = H5Tcopy(H5T_C_S1);
@@ -123,9 +113,10 @@ TEST_CASE("h5string: variable- and fixed-length strings read back as written") {
                                  {long_s, std::string(300, 'y')}}) {
         CAPTURE(userblock);
         CAPTURE(image);
-        TmpFile tmp;
-        write_file(tmp.path, s, a, userblock);
-        const Read r = read_file(tmp.path, image);
+        TempDir tmp;
+        const std::string path = tmp.file("s.h5");
+        write_file(path, s, a, userblock);
+        const Read r = read_file(path, image);
         CHECK(r.ok_s);
         CHECK(r.s == s);
         CHECK(r.ok_a);
@@ -137,21 +128,22 @@ TEST_CASE("h5string: variable- and fixed-length strings read back as written") {
 
 TEST_CASE("h5string: a damaged record is an error that names the damage, libhdf5 never sees it") {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  TmpFile tmp;
-  write_file(tmp.path, "the plan", "hash64", 0);
-  const uint64_t off = record_offset(tmp.path);
-  std::ifstream in(tmp.path, std::ios::binary);
+  TempDir dir;
+  const std::string path = dir.file("s.h5");
+  write_file(path, "the plan", "hash64", 0);
+  const uint64_t off = record_offset(path);
+  std::ifstream in(path, std::ios::binary);
   const std::vector<char> good{std::istreambuf_iterator<char>(in), {}};
   in.close();
-  const auto restore = [&] { patch(tmp.path, 0, good.data(), good.size()); };
+  const auto restore = [&] { patch(path, 0, good.data(), good.size()); };
   uint64_t heap = 0;
   std::memcpy(&heap, good.data() + off + 4, 8);  // little-endian host, as the file
   REQUIRE(std::memcmp(good.data() + heap, "GCOL", 4) == 0);
 
   SUBCASE("length beyond the file: refused before any allocation") {
     const uint32_t len = 2994737160u;
-    patch(tmp.path, off, &len, 4);
-    const Read r = read_file(tmp.path, false);
+    patch(path, off, &len, 4);
+    const Read r = read_file(path, false);
     CHECK_FALSE(r.ok_s);
     CHECK(r.why_s ==
           "variable-length string: claims 2994737160 bytes, more than the whole file "
@@ -162,34 +154,34 @@ TEST_CASE("h5string: a damaged record is an error that names the damage, libhdf5
   }
   SUBCASE("length beyond its heap object") {
     const uint32_t len = 9;  // "the plan" has 8
-    patch(tmp.path, off, &len, 4);
-    const Read r = read_file(tmp.path, false);
+    patch(path, off, &len, 4);
+    const Read r = read_file(path, false);
     CHECK_FALSE(r.ok_s);
     CHECK(r.why_s.find("claims 9 bytes; its global heap object") != std::string::npos);
   }
   SUBCASE("heap address of something else") {
     const uint64_t addr = 0;
-    patch(tmp.path, off + 4, &addr, 8);
-    const Read r = read_file(tmp.path, false);
+    patch(path, off + 4, &addr, 8);
+    const Read r = read_file(path, false);
     CHECK(r.why_s == "variable-length string: no global heap collection at offset 0: damaged");
   }
   SUBCASE("heap address past the end") {
     const uint64_t addr = uint64_t{1} << 40;
-    patch(tmp.path, off + 4, &addr, 8);
-    const Read r = read_file(tmp.path, false);
+    patch(path, off + 4, &addr, 8);
+    const Read r = read_file(path, false);
     CHECK(r.why_s.find("lies past the end of the file") != std::string::npos);
   }
   SUBCASE("object index not in the collection") {
     const uint32_t idx = 999;
-    patch(tmp.path, off + 12, &idx, 4);
-    const Read r = read_file(tmp.path, false);
+    patch(path, off + 12, &idx, 4);
+    const Read r = read_file(path, false);
     CHECK(r.why_s.find("global heap object 999 not found in the collection at offset " +
                        std::to_string(heap)) != std::string::npos);
   }
   SUBCASE("collection size past the end of the file") {
     const uint64_t size = good.size();  // from `heap`, past the end
-    patch(tmp.path, heap + 8, &size, 8);
-    const Read r = read_file(tmp.path, false);
+    patch(path, heap + 8, &size, 8);
+    const Read r = read_file(path, false);
     CHECK(r.why_s.find("claims " + std::to_string(good.size()) + " bytes, past the end") !=
           std::string::npos);
     CHECK_FALSE(r.ok_a);  // the attribute's string is in the same collection
@@ -198,13 +190,13 @@ TEST_CASE("h5string: a damaged record is an error that names the damage, libhdf5
     // The first object slot (header 16 bytes in) becomes index 0 with size 0: nothing is
     // found after the free space, and the walk ends.
     const unsigned char zero[16] = {};
-    patch(tmp.path, heap + 16, zero, sizeof zero);
-    const Read r = read_file(tmp.path, false);
+    patch(path, heap + 16, zero, sizeof zero);
+    const Read r = read_file(path, false);
     CHECK_FALSE(r.ok_s);
     CHECK(r.why_s.find("not found in the collection") != std::string::npos);
   }
   restore();
-  const Read r = read_file(tmp.path, false);
+  const Read r = read_file(path, false);
   CHECK(r.ok_s);
   CHECK(r.s == "the plan");
 }

@@ -46,7 +46,7 @@ const char* dtype_h5_name(DType t) {
 std::string read_string_attr_or(hid_t obj, const char* name, const h5::RawFile& raw,
                                 const std::string& dflt) {
   std::string s, why;
-  return h5::has_attr(obj, name) && h5::read_string_attr(obj, name, raw, s, why) ? s : dflt;
+  return h5::read_string_attr(obj, name, raw, s, why) ? s : dflt;  // false when missing
 }
 
 // Element type of a float dataset as the spec encodes it; nullopt when it is none of them.

@@ -244,9 +244,10 @@ bool read_string_dataset(hid_t dset, const RawFile& raw, std::string& out, std::
   if (!t.valid() || !sp.valid()) return why = last_error(), false;
   // One string stored compactly: its fixed size, or one raw record of a variable-length string.
   if (const int64_t stored = compact_stored_bytes(dset); stored >= 0) {
+    const bool variable = H5Tis_variable_str(t) > 0;
     Geometry g;
-    if (H5Tis_variable_str(t) > 0 && !geometry(dset, g, why)) return false;
-    const uint64_t want = H5Tis_variable_str(t) > 0 ? 4 + g.sizeof_addr + 4 : H5Tget_size(t);
+    if (variable && !geometry(dset, g, why)) return false;
+    const uint64_t want = variable ? 4 + g.sizeof_addr + 4 : H5Tget_size(t);
     if (static_cast<uint64_t>(stored) != want)
       return why =
                  fmt::format("compact string data stores {} bytes, want {}: damaged", stored, want),
