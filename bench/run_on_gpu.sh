@@ -77,25 +77,22 @@ if [ $QUICK = 0 ]; then
   run odd --preset odd-dims
   run pooled --preset unit-pooled-w8
 fi
-if [ "${NCU:-0}" = 1 ]; then  # evidence for the bucketize: one profiled launch of the stage
-  stamp "ncu (hstu-e2e bucketize)"
-  timeout 150 ncu --clock-control none -k regex:'onepass|count_|place_' -c 1 --set full \
-    --import-source no -o "$LOG/ncu-bucketize" \
-    $D bench --preset hstu-e2e --iters 1 --queue-ahead 0 > "$LOG/ncu-run.txt" 2>&1 \
-    || echo "ncu failed: $(tail -3 "$LOG/ncu-run.txt")"
-  ncu -i "$LOG/ncu-bucketize.ncu-rep" --print-details all > "$LOG/ncu-bucketize.txt" 2>&1
+ncu_profile() {  # name, kernel regex, launches, bench args...: one profiled bench, summarized
+  local name=$1 re=$2 count=$3; shift 3
+  timeout 150 ncu --clock-control none -k regex:"$re" -c "$count" --set full \
+    --import-source no -o "$LOG/$name" \
+    $D bench "$@" --iters 1 --queue-ahead 0 > "$LOG/$name-run.txt" 2>&1 \
+    || echo "ncu $name failed: $(tail -3 "$LOG/$name-run.txt")"
+  ncu -i "$LOG/$name.ncu-rep" --print-details all > "$LOG/$name.txt" 2>&1
+  grep -E "$re|Duration|DRAM Throughput|L2 Cache Throughput|Achieved Occupancy|stalled|Warp Cycles Per Issued|Executed Instructions  |Spilling Requests  " \
+    "$LOG/$name.txt" | head -40
+}
+if [ "${NCU:-0}" = 1 ]; then  # evidence for the bucketize: profiled launches of the stage
+  stamp "ncu (hstu-e2e bucketize: the one-pass kernel; x16: the three-pass kernels)"
+  ncu_profile ncu-bucketize 'onepass|count_|place_' 1 --preset hstu-e2e
   ncu -i "$LOG/ncu-bucketize.ncu-rep" --page source --csv --print-source sass \
     > "$LOG/ncu-sass.csv" 2>&1 || echo "ncu source page failed: $(head -3 "$LOG/ncu-sass.csv")"
-  grep -E "onepass|count_|place_|Duration|DRAM Throughput|L2 Cache Throughput|Achieved Occupancy|stalled|Warp Cycles Per Issued|Executed Instructions  |Spilling Requests  " \
-    "$LOG/ncu-bucketize.txt" | head -40
-  # the three-pass kernels at x16 (the first count and place launches)
-  timeout 150 ncu --clock-control none -k regex:'count_bag|place_bag' -c 2 --set full \
-    --import-source no -o "$LOG/ncu-bucketize16" \
-    $D bench --preset hstu-e2e --scale 16 --iters 1 --queue-ahead 0 > "$LOG/ncu-run16.txt" 2>&1 \
-    || echo "ncu x16 failed: $(tail -3 "$LOG/ncu-run16.txt")"
-  ncu -i "$LOG/ncu-bucketize16.ncu-rep" --print-details all > "$LOG/ncu-bucketize16.txt" 2>&1
-  grep -E "count_bag|place_bag|Duration|DRAM Throughput|Achieved Occupancy|Warp Cycles Per Issued|Executed Instructions  " \
-    "$LOG/ncu-bucketize16.txt" | head -20
+  ncu_profile ncu-bucketize16 'count_bag|place_bag' 2 --preset hstu-e2e --scale 16
 fi
 stamp "peer"
 for n in criteo hstu hstu16 pooled64; do

@@ -354,18 +354,11 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
     const cuda::BucketizeArgs& ba = bb.args;
     const int64_t N = ba.total_ids, L = ba.total_bags, max_len = ba.max_bag_len;
     const bool weighted = ba.weights != nullptr;
-    cuda::BucketizeFused fused;  // a block per bag: one kernel (kernels/bucketize.cu)
-    fused.max_rank_bags = bb.max_rank_bags;
-    fused.scratch_bytes = cuda::bucketize_fused_scratch_bytes();
-    DeviceBuffer<char> d_fused(static_cast<int64_t>(std::max<size_t>(fused.scratch_bytes, 1)));
-    if (fused.scratch_bytes > 0) {
-      fused.scratch = d_fused.data();
-      cuda::bucketize_fused_scratch_init(fused.scratch, fused.scratch_bytes, s);
-    }
+    bb.enable_one_pass(s);  // a block per bag: one kernel (kernels/bucketize.cu)
+    cuda::BucketizeFused& fused = bb.fused;
     const bool one_kernel = cuda::bucketize_fused_eligible(ba, fused);
     const cuda::BucketizeFusedShape shape = cuda::bucketize_fused_shape(ba, fused);
-    const double us =
-        timer([&] { cuda::launch_bucketize_from_lengths(ba, bb.d_lengths.data(), fused, s); });
+    const double us = timer([&] { bb.launch(s); });
     // ids in; new_values + unbucketize_permute out; lengths in; new_lengths out (+ weights).
     const double bytes = 8.0 * (3 * N + L + W * L) + (weighted ? 8.0 * N : 0.0);
     st.push_back(
@@ -398,7 +391,7 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
       // end of each step of every block (bucketize.cu), as us after the first block started.
       DeviceBuffer<unsigned long long> d_trace(cuda::kBucketizeTracePoints * L);
       fused.trace = d_trace.data();
-      cuda::launch_bucketize_from_lengths(ba, bb.d_lengths.data(), fused, s);
+      bb.launch(s);
       fused.trace = nullptr;
       const std::vector<unsigned long long> tr = d_trace.download(s);
       unsigned long long t0 = ~0ull;

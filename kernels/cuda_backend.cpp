@@ -80,16 +80,8 @@ BucketizedKjt CudaBackend::bucketize(const Plan& plan, const Kjt& kjt) {
                 std::to_string(N) + " values");
   // One rank's KJT: the batched bucketize with R = 1.
   cuda::BatchedBucketize bb(plan, {&kjt}, /*with_dest_rank=*/true, stream_);
-  DeviceBuffer<char> d_fused;
-  cuda::BucketizeFused fused;  // one bag per resident block: the one-kernel path (bucketize.cu)
-  fused.scratch_bytes = cuda::bucketize_fused_scratch_bytes();
-  fused.max_rank_bags = L;
-  if (fused.scratch_bytes > 0) {
-    d_fused.resize(static_cast<int64_t>(fused.scratch_bytes));
-    fused.scratch = d_fused.data();
-    cuda::bucketize_fused_scratch_init(fused.scratch, fused.scratch_bytes, stream_);
-  }
-  if (L > 0) cuda::launch_bucketize_from_lengths(bb.args, bb.d_lengths.data(), fused, stream_);
+  bb.enable_one_pass(stream_);  // one bag per resident block: the one-kernel path (bucketize.cu)
+  if (L > 0) bb.launch(stream_);
 
   BucketizedKjt out;
   out.new_lengths = bb.d_new_lengths.download(stream_);
@@ -450,6 +442,15 @@ BatchedBucketize::BatchedBucketize(const Plan& plan, const std::vector<const Kjt
   args.dest_rank = with_dest_rank ? d_dest_rank.data() : nullptr;
   args.scan_temp = d_scan_temp.data();
   args.scan_temp_bytes = tb;
+}
+
+void BatchedBucketize::enable_one_pass(cudaStream_t s) {
+  fused.max_rank_bags = max_rank_bags;
+  fused.scratch_bytes = bucketize_fused_scratch_bytes();
+  if (fused.scratch_bytes == 0) return;  // no cooperative launch on this device
+  d_fused_scratch.resize(static_cast<int64_t>(fused.scratch_bytes));
+  fused.scratch = d_fused_scratch.data();
+  bucketize_fused_scratch_init(fused.scratch, fused.scratch_bytes, s);
 }
 
 SeqDistDevice::SeqDistDevice(const SeqDistTables& t, cudaStream_t s)

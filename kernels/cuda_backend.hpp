@@ -64,6 +64,15 @@ struct BatchedBucketize {
   DeviceBuffer<float> d_weights, d_new_weights;
   DeviceBuffer<char> d_scan_temp;
   BucketizeArgs args;  // points at the buffers above
+  // The one-pass kernel's workspace: empty (three passes) until enable_one_pass().
+  BucketizeFused fused;
+  DeviceBuffer<char> d_fused_scratch;
+
+  // Allocates and zeroes the one-pass workspace where the device can run that kernel, so that
+  // launch() takes it whenever the batch is eligible (bucketize_fused_eligible).
+  void enable_one_pass(cudaStream_t s);
+  // The whole stage on s: bag_offsets from the lengths, then the bucketize.
+  void launch(cudaStream_t s) { launch_bucketize_from_lengths(args, d_lengths.data(), fused, s); }
 };
 
 }  // namespace dynemb::cuda

@@ -275,16 +275,11 @@ TEST_CASE("batched bucketize: one-pass and three-pass paths == cpu") {
       const int64_t N = ba.total_ids, L = ba.total_bags, max_rank_bags = bb.max_rank_bags;
       REQUIRE(ba.ids_i32 == i32);
       REQUIRE((ba.weights != nullptr) == (weighted && N > 0));
-      cuda::BucketizeFused fused;
-      DeviceBuffer<char> d_fused;
       if (variant == 0) {
-        fused.scratch_bytes = cuda::bucketize_fused_scratch_bytes();
-        REQUIRE(fused.scratch_bytes > 0);  // an H200 has cooperative launch
-        d_fused.resize(static_cast<int64_t>(fused.scratch_bytes));
-        fused.scratch = d_fused.data();
-        cuda::bucketize_fused_scratch_init(fused.scratch, fused.scratch_bytes, s);
-        fused.max_rank_bags = max_rank_bags;
+        bb.enable_one_pass(s);
+        REQUIRE(bb.fused.scratch != nullptr);  // an H200 has cooperative launch
       }
+      const cuda::BucketizeFused& fused = bb.fused;
       const bool want_fused = variant == 0 && L > 0 && max_rank_bags * W <= 65536 &&
                               L <= cuda::bucketize_fused_capacity();
       INFO("it " << it << " variant " << variant << " W=" << W << " F=" << F << " L=" << L
@@ -300,9 +295,8 @@ TEST_CASE("batched bucketize: one-pass and three-pass paths == cpu") {
       d_other.upload(other, s);
       cuda::BucketizeArgs warm = ba;
       warm.ids = d_other.data();
-      cuda::launch_bucketize_from_lengths(warm, bb.d_lengths.data(), fused, s);
-      for (int rep = 0; rep < 2; ++rep)
-        cuda::launch_bucketize_from_lengths(ba, bb.d_lengths.data(), fused, s);
+      cuda::launch_bucketize_from_lengths(warm, bb.d_lengths.data(), bb.fused, s);
+      for (int rep = 0; rep < 2; ++rep) bb.launch(s);
       CHECK(fused.epoch == (want_fused ? 3u : 0u));
       CHECK(bb.d_bag_offsets.download(s) == ref_off);
       const std::vector<int64_t> nl = bb.d_new_lengths.download(s),
