@@ -352,7 +352,7 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
   {
     cuda::BatchedBucketize bb(p, kp, /*with_dest_rank=*/false, s);
     const cuda::BucketizeArgs& ba = bb.args;
-    const int64_t N = ba.total_ids, L = ba.total_bags, max_len = ba.max_bag_len;
+    const int64_t N = ba.total_ids, L = ba.total_bags;
     const bool weighted = ba.weights != nullptr;
     bb.enable_one_pass(s);  // a block per bag: one kernel (kernels/bucketize.cu)
     cuda::BucketizeFused& fused = bb.fused;
@@ -366,8 +366,9 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
          one_kernel
              ? fmt::format("one pass: 1 kernel, a block per bag, {} blocks (of {}){}", shape.grid,
                            shape.capacity, shape.ids_cached ? ", ids read once" : "")
-         : max_len > 64 ? "3 passes, block per bag"
-                        : "3 passes, warp per bag"});
+         : cuda::bucketize_block_per_bag(ba) ? "3 passes, block per bag"
+         : W > 256                           ? "3 passes, thread per bag"
+                                             : "3 passes, warp per bag"});
     // Floors of the stage, timed right after it (same clocks): an empty kernel of the one-pass
     // grid (what a launch of that shape costs), and that grid streaming the stage's main bytes
     // (ids in, values and perm out) with no routing, counting or exchange. No kernel of this

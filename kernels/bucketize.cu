@@ -231,9 +231,13 @@ __global__ void place_serial_kernel(BucketizeArgs a, FastDivU64 wd) {
 //      and forms base[d] = rank's first id + sum_{d'<d} T[d'] + sum_{j'<j} count[d][j'],
 //      T[d] = the rank's ids of bucket d: exactly new_offsets of (d, j);
 //   5. placement: perm, dest_rank and new_weights directly; new_values through shared memory
-//      (the bag's values in its bucketized order, then each bucket's run copied out with
-//      consecutive lanes on consecutive addresses: 256-byte warp stores instead of scattered
-//      pairs; 22.7 -> 18.1 us on hstu-e2e, BENCHMARKS.md run 11).
+//      (the bag's values and positions in its bucketized order, then stored by consecutive
+//      threads: 256-byte warp stores instead of scattered pairs; 22.7 -> 18.1 us on hstu-e2e,
+//      BENCHMARKS.md run 11).
+// The stage is bound by issued instructions more than by bytes (ncu: 8.5 M warp instructions
+// for hstu-e2e's 1 M ids, issue slots ~37 % busy, "no instruction" the top stall), so the hot
+// paths avoid per-id tests that a template parameter can settle (the ballot count, the
+// optional outputs) and per-poll clock reads (6.7 M after, BENCHMARKS.md runs 17-20).
 // So the chain per block is: one load round, the id loads, the counting, a store-then-load
 // exchange with the other blocks of its rank, and the placement stores. The previous fused
 // kernel (runs 3-4 of BENCHMARKS.md) also had a look-back for bag offsets, a scanning block
@@ -250,7 +254,8 @@ constexpr int64_t kMaxOnePassBags = kLensPerThread * kThreads;  // 1024
 constexpr int64_t kMaxRankEntries = 65536;                      // W x L_q words read by each block
 constexpr int kWordsPerThread = 2;                              // words loaded per round in step 4
 constexpr int kWordRound = kWordsPerThread * kThreads;
-constexpr int64_t kMaxFeatTab = 512;  // R x (F+1) feature offsets kept in shared
+constexpr int64_t kMaxFeatTab = 512;      // R x (F+1) feature offsets kept in shared
+constexpr unsigned kMaxPolls = 1u << 25;  // step 4 traps after this many polls of one round
 
 struct OnePassArgs {
   BucketizeArgs a;
@@ -287,27 +292,31 @@ struct OnePassBag {
   int32_t dist;
 };
 
-// The lanes of the warp whose dest equals this lane's (dest < 2^nbits, or -1: no id), from
+// The lanes of the warp whose dest equals this lane's (dest < 2^Bits, or -1: no id), from
 // one ballot per bit of dest as CUB's radix ranking does: cheaper than __match_any_sync.
-__device__ __forceinline__ unsigned peers(int dest, int nbits) {
+// Bits is a compile-time bound (4 for W <= 16, else 8): bits above W's are 0 in every valid
+// dest and 1 in -1, so the extra ballots leave both groups as they are, and a fixed count
+// needs no per-bit test (those tests were a fifth of the ranking's instructions).
+template <int Bits>
+__device__ __forceinline__ unsigned peers(int dest) {
   unsigned m = __ballot_sync(0xffffffffu, dest >= 0);
   if (dest < 0) m = ~m;
 #pragma unroll
-  for (int b = 0; b < 8; ++b) {
-    if (b >= nbits) break;  // uniform over the warp
-    const bool bit = (dest >> b) & 1;
+  for (int b = 0; b < Bits; ++b) {
+    const unsigned bit = (static_cast<unsigned>(dest) >> b) & 1u;
     const unsigned ones = __ballot_sync(0xffffffffu, bit);
-    m &= bit ? ones : ~ones;
+    m &= ones ^ (bit - 1u);  // bit set: the lanes with it set; else those without
   }
   return m;
 }
+constexpr int kSmallW = 16;  // W <= kSmallW ranks with peers<4>
 
 // Step 2 for one chunk of a bag: its n <= kChunk ids start at ids (n uniform over the block).
 // Lane l of warp w takes ids w*kWarpIds + k*32 + l, k < kIdsPerLane: value[k] is its bucketized
 // value, its 16-bit key = bucket | slot << 8 (two per word of key[]), slot = same-bucket ids before
 // it among its warp's kWarpIds (< 256; W <= 256 on this path). On return, after a barrier:
 // wc[w][d] = bucket d's ids in warps < w of this chunk, chunk_tot[d] = its ids in the chunk.
-template <int Dist>
+template <int Dist, int Bits>
 __device__ __forceinline__ void rank_chunk(const BucketizeArgs& a, const FastDivU64& wd,
                                            const int64_t* ids, int n, uint64_t blk,
                                            int64_t (&value)[kIdsPerLane],
@@ -315,20 +324,25 @@ __device__ __forceinline__ void rank_chunk(const BucketizeArgs& a, const FastDiv
                                            int* chunk_tot) {
   const int t = threadIdx.x, w = t / 32, lane = t % 32;
   const int W = static_cast<int>(a.world_size);
+  // Issued together: one round trip; the ids are replaced by their values below. A full
+  // chunk needs no bounds test (one base address, immediate offsets).
+  const int64_t* src = ids + w * kWarpIds + lane;
+  if (n == kChunk) {
 #pragma unroll
-  for (int k = 0; k < kIdsPerLane; ++k) {          // issued together: one round trip; the ids are
-    const int off = w * kWarpIds + k * 32 + lane;  // replaced by their values below
-    value[k] = off < n ? ids[off] : 0;
+    for (int k = 0; k < kIdsPerLane; ++k) value[k] = src[k * 32];
+  } else {
+#pragma unroll
+    for (int k = 0; k < kIdsPerLane; ++k)
+      value[k] = w * kWarpIds + k * 32 + lane < n ? src[k * 32] : 0;
   }
   __syncthreads();  // wc of the previous chunk is no longer read
-  for (int i = t; i < kWarps * W; i += kThreads) wc[i / W][i % W] = 0;
-  __syncthreads();
+  // Each warp counts in its own row until the barrier after the loop: it zeroes that row.
+  for (int d = lane; d < W; d += 32) wc[w][d] = 0;
+  __syncwarp();
   BagInfo rb{};
   rb.blk = blk;
   rb.dist = Dist;  // uniform over the bag: route's branch is resolved at compile time
   const unsigned lt = (1u << lane) - 1u;
-  int nbits = 0;  // bits of a bucket number
-  while ((1 << nbits) < W) ++nbits;
 #pragma unroll
   for (int k = 0; k < kIdsPerLane; ++k) {
     const int off = w * kWarpIds + k * 32 + lane;
@@ -338,7 +352,7 @@ __device__ __forceinline__ void rank_chunk(const BucketizeArgs& a, const FastDiv
       route(value[k], rb, wd, a.ids_i32, &d64, &value[k]);
       dest = static_cast<int>(d64);
     }
-    const unsigned same = peers(dest, nbits);
+    const unsigned same = peers<Bits>(dest);
     const int below = __popc(same & lt);
     const int before = dest >= 0 ? wc[w][dest] : 0;
     __syncwarp();
@@ -364,17 +378,18 @@ __device__ __forceinline__ void rank_chunk(const BucketizeArgs& a, const FastDiv
   __syncthreads();
 }
 
+template <int Bits>
 __device__ __forceinline__ void rank_chunk_any(const BucketizeArgs& a, const FastDivU64& wd,
                                                int dist, const int64_t* ids, int n, uint64_t blk,
                                                int64_t (&value)[kIdsPerLane],
                                                unsigned (&key)[kIdsPerLane / 2],
                                                int (*wc)[kMaxSharedW], int* chunk_tot) {
   if (dist == 2)
-    rank_chunk<2>(a, wd, ids, n, blk, value, key, wc, chunk_tot);
+    rank_chunk<2, Bits>(a, wd, ids, n, blk, value, key, wc, chunk_tot);
   else if (dist == 1)
-    rank_chunk<1>(a, wd, ids, n, blk, value, key, wc, chunk_tot);
+    rank_chunk<1, Bits>(a, wd, ids, n, blk, value, key, wc, chunk_tot);
   else
-    rank_chunk<0>(a, wd, ids, n, blk, value, key, wc, chunk_tot);
+    rank_chunk<0, Bits>(a, wd, ids, n, blk, value, key, wc, chunk_tot);
 }
 
 // Where one chunk's outputs go: `off` below is an id's index inside the chunk.
@@ -387,22 +402,25 @@ struct ChunkOut {
 };
 
 // Step 5 for one chunk ranked by rank_chunk (n ids), through shared memory. run[d] = global
-// position of bucket d's first slot for this chunk, lex[d] = the chunk's ids in buckets < d,
-// cnt[d] = its ids in bucket d. Each id's value goes to its place in the chunk's own
-// bucketized order (stage[lex[d] + offset in its segment]); then each bucket's segment is
-// copied out with consecutive lanes on consecutive addresses, so a warp's store covers 256
-// contiguous bytes instead of ~16 scattered pairs of values (a direct scatter with W = 16):
-// 22.7 -> 18.1 us on hstu-e2e (BENCHMARKS.md run 11). perm, dest_rank and weights are stored
-// directly (perm is indexed by the input position: already contiguous). Ends before the
-// copy-out is complete: the caller's next barrier orders it before stage is reused.
-template <typename Pos>
-__device__ __forceinline__ void place_chunk_staged(const BucketizeArgs& a, const ChunkOut<Pos>& o,
-                                                   int n, const int64_t (&value)[kIdsPerLane],
-                                                   const unsigned (&key)[kIdsPerLane / 2],
-                                                   int (*wc)[kMaxSharedW], const Pos* run,
-                                                   const int* lex, const int* cnt, int64_t* stage) {
+// position of bucket d's first slot for this chunk, lex[d] = the chunk's ids in buckets < d.
+// Each id's value and global position go to its slot in the chunk's own bucketized order
+// (stage[lex[d] + offset in its segment], stage_pos likewise); then thread i stores staged
+// slot i, so consecutive threads write consecutive addresses inside each bucket's run: 256-byte
+// warp stores instead of ~16 scattered pairs of values (a direct scatter with W = 16; 22.7 ->
+// 18.1 us on hstu-e2e, BENCHMARKS.md run 11), with one slot per thread per round and no
+// per-bucket loop. perm is stored directly (indexed by the input position: already
+// contiguous); weights and dest_rank only in the Extras instance (place_chunk_staged picks
+// it): in one body with run-time tests the compiler predicated them into the common path (ncu:
+// 46 issued instructions per warp that neither output wanted, BENCHMARKS.md run 19). Ends
+// before the copy-out is complete: the caller's next barrier orders it before stage is reused.
+template <bool Extras, typename Pos>
+__device__ __forceinline__ void place_chunk_staged_t(const BucketizeArgs& a, const ChunkOut<Pos>& o,
+                                                     int n, const int64_t (&value)[kIdsPerLane],
+                                                     const unsigned (&key)[kIdsPerLane / 2],
+                                                     int (*wc)[kMaxSharedW], const Pos* run,
+                                                     const int* lex, int64_t* stage,
+                                                     Pos* stage_pos) {
   const int t = threadIdx.x, w = t / 32, lane = t % 32;
-  const int W = static_cast<int>(a.world_size);
 #pragma unroll
   for (int k = 0; k < kIdsPerLane; ++k) {
     const int off = w * kWarpIds + k * 32 + lane;
@@ -410,18 +428,41 @@ __device__ __forceinline__ void place_chunk_staged(const BucketizeArgs& a, const
     const unsigned kv = (key[k / 2] >> (16 * (k % 2))) & 0xffffu;
     const int d = static_cast<int>(kv & 0xffu);
     const int in_seg = wc[w][d] + static_cast<int>(kv >> 8);
-    stage[lex[d] + in_seg] = value[k];
     const Pos pos = run[d] + in_seg;
-    if (o.weights) a.new_weights[pos] = o.weights[off];
+    stage[lex[d] + in_seg] = value[k];
+    stage_pos[lex[d] + in_seg] = pos;
     o.perm[off] = pos - o.rank_begin;
-    if (o.dest_rank) o.dest_rank[off] = d;
+  }
+  if (Extras) {
+#pragma unroll
+    for (int k = 0; k < kIdsPerLane; ++k) {
+      const int off = w * kWarpIds + k * 32 + lane;
+      if (off >= n) continue;
+      const unsigned kv = (key[k / 2] >> (16 * (k % 2))) & 0xffffu;
+      const int d = static_cast<int>(kv & 0xffu);
+      if (o.weights) a.new_weights[run[d] + wc[w][d] + static_cast<int>(kv >> 8)] = o.weights[off];
+      if (o.dest_rank) o.dest_rank[off] = d;
+    }
   }
   __syncthreads();
-  for (int d = w; d < W; d += kWarps) {
-    const int m = cnt[d], l0 = lex[d];
-    int64_t* out = a.new_values + run[d];
-    for (int i = lane; i < m; i += 32) out[i] = stage[l0 + i];
+  if (n == kChunk) {
+#pragma unroll
+    for (int r = 0; r < kChunk / kThreads; ++r)
+      a.new_values[stage_pos[r * kThreads + t]] = stage[r * kThreads + t];
+  } else {
+    for (int i = t; i < n; i += kThreads) a.new_values[stage_pos[i]] = stage[i];
   }
+}
+template <typename Pos>
+__device__ __forceinline__ void place_chunk_staged(const BucketizeArgs& a, const ChunkOut<Pos>& o,
+                                                   int n, const int64_t (&value)[kIdsPerLane],
+                                                   const unsigned (&key)[kIdsPerLane / 2],
+                                                   int (*wc)[kMaxSharedW], const Pos* run,
+                                                   const int* lex, int64_t* stage, Pos* stage_pos) {
+  if (o.weights || o.dest_rank)
+    place_chunk_staged_t<true>(a, o, n, value, key, wc, run, lex, stage, stage_pos);
+  else
+    place_chunk_staged_t<false>(a, o, n, value, key, wc, run, lex, stage, stage_pos);
 }
 
 // lex[d] = in[0] + ... + in[d-1] for d < W <= 256, by warp 0 (8 values per lane); the caller
@@ -454,25 +495,25 @@ __device__ __forceinline__ void exclusive_scan_buckets(const int* in, int* lex, 
 // Placement of a whole bag, chunk by chunk (each ranked again from its ids): run[d] holds
 // bucket d's next free global position for the bag on entry and is advanced. Used for bags
 // longer than a chunk on the one-pass path and for every long bag on the three-pass path.
-template <typename Pos>
+template <int Bits, typename Pos>
 __device__ __forceinline__ void place_bag_chunked(const BucketizeArgs& a, const FastDivU64& wd,
                                                   int dist, uint64_t blk, int64_t begin,
                                                   int64_t len, Pos rank_begin, Pos* run,
                                                   int (*wc)[kMaxSharedW], int* chunk_cnt, int* lex,
-                                                  int64_t* stage) {
+                                                  int64_t* stage, Pos* stage_pos) {
   const int W = static_cast<int>(a.world_size);
   int64_t value[kIdsPerLane];
   unsigned key[kIdsPerLane / 2];
   for (int64_t c0 = 0; c0 < len; c0 += kChunk) {  // uniform over the block
     const int n = static_cast<int>(len - c0 < kChunk ? len - c0 : kChunk);
     const int64_t i0 = begin + c0;
-    rank_chunk_any(a, wd, dist, a.ids + i0, n, blk, value, key, wc, chunk_cnt);  // ends synced
+    rank_chunk_any<Bits>(a, wd, dist, a.ids + i0, n, blk, value, key, wc, chunk_cnt);  // synced
     exclusive_scan_buckets(chunk_cnt, lex, W);
     __syncthreads();
     const ChunkOut<Pos> o{a.weights ? a.weights + i0 : nullptr, a.perm + i0,
                           a.dest_rank ? a.dest_rank + i0 : nullptr, rank_begin};
-    place_chunk_staged(a, o, n, value, key, wc, run, lex, chunk_cnt, stage);
-    __syncthreads();  // run, lex, stage and chunk_cnt read above
+    place_chunk_staged(a, o, n, value, key, wc, run, lex, stage, stage_pos);
+    __syncthreads();  // run, lex and stage read above
     for (int d = threadIdx.x; d < W; d += kThreads) run[d] += chunk_cnt[d];
   }
 }
@@ -481,13 +522,10 @@ __device__ __forceinline__ void place_bag_chunked(const BucketizeArgs& a, const 
 // A block per bag, chunks of kChunk ids as on the one-pass path: counts, then (after the
 // host's scan of new_lengths) the ranking again and the staged placement. Ids are read twice
 // (the stage's only extra traffic); large batches (hstu-e2e x16: 8192 bags) take this path.
-template <int Dist>
+template <int Dist, int Bits>
 __device__ __forceinline__ void count_chunk(const BucketizeArgs& a, const FastDivU64& wd,
                                             const int64_t* ids, int n, uint64_t blk, int* hist) {
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int W = static_cast<int>(a.world_size);
-  int nbits = 0;
-  while ((1 << nbits) < W) ++nbits;
   BagInfo rb{};
   rb.blk = blk;
   rb.dist = Dist;
@@ -507,7 +545,7 @@ __device__ __forceinline__ void count_chunk(const BucketizeArgs& a, const FastDi
       dest = static_cast<int>(d64);
     }
     // One shared atomic per (warp, bucket) instead of one per id.
-    const unsigned same = peers(dest, nbits);
+    const unsigned same = peers<Bits>(dest);
     if (dest >= 0 && (same & ((1u << lane) - 1u)) == 0) atomicAdd(&hist[dest], __popc(same));
   }
 }
@@ -522,37 +560,45 @@ __global__ void __launch_bounds__(kThreads, 4) count_bag_kernel(BucketizeArgs a,
   for (int64_t c0 = 0; c0 < len; c0 += kChunk) {
     const int n = static_cast<int>(len - c0 < kChunk ? len - c0 : kChunk);
     const int64_t* ids = a.ids + b.id_begin + c0;
+    const bool small = W <= kSmallW;
     if (b.dist == 2)
-      count_chunk<2>(a, wd, ids, n, b.blk, hist);
+      small ? count_chunk<2, 4>(a, wd, ids, n, b.blk, hist)
+            : count_chunk<2, 8>(a, wd, ids, n, b.blk, hist);
     else if (b.dist == 1)
-      count_chunk<1>(a, wd, ids, n, b.blk, hist);
+      small ? count_chunk<1, 4>(a, wd, ids, n, b.blk, hist)
+            : count_chunk<1, 8>(a, wd, ids, n, b.blk, hist);
     else
-      count_chunk<0>(a, wd, ids, n, b.blk, hist);
+      small ? count_chunk<0, 4>(a, wd, ids, n, b.blk, hist)
+            : count_chunk<0, 8>(a, wd, ids, n, b.blk, hist);
   }
   __syncthreads();
   for (int64_t d = threadIdx.x; d < W; d += kThreads) a.new_lengths[b.nl0 + d * b.L] = hist[d];
 }
 
+template <int Bits>
 __global__ void __launch_bounds__(kThreads, 4) place_bag_kernel(BucketizeArgs a, FastDivU64 wd) {
   __shared__ int wc[kWarps][kMaxSharedW];
   __shared__ int s_cnt[kMaxSharedW], s_lex[kMaxSharedW];
   __shared__ int64_t s_run[kMaxSharedW];
-  __shared__ int64_t s_stage[kChunk];
+  __shared__ int64_t s_stage[kChunk], s_stage_pos[kChunk];
   const BagInfo b = bag_info(a, blockIdx.x);
   for (int64_t d = threadIdx.x; d < a.world_size; d += kThreads)
     s_run[d] = a.new_offsets[b.nl0 + d * b.L];  // read after rank_chunk's barriers
-  place_bag_chunked<int64_t>(a, wd, b.dist, b.blk, b.id_begin, b.id_end - b.id_begin,
-                             b.rank_id_base, s_run, wc, s_cnt, s_lex, s_stage);
+  place_bag_chunked<Bits, int64_t>(a, wd, b.dist, b.blk, b.id_begin, b.id_end - b.id_begin,
+                                   b.rank_id_base, s_run, wc, s_cnt, s_lex, s_stage, s_stage_pos);
 }
 
-// 4 resident blocks per SM (<= 64 registers): 528 on an H200, hstu-e2e has 512 bags.
+// 4 resident blocks per SM (<= 64 registers): 528 on an H200, hstu-e2e has 512 bags. Bits: see
+// peers() (4 for W <= kSmallW, else 8); one instance per value (both ranking copies in one
+// kernel made the register allocator spill ~100 bytes per thread).
+template <int Bits>
 __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
   using BlockScanU64 = cub::BlockScan<unsigned long long, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
   __shared__ typename BlockScanU64::TempStorage scan_tmp64;
   // Shared memory used by one step only shares space: step 1's tables, step 4's counts and
-  // step 5's staged values (barriers separate the steps). 30 KB per block instead of 43 keeps
-  // more of the SM's 256 KB as L1, which holds step 2's loads in flight (counting took ~1 us
-  // longer with 43 KB: BENCHMARKS.md runs 12-13).
+  // step 5's staged values and positions (barriers separate the steps). Less shared memory
+  // per block keeps more of the SM's 256 KB as L1, which holds step 2's loads in flight
+  // (counting took ~1 us longer with 43 KB than with 30: BENCHMARKS.md runs 12-13).
   __shared__ union {
     struct {
       int64_t rbo[kMaxSharedW + 1];  // rank_bag_off (R <= 256)
@@ -560,15 +606,19 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
       uint64_t blk[kMaxSharedW];     // block_sizes and dist_types when F fits
       int32_t dt[kMaxSharedW];
     } tab;
-    int cnt[kWordRound];    // step 4: one round of the rank's counts
-    int64_t stage[kChunk];  // step 5: the bag's values in its bucketized order
+    int cnt[kWordRound];  // step 4: one round of the rank's counts
+    struct {
+      int64_t value[kChunk];  // step 5: the bag's values in its bucketized order
+      int pos[kChunk];        // and their global positions
+    } stage;
   } u;
   int64_t* const s_rbo = u.tab.rbo;
   int64_t* const s_fbo = u.tab.fbo;
   uint64_t* const s_blk = u.tab.blk;
   int32_t* const s_dt = u.tab.dt;
   int* const s_cnt = u.cnt;
-  int64_t* const s_stage = u.stage;
+  int64_t* const s_stage = u.stage.value;
+  int* const s_stage_pos = u.stage.pos;
   __shared__ int wc[kWarps][kMaxSharedW];  // see rank_chunk
   __shared__ int s_tot[kMaxSharedW];       // the bag's ids per bucket, then next free slot
   __shared__ int s_chunk[kMaxSharedW];     // one chunk's ids per bucket
@@ -583,8 +633,9 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
   const int64_t R = a.num_ranks, F = a.num_features, L = a.total_bags;
   const int g = blockIdx.x;
   const bool fbo_shared = R * (F + 1) <= kMaxFeatTab, feat_shared = F <= kMaxSharedW;
+  const bool tracing = p.trace != nullptr && t == 0;  // once: not re-tested per step
   const auto mark = [&](int point) {
-    if (p.trace && t == 0) p.trace[g * kBucketizeTracePoints + point] = global_ns();
+    if (tracing) p.trace[g * kBucketizeTracePoints + point] = global_ns();
   };
   mark(0);
 
@@ -656,7 +707,8 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
   unsigned key[kIdsPerLane / 2];
   for (int c0 = 0; c0 < bag.len; c0 += kChunk) {
     const int n = bag.len - c0 < kChunk ? bag.len - c0 : kChunk;
-    rank_chunk_any(a, p.wd, bag.dist, a.ids + bag.begin + c0, n, bag.blk, value, key, wc, s_chunk);
+    rank_chunk_any<Bits>(a, p.wd, bag.dist, a.ids + bag.begin + c0, n, bag.blk, value, key, wc,
+                         s_chunk);
     for (int d = t; d < W; d += kThreads) s_tot[d] += s_chunk[d];  // same thread as above
   }
   __syncthreads();
@@ -674,7 +726,6 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
 
   // ---- 4. the rank's counts: T[d] over all its bags, P[d] over its bags before this one
   const int n = W * bag.Lq, r0 = W * bag.first;
-  const uint64_t t_start = global_ns();
   for (int c = 0; c < n; c += kWordRound) {
     unsigned long long v[kWordsPerThread];
 #pragma unroll
@@ -685,15 +736,18 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
     // Re-read all of this thread's stale words together: one round trip per poll, whichever
     // of them turns fresh last. Every block of the rank publishes before it waits and all are
     // resident, so this ends; should that ever break (a driver not honouring the cooperative
-    // launch, a bug), trap after 10 s: the host sees a CUDA error instead of a hung GPU. The
-    // short sleep keeps waiting warps from taking issue slots from working ones.
-    for (;;) {
+    // launch, a bug), trap after kMaxPolls polls (each a sleep and an L2 round trip, so
+    // seconds): the host sees a CUDA error instead of a hung GPU. Counting polls instead of
+    // reading %globaltimer per poll: the clock test was a tenth of the kernel's instructions
+    // (ncu, BENCHMARKS.md run 18). The short sleep keeps waiting warps from taking issue slots
+    // from working ones.
+    for (unsigned polls = 0;; ++polls) {
       bool stale = false;
 #pragma unroll
       for (int k = 0; k < kWordsPerThread; ++k) stale |= (v[k] & 0xffffffff00000000ull) != tag;
       if (!stale) break;
       __nanosleep(64);
-      if (global_ns() - t_start > 10000000000ull) __trap();
+      if (polls == kMaxPolls) __trap();
 #pragma unroll
       for (int k = 0; k < kWordsPerThread; ++k)
         if ((v[k] & 0xffffffff00000000ull) != tag)
@@ -705,7 +759,11 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
     __syncthreads();
     // Warp per bucket row d of the words in this round: entries [max(c, d*Lq), ...).
     const int m = n - c < kWordRound ? n - c : kWordRound;
-    const int d_lo = c / bag.Lq, d_hi = (c + m - 1) / bag.Lq;
+    int d_lo = 0, d_hi = W - 1;  // one round (hstu-e2e: 16 x 32 words): no division
+    if (m < n) {
+      d_lo = c / bag.Lq;
+      d_hi = (c + m - 1) / bag.Lq;
+    }
     for (int d = d_lo + warp; d <= d_hi; d += kWarps) {
       const int e0 = c > d * bag.Lq ? c : d * bag.Lq;
       const int e1 = c + m < (d + 1) * bag.Lq ? c + m : (d + 1) * bag.Lq;
@@ -749,10 +807,10 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
     const ChunkOut<int> o{a.weights ? a.weights + bag.begin : nullptr, a.perm + bag.begin,
                           a.dest_rank ? a.dest_rank + bag.begin : nullptr, bag.rank_begin};
     if (bag.len > 0)
-      place_chunk_staged(a, o, bag.len, value, key, wc, s_tot, s_lex, s_chunk, s_stage);
+      place_chunk_staged(a, o, bag.len, value, key, wc, s_tot, s_lex, s_stage, s_stage_pos);
   } else {  // a long bag: rank each chunk again
-    place_bag_chunked<int>(a, p.wd, bag.dist, bag.blk, bag.begin, bag.len, bag.rank_begin, s_tot,
-                           wc, s_chunk, s_lex, s_stage);
+    place_bag_chunked<Bits, int>(a, p.wd, bag.dist, bag.blk, bag.begin, bag.len, bag.rank_begin,
+                                 s_tot, wc, s_chunk, s_lex, s_stage, s_stage_pos);
   }
   if (p.trace) {
     __syncthreads();
@@ -770,7 +828,12 @@ int64_t onepass_capacity() {
   int coop = 0, sms = 0, per_sm = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, onepass_kernel, kThreads, 0));
+  int per_sm4 = 0;  // both instances: the capacity must hold for either
+  CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, onepass_kernel<8>, kThreads, 0));
+  CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm4, onepass_kernel<4>, kThreads, 0));
+  per_sm = std::min(per_sm, per_sm4);
   cached = coop ? std::min<int64_t>(static_cast<int64_t>(sms) * per_sm, kMaxOnePassBags) : 0;
   cached_dev = dev;
   return cached;
@@ -792,12 +855,19 @@ void launch_offsets_from_lengths(const int64_t* lengths, int64_t n, int64_t* off
   CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp, temp_bytes, lengths, offsets + 1, n, s));
 }
 
+bool bucketize_block_per_bag(const BucketizeArgs& a) {
+  using P = BucketizeArgs::BagPath;
+  return a.world_size <= kMaxSharedW &&
+         (a.bag_path == P::block || (a.bag_path == P::automatic && a.max_bag_len > 64 &&
+                                     a.total_ids >= kBlockPerBagMinAvg * a.total_bags));
+}
+
 void launch_bucketize(const BucketizeArgs& a, cudaStream_t s) {
   const int64_t nl = a.world_size * a.total_bags;
   if (a.total_bags == 0) return;
   const FastDivU64 wd = FastDivU64::make(static_cast<uint64_t>(a.world_size));
   const bool shared_path = a.world_size <= kMaxSharedW;
-  const bool long_bags = a.max_bag_len > 64;
+  const bool long_bags = bucketize_block_per_bag(a);
   if (!shared_path) {
     const unsigned blocks = static_cast<unsigned>((a.total_bags + 127) / 128);
     count_serial_kernel<<<blocks, 128, 0, s>>>(a, wd);
@@ -815,7 +885,10 @@ void launch_bucketize(const BucketizeArgs& a, cudaStream_t s) {
     const unsigned blocks = static_cast<unsigned>((a.total_bags + 127) / 128);
     place_serial_kernel<<<blocks, 128, 0, s>>>(a, wd);
   } else if (long_bags) {
-    place_bag_kernel<<<static_cast<unsigned>(a.total_bags), kThreads, 0, s>>>(a, wd);
+    if (a.world_size <= kSmallW)
+      place_bag_kernel<4><<<static_cast<unsigned>(a.total_bags), kThreads, 0, s>>>(a, wd);
+    else
+      place_bag_kernel<8><<<static_cast<unsigned>(a.total_bags), kThreads, 0, s>>>(a, wd);
   } else {
     place_warp_kernel<<<static_cast<unsigned>((a.total_bags + kBagsPerBlock - 1) / kBagsPerBlock),
                         kThreads, 0, s>>>(a, wd);
@@ -878,9 +951,10 @@ void launch_bucketize_from_lengths(const BucketizeArgs& a, const int64_t* length
   p.wd = FastDivU64::make(static_cast<uint64_t>(a.world_size));
   p.trace = f.trace;
   void* params[] = {&p};
-  const cudaError_t err = cudaLaunchCooperativeKernel(reinterpret_cast<void*>(onepass_kernel),
-                                                      dim3(static_cast<unsigned>(a.total_bags)),
-                                                      dim3(kThreads), params, 0, s);
+  void* kernel = a.world_size <= kSmallW ? reinterpret_cast<void*>(onepass_kernel<4>)
+                                         : reinterpret_cast<void*>(onepass_kernel<8>);
+  const cudaError_t err = cudaLaunchCooperativeKernel(
+      kernel, dim3(static_cast<unsigned>(a.total_bags)), dim3(kThreads), params, 0, s);
   if (err == cudaErrorCooperativeLaunchTooLarge) {
     // Fewer blocks fit than the occupancy query promised (SMs shared under MPS or a green
     // context): the three passes need no co-residency.

@@ -31,6 +31,12 @@ struct BucketizeArgs {
   const int32_t* dist_types = nullptr;    // [F] 0 continuous, 1 roundrobin, 2 hash_roundrobin
   bool ids_i32 = false;                   // route by u32(id) (int32 KJT values)
   int64_t max_bag_len = 0;                // picks threads per bag (host knows it)
+  // Three-pass path (W <= 256): a warp per bag, or a 256-thread block per bag (2048-id chunks,
+  // coalesced placement through shared memory). Auto takes blocks only when bags are long on
+  // average (>= kBlockPerBagMinAvg ids, and some > 64): with short bags a block per bag leaves
+  // most of its threads idle (unit-pooled-w8 x64, bags of 0-100 ids: 3.8 ms by blocks; torch
+  // 1.3 ms; BENCHMARKS.md run 21). Tests force either.
+  enum class BagPath { automatic, warp, block } bag_path = BagPath::automatic;
   // Outputs.
   int64_t* new_lengths = nullptr;  // [W*total_bags]
   int64_t* new_offsets = nullptr;  // [W*total_bags] scratch: exclusive scan of new_lengths
@@ -41,10 +47,14 @@ struct BucketizeArgs {
   void* scan_temp = nullptr;       // cub scratch, bucketize_scan_temp_bytes()
   size_t scan_temp_bytes = 0;
 };
+constexpr int64_t kBlockPerBagMinAvg = 128;
 size_t bucketize_scan_temp_bytes(int64_t n);
 // Three passes over precomputed bag_offsets: per-(bag, bucket) counts, one cub exclusive scan
 // over all new_lengths, placement. Any W, any bag lengths.
 void launch_bucketize(const BucketizeArgs& a, cudaStream_t s);
+// Whether launch_bucketize takes a block per bag (else a warp per bag, or a thread per bag
+// for W > 256): BucketizeArgs::bag_path.
+bool bucketize_block_per_bag(const BucketizeArgs& a);
 // offsets[0] = 0, offsets[i+1] = lengths[0] + ... + lengths[i] (temp: same cub scratch size).
 void launch_offsets_from_lengths(const int64_t* lengths, int64_t n, int64_t* offsets, void* temp,
                                  size_t temp_bytes, cudaStream_t s);

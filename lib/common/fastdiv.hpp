@@ -59,7 +59,9 @@ struct FastDivU64 {
     const uint64_t hi = mulhi_u64(x, magic);
     return add ? (((x - hi) >> 1) + hi) >> shift : hi >> shift;
   }
-  DYNEMB_HOST_DEVICE uint64_t mod(uint64_t x) const { return x - div(x) * d; }
+  DYNEMB_HOST_DEVICE uint64_t mod(uint64_t x) const {
+    return magic == 0 ? x & (d - 1) : x - div(x) * d;  // d a power of two: a mask
+  }
 };
 
 }  // namespace dynemb
