@@ -155,9 +155,12 @@ plant vlen seq 't = f["plan"][()]; del f["plan"]; f["plan"] = t.decode(); f["ora
 run vlen 0 replay "$tmp/vlen.h5" --quiet
 # vlen_patch NAME WHICH FIELD VALUE: a copy of vlen.h5 with one field of one record replaced;
 # WHICH = plan (the dataset's contiguous data) or kind (found by its length 6 and heap address).
+# Returns 1 (after a SKIP line) when the attribute's record is not where libhdf5 1.10 puts it:
+# h5py built on another libhdf5 (the GPU machine's) may store the attribute elsewhere.
 vlen_patch() {
   cp "$tmp/vlen.h5" "$tmp/$1.h5"
-  "$DYNEMB_PYTHON" - "$tmp/$1.h5" "$2" "$3" "$4" <<'EOF' || fail "vlen_patch $1"
+  local rc=0
+  "$DYNEMB_PYTHON" - "$tmp/$1.h5" "$2" "$3" "$4" <<'EOF' || rc=$?
 import sys, struct, h5py
 path, which, field, value = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 b = bytearray(open(path, "rb").read())
@@ -166,24 +169,33 @@ if which == "plan":
         assert h5py.check_string_dtype(f["plan"].dtype).length is None
         off = f["plan"].id.get_offset()
 else:  # the attribute's record lives in the object header: look for it
-    off = next(i for i in range(len(b) - 16)
-               if struct.unpack_from("<I", b, i)[0] == 6
-               and b[struct.unpack_from("<Q", b, i + 4)[0]:][:4] == b"GCOL")
+    off = next((i for i in range(len(b) - 16)
+                if struct.unpack_from("<I", b, i)[0] == 6
+                and b[struct.unpack_from("<Q", b, i + 4)[0]:][:4] == b"GCOL"), None)
+    if off is None:
+        print(f"SKIP {path}: no [length 6 | global heap address] record of attribute 'kind' in "
+              f"the object header (h5py {h5py.version.version}, libhdf5 "
+              f"{h5py.version.hdf5_version} stores it elsewhere)")
+        sys.exit(3)
 at, fmt = {"length": (0, "<I"), "address": (4, "<Q"), "index": (12, "<I")}[field]
 struct.pack_into(fmt, b, off + at, value)
 open(path, "wb").write(b)
 EOF
+  [[ $rc -eq 0 ]] && return 0
+  [[ $rc -ne 3 ]] && fail "vlen_patch $1"
+  return 1
 }
-vlen_patch vlenlen plan length 2994737160
+vlen_patch vlenlen plan length 2994737160 || true
 run vlenlen 2 inspect "$tmp/vlenlen.h5"
 has vlenlen "vlenlen\.h5:/plan: variable-length string: claims 2994737160 bytes, more than the whole file holds"
 trouble vlenlen "vlenlen\.h5:/plan: (error: )?variable-length string: claims 2994737160 bytes"
-vlen_patch vlenaddr plan address 0
+vlen_patch vlenaddr plan address 0 || true
 trouble vlenaddr "vlenaddr\.h5:/plan: (error: )?variable-length string: no global heap collection at offset 0"
-vlen_patch vlenidx plan index 999
+vlen_patch vlenidx plan index 999 || true
 trouble vlenidx "vlenidx\.h5:/plan: (error: )?variable-length string: global heap object 999 not found"
-vlen_patch kindlen kind length 2994737160
-trouble kindlen "kindlen\.h5:/oracle: (error: )?attribute 'kind': variable-length string: claims 2994737160"
+if vlen_patch kindlen kind length 2994737160; then
+  trouble kindlen "kindlen\.h5:/oracle: (error: )?attribute 'kind': variable-length string: claims 2994737160"
+fi
 
 # The file that made libhdf5 loop forever in its /plan read (a zero-size free-space object in
 # the global heap; found by fuzz_capture): the string itself is intact and now reads, so the
