@@ -1,7 +1,8 @@
 // block_bucketize_sparse_features (rw-semantics.md §3.2, §3.3, §10.2), stable, in three
 // passes: per-(bag, bucket) counts -> one exclusive scan over all new_lengths -> placement.
-// A bag is handled by one warp (bags of <= 64 ids) or by a whole 256-thread block in chunks
-// of 2048 ids (longer bags, e.g. hstu-e2e's), so long bags run in parallel while each id
+// A bag is handled by one warp or, when bags average >= 128 ids (e.g. hstu-e2e's 2048), by a
+// whole 256-thread block in chunks of 2048 ids (bucketize_block_per_bag), so long bags run in
+// parallel and short ones leave no block idle, while each id
 // keeps its order inside its (bucket, bag) segment: an id's slot is (ids of the same bucket
 // in earlier chunks or tiles) + (in earlier warps of its chunk) + (earlier in its warp).
 // W > 256 buckets fall back to one thread per bag (DynamicEmb's kernel2 order, also stable).
@@ -518,7 +519,7 @@ __device__ __forceinline__ void place_bag_chunked(const BucketizeArgs& a, const 
   }
 }
 
-// ------------------------------------------------------- three-pass path, bags > 64 ids
+// ------------------------------------------- three-pass path, long bags (bucketize_block_per_bag)
 // A block per bag, chunks of kChunk ids as on the one-pass path: counts, then (after the
 // host's scan of new_lengths) the ranking again and the staged placement. Ids are read twice
 // (the stage's only extra traffic); large batches (hstu-e2e x16: 8192 bags) take this path.
