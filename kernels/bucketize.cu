@@ -433,15 +433,8 @@ __device__ __forceinline__ void place_chunk_staged_t(const BucketizeArgs& a, con
     stage[lex[d] + in_seg] = value[k];
     stage_pos[lex[d] + in_seg] = pos;
     o.perm[off] = pos - o.rank_begin;
-  }
-  if (Extras) {
-#pragma unroll
-    for (int k = 0; k < kIdsPerLane; ++k) {
-      const int off = w * kWarpIds + k * 32 + lane;
-      if (off >= n) continue;
-      const unsigned kv = (key[k / 2] >> (16 * (k % 2))) & 0xffffu;
-      const int d = static_cast<int>(kv & 0xffu);
-      if (o.weights) a.new_weights[run[d] + wc[w][d] + static_cast<int>(kv >> 8)] = o.weights[off];
+    if (Extras) {  // compile-time: absent from the common instance
+      if (o.weights) a.new_weights[pos] = o.weights[off];
       if (o.dest_rank) o.dest_rank[off] = d;
     }
   }
