@@ -732,7 +732,7 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
     // resident, so this ends; should that ever break (a driver not honouring the cooperative
     // launch, a bug), trap after kMaxPolls polls (each a sleep and an L2 round trip, so
     // seconds): the host sees a CUDA error instead of a hung GPU. Counting polls instead of
-    // reading %globaltimer per poll: the clock test was a tenth of the kernel's instructions
+    // reading %globaltimer per poll: the clock test was ~4 % of the kernel's instructions
     // (ncu, BENCHMARKS.md run 18). The short sleep keeps waiting warps from taking issue slots
     // from working ones.
     for (unsigned polls = 0;; ++polls) {
@@ -852,8 +852,8 @@ void launch_offsets_from_lengths(const int64_t* lengths, int64_t n, int64_t* off
 bool bucketize_block_per_bag(const BucketizeArgs& a) {
   using P = BucketizeArgs::BagPath;
   return a.world_size <= kMaxSharedW &&
-         (a.bag_path == P::block || (a.bag_path == P::automatic && a.max_bag_len > 64 &&
-                                     a.total_ids >= kBlockPerBagMinAvg * a.total_bags));
+         (a.bag_path == P::block ||
+          (a.bag_path == P::automatic && a.total_ids >= kBlockPerBagMinAvg * a.total_bags));
 }
 
 void launch_bucketize(const BucketizeArgs& a, cudaStream_t s) {

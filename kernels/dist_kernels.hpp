@@ -12,6 +12,9 @@
 namespace dynemb::cuda {
 
 // ---------------------------------------------------------------- bucketize (§3.2, §3.3, §10.2)
+// Mean bag length from which the three-pass path takes a block per bag (BucketizeArgs::bag_path).
+constexpr int64_t kBlockPerBagMinAvg = 128;
+
 // Bucketizes R KJTs (R = 1 for one rank, R = W for a whole batch) in one pass. Bags are
 // numbered globally, rank-major; rank q owns bags [rank_bag_off[q], rank_bag_off[q+1]).
 // new_lengths of rank q start at W*rank_bag_off[q] and are laid out [d][j] (bucket major),
@@ -33,7 +36,7 @@ struct BucketizeArgs {
   int64_t max_bag_len = 0;                // picks threads per bag (host knows it)
   // Three-pass path (W <= 256): a warp per bag, or a 256-thread block per bag (2048-id chunks,
   // coalesced placement through shared memory). Auto takes blocks only when bags are long on
-  // average (>= kBlockPerBagMinAvg ids, and some > 64): with short bags a block per bag leaves
+  // average (>= kBlockPerBagMinAvg ids): with short bags a block per bag leaves
   // most of its threads idle (unit-pooled-w8 x64, bags of 0-100 ids: 3.8 ms by blocks; torch
   // 1.3 ms; BENCHMARKS.md run 21). Tests force either.
   enum class BagPath { automatic, warp, block } bag_path = BagPath::automatic;
@@ -47,7 +50,6 @@ struct BucketizeArgs {
   void* scan_temp = nullptr;       // cub scratch, bucketize_scan_temp_bytes()
   size_t scan_temp_bytes = 0;
 };
-constexpr int64_t kBlockPerBagMinAvg = 128;
 size_t bucketize_scan_temp_bytes(int64_t n);
 // Three passes over precomputed bag_offsets: per-(bag, bucket) counts, one cub exclusive scan
 // over all new_lengths, placement. Any W, any bag lengths.

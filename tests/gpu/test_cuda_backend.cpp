@@ -186,30 +186,6 @@ void compare_batch(const Plan& plan, const std::vector<const Kjt*>& kjts,
 
 }  // namespace
 
-// Every output of a batched bucketize against the CPU reference, rank by rank.
-void check_batched_bucketize(const Plan& p, const std::vector<Kjt>& kjts,
-                             cuda::BatchedBucketize& bb, cudaStream_t s) {
-  const bool weighted = bb.args.weights != nullptr;
-  const std::vector<int64_t> nl = bb.d_new_lengths.download(s), nv = bb.d_new_values.download(s),
-                             perm = bb.d_perm.download(s), dest = bb.d_dest_rank.download(s);
-  const std::vector<float> nw = weighted ? bb.d_new_weights.download(s) : std::vector<float>{};
-  int64_t o = 0, ol = 0;
-  for (size_t r = 0; r < kjts.size(); ++r) {
-    const BucketizedKjt ref = cpu().bucketize(p, kjts[r]);
-    const size_t n = ref.new_values.size(), nlr = ref.new_lengths.size();
-    INFO("rank " << r);
-    CHECK(std::vector<int64_t>(nl.begin() + ol, nl.begin() + ol + nlr) == ref.new_lengths);
-    CHECK(std::vector<int64_t>(nv.begin() + o, nv.begin() + o + n) == ref.new_values);
-    CHECK(std::vector<int64_t>(perm.begin() + o, perm.begin() + o + n) == ref.unbucketize_permute);
-    if (!dest.empty())
-      CHECK(std::vector<int64_t>(dest.begin() + o, dest.begin() + o + n) == ref.dest_rank);
-    if (weighted)
-      CHECK(same_bits(std::vector<float>(nw.begin() + o, nw.begin() + o + n), ref.new_weights));
-    o += n;
-    ol += nlr;
-  }
-}
-
 TEST_CASE("cuda == cpu on random batches (bit for bit)") {
   require_gpu();
   std::mt19937_64 rng(20261202);
@@ -324,7 +300,25 @@ TEST_CASE("batched bucketize: one-pass and three-pass paths == cpu") {
       for (int rep = 0; rep < 2; ++rep) bb.launch(s);
       CHECK(fused.epoch == (want_fused ? 3u : 0u));
       CHECK(bb.d_bag_offsets.download(s) == ref_off);
-      check_batched_bucketize(p, kjts, bb, s);
+      const std::vector<int64_t> nl = bb.d_new_lengths.download(s),
+                                 nv = bb.d_new_values.download(s), perm = bb.d_perm.download(s),
+                                 dest = bb.d_dest_rank.download(s);
+      const std::vector<float> nw = weighted ? bb.d_new_weights.download(s) : std::vector<float>{};
+      int64_t o = 0, ol = 0;
+      for (int64_t r = 0; r < W; ++r) {
+        const BucketizedKjt ref = cpu().bucketize(p, kjts[r]);
+        const size_t n = ref.new_values.size(), nlr = ref.new_lengths.size();
+        INFO("rank " << r);
+        CHECK(std::vector<int64_t>(nl.begin() + ol, nl.begin() + ol + nlr) == ref.new_lengths);
+        CHECK(std::vector<int64_t>(nv.begin() + o, nv.begin() + o + n) == ref.new_values);
+        CHECK(std::vector<int64_t>(perm.begin() + o, perm.begin() + o + n) ==
+              ref.unbucketize_permute);
+        CHECK(std::vector<int64_t>(dest.begin() + o, dest.begin() + o + n) == ref.dest_rank);
+        if (weighted)
+          CHECK(same_bits(std::vector<float>(nw.begin() + o, nw.begin() + o + n), ref.new_weights));
+        o += n;
+        ol += nlr;
+      }
     }
   }
   CHECK(fused_runs >= 25);
