@@ -393,6 +393,105 @@ __device__ __forceinline__ void rank_chunk_any(const BucketizeArgs& a, const Fas
     rank_chunk<0, Bits>(a, wd, ids, n, blk, value, key, wc, chunk_tot);
 }
 
+// Counts before ranks (W <= 16, a bag of one chunk): the block's counts come from a cheap
+// histogram so they can be published before the ranking, which then overlaps the exchange.
+// Loads and routes the chunk's n ids like rank_chunk (value[k] = local value) and packs each
+// id's bucket in 4 bits of dpack (bits 4k..4k+3). Each thread counts its 8 ids in 16 4-bit
+// fields (<= 8 each), warps sum them as 16-bit fields (<= 256), and on return, after a
+// barrier, wc[w][d] = bucket d's ids in warps < w and chunk_tot[d] = its ids in the chunk.
+template <int Dist>
+__device__ __forceinline__ void hist_chunk(const BucketizeArgs& a, const FastDivU64& wd,
+                                           const int64_t* ids, int n, uint64_t blk,
+                                           int64_t (&value)[kIdsPerLane], unsigned& dpack,
+                                           int (*wc)[kMaxSharedW], int* chunk_tot) {
+  const int t = threadIdx.x, w = t / 32, lane = t % 32;
+  const int W = static_cast<int>(a.world_size);
+  const int64_t* src = ids + w * kWarpIds + lane;
+  if (n == kChunk) {
+#pragma unroll
+    for (int k = 0; k < kIdsPerLane; ++k) value[k] = src[k * 32];
+  } else {
+#pragma unroll
+    for (int k = 0; k < kIdsPerLane; ++k)
+      value[k] = w * kWarpIds + k * 32 + lane < n ? src[k * 32] : 0;
+  }
+  BagInfo rb{};
+  rb.blk = blk;
+  rb.dist = Dist;
+  unsigned long long cnt = 0;
+  unsigned dp = 0;
+#pragma unroll
+  for (int k = 0; k < kIdsPerLane; ++k) {
+    if (w * kWarpIds + k * 32 + lane < n) {
+      int64_t d64;
+      route(value[k], rb, wd, a.ids_i32, &d64, &value[k]);
+      const unsigned d = static_cast<unsigned>(d64);
+      cnt += 1ull << (4 * d);
+      dp |= d << (4 * k);
+    }
+  }
+  dpack = dp;
+  unsigned mine = 0;  // lane d < 16: bucket d's ids in this warp
+#pragma unroll
+  for (int m = 0; m < 8; ++m) {
+    const unsigned x = static_cast<unsigned>((cnt >> (8 * m)) & 0xfu) |
+                       static_cast<unsigned>((cnt >> (8 * m + 4)) & 0xfu) << 16;
+    const unsigned sum = __reduce_add_sync(0xffffffffu, x);
+    if (lane / 2 == m) mine = lane % 2 ? sum >> 16 : sum & 0xffffu;
+  }
+  if (lane < W) wc[w][lane] = static_cast<int>(mine);
+  __syncthreads();
+  for (int d = t; d < W; d += kThreads) {
+    int run = 0;
+    for (int ww = 0; ww < kWarps; ++ww) {
+      const int v = wc[ww][d];
+      wc[ww][d] = run;
+      run += v;
+    }
+    chunk_tot[d] = run;
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void hist_chunk_any(const BucketizeArgs& a, const FastDivU64& wd,
+                                               int dist, const int64_t* ids, int n, uint64_t blk,
+                                               int64_t (&value)[kIdsPerLane], unsigned& dpack,
+                                               int (*wc)[kMaxSharedW], int* chunk_tot) {
+  if (dist == 2)
+    hist_chunk<2>(a, wd, ids, n, blk, value, dpack, wc, chunk_tot);
+  else if (dist == 1)
+    hist_chunk<1>(a, wd, ids, n, blk, value, dpack, wc, chunk_tot);
+  else
+    hist_chunk<0>(a, wd, ids, n, blk, value, dpack, wc, chunk_tot);
+}
+
+// The ranking after hist_chunk: per warp only (no block barrier), from the packed buckets.
+// key[] as rank_chunk's: bucket | slot << 8, slot = same-bucket ids before it in its warp.
+__device__ __forceinline__ void rank_from_dest(int n, unsigned dpack,
+                                               unsigned (&key)[kIdsPerLane / 2], int* wrun) {
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const unsigned lt = (1u << lane) - 1u;
+  if (lane < 16) wrun[lane] = 0;
+  __syncwarp();
+#pragma unroll
+  for (int k = 0; k < kIdsPerLane; ++k) {
+    const bool valid = w * kWarpIds + k * 32 + lane < n;
+    const int dest = valid ? static_cast<int>((dpack >> (4 * k)) & 0xfu) : -1;
+    const unsigned same = peers<4>(dest);
+    const int below = __popc(same & lt);
+    const int before = valid ? wrun[dest] : 0;
+    __syncwarp();
+    if (valid && below == 0) wrun[dest] = before + __popc(same);
+    __syncwarp();
+    const unsigned kv =
+        valid ? static_cast<unsigned>(dest) | static_cast<unsigned>(before + below) << 8 : 0u;
+    if (k % 2 == 0)
+      key[k / 2] = kv;
+    else
+      key[k / 2] |= kv << 16;
+  }
+}
+
 // Where one chunk's outputs go: `off` below is an id's index inside the chunk.
 template <typename Pos>  // int on the one-pass path (< 2^31 ids), int64_t elsewhere
 struct ChunkOut {
@@ -585,7 +684,7 @@ __global__ void __launch_bounds__(kThreads, 4) place_bag_kernel(BucketizeArgs a,
 // 4 resident blocks per SM (<= 64 registers): 528 on an H200, hstu-e2e has 512 bags. Bits: see
 // peers() (4 for W <= kSmallW, else 8); one instance per value (both ranking copies in one
 // kernel made the register allocator spill ~100 bytes per thread).
-template <int Bits>
+template <int Bits, bool Long>
 __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
   using BlockScanU64 = cub::BlockScan<unsigned long long, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
   __shared__ typename BlockScanU64::TempStorage scan_tmp64;
@@ -620,6 +719,7 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
   __shared__ unsigned s_red[2][kWarps];
   __shared__ int s_len;               // the bag's length
   __shared__ int s_lex[kMaxSharedW];  // the bag's ids in buckets < d (staged placement)
+  __shared__ int s_wrun[kWarps][16];  // rank_from_dest's per-warp running counts
 
   const BucketizeArgs& a = p.a;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
@@ -640,14 +740,33 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
     const int i = t + k * kThreads;
     lens[k] = i <= g ? static_cast<unsigned>(p.lengths[i]) : 0u;
   }
-  for (int64_t i = t; i <= R; i += kThreads) s_rbo[i] = a.rank_bag_off[i];
-  if (fbo_shared)
-    for (int64_t i = t; i < R * (F + 1); i += kThreads) s_fbo[i] = a.feat_bag_off[i];
-  if (feat_shared)
-    for (int64_t i = t; i < F; i += kThreads) {
-      s_blk[i] = a.block_sizes[i];
-      s_dt[i] = a.dist_types[i];
+  {
+    // Every table entry this thread stores, loaded before any is stored: one round trip
+    // with the lengths instead of one per table (R + 1 <= 2 x kThreads, R x (F + 1) <=
+    // kMaxFeatTab = 2 x kThreads, F <= kThreads where shared).
+    const int nr = static_cast<int>(R) + 1;
+    const int nf = fbo_shared ? static_cast<int>(R * (F + 1)) : 0;
+    const int nt = feat_shared ? static_cast<int>(F) : 0;
+    int64_t r0v = 0, r1v = 0, f0v = 0, f1v = 0;
+    uint64_t bv = 0;
+    int32_t dv = 0;
+    if (t < nr) r0v = a.rank_bag_off[t];
+    if (t + kThreads < nr) r1v = a.rank_bag_off[t + kThreads];
+    if (t < nf) f0v = a.feat_bag_off[t];
+    if (t + kThreads < nf) f1v = a.feat_bag_off[t + kThreads];
+    if (t < nt) {
+      bv = a.block_sizes[t];
+      dv = a.dist_types[t];
     }
+    if (t < nr) s_rbo[t] = r0v;
+    if (t + kThreads < nr) s_rbo[t + kThreads] = r1v;
+    if (t < nf) s_fbo[t] = f0v;
+    if (t + kThreads < nf) s_fbo[t + kThreads] = f1v;
+    if (t < nt) {
+      s_blk[t] = bv;
+      s_dt[t] = dv;
+    }
+  }
   __syncthreads();
   const int64_t q = d_upper_bound_m1(s_rbo, R, g);
   const int first = static_cast<int>(s_rbo[q]);
@@ -699,25 +818,43 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
   const int nl0 = W * bag.first + bag.j;
   int64_t value[kIdsPerLane];
   unsigned key[kIdsPerLane / 2];
-  for (int c0 = 0; c0 < bag.len; c0 += kChunk) {
-    const int n = bag.len - c0 < kChunk ? bag.len - c0 : kChunk;
-    rank_chunk_any<Bits>(a, p.wd, bag.dist, a.ids + bag.begin + c0, n, bag.blk, value, key, wc,
-                         s_chunk);
-    for (int d = t; d < W; d += kThreads) s_tot[d] += s_chunk[d];  // same thread as above
-  }
-  __syncthreads();
-  mark(2);
-
-  // ---- 3. publish this bag's counts
   const unsigned long long tag = static_cast<unsigned long long>(p.epoch) << 32;
-  for (int d = t; d < W; d += kThreads) {
-    const int c = s_tot[d];
-    a.new_lengths[nl0 + d * bag.Lq] = c;
-    st_word(&p.words[nl0 + d * bag.Lq], tag | static_cast<unsigned long long>(c));
-    s_T[d] = 0;
-    s_P[d] = 0;
-  }
+  if (!Long && bag.len > kChunk) __trap();  // the host's max_bag_len was wrong
+  if (Bits == 4 && !Long) {
+    unsigned dpack = 0;
+    if (bag.len > 0)
+      hist_chunk_any(a, p.wd, bag.dist, a.ids + bag.begin, bag.len, bag.blk, value, dpack, wc,
+                     s_chunk);
+    else
+      for (int d = t; d < W; d += kThreads) s_chunk[d] = 0;
+    mark(2);
+    for (int d = t; d < W; d += kThreads) {  // ---- 3. publish, then rank
+      const int c = s_chunk[d];
+      a.new_lengths[nl0 + d * bag.Lq] = c;
+      st_word(&p.words[nl0 + d * bag.Lq], tag | static_cast<unsigned long long>(c));
+      s_T[d] = 0;
+      s_P[d] = 0;
+    }
+    if (bag.len > 0) rank_from_dest(bag.len, dpack, key, s_wrun[warp]);
+  } else {
+    for (int c0 = 0; c0 < bag.len; c0 += kChunk) {
+      const int n = bag.len - c0 < kChunk ? bag.len - c0 : kChunk;
+      rank_chunk_any<Bits>(a, p.wd, bag.dist, a.ids + bag.begin + c0, n, bag.blk, value, key, wc,
+                           s_chunk);
+      for (int d = t; d < W; d += kThreads) s_tot[d] += s_chunk[d];  // same thread as above
+    }
+    __syncthreads();
+    mark(2);
 
+    // ---- 3. publish this bag's counts
+    for (int d = t; d < W; d += kThreads) {
+      const int c = s_tot[d];
+      a.new_lengths[nl0 + d * bag.Lq] = c;
+      st_word(&p.words[nl0 + d * bag.Lq], tag | static_cast<unsigned long long>(c));
+      s_T[d] = 0;
+      s_P[d] = 0;
+    }
+  }
   // ---- 4. the rank's counts: T[d] over all its bags, P[d] over its bags before this one
   const int n = W * bag.Lq, r0 = W * bag.first;
   for (int c = 0; c < n; c += kWordRound) {
@@ -780,7 +917,7 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
   // base[d] = rank_begin + sum_{d' < d} T[d'] + P[d]  (W <= kThreads: a value per thread)
   // One scan for two prefix sums over buckets: the rank's (high 32 bits) and, for the staged
   // placement, this bag's own (low 32 bits; < 2^11 in total, so no carry into the high half).
-  const bool staged = bag.len <= kChunk;
+  const bool staged = !Long || bag.len <= kChunk;
   unsigned long long before = 0;
   BlockScanU64(scan_tmp64)
       .ExclusiveSum(t < W ? static_cast<unsigned long long>(s_T[t]) << 32 |
@@ -802,7 +939,7 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
                           a.dest_rank ? a.dest_rank + bag.begin : nullptr, bag.rank_begin};
     if (bag.len > 0)
       place_chunk_staged(a, o, bag.len, value, key, wc, s_tot, s_lex, s_stage, s_stage_pos);
-  } else {  // a long bag: rank each chunk again
+  } else if constexpr (Long) {  // a long bag: rank each chunk again
     place_bag_chunked<Bits, int>(a, p.wd, bag.dist, bag.blk, bag.begin, bag.len, bag.rank_begin,
                                  s_tot, wc, s_chunk, s_lex, s_stage, s_stage_pos);
   }
@@ -810,6 +947,15 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
     __syncthreads();
     mark(5);
   }
+}
+
+// The instance for a ballot count (4 or 8 bits, peers()) and whether a bag may exceed kChunk.
+const void* onepass_instance(int bits, bool long_bags) {
+  if (bits == 4)
+    return long_bags ? reinterpret_cast<const void*>(onepass_kernel<4, true>)
+                     : reinterpret_cast<const void*>(onepass_kernel<4, false>);
+  return long_bags ? reinterpret_cast<const void*>(onepass_kernel<8, true>)
+                   : reinterpret_cast<const void*>(onepass_kernel<8, false>);
 }
 
 // Resident blocks of onepass_kernel on the current device (0: no cooperative launch).
@@ -822,12 +968,14 @@ int64_t onepass_capacity() {
   int coop = 0, sms = 0, per_sm = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  int per_sm4 = 0;  // both instances: the capacity must hold for either
-  CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, onepass_kernel<8>, kThreads, 0));
-  CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm4, onepass_kernel<4>, kThreads, 0));
-  per_sm = std::min(per_sm, per_sm4);
+  // Every instance: the capacity must hold for whichever a batch takes.
+  per_sm = 1 << 30;
+  for (const void* k : {onepass_instance(4, false), onepass_instance(4, true),
+                        onepass_instance(8, false), onepass_instance(8, true)}) {
+    int n = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, 0));
+    per_sm = std::min(per_sm, n);
+  }
   cached = coop ? std::min<int64_t>(static_cast<int64_t>(sms) * per_sm, kMaxOnePassBags) : 0;
   cached_dev = dev;
   return cached;
@@ -945,8 +1093,7 @@ void launch_bucketize_from_lengths(const BucketizeArgs& a, const int64_t* length
   p.wd = FastDivU64::make(static_cast<uint64_t>(a.world_size));
   p.trace = f.trace;
   void* params[] = {&p};
-  void* kernel = a.world_size <= kSmallW ? reinterpret_cast<void*>(onepass_kernel<4>)
-                                         : reinterpret_cast<void*>(onepass_kernel<8>);
+  const void* kernel = onepass_instance(a.world_size <= kSmallW ? 4 : 8, a.max_bag_len > kChunk);
   const cudaError_t err = cudaLaunchCooperativeKernel(
       kernel, dim3(static_cast<unsigned>(a.total_bags)), dim3(kThreads), params, 0, s);
   if (err == cudaErrorCooperativeLaunchTooLarge) {
