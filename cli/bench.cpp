@@ -401,7 +401,7 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
           "one-pass steps over {} blocks, us after the first block "
           "started (median / max):",
           L);
-      const char* names[] = {"start", "bag offsets", "counts", "rank's counts seen",
+      const char* names[] = {"start", "bag offsets", "counts published", "rank's counts seen",
                              "bases", "placed"};
       for (int pt = 0; pt < cuda::kBucketizeTracePoints; ++pt) {
         std::vector<double> v;

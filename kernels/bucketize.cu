@@ -220,14 +220,22 @@ __global__ void place_serial_kernel(BucketizeArgs a, FastDivU64 wd) {
 // One cooperative launch, a block per bag, every block resident (so a block may wait for
 // another). Each block, in order:
 //   1. bag offsets: loads rank_bag_off, the feature tables and the lengths of the bags up to
-//      its own (total_bags <= kMaxOnePassBags) in ONE round of independent loads, and reduces
-//      them to its bag's first id and its rank's first id (bag_offsets is an output here);
+//      its own (total_bags <= kMaxOnePassBags) in ONE round of independent loads (every load
+//      issued before any shared-memory store: as three loops they were three round trips, and
+//      the slowest block's step 1 took 5.0 us instead of 2.7), and reduces them to its bag's
+//      first id and its rank's first id (bag_offsets is an output here);
 //   2. counts: warp w ranks the ids [w*256, (w+1)*256) of each 2048-id chunk of the bag,
 //      32 at a time (a ballot per bit of the bucket, peers()), so an id's slot in its (bucket, bag)
 //      segment is (same-bucket ids in earlier chunks) + (in earlier warps of its chunk) + (earlier
 //      in its warp). A bag of <= 2048 ids keeps its ids' values and slots in registers;
 //   3. publish: its W counts go to new_lengths and, tagged with this launch's epoch, to one
 //      64-bit scratch word each, laid out like new_lengths ([d][j] per rank);
+//   With W <= 16 and bags of <= 2048 ids (hstu-e2e), 2 and 3 run the other way round: the
+//   counts come from a histogram (hist_chunk: 4-bit counters per thread, one warp reduction),
+//   are published, and only then are the slots ranked (rank_from_dest, warp-local), so the
+//   ranking overlaps the exchange's round trip and the wait for the rank's slowest block
+//   instead of preceding it (hstu-e2e 16.1 -> 15.0 us with the one-round step 1,
+//   BENCHMARKS.md runs 24-27);
 //   4. bases: it reads its rank's W x L_q words (spinning on any not yet carrying the epoch)
 //      and forms base[d] = rank's first id + sum_{d'<d} T[d'] + sum_{j'<j} count[d][j'],
 //      T[d] = the rank's ids of bucket d: exactly new_offsets of (d, j);
@@ -822,11 +830,15 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
   if (!Long && bag.len > kChunk) __trap();  // the host's max_bag_len was wrong
   if (Bits == 4 && !Long) {
     unsigned dpack = 0;
-    if (bag.len > 0)
+    if (bag.len > 0) {
       hist_chunk_any(a, p.wd, bag.dist, a.ids + bag.begin, bag.len, bag.blk, value, dpack, wc,
                      s_chunk);
-    else
+    } else {
       for (int d = t; d < W; d += kThreads) s_chunk[d] = 0;
+      // hist_chunk's barriers otherwise end step 1's reads of the tables (u.tab) before step 4
+      // reuses that memory (racecheck found this one).
+      __syncthreads();
+    }
     mark(2);
     for (int d = t; d < W; d += kThreads) {  // ---- 3. publish, then rank
       const int c = s_chunk[d];
@@ -919,11 +931,22 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
   // placement, this bag's own (low 32 bits; < 2^11 in total, so no carry into the high half).
   const bool staged = !Long || bag.len <= kChunk;
   unsigned long long before = 0;
-  BlockScanU64(scan_tmp64)
-      .ExclusiveSum(t < W ? static_cast<unsigned long long>(s_T[t]) << 32 |
-                                static_cast<unsigned long long>(staged ? s_chunk[t] : 0)
-                          : 0ull,
-                    before);
+  const unsigned long long x = t < W ? static_cast<unsigned long long>(s_T[t]) << 32 |
+                                           static_cast<unsigned long long>(staged ? s_chunk[t] : 0)
+                                     : 0ull;
+  if (Bits == 4) {  // W <= 16: warp 0 alone, no block-wide scan and its barrier
+    if (warp == 0) {
+      unsigned long long incl = x;
+#pragma unroll
+      for (int o = 1; o < 16; o *= 2) {
+        const unsigned long long y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+      }
+      before = incl - x;
+    }
+  } else {
+    BlockScanU64(scan_tmp64).ExclusiveSum(x, before);
+  }
   if (t < W) {
     const int b = bag.rank_begin + static_cast<int>(before >> 32) + s_P[t];
     a.new_offsets[nl0 + t * bag.Lq] = b;

@@ -33,7 +33,9 @@ struct BucketizeArgs {
   const uint64_t* block_sizes = nullptr;  // [F] blk_f
   const int32_t* dist_types = nullptr;    // [F] 0 continuous, 1 roundrobin, 2 hash_roundrobin
   bool ids_i32 = false;                   // route by u32(id) (int32 KJT values)
-  int64_t max_bag_len = 0;                // picks threads per bag (host knows it)
+  // >= every bag's length (host knows it): picks threads per bag, and the one-pass kernel's
+  // instance (bags of <= 2048 ids keep their ids on chip; a longer bag there traps).
+  int64_t max_bag_len = 0;
   // Three-pass path (W <= 256): a warp per bag, or a 256-thread block per bag (2048-id chunks,
   // coalesced placement through shared memory). Auto takes blocks only when bags are long on
   // average (>= kBlockPerBagMinAvg ids): with short bags a block per bag leaves
@@ -74,7 +76,8 @@ struct BucketizeFused {
   int64_t max_rank_bags = 0;  // max_q (rank_bag_off[q+1] - rank_bag_off[q]), host-known
   uint32_t epoch = 0;         // launches so far on this scratch (the kernel's freshness tag)
   // Optional [kBucketizeTracePoints x total_bags]: %globaltimer (ns) per block at the end of
-  // each step (0 start, 1 bag offsets, 2 counts, 3 rank's counts seen, 4 bases, 5 placed),
+  // each step (0 start, 1 bag offsets, 2 counts published, 3 rank's counts seen, 4 bases,
+  // 5 placed),
   // for `dynemb-dist bench`'s phase breakdown. Null: not recorded.
   unsigned long long* trace = nullptr;
 };
