@@ -234,7 +234,7 @@ __global__ void place_serial_kernel(BucketizeArgs a, FastDivU64 wd) {
 //   counts come from a histogram (hist_chunk: 4-bit counters per thread, one warp reduction),
 //   are published, and only then are the slots ranked (rank_from_dest, warp-local), so the
 //   ranking overlaps the exchange's round trip and the wait for the rank's slowest block
-//   instead of preceding it (hstu-e2e 16.1 -> 15.0 us with the one-round step 1,
+//   instead of preceding it (hstu-e2e 16.1 -> 14.9 us with the one-round step 1,
 //   BENCHMARKS.md runs 24-27);
 //   4. bases: it reads its rank's W x L_q words (spinning on any not yet carrying the epoch)
 //      and forms base[d] = rank's first id + sum_{d'<d} T[d'] + sum_{j'<j} count[d][j'],
