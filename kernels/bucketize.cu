@@ -320,6 +320,40 @@ __device__ __forceinline__ unsigned peers(int dest) {
 }
 constexpr int kSmallW = 16;  // W <= kSmallW ranks with peers<4>
 
+// Lane l of warp w loads ids w*kWarpIds + k*32 + l (k < kIdsPerLane) of a chunk of n, issued
+// together (one round trip); a full chunk needs no bounds test (one base address, immediate
+// offsets). Ids past n read as 0.
+__device__ __forceinline__ void load_chunk_ids(const int64_t* ids, int n,
+                                               int64_t (&value)[kIdsPerLane]) {
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t* src = ids + w * kWarpIds + lane;
+  if (n == kChunk) {
+#pragma unroll
+    for (int k = 0; k < kIdsPerLane; ++k) value[k] = src[k * 32];
+  } else {
+#pragma unroll
+    for (int k = 0; k < kIdsPerLane; ++k)
+      value[k] = w * kWarpIds + k * 32 + lane < n ? src[k * 32] : 0;
+  }
+}
+
+// After each warp w wrote its per-bucket counts to wc[w][0..W): wc[w][d] becomes bucket d's
+// ids in warps < w and chunk_tot[d] its ids in the chunk. Barriers before and after.
+__device__ __forceinline__ void warp_counts_to_offsets(int (*wc)[kMaxSharedW], int* chunk_tot,
+                                                       int W) {
+  __syncthreads();
+  for (int d = threadIdx.x; d < W; d += kThreads) {
+    int run = 0;
+    for (int ww = 0; ww < kWarps; ++ww) {
+      const int v = wc[ww][d];
+      wc[ww][d] = run;
+      run += v;
+    }
+    chunk_tot[d] = run;
+  }
+  __syncthreads();
+}
+
 // Step 2 for one chunk of a bag: its n <= kChunk ids start at ids (n uniform over the block).
 // Lane l of warp w takes ids w*kWarpIds + k*32 + l, k < kIdsPerLane: value[k] is its bucketized
 // value, its 16-bit key = bucket | slot << 8 (two per word of key[]), slot = same-bucket ids before
@@ -333,18 +367,8 @@ __device__ __forceinline__ void rank_chunk(const BucketizeArgs& a, const FastDiv
                                            int* chunk_tot) {
   const int t = threadIdx.x, w = t / 32, lane = t % 32;
   const int W = static_cast<int>(a.world_size);
-  // Issued together: one round trip; the ids are replaced by their values below. A full
-  // chunk needs no bounds test (one base address, immediate offsets).
-  const int64_t* src = ids + w * kWarpIds + lane;
-  if (n == kChunk) {
-#pragma unroll
-    for (int k = 0; k < kIdsPerLane; ++k) value[k] = src[k * 32];
-  } else {
-#pragma unroll
-    for (int k = 0; k < kIdsPerLane; ++k)
-      value[k] = w * kWarpIds + k * 32 + lane < n ? src[k * 32] : 0;
-  }
-  __syncthreads();  // wc of the previous chunk is no longer read
+  load_chunk_ids(ids, n, value);  // replaced by their values below
+  __syncthreads();                // wc of the previous chunk is no longer read
   // Each warp counts in its own row until the barrier after the loop: it zeroes that row.
   for (int d = lane; d < W; d += 32) wc[w][d] = 0;
   __syncwarp();
@@ -374,17 +398,7 @@ __device__ __forceinline__ void rank_chunk(const BucketizeArgs& a, const FastDiv
     else
       key[k / 2] |= kv << 16;
   }
-  __syncthreads();
-  for (int d = t; d < W; d += kThreads) {
-    int run = 0;
-    for (int ww = 0; ww < kWarps; ++ww) {
-      const int v = wc[ww][d];
-      wc[ww][d] = run;
-      run += v;
-    }
-    chunk_tot[d] = run;
-  }
-  __syncthreads();
+  warp_counts_to_offsets(wc, chunk_tot, W);
 }
 
 template <int Bits>
@@ -414,15 +428,7 @@ __device__ __forceinline__ void hist_chunk(const BucketizeArgs& a, const FastDiv
                                            int (*wc)[kMaxSharedW], int* chunk_tot) {
   const int t = threadIdx.x, w = t / 32, lane = t % 32;
   const int W = static_cast<int>(a.world_size);
-  const int64_t* src = ids + w * kWarpIds + lane;
-  if (n == kChunk) {
-#pragma unroll
-    for (int k = 0; k < kIdsPerLane; ++k) value[k] = src[k * 32];
-  } else {
-#pragma unroll
-    for (int k = 0; k < kIdsPerLane; ++k)
-      value[k] = w * kWarpIds + k * 32 + lane < n ? src[k * 32] : 0;
-  }
+  load_chunk_ids(ids, n, value);
   BagInfo rb{};
   rb.blk = blk;
   rb.dist = Dist;
@@ -448,17 +454,7 @@ __device__ __forceinline__ void hist_chunk(const BucketizeArgs& a, const FastDiv
     if (lane / 2 == m) mine = lane % 2 ? sum >> 16 : sum & 0xffffu;
   }
   if (lane < W) wc[w][lane] = static_cast<int>(mine);
-  __syncthreads();
-  for (int d = t; d < W; d += kThreads) {
-    int run = 0;
-    for (int ww = 0; ww < kWarps; ++ww) {
-      const int v = wc[ww][d];
-      wc[ww][d] = run;
-      run += v;
-    }
-    chunk_tot[d] = run;
-  }
-  __syncthreads();
+  warp_counts_to_offsets(wc, chunk_tot, W);
 }
 
 __device__ __forceinline__ void hist_chunk_any(const BucketizeArgs& a, const FastDivU64& wd,
