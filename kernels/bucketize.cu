@@ -235,7 +235,7 @@ __global__ void place_serial_kernel(BucketizeArgs a, FastDivU64 wd) {
 //   are published, and only then are the slots ranked (rank_from_dest, warp-local), so the
 //   ranking overlaps the exchange's round trip and the wait for the rank's slowest block
 //   instead of preceding it (hstu-e2e 16.1 -> 14.9 us with the one-round step 1,
-//   BENCHMARKS.md runs 24-27);
+//   BENCHMARKS.md runs 24-28);
 //   4. bases: it reads its rank's W x L_q words (spinning on any not yet carrying the epoch)
 //      and forms base[d] = rank's first id + sum_{d'<d} T[d'] + sum_{j'<j} count[d][j'],
 //      T[d] = the rank's ids of bucket d: exactly new_offsets of (d, j);
