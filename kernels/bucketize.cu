@@ -320,6 +320,27 @@ __device__ __forceinline__ unsigned peers(int dest) {
 }
 constexpr int kSmallW = 16;  // W <= kSmallW ranks with peers<4>
 
+// One tile of the warp's ids (the k-th of each lane; dest = its bucket, -1 for no id): its key
+// (bucket | slot << 8, slot = same-bucket ids before it in the warp: row[bucket] from earlier
+// tiles + earlier lanes of this one) goes to the k-th half of key[], and row[] advances by the
+// tile's count of each bucket. row is the warp's own: __syncwarp orders its reads and writes.
+template <int Bits>
+__device__ __forceinline__ void rank_tile(int dest, int k, unsigned lt, int* row,
+                                          unsigned (&key)[kIdsPerLane / 2]) {
+  const unsigned same = peers<Bits>(dest);
+  const int below = __popc(same & lt);
+  const int before = dest >= 0 ? row[dest] : 0;
+  __syncwarp();
+  if (dest >= 0 && below == 0) row[dest] = before + __popc(same);
+  __syncwarp();
+  const unsigned kv =
+      dest >= 0 ? static_cast<unsigned>(dest) | static_cast<unsigned>(before + below) << 8 : 0u;
+  if (k % 2 == 0)
+    key[k / 2] = kv;
+  else
+    key[k / 2] |= kv << 16;
+}
+
 // Lane l of warp w loads ids w*kWarpIds + k*32 + l (k < kIdsPerLane) of a chunk of n, issued
 // together (one round trip); a full chunk needs no bounds test (one base address, immediate
 // offsets). Ids past n read as 0.
@@ -385,18 +406,7 @@ __device__ __forceinline__ void rank_chunk(const BucketizeArgs& a, const FastDiv
       route(value[k], rb, wd, a.ids_i32, &d64, &value[k]);
       dest = static_cast<int>(d64);
     }
-    const unsigned same = peers<Bits>(dest);
-    const int below = __popc(same & lt);
-    const int before = dest >= 0 ? wc[w][dest] : 0;
-    __syncwarp();
-    if (dest >= 0 && below == 0) wc[w][dest] = before + __popc(same);
-    __syncwarp();
-    const unsigned kv =
-        dest >= 0 ? static_cast<unsigned>(dest) | static_cast<unsigned>(before + below) << 8 : 0u;
-    if (k % 2 == 0)
-      key[k / 2] = kv;
-    else
-      key[k / 2] |= kv << 16;
+    rank_tile<Bits>(dest, k, lt, wc[w], key);
   }
   warp_counts_to_offsets(wc, chunk_tot, W);
 }
@@ -479,20 +489,8 @@ __device__ __forceinline__ void rank_from_dest(int n, unsigned dpack,
   __syncwarp();
 #pragma unroll
   for (int k = 0; k < kIdsPerLane; ++k) {
-    const bool valid = w * kWarpIds + k * 32 + lane < n;
-    const int dest = valid ? static_cast<int>((dpack >> (4 * k)) & 0xfu) : -1;
-    const unsigned same = peers<4>(dest);
-    const int below = __popc(same & lt);
-    const int before = valid ? wrun[dest] : 0;
-    __syncwarp();
-    if (valid && below == 0) wrun[dest] = before + __popc(same);
-    __syncwarp();
-    const unsigned kv =
-        valid ? static_cast<unsigned>(dest) | static_cast<unsigned>(before + below) << 8 : 0u;
-    if (k % 2 == 0)
-      key[k / 2] = kv;
-    else
-      key[k / 2] |= kv << 16;
+    const bool valid = w * kWarpIds + k * 32 + lane < n;  // else no id: bucket -1
+    rank_tile<4>(valid ? static_cast<int>((dpack >> (4 * k)) & 0xfu) : -1, k, lt, wrun, key);
   }
 }
 
@@ -823,6 +821,17 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
   int64_t value[kIdsPerLane];
   unsigned key[kIdsPerLane / 2];
   const unsigned long long tag = static_cast<unsigned long long>(p.epoch) << 32;
+  // ---- 3. publish the bag's counts (counts[d], d < W): new_lengths and the epoch-tagged words;
+  // step 4's sums start from zero.
+  const auto publish = [&](const int* counts) {
+    for (int d = t; d < W; d += kThreads) {
+      const int c = counts[d];
+      a.new_lengths[nl0 + d * bag.Lq] = c;
+      st_word(&p.words[nl0 + d * bag.Lq], tag | static_cast<unsigned long long>(c));
+      s_T[d] = 0;
+      s_P[d] = 0;
+    }
+  };
   if (!Long && bag.len > kChunk) __trap();  // the host's max_bag_len was wrong
   if (Bits == 4 && !Long) {
     unsigned dpack = 0;
@@ -836,13 +845,7 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
       __syncthreads();
     }
     mark(2);
-    for (int d = t; d < W; d += kThreads) {  // ---- 3. publish, then rank
-      const int c = s_chunk[d];
-      a.new_lengths[nl0 + d * bag.Lq] = c;
-      st_word(&p.words[nl0 + d * bag.Lq], tag | static_cast<unsigned long long>(c));
-      s_T[d] = 0;
-      s_P[d] = 0;
-    }
+    publish(s_chunk);  // then rank
     if (bag.len > 0) rank_from_dest(bag.len, dpack, key, s_wrun[warp]);
   } else {
     for (int c0 = 0; c0 < bag.len; c0 += kChunk) {
@@ -853,15 +856,7 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
     }
     __syncthreads();
     mark(2);
-
-    // ---- 3. publish this bag's counts
-    for (int d = t; d < W; d += kThreads) {
-      const int c = s_tot[d];
-      a.new_lengths[nl0 + d * bag.Lq] = c;
-      st_word(&p.words[nl0 + d * bag.Lq], tag | static_cast<unsigned long long>(c));
-      s_T[d] = 0;
-      s_P[d] = 0;
-    }
+    publish(s_tot);
   }
   // ---- 4. the rank's counts: T[d] over all its bags, P[d] over its bags before this one
   const int n = W * bag.Lq, r0 = W * bag.first;
