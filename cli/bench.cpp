@@ -40,7 +40,8 @@ namespace {
 struct BenchArgs {
   std::string capture, preset, backend = "cuda", json, export_dir, dims;
   int iters = 20;
-  int64_t queue_ahead = 200000;  // SM cycles spun before each timed repeat (0: off)
+  int64_t queue_ahead = 200000;           // SM cycles spun before each timed repeat (0: off)
+  std::string bucketize_kernel = "auto";  // auto | one-pass | three-pass
   int64_t scale = 1;
   uint64_t seed = 1;
 };
@@ -354,7 +355,10 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
     const cuda::BucketizeArgs& ba = bb.args;
     const int64_t N = ba.total_ids, L = ba.total_bags;
     const bool weighted = ba.weights != nullptr;
-    bb.enable_one_pass(s);  // a block per bag: one kernel (kernels/bucketize.cu)
+    // auto: the one-pass kernel where the batch fits it, else three passes; the others force
+    // a path (when the batch fits it) for A/B.
+    const std::string& bk = a.bucketize_kernel;
+    if (bk != "three-pass") bb.enable_one_pass(s);  // one kernel (kernels/bucketize.cu)
     cuda::BucketizeFused& fused = bb.fused;
     const bool one_kernel = cuda::bucketize_fused_eligible(ba, fused);
     const cuda::BucketizeFusedShape shape = cuda::bucketize_fused_shape(ba, fused);
@@ -398,7 +402,7 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
       unsigned long long t0 = ~0ull;
       for (int64_t g = 0; g < L; ++g) t0 = std::min(t0, tr[g * cuda::kBucketizeTracePoints]);
       std::string line = fmt::format(
-          "one-pass steps over {} blocks, us after the first block "
+          "one-pass steps over {} bags, us after the first block "
           "started (median / max):",
           L);
       const char* names[] = {"start", "bag offsets", "counts published", "rank's counts seen",
@@ -603,6 +607,12 @@ void setup_bench(CLI::App& app, RunFn& run) {
                   "stage is queued before the GPU reaches it (times exclude launch latency); "
                   "0 times launch latency too")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  sub->add_option("--bucketize-kernel", args->bucketize_kernel,
+                  "CUDA: the bucketize path to time: auto (the fastest that fits the batch), "
+                  "one-pass (a block per bag, cooperative launch), three-pass (counts, a scan, "
+                  "placement); a forced path the batch does not fit falls back as auto would")
+      ->check(CLI::IsMember({"auto", "one-pass", "three-pass"}))
       ->capture_default_str();
   sub->add_option("--json", args->json, "Write the results as JSON (format_version 1)");
   sub->add_option("--scale", args->scale, "Multiply the preset's local batch size");
