@@ -235,7 +235,8 @@ __global__ void place_serial_kernel(BucketizeArgs a, FastDivU64 wd) {
 //   are published, and only then are the slots ranked (rank_from_dest, warp-local), so the
 //   ranking overlaps the exchange's round trip and the wait for the rank's slowest block
 //   instead of preceding it (hstu-e2e 16.1 -> 14.9 us with the one-round step 1,
-//   BENCHMARKS.md runs 24-28);
+//   BENCHMARKS.md runs 24-28; 13.2 us with run 34's cuts in the ranking's, the histogram's
+//   and step 1's instructions);
 //   4. bases: it reads its rank's W x L_q words (spinning on any not yet carrying the epoch)
 //      and forms base[d] = rank's first id + sum_{d'<d} T[d'] + sum_{j'<j} count[d][j'],
 //      T[d] = the rank's ids of bucket d: exactly new_offsets of (d, j);
@@ -444,14 +445,30 @@ __device__ __forceinline__ void hist_chunk(const BucketizeArgs& a, const FastDiv
   rb.dist = Dist;
   unsigned long long cnt = 0;
   unsigned dp = 0;
+  if (Dist != 0 && wd.magic == 0 && n == kChunk) {
+    // Round-robin rules with W a power of two on a full chunk (hstu-e2e): the bucket is the
+    // low bits of the (hashed) key, so no per-id bounds test, index-type select or division
+    // branch (route's answer: the int32 casts of the key and of the hash keep those bits).
+    // The local id stays the raw key, as route leaves it.
+    const unsigned wm = static_cast<unsigned>(W - 1);
 #pragma unroll
-  for (int k = 0; k < kIdsPerLane; ++k) {
-    if (w * kWarpIds + k * 32 + lane < n) {
-      int64_t d64;
-      route(value[k], rb, wd, a.ids_i32, &d64, &value[k]);
-      const unsigned d = static_cast<unsigned>(d64);
+    for (int k = 0; k < kIdsPerLane; ++k) {
+      const uint64_t x = static_cast<uint64_t>(value[k]);
+      const unsigned d =
+          static_cast<unsigned>(Dist == 2 ? d_fmix64(a.ids_i32 ? x & 0xffffffffull : x) : x) & wm;
       cnt += 1ull << (4 * d);
       dp |= d << (4 * k);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kIdsPerLane; ++k) {
+      if (w * kWarpIds + k * 32 + lane < n) {
+        int64_t d64;
+        route(value[k], rb, wd, a.ids_i32, &d64, &value[k]);
+        const unsigned d = static_cast<unsigned>(d64);
+        cnt += 1ull << (4 * d);
+        dp |= d << (4 * k);
+      }
     }
   }
   dpack = dp;
@@ -479,18 +496,48 @@ __device__ __forceinline__ void hist_chunk_any(const BucketizeArgs& a, const Fas
     hist_chunk<0>(a, wd, ids, n, blk, value, dpack, wc, chunk_tot);
 }
 
-// The ranking after hist_chunk: per warp only (no block barrier), from the packed buckets.
-// key[] as rank_chunk's: bucket | slot << 8, slot = same-bucket ids before it in its warp.
+// The ranking after hist_chunk: per warp only (no barrier, no shared memory), from the packed
+// buckets. key[] as rank_chunk's: bucket | slot << 8, slot = same-bucket ids before it in its
+// warp (tile k of 32 ids before tile k + 1). Per tile, five ballots (valid, and the four bits
+// of the bucket) are shared by two uses: lane d (< 16) forms the tile's mask of bucket-d lanes
+// M and keeps bucket d's running count over the earlier tiles, and every lane fetches M and
+// that count from the lane of its own bucket (two shuffles): ~25 instructions a tile instead
+// of ~53 for peers() and a shared running row per lane (rank_tile; run 34, BENCHMARKS.md).
+// The lanes with (x & mask) != 0. Written in PTX so that the test is one predicate-setting
+// LOP3 (from C++, nvcc shifts the bit down, masks it and compares: three instructions).
+__device__ __forceinline__ unsigned ballot_bits(unsigned x, unsigned mask) {
+  unsigned r;
+  asm("{\n\t.reg .pred p;\n\t.reg .b32 t;\n\tand.b32 t, %1, %2;\n\tsetp.ne.u32 p, t, 0;\n\t"
+      "vote.sync.ballot.b32 %0, p, 0xffffffff;\n\t}"
+      : "=r"(r)
+      : "r"(x), "r"(mask));
+  return r;
+}
 __device__ __forceinline__ void rank_from_dest(int n, unsigned dpack,
-                                               unsigned (&key)[kIdsPerLane / 2], int* wrun) {
+                                               unsigned (&key)[kIdsPerLane / 2]) {
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
   const unsigned lt = (1u << lane) - 1u;
-  if (lane < 16) wrun[lane] = 0;
-  __syncwarp();
+  // not_b: all ones where bit b of this lane's bucket index (lane % 16) is 0, so B_b ^ not_b
+  // has a lane set iff that lane's bucket agrees with this lane's index on bit b.
+  const unsigned not0 = (lane & 1) ? 0u : ~0u, not1 = (lane & 2) ? 0u : ~0u;
+  const unsigned not2 = (lane & 4) ? 0u : ~0u, not3 = (lane & 8) ? 0u : ~0u;
+  int run = 0;  // lane d < 16: bucket d's ids in the warp's earlier tiles
 #pragma unroll
   for (int k = 0; k < kIdsPerLane; ++k) {
-    const bool valid = w * kWarpIds + k * 32 + lane < n;  // else no id: bucket -1
-    rank_tile<4>(valid ? static_cast<int>((dpack >> (4 * k)) & 0xfu) : -1, k, lt, wrun, key);
+    const bool valid = w * kWarpIds + k * 32 + lane < n;
+    const unsigned d = (dpack >> (4 * k)) & 0xfu;  // 0 for no id (masked out by V)
+    const unsigned V = __ballot_sync(0xffffffffu, valid);
+    const unsigned B0 = ballot_bits(dpack, 1u << (4 * k)), B1 = ballot_bits(dpack, 2u << (4 * k));
+    const unsigned B2 = ballot_bits(dpack, 4u << (4 * k)), B3 = ballot_bits(dpack, 8u << (4 * k));
+    const unsigned M = V & (B0 ^ not0) & (B1 ^ not1) & (B2 ^ not2) & (B3 ^ not3);
+    const unsigned mine = __shfl_sync(0xffffffffu, M, static_cast<int>(d));
+    const int before = __shfl_sync(0xffffffffu, run, static_cast<int>(d));
+    run += __popc(M);
+    const unsigned kv = valid ? d | static_cast<unsigned>(before + __popc(mine & lt)) << 8 : 0u;
+    if (k % 2 == 0)
+      key[k / 2] = kv;
+    else
+      key[k / 2] |= kv << 16;
   }
 }
 
@@ -721,7 +768,6 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
   __shared__ unsigned s_red[2][kWarps];
   __shared__ int s_len;               // the bag's length
   __shared__ int s_lex[kMaxSharedW];  // the bag's ids in buckets < d (staged placement)
-  __shared__ int s_wrun[kWarps][16];  // rank_from_dest's per-warp running counts
 
   const BucketizeArgs& a = p.a;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
@@ -770,7 +816,14 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
     }
   }
   __syncthreads();
-  const int64_t q = d_upper_bound_m1(s_rbo, R, g);
+  // The bag's rank q: the last q < R with rank_bag_off[q] <= g. With R <= 32 one ballot does
+  // it (rank_bag_off is non-decreasing and starts at 0): ~6 instructions for the binary
+  // search's ~70.
+  int64_t q;
+  if (R <= 32)
+    q = __popc(__ballot_sync(0xffffffffu, lane < R && s_rbo[lane] <= g)) - 1;
+  else
+    q = d_upper_bound_m1(s_rbo, R, g);
   const int first = static_cast<int>(s_rbo[q]);
   unsigned before_bag = 0, before_rank = 0;
 #pragma unroll
@@ -846,7 +899,7 @@ __global__ void __launch_bounds__(kThreads, 4) onepass_kernel(OnePassArgs p) {
     }
     mark(2);
     publish(s_chunk);  // then rank
-    if (bag.len > 0) rank_from_dest(bag.len, dpack, key, s_wrun[warp]);
+    if (bag.len > 0) rank_from_dest(bag.len, dpack, key);
   } else {
     for (int c0 = 0; c0 < bag.len; c0 += kChunk) {
       const int n = bag.len - c0 < kChunk ? bag.len - c0 : kChunk;

@@ -216,7 +216,7 @@ TEST_CASE("batched bucketize: one-pass and three-pass paths == cpu") {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
   cudaStream_t s = nullptr;
-  int fused_runs = 0;
+  int fused_runs = 0, hist_runs = 0, full_rr_runs = 0;
   for (int it = 0; it < 40; ++it) {
     Plan p;
     p.world_size = std::vector<int64_t>{1, 2, 5, 16, 256}[U(0, 4)];
@@ -249,7 +249,11 @@ TEST_CASE("batched bucketize: one-pass and three-pass paths == cpu") {
       for (int64_t f = 0; f < F; ++f)
         for (int64_t b = 0; b < B; ++b) {
           const int64_t kind = U(0, 9);
-          const int64_t len = kind == 0 ? 0 : kind == 1 ? U(2040, 2300) : U(1, 300);
+          // Odd iterations keep every bag within one 2048-id chunk (with W <= 16: the one-pass
+          // kernel's histogram-first path, rank_from_dest), half their long bags exactly full
+          // (its no-bounds-test path for round-robin rules and W a power of two).
+          const int64_t long_len = it % 2 == 0 ? U(2040, 2300) : U(0, 1) ? 2048 : U(2040, 2047);
+          const int64_t len = kind == 0 ? 0 : kind == 1 ? long_len : U(1, 300);
           k.lengths.push_back(len);
           for (int64_t i = 0; i < len; ++i) {
             int64_t id = U(0, 4) == 0 ? static_cast<int64_t>(rng() >> 1)
@@ -265,6 +269,15 @@ TEST_CASE("batched bucketize: one-pass and three-pass paths == cpu") {
     std::vector<int64_t> ref_off{0};
     for (const Kjt& k : kjts)
       for (int64_t l : k.lengths) ref_off.push_back(ref_off.back() + l);
+    // A full 2048-id bag of a round-robin feature with W a power of two (hist_chunk's fast
+    // path, which routes by masking).
+    bool full_rr = false;
+    for (const Kjt& k : kjts)
+      for (int64_t f = 0, i = 0; f < F; ++f)
+        for (int64_t b = 0; b < k.batch_size(f); ++b, ++i)
+          full_rr =
+              full_rr || (k.lengths[i] == 2048 && p.features[f].dist_type != DistType::continuous);
+    full_rr = full_rr && (W & (W - 1)) == 0 && W <= 16;
     for (int variant = 0; variant < 3; ++variant) {
       // 0: the one-pass kernel where eligible (a block per bag); 1 and 2: the three passes
       // with a block per bag and with a warp per bag, whatever the lengths (short bags by
@@ -287,6 +300,8 @@ TEST_CASE("batched bucketize: one-pass and three-pass paths == cpu") {
                  << " N=" << N << " weighted=" << weighted << " int32=" << i32);
       CHECK(cuda::bucketize_fused_eligible(ba, fused) == want_fused);
       fused_runs += want_fused;
+      hist_runs += want_fused && W <= 16 && ba.max_bag_len <= 2048;
+      full_rr_runs += want_fused && full_rr && ba.max_bag_len <= 2048;
       // First on other ids (same lengths), then twice on the real ones, all on one scratch:
       // the scratch words of an earlier launch hold other counts, so a block that took a
       // stale word for a fresh one (the epoch tag) would misplace ids below.
@@ -322,6 +337,8 @@ TEST_CASE("batched bucketize: one-pass and three-pass paths == cpu") {
     }
   }
   CHECK(fused_runs >= 25);
+  CHECK(hist_runs >= 10);
+  CHECK(full_rr_runs >= 3);
 }
 
 TEST_CASE("spec worked example §6.1 on the GPU") {
