@@ -321,6 +321,14 @@ __device__ __forceinline__ unsigned peers(int dest) {
 }
 constexpr int kSmallW = 16;  // W <= kSmallW ranks with peers<4>
 
+// Id k's 16-bit key (bucket | slot << 8) into the k-th half-word of key[].
+__device__ __forceinline__ void put_key(unsigned (&key)[kIdsPerLane / 2], int k, unsigned kv) {
+  if (k % 2 == 0)
+    key[k / 2] = kv;
+  else
+    key[k / 2] |= kv << 16;
+}
+
 // One tile of the warp's ids (the k-th of each lane; dest = its bucket, -1 for no id): its key
 // (bucket | slot << 8, slot = same-bucket ids before it in the warp: row[bucket] from earlier
 // tiles + earlier lanes of this one) goes to the k-th half of key[], and row[] advances by the
@@ -334,12 +342,9 @@ __device__ __forceinline__ void rank_tile(int dest, int k, unsigned lt, int* row
   __syncwarp();
   if (dest >= 0 && below == 0) row[dest] = before + __popc(same);
   __syncwarp();
-  const unsigned kv =
-      dest >= 0 ? static_cast<unsigned>(dest) | static_cast<unsigned>(before + below) << 8 : 0u;
-  if (k % 2 == 0)
-    key[k / 2] = kv;
-  else
-    key[k / 2] |= kv << 16;
+  put_key(
+      key, k,
+      dest >= 0 ? static_cast<unsigned>(dest) | static_cast<unsigned>(before + below) << 8 : 0u);
 }
 
 // Lane l of warp w loads ids w*kWarpIds + k*32 + l (k < kIdsPerLane) of a chunk of n, issued
@@ -496,13 +501,6 @@ __device__ __forceinline__ void hist_chunk_any(const BucketizeArgs& a, const Fas
     hist_chunk<0>(a, wd, ids, n, blk, value, dpack, wc, chunk_tot);
 }
 
-// The ranking after hist_chunk: per warp only (no barrier, no shared memory), from the packed
-// buckets. key[] as rank_chunk's: bucket | slot << 8, slot = same-bucket ids before it in its
-// warp (tile k of 32 ids before tile k + 1). Per tile, five ballots (valid, and the four bits
-// of the bucket) are shared by two uses: lane d (< 16) forms the tile's mask of bucket-d lanes
-// M and keeps bucket d's running count over the earlier tiles, and every lane fetches M and
-// that count from the lane of its own bucket (two shuffles): ~25 instructions a tile instead
-// of ~53 for peers() and a shared running row per lane (rank_tile; run 34, BENCHMARKS.md).
 // The lanes with (x & mask) != 0. Written in PTX so that the test is one predicate-setting
 // LOP3 (from C++, nvcc shifts the bit down, masks it and compares: three instructions).
 __device__ __forceinline__ unsigned ballot_bits(unsigned x, unsigned mask) {
@@ -513,6 +511,14 @@ __device__ __forceinline__ unsigned ballot_bits(unsigned x, unsigned mask) {
       : "r"(x), "r"(mask));
   return r;
 }
+
+// The ranking after hist_chunk: per warp only (no barrier, no shared memory), from the packed
+// buckets. key[] as rank_chunk's: bucket | slot << 8, slot = same-bucket ids before it in its
+// warp (tile k of 32 ids before tile k + 1). Per tile, five ballots (valid, and the four bits
+// of the bucket) are shared by two uses: lane d (< 16) forms the tile's mask of bucket-d lanes
+// M and keeps bucket d's running count over the earlier tiles, and every lane fetches M and
+// that count from the lane of its own bucket (two shuffles): ~25 instructions a tile instead
+// of ~53 for peers() and a shared running row per lane (rank_tile; run 34, BENCHMARKS.md).
 __device__ __forceinline__ void rank_from_dest(int n, unsigned dpack,
                                                unsigned (&key)[kIdsPerLane / 2]) {
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -533,11 +539,7 @@ __device__ __forceinline__ void rank_from_dest(int n, unsigned dpack,
     const unsigned mine = __shfl_sync(0xffffffffu, M, static_cast<int>(d));
     const int before = __shfl_sync(0xffffffffu, run, static_cast<int>(d));
     run += __popc(M);
-    const unsigned kv = valid ? d | static_cast<unsigned>(before + __popc(mine & lt)) << 8 : 0u;
-    if (k % 2 == 0)
-      key[k / 2] = kv;
-    else
-      key[k / 2] |= kv << 16;
+    put_key(key, k, valid ? d | static_cast<unsigned>(before + __popc(mine & lt)) << 8 : 0u);
   }
 }
 
