@@ -25,7 +25,7 @@ for r in $(seq 1 "$ROUNDS"); do
       us=$(awk '{for (i = 1; i <= NF; ++i) if ($i == "ranks)") { print $(i + 4); exit }}' <<<"$row")
       times[$key]="${times[$key]:-} ${us:-failed}"
       echo "round $r $key: $row"
-      grep -m1 "steps over" <<<"$out" | sed 's/^/    /'
+      grep "steps over\|per quarter" <<<"$out" | sed 's/^/    /'
       grep -qi "mismatch\|error" <<<"$out" && { echo "    ^ $key failed:"; tail -3 <<<"$out"; }
     done
   done

@@ -416,6 +416,28 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
                             pt + 1 < cuda::kBucketizeTracePoints ? "," : "");
       }
       notes.push_back(line);
+      // The same trace by quarter of the grid in launch order (blocks g with g * 4 / L = k):
+      // blocks are dispatched in index order, so quarter k holds roughly the k-th block of
+      // each SM, and the quarter whose slowest block is latest sets the kernel's end.
+      std::string by_quarter = fmt::format(
+          "one-pass slowest block per quarter of the grid (blocks g*4/{} = k), us: counts "
+          "published / rank's counts seen / placed:",
+          L);
+      for (int64_t k = 0; k < 4; ++k) {
+        double pub = 0, seen = 0, placed = 0;
+        bool any = false;
+        for (int64_t g = 0; g < L; ++g) {
+          if (g * 4 / L != k) continue;
+          any = true;
+          const unsigned long long* b = &tr[g * cuda::kBucketizeTracePoints];
+          pub = std::max(pub, 1e-3 * static_cast<double>(b[2] - t0));
+          seen = std::max(seen, 1e-3 * static_cast<double>(b[3] - t0));
+          placed = std::max(placed, 1e-3 * static_cast<double>(b[5] - t0));
+        }
+        by_quarter += any ? fmt::format(" q{} {:.1f}/{:.1f}/{:.1f}", k, pub, seen, placed)
+                          : fmt::format(" q{} -", k);
+      }
+      notes.push_back(by_quarter);
     }
     // Check against the CPU reference (derive_input_dist's bucketize).
     const std::vector<int64_t> perm = bb.d_perm.download(s), nv = bb.d_new_values.download(s),
