@@ -96,7 +96,8 @@ if [ "${NCU:-0}" = 1 ]; then  # evidence for the bucketize: profiled launches of
 fi
 stamp "peer"
 for n in criteo hstu hstu16 pooled64; do
-  [ -f $EXP/$n/meta.json ] && $PY bench/peer_torch.py $EXP/$n --iters $ITERS --json "$LOG/peer-$n.json" \
+  [ -f $EXP/$n/meta.json ] || continue  # not exported by this mode (--quick: hstu only)
+  $PY bench/peer_torch.py $EXP/$n --iters $ITERS --json "$LOG/peer-$n.json" \
     > "$LOG/peer-$n.txt" 2>&1 || echo "peer $n failed: $(tail -3 "$LOG/peer-$n.txt")"
 done
 stamp "summary"
