@@ -401,6 +401,9 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
       const std::vector<unsigned long long> tr = d_trace.download(s);
       unsigned long long t0 = ~0ull;
       for (int64_t g = 0; g < L; ++g) t0 = std::min(t0, tr[g * cuda::kBucketizeTracePoints]);
+      const auto us = [&](int64_t g, int pt) {  // block g's trace point pt
+        return 1e-3 * static_cast<double>(tr[g * cuda::kBucketizeTracePoints + pt] - t0);
+      };
       std::string line = fmt::format(
           "one-pass steps over {} bags, us after the first block "
           "started (median / max):",
@@ -409,8 +412,7 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
                              "bases", "placed"};
       for (int pt = 0; pt < cuda::kBucketizeTracePoints; ++pt) {
         std::vector<double> v;
-        for (int64_t g = 0; g < L; ++g)
-          v.push_back(1e-3 * static_cast<double>(tr[g * cuda::kBucketizeTracePoints + pt] - t0));
+        for (int64_t g = 0; g < L; ++g) v.push_back(us(g, pt));
         std::sort(v.begin(), v.end());
         line += fmt::format(" {} {:.1f}/{:.1f}{}", names[pt], v[v.size() / 2], v.back(),
                             pt + 1 < cuda::kBucketizeTracePoints ? "," : "");
@@ -423,20 +425,19 @@ int run_cuda(const BenchArgs& a, const Workload& w) {
           "one-pass slowest block per quarter of the grid (blocks g*4/{} = k), us: counts "
           "published / rank's counts seen / placed:",
           L);
-      for (int64_t k = 0; k < 4; ++k) {
-        double pub = 0, seen = 0, placed = 0;
-        bool any = false;
-        for (int64_t g = 0; g < L; ++g) {
-          if (g * 4 / L != k) continue;
-          any = true;
-          const unsigned long long* b = &tr[g * cuda::kBucketizeTracePoints];
-          pub = std::max(pub, 1e-3 * static_cast<double>(b[2] - t0));
-          seen = std::max(seen, 1e-3 * static_cast<double>(b[3] - t0));
-          placed = std::max(placed, 1e-3 * static_cast<double>(b[5] - t0));
-        }
-        by_quarter += any ? fmt::format(" q{} {:.1f}/{:.1f}/{:.1f}", k, pub, seen, placed)
-                          : fmt::format(" q{} -", k);
+      double pub[4] = {}, seen[4] = {}, placed[4] = {};
+      bool any[4] = {};
+      for (int64_t g = 0; g < L; ++g) {
+        const int64_t k = g * 4 / L;
+        any[k] = true;
+        pub[k] = std::max(pub[k], us(g, 2));
+        seen[k] = std::max(seen[k], us(g, 3));
+        placed[k] = std::max(placed[k], us(g, 5));
       }
+      for (int k = 0; k < 4; ++k)
+        by_quarter += any[k]
+                          ? fmt::format(" q{} {:.1f}/{:.1f}/{:.1f}", k, pub[k], seen[k], placed[k])
+                          : fmt::format(" q{} -", k);
       notes.push_back(by_quarter);
     }
     // Check against the CPU reference (derive_input_dist's bucketize).
