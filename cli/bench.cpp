@@ -228,7 +228,7 @@ int run_cpu(const BenchArgs& a, const Workload& w) {
             0,
             ""};
     s.us = time_host(
-        [&] { be->pooled_output_dist(p, d.variable_batch, lp, cp, kp, [](int, EmbTensor&&) {}); });
+        [&] { be->pooled_output_dist(p, d.variable_batch, lp, cp, [](int, EmbTensor&&) {}); });
     st.push_back(s);
   }
   report(a, w, be->device(), 0, st, {});

@@ -18,7 +18,7 @@ struct SynthArgs {
   std::string plan_path, preset, out;
   std::optional<int64_t> batches, batch_size, empty_rank;
   std::optional<uint64_t> seed;
-  std::string batch_sizes, hotness, ids, store, index_type;
+  std::string batch_sizes, hotness, ids, store, index_type, plant;
   bool vbe = false, weighted = false;
   double oob = 0.0;
 };
@@ -106,11 +106,20 @@ int run_synth(const SynthArgs& a) {
           o.store_local_embs = true;
         else if (s == "output")
           o.store_output = true;
+        else if (s == "module_output")
+          o.store_module_output = true;
         else
           throw UsageError("--store: unknown part '" + s +
-                           "' (want a list of ctx, local_embs, output, or none)");
+                           "' (want a list of ctx, local_embs, output, module_output, or none)");
       }
   }
+  if (a.plant == "output-after-callback")
+    o.plant = SynthOptions::Plant::output_after_callback;
+  else if (a.plant == "local-embs-means")
+    o.plant = SynthOptions::Plant::local_embs_means;
+  else if (!a.plant.empty())
+    throw UsageError("--plant: want output-after-callback or local-embs-means, got '" + a.plant +
+                     "'");
   check_synth_options(plan, o);
 
   // Progress only when a person is watching: stderr on a terminal.
@@ -124,6 +133,7 @@ int run_synth(const SynthArgs& a) {
   if (o.store_ctx) parts.emplace_back("ctx");
   if (o.store_local_embs) parts.emplace_back("local_embs");
   if (o.store_output) parts.emplace_back("output");
+  if (o.store_module_output) parts.emplace_back("module_output");
   fmt::print("wrote {}: {} plan, W={}, F={}, {} batch(es), seed {}, stored: KJT{}{}\n", a.out,
              to_string(plan.module), plan.world_size, plan.num_features(), o.batches, o.seed,
              parts.empty() ? "" : ", ", fmt::join(parts, ", "));
@@ -171,8 +181,13 @@ void setup_synth(CLI::App& app, RunFn& run) {
   sub->add_option("--index-type", args->index_type, "int32 or int64 (default) lengths and ids");
   sub->add_option("--store", args->store,
                   "Optional parts to fill with the reference engine: a list of ctx, "
-                  "local_embs, output, or none (default all three; ctx only for "
+                  "local_embs, output, module_output (pooled: the module's output after mean "
+                  "pooling), or none (default ctx, local_embs, output; ctx only for "
                   "ec-bench-criteo and hstu-e2e, whose lookup outputs are gigabytes)");
+  sub->add_option("--plant", args->plant,
+                  "Plant a MEAN fault to see its diagnosis: output-after-callback (output "
+                  "holds the mean-divided result) or local-embs-means (the lookup kept MEAN "
+                  "pooling: per-rank means instead of sums)");
   sub->callback([&run, args] { run = [args] { return run_synth(*args); }; });
 }
 

@@ -59,7 +59,7 @@ class CudaBackend final : public Backend {
   void pooled_output_dist(const Plan& plan, bool variable_batch,
                           const std::vector<const EmbTensor*>& local_embs,
                           const std::vector<const ShardingContext*>& ctx,
-                          const std::vector<const Kjt*>& kjts, const OutputSink& sink) override;
+                          const OutputSink& sink) override;
 
  private:
   void sync() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
@@ -301,37 +301,14 @@ void CudaBackend::sequence_output_dist(const Plan& plan,
 void CudaBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
                                      const std::vector<const EmbTensor*>& local_embs,
                                      const std::vector<const ShardingContext*>& ctx,
-                                     const std::vector<const Kjt*>& kjts, const OutputSink& sink) {
-  const int64_t W = plan.world_size, F = plan.num_features();
+                                     const OutputSink& sink) {
+  const int64_t W = plan.world_size;
   const DType rd = pooled_reduce_dtype(plan);
   const bool codec = plan.comm_precision != DType::f32;
-  const PooledDistCheck chk = check_pooled_dist(plan, variable_batch, local_embs, ctx, kjts);
+  const PooledDistCheck chk = check_pooled_dist(plan, variable_batch, local_embs, ctx);
   // Every rank's local_embs has the same size (the check enforces it), so the W inputs
   // are stacked back to back and chunk r of each is at the receiver's offsets.
   const std::vector<int64_t>& chunk_len = chk.chunk_len;
-  // MEAN: the W outputs back to back are runs of D_f elements, each divided by the divisor
-  // of one bag of the destination's own KJT: rows b then features f ([B_r, sum_D], columns
-  // in feature order), or [f][b] (VBE 1-D).
-  std::vector<int64_t> run_off{0};
-  std::vector<float> run_div;
-  if (plan.any_mean) {
-    for (int64_t r = 0; r < W; ++r) {
-      const Kjt& k = *kjts[r];
-      const std::vector<float> div = mean_divisors(plan, k);
-      auto run = [&](int64_t f, int64_t b) {
-        run_off.push_back(run_off.back() + plan.features[f].dim);
-        run_div.push_back(div[k.bag_begin(f) + b]);
-      };
-      if (!variable_batch) {
-        const int64_t B = chunk_len[r] / std::max<int64_t>(1, plan.sum_dim);
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t f = 0; f < F; ++f) run(f, b);
-      } else {
-        for (int64_t f = 0; f < F; ++f)
-          for (int64_t b = 0; b < k.batch_size(f); ++b) run(f, b);
-      }
-    }
-  }
   CUDA_CHECK(cudaSetDevice(device_));
   const int64_t n = W ? local_embs[0]->numel() : 0;  // all equal, checked above
   DeviceBuffer<float> d_parts, d_out;
@@ -343,15 +320,6 @@ void CudaBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
   if (codec) cuda::launch_codec(d_parts.data(), W * n, static_cast<int>(rd), stream_);
   d_out.resize(n);
   cuda::launch_reduce(d_parts.data(), W, n, n, static_cast<int>(rd), d_out.data(), stream_);
-  if (plan.any_mean && !run_div.empty()) {
-    DeviceBuffer<int64_t> d_ro;
-    DeviceBuffer<float> d_div;
-    d_ro.upload(run_off, stream_);
-    d_div.upload(run_div, stream_);
-    cuda::launch_divide_runs(d_out.data(), d_ro.data(), d_div.data(),
-                             static_cast<int64_t>(run_div.size()), stream_);
-    sync();
-  }
   sync();
   int64_t base = 0;
   for (int64_t r = 0; r < W; ++r) {

@@ -174,8 +174,5 @@ void launch_reduce(const float* parts, int64_t num_parts, int64_t stride, int64_
                    int round_dtype, float* out, cudaStream_t s);
 // Elementwise codec encode (clamp + round) in place: the encode-decode around a collective.
 void launch_codec(float* x, int64_t n, int dtype, cudaStream_t s);
-// MEAN: run r = elements [run_off[r], run_off[r+1]) is divided by divisor[r] (fp32 div).
-void launch_divide_runs(float* x, const int64_t* run_off, const float* divisor, int64_t nruns,
-                        cudaStream_t s);
 
 }  // namespace dynemb::cuda

@@ -17,7 +17,7 @@
 //     of its k ranks ([W][M_g]) and sums them in rank order d = 0..W-1 (launch_reduce, with
 //     the low-precision rounding of a codec or of fp16/bf16 data): the CPU reference's
 //     order, bit for bit.
-// Then the MEAN divisor and the download of each rank's output, in rank order.
+// Then the download of each rank's output, in rank order (MEAN tables stay sums here).
 #include "nccl_backend.hpp"
 
 #include <cuda_runtime_api.h>
@@ -47,53 +47,24 @@ void h2d(float* dst, const float* src, int64_t n, cudaStream_t s) {
 }
 
 // The pooled chunk layout after validation: destination r's output is chunk r of every
-// source buffer, chunk_off[d][r] .. + chunk_len[r] (elements); MEAN runs over all outputs
-// back to back (run_off [nruns+1], run_div [nruns]), run_first[r] = first run of rank r.
+// source buffer, chunk_off[d][r] .. + chunk_len[r] (elements).
 struct PooledLayout {
   std::vector<std::vector<int64_t>> chunk_off;  // [W][W+1]
   std::vector<int64_t> chunk_len;               // [W]
   bool equal = true;                            // every chunk_len equal (and non-VBE)
-  std::vector<int64_t> run_off{0};
-  std::vector<float> run_div;
-  std::vector<int64_t> run_first;  // [W+1]
 };
 
 // Checks through the shared check_pooled_dist (engine/dist_checks.hpp: same rank, field and
-// words as the other backends), then the MEAN runs of every destination.
+// words as the other backends).
 PooledLayout pooled_layout(const Plan& plan, bool variable_batch,
                            const std::vector<const EmbTensor*>& local_embs,
-                           const std::vector<const ShardingContext*>& ctx,
-                           const std::vector<const Kjt*>& kjts) {
-  const int64_t W = plan.world_size, F = plan.num_features();
-  PooledDistCheck c = check_pooled_dist(plan, variable_batch, local_embs, ctx, kjts);
+                           const std::vector<const ShardingContext*>& ctx) {
+  PooledDistCheck c = check_pooled_dist(plan, variable_batch, local_embs, ctx);
   PooledLayout L;
   L.chunk_off = std::move(c.chunk_off);
   L.chunk_len = std::move(c.chunk_len);
   L.equal = !variable_batch && std::all_of(L.chunk_len.begin(), L.chunk_len.end(),
                                            [&](int64_t x) { return x == L.chunk_len[0]; });
-  // MEAN: runs of D_f elements, one per bag of the destination's own KJT: rows b then
-  // features f ([B_r, sum_D]), or [f][b] (VBE 1-D).
-  L.run_first.assign(static_cast<size_t>(W + 1), 0);
-  if (plan.any_mean) {
-    for (int64_t r = 0; r < W; ++r) {
-      L.run_first[r] = static_cast<int64_t>(L.run_div.size());
-      const Kjt& k = *kjts[r];
-      const std::vector<float> div = mean_divisors(plan, k);
-      auto run = [&](int64_t f, int64_t b) {
-        L.run_off.push_back(L.run_off.back() + plan.features[f].dim);
-        L.run_div.push_back(div[k.bag_begin(f) + b]);
-      };
-      if (!variable_batch) {
-        const int64_t B = L.chunk_len[r] / std::max<int64_t>(1, plan.sum_dim);
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t f = 0; f < F; ++f) run(f, b);
-      } else {
-        for (int64_t f = 0; f < F; ++f)
-          for (int64_t b = 0; b < k.batch_size(f); ++b) run(f, b);
-      }
-    }
-  }
-  L.run_first[W] = static_cast<int64_t>(L.run_div.size());
   return L;
 }
 
@@ -126,7 +97,7 @@ class NcclBackend final : public Backend {
   void pooled_output_dist(const Plan& plan, bool variable_batch,
                           const std::vector<const EmbTensor*>& local_embs,
                           const std::vector<const ShardingContext*>& ctx,
-                          const std::vector<const Kjt*>& kjts, const OutputSink& sink) override;
+                          const OutputSink& sink) override;
 
  private:
   // The World for W ranks: the first G' devices, G' the largest divisor of W <= #devices,
@@ -261,9 +232,9 @@ void NcclBackend::sequence_output_dist(const Plan& plan,
 void NcclBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
                                      const std::vector<const EmbTensor*>& local_embs,
                                      const std::vector<const ShardingContext*>& ctx,
-                                     const std::vector<const Kjt*>& kjts, const OutputSink& sink) {
+                                     const OutputSink& sink) {
   const int64_t W = plan.world_size;
-  const PooledLayout L = pooled_layout(plan, variable_batch, local_embs, ctx, kjts);
+  const PooledLayout L = pooled_layout(plan, variable_batch, local_embs, ctx);
   const DType rd = pooled_reduce_dtype(plan);
   const bool codec = plan.comm_precision != DType::f32;
   const nccl::World& w = world(W);
@@ -330,22 +301,6 @@ void NcclBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
                           d_out[g].data(), w.stream(g));
     }
   }
-  // MEAN divisor on each GPU's outputs (runs rebased to the GPU's buffer).
-  std::vector<DeviceBuffer<int64_t>> d_ro(G);
-  std::vector<DeviceBuffer<float>> d_div(G);
-  if (plan.any_mean)
-    for (int g = 0; g < G; ++g) {
-      const int64_t q0 = L.run_first[g * k], q1 = L.run_first[(g + 1) * k];
-      if (q1 == q0) continue;
-      std::vector<int64_t> ro(L.run_off.begin() + q0, L.run_off.begin() + q1 + 1);
-      const int64_t base = ro.front();
-      for (int64_t& x : ro) x -= base;
-      w.set_device(g);
-      d_ro[g].upload(ro, w.stream(g));
-      d_div[g].upload(L.run_div.data() + q0, q1 - q0, w.stream(g));
-      cuda::launch_divide_runs(d_out[g].data(), d_ro[g].data(), d_div[g].data(), q1 - q0,
-                               w.stream(g));
-    }
   w.synchronize();
   for (int64_t r = 0; r < W; ++r) {
     const int64_t len = L.chunk_len[r];

@@ -1,5 +1,6 @@
 // Pooled path (rw-semantics.md §5, §7, §8): oracle segment sums (the TBE lookup of one rank),
-// the reduce of W partial buffers, the codec and the MEAN divisor. Equal, unequal and VBE
+// the reduce of W partial buffers and the codec (MEAN tables are summed: the dist carries
+// sums, the module divides later). Equal, unequal and VBE
 // reduce-scatters are one kernel: in all three, destination r's output is chunk r of every
 // source's buffer and the chunks are in rank order, so the W outputs together are the
 // elementwise sum of the W whole partial buffers (each [sum_s B_s, sum_D] or 1-D VBE).
@@ -93,17 +94,6 @@ __global__ void codec_kernel(float* x, int64_t n, int t) {
     x[e] = d_codec_encode(t, x[e]);
 }
 
-__global__ void divide_runs_kernel(float* x, const int64_t* run_off, const float* div,
-                                   int64_t nruns) {
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
-  const int lane = threadIdx.x % 32;
-  for (int64_t r = warp; r < nruns; r += nwarps) {
-    const float q = div[r];
-    for (int64_t e = run_off[r] + lane; e < run_off[r + 1]; e += 32) x[e] = __fdiv_rn(x[e], q);
-  }
-}
-
 }  // namespace
 
 void launch_pooled_lookup(const PooledLookupArgs& a, cudaStream_t s) {
@@ -140,13 +130,6 @@ void launch_reduce(const float* parts, int64_t num_parts, int64_t stride, int64_
 void launch_codec(float* x, int64_t n, int dtype, cudaStream_t s) {
   if (n <= 0 || dtype == 0) return;
   codec_kernel<<<grid_for(n), kThreads, 0, s>>>(x, n, dtype);
-  CUDA_CHECK_LAUNCH();
-}
-
-void launch_divide_runs(float* x, const int64_t* run_off, const float* divisor, int64_t nruns,
-                        cudaStream_t s) {
-  if (nruns <= 0) return;
-  divide_runs_kernel<<<grid_for(nruns * 32, 16), kThreads, 0, s>>>(x, run_off, divisor, nruns);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -43,7 +43,7 @@ void run_with_ctx(const Plan& p, const std::vector<Kjt>& k, Mutate mutate) {
   if (p.module == ModuleKind::sequence)
     RwSequenceEmbeddingDist(p, *be).forward(lp, cp, sink);
   else
-    RwPooledEmbeddingDist(p, *be).forward(0, lp, cp, ptrs(k), sink);
+    RwPooledEmbeddingDist(p, *be).forward(0, lp, cp, sink);
 }
 
 template <class Mutate>

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include "common/hash.hpp"
+#include "engine/mean_pooling.hpp"
 #include "engine/ops.hpp"
 #include "test_engine_util.hpp"
 
@@ -220,19 +221,29 @@ TEST_CASE("§7.1 pooled output dist") {
   CHECK(out[0].data == std::vector<float>{8, 9, 0, 0, 5, 5.5, 306, 307.5});
   CHECK(out[1].data == std::vector<float>{9, 9.5, 105, 105.5, 3, 4, 0, 0});
 
-  SUBCASE("MEAN divisor: length + 1e-6 on MEAN columns, 1 + 1e-6 on SUM columns") {
+  SUBCASE("MEAN: the dist carries sums; the module divides by length + 1e-6, SUM by 1 + 1e-6") {
     Plan pm = make_plan(2, ModuleKind::pooled,
                         {table("t0", 10, 2, {"f0"}),
                          table("t1", 6, 2, {"f1"}, DistType::continuous, PoolingMode::mean)});
     auto srcm = example_source(pm);
     std::vector<EmbTensor> om = run_sharded(pm, k, *srcm, *be);
+    // The dist's result is the SUM result, bit for bit (TorchRec divides after the dist).
+    CHECK(om[0].dtype == DType::f32);
+    CHECK(om[0].data == out[0].data);
+    CHECK(om[1].data == out[1].data);
+    for (int r = 0; r < 2; ++r) CHECK(om[r].data == reference_output(pm, r, k[r], *srcm, 0).data);
+    // The module's callback: every column divided, SUM columns by float32(1 + 1e-6).
     const float one = 1.0f + 1e-6f;
     CHECK(one == 1.00000095367431640625f);
+    const EmbTensor m0 = module_output(pm, k[0], om[0], nullptr);
+    CHECK(m0.shape == V{2, 4});
     // rank0 sample1: f1 = {4,0,2} -> 306 / (3 + 1e-6); sample0 f1 empty -> 0 / 1e-6 = 0.
-    CHECK(om[0].data == std::vector<float>{8 / one, 9 / one, 0.0f / 1e-6f, 0.0f / 1e-6f, 5 / one,
-                                           5.5f / one, 306 / (3 + 1e-6f), 307.5f / (3 + 1e-6f)});
-    CHECK(om[0].data[2] == 0.0f);
-    for (int r = 0; r < 2; ++r) CHECK(om[r].data == reference_output(pm, r, k[r], *srcm, 0).data);
+    CHECK(m0.data == std::vector<float>{8 / one, 9 / one, 0.0f / 1e-6f, 0.0f / 1e-6f, 5 / one,
+                                        5.5f / one, 306 / (3 + 1e-6f), 307.5f / (3 + 1e-6f)});
+    CHECK(m0.data[2] == 0.0f);
+    CHECK(mean_divided(pm, k[0], om[0]).data == m0.data);
+    // Without a MEAN table there is no callback: the module output is the dist's output.
+    CHECK(module_output(p, k[0], out[0], nullptr).data == out[0].data);
   }
   SUBCASE("weighted: sum of w * E") {
     std::vector<Kjt> kw = k;
@@ -278,6 +289,46 @@ TEST_CASE("§7.2 pooled VBE (dims 2 and 3)") {
   CHECK(out[0].data == std::vector<float>{1, 11, 6, 16, 104, 204, 304});
   CHECK(out[1].data == std::vector<float>{0, 10, 0, 0, 8, 18, 205, 405, 605});
   for (int r = 0; r < 2; ++r) CHECK(out[r].data == reference_output(p, r, k[r], *src, 0).data);
+
+  // The module expands rank 1 by its inverse indices (f0: [0,1,2,2], f1: [0,0,0,0], B_full 4).
+  const V inv = {0, 1, 2, 2, 0, 0, 0, 0};
+  const EmbTensor m1 = module_output(p, k[1], out[1], &inv);
+  CHECK(m1.shape == V{4, 5});
+  CHECK(m1.data == std::vector<float>{0, 10, 205, 405, 605, 0, 0,  205, 405, 605,
+                                      8, 18, 205, 405, 605, 8, 18, 205, 405, 605});
+  CHECK_THROWS_AS(module_output(p, k[1], out[1], nullptr), Error);
+  // MEAN f1: rank 1's bag {2,3} has 2 ids; the divisor is taken after the expansion, so every
+  // full sample of f1 is (205, 405, 605) / (2 + 1e-6); f0 (SUM) is divided by 1 + 1e-6.
+  Plan pm = make_plan(2, ModuleKind::pooled,
+                      {table("t0", 10, 2, {"f0"}),
+                       table("t1", 6, 3, {"f1"}, DistType::continuous, PoolingMode::mean)});
+  const EmbTensor mm = module_output(pm, k[1], out[1], &inv);
+  const float one = 1.0f + 1e-6f, two = 2.0f + 1e-6f;
+  CHECK(mm.data == std::vector<float>{0 / one, 10 / one, 205 / two, 405 / two, 605 / two,
+                                      0 / one, 0 / one,  205 / two, 405 / two, 605 / two,
+                                      8 / one, 18 / one, 205 / two, 405 / two, 605 / two,
+                                      8 / one, 18 / one, 205 / two, 405 / two, 605 / two});
+
+  // A lookup that kept MEAN under RW: rank 1's local sub-bag of f1 from source 1 holds {3}
+  // (1 id) and from source 0 holds {4} (1 id); rank 0's f1 bag from source 1 holds {2}.
+  // Every MEAN sub-bag with one id keeps its sum; f0 is SUM and unchanged.
+  const EmbTensor pm0 = per_rank_means(pm, d.ranks[0].lookup_kjt, local[0]);
+  CHECK(pm0.data == local[0].data);
+}
+
+TEST_CASE("per-rank means: MEAN sub-bags scaled by 1/local length, empty ones 0") {
+  Plan pm = make_plan(2, ModuleKind::pooled,
+                      {table("t0", 10, 2, {"f0"}),
+                       table("t1", 6, 2, {"f1"}, DistType::continuous, PoolingMode::mean)});
+  auto src = example_source(pm);
+  std::vector<Kjt> k = example_kjts();
+  auto be = make_cpu_backend(2);
+  DerivedBatch d = derive_input_dist(pm, ptrs(k), *be);
+  std::vector<EmbTensor> local = derive_local_embs(pm, d, *src, *be, 0);
+  // rank0 local rows (s,b): (0,1) f1 = [202, 203] is the sum of 2 ids (ids 0 and 2 of f1).
+  CHECK(local[0].data == std::vector<float>{1, 1.5, 0, 0, 0, 0, 202, 203, 0, 0, 0, 0, 3, 4, 0, 0});
+  const EmbTensor m = per_rank_means(pm, d.ranks[0].lookup_kjt, local[0]);
+  CHECK(m.data == std::vector<float>{1, 1.5, 0, 0, 0, 0, 101, 101.5, 0, 0, 0, 0, 3, 4, 0, 0});
 }
 
 TEST_CASE("§10.2 fmix64 table and roundrobin routing") {

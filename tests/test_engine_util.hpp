@@ -95,7 +95,7 @@ inline std::vector<EmbTensor> run_sharded(const Plan& plan, const std::vector<Kj
     dist.forward(lp, cp, sink);
   } else {
     RwPooledEmbeddingDist local_dist(plan, be);
-    (pooled ? *pooled : local_dist).forward(batch, lp, cp, kp, sink);
+    (pooled ? *pooled : local_dist).forward(batch, lp, cp, sink);
   }
   return out;
 }

@@ -80,7 +80,7 @@ TEST_CASE("summary counts checks by status and stage, exit code 0/1/2") {
 TEST_CASE("JSON report: schema version, summary, one entry per check") {
   const Report r = sample_report();
   const auto j = nlohmann::json::parse(json_report(r));
-  CHECK(j["schema_version"] == "1.0.0");
+  CHECK(j["schema_version"] == "1.1.0");
   CHECK(j["argv"].size() == 3);
   CHECK(j["tool"]["version"] == "0.1.0");
   CHECK(j["capture"]["sha256"] == std::string(64, 'a'));

@@ -275,6 +275,8 @@ struct CaptureReader::Impl {
   }
 
   void read_kjt(const Plan& plan, const std::string& rp, Kjt& kjt) const;
+  void read_module_output(const Plan& plan, const std::string& rp, const ReadParts& parts,
+                          RankBatch& rb) const;
 };
 
 namespace {
@@ -578,6 +580,93 @@ void CaptureReader::Impl::read_kjt(const Plan& plan, const std::string& rp, Kjt&
   }
 }
 
+namespace {
+
+// Plans have at most this many features; a longer `keys` list is damaged.
+constexpr int64_t kMaxKeys = 1 << 20;
+
+}  // namespace
+
+// module_output (+ inverse_indices for a VBE KJT) of one rank-batch, pooled plans only.
+void CaptureReader::Impl::read_module_output(const Plan& plan, const std::string& rp,
+                                             const ReadParts& parts, RankBatch& rb) const {
+  const Impl& I = *this;
+  const int64_t F = plan.num_features();
+  const Kjt& kjt = rb.kjt;
+  std::optional<Ds> inv = I.try_open(rp + "/inverse_indices");
+  std::optional<Ds> mo = I.try_open(rp + "/module_output");
+  if (plan.module == ModuleKind::sequence) {
+    if (mo) I.fail(mo->path, "a sequence plan has no module_output (pooled plans only)");
+    return;
+  }
+  int64_t rows = kjt_stride(kjt);
+  if (inv) {
+    I.expect_int(*inv, {8}, "int64");
+    if (inv->dims.size() != 2 || inv->dims[0] != F)
+      I.fail(inv->path, fmt::format("shape {}, want [F = {}, B_full]", shape_str(inv->dims), F));
+    rows = inv->dims[1];
+    std::vector<int64_t> v = I.read_ints(*inv);
+    for (int64_t f = 0; f < F; ++f)
+      for (int64_t b = 0; b < rows; ++b) {
+        const int64_t x = v[size_t(f * rows + b)];
+        if (x < 0 || x >= kjt_batch_size(kjt, f))
+          I.fail(inv->path, fmt::format("[{}, {}] = {} outside feature {}'s batch of {}", f, b, x,
+                                        plan.features[f].name, kjt_batch_size(kjt, f)));
+      }
+    rb.inverse_indices = std::move(v);
+  }
+  if (!mo) return;
+  if (kjt.is_vbe() && !inv)
+    I.fail(mo->path,
+           "a variable-batch rank-batch needs inverse_indices [F, B_full] beside module_output "
+           "(the module expands the per-feature batches with them)");
+  // The module divides by a float32 divisor when any table is MEAN (torch promotes to fp32).
+  const DType want = plan.any_mean ? DType::f32 : output_dist_dtype(plan);
+  const DType t = I.float_type(*mo);
+  if (t != want)
+    I.fail(mo->path, fmt::format("dtype {}, want {}", dtype_h5_name(t), dtype_h5_name(want)));
+  I.expect_shape(*mo, {rows, plan.sum_dim}, inv ? "B_full, sum_D" : "B_r, sum_D");
+  if (!parts.module_output) return;
+  EmbTensor e;
+  e.dtype = t;
+  e.shape = {rows, plan.sum_dim};
+  if (parts.float_data) e.data = I.read_floats(*mo, t);
+  rb.module_output = std::move(e);
+}
+
+void check_kjt_keys(const Plan& plan, const std::vector<std::string>& keys, const std::string& file,
+                    const std::string& path) {
+  std::vector<std::string> want;
+  for (const FeatureInfo& f : plan.features) want.push_back(f.name);
+  if (keys == want) return;
+  auto list = [](const std::vector<std::string>& v) {
+    return "[" + fmt::format("{}", fmt::join(v, ", ")) + "]";
+  };
+  std::vector<std::string> a = keys, b = want;
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  std::string msg = fmt::format(
+      "the KJT keys at the input dist are {} but the plan ({}) lists "
+      "its features as {}",
+      list(keys), plan.path, list(want));
+  if (a == b) {
+    msg +=
+        ": the same features in another order. TorchRec's row-wise sharding groups its tables "
+        "(by pooling type, data type and more, in order of first appearance) and permutes the "
+        "KJT into that order before the input dist; list the plan's features in the sharding's "
+        "order (dynemb_capture exports the plan that way)";
+  } else {
+    std::vector<std::string> missing, extra;
+    std::set_difference(b.begin(), b.end(), a.begin(), a.end(), std::back_inserter(missing));
+    std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(extra));
+    if (!missing.empty())
+      msg += "; not in the capture: " + fmt::format("{}", fmt::join(missing, ", "));
+    if (!extra.empty()) msg += "; not in the plan: " + fmt::format("{}", fmt::join(extra, ", "));
+    msg += " (is this the plan of this sharding?)";
+  }
+  throw CaptureError(file, path, msg);
+}
+
 Batch CaptureReader::read_batch(const Plan& plan, int64_t k, const ReadParts& parts) const {
   const Impl& I = *impl_;
   const int64_t W = world_size_;
@@ -725,6 +814,16 @@ Batch CaptureReader::read_batch(const Plan& plan, int64_t k, const ReadParts& pa
             tensor("output", {kjt_stride(rb.kjt), plan.sum_dim}, "B_r, sum_D", out_type, out_why);
       }
     }
+    if (auto ds = I.try_open(rp + "/keys")) {
+      std::vector<std::string> keys;
+      std::string why;
+      if (H5Tget_class(ds->t) != H5T_STRING ||
+          !h5::read_string_list_dataset(ds->d, I.raw, kMaxKeys, keys, why))
+        I.fail(ds->path, why.empty() ? "want a 1-D list of strings" : why);
+      check_kjt_keys(plan, keys, path_, ds->path);
+      rb.keys = std::move(keys);
+    }
+    I.read_module_output(plan, rp, parts, rb);
   }
   return batch;
 }
@@ -741,8 +840,11 @@ const char* const kRankDatasets[] = {"lengths",
                                      "ctx/sparse_features_recat",
                                      "ctx/unbucketize_permute",
                                      "ctx/lengths_after_input_dist",
+                                     "keys",
                                      "local_embs",
-                                     "output"};
+                                     "output",
+                                     "inverse_indices",
+                                     "module_output"};
 }  // namespace
 
 std::vector<DatasetStat> CaptureReader::dataset_stats(int64_t k) const {
@@ -914,6 +1016,20 @@ struct CaptureWriter::Impl {
     }
   }
 
+  // A 1-D dataset of fixed-length, NUL-padded UTF-8 strings (no global heap).
+  void strings(hid_t loc, const std::string& where, const char* name,
+               const std::vector<std::string>& v) {
+    size_t width = 1;
+    for (const std::string& x : v) width = std::max(width, x.size());
+    std::vector<char> buf(width * v.size(), '\0');
+    for (size_t i = 0; i < v.size(); ++i) std::copy(v[i].begin(), v[i].end(), &buf[i * width]);
+    Hid t = h5::type_id(H5Tcopy(H5T_C_S1));
+    H5Tset_cset(t, H5T_CSET_UTF8);
+    H5Tset_size(t, width);
+    H5Tset_strpad(t, H5T_STR_NULLPAD);
+    dataset(loc, where, name, t, t, {static_cast<int64_t>(v.size())}, buf.data());
+  }
+
   void int_attr(hid_t obj, const std::string& where, const char* name, int64_t v) {
     Hid sp = h5::space_id(H5Screate(H5S_SCALAR));
     Hid a = h5::attr_id(H5Acreate2(obj, name, H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT));
@@ -1066,8 +1182,16 @@ void CaptureWriter::write_batch(const Batch& batch) {
       if (c.variable_batch_per_feature)
         I.int_attr(cg, cp, "variable_batch_per_feature", *c.variable_batch_per_feature ? 1 : 0);
     }
+    if (rb.keys) I.strings(rg, rp, "keys", *rb.keys);
     if (rb.local_embs) I.floats(rg, rp, "local_embs", *rb.local_embs);
     if (rb.output) I.floats(rg, rp, "output", *rb.output);
+    if (rb.inverse_indices) {
+      const int64_t F = kjt.num_features, n = static_cast<int64_t>(rb.inverse_indices->size());
+      if (F <= 0 || n % F != 0)
+        I.fail(rp + "/inverse_indices", fmt::format("{} values do not fill {} rows", n, F));
+      I.ints(rg, rp, "inverse_indices", *rb.inverse_indices, IndexType::i64, {F, n / F});
+    }
+    if (rb.module_output) I.floats(rg, rp, "module_output", *rb.module_output);
   }
   ++batches_;
 }

@@ -5,8 +5,9 @@
 //   /plan                          the plan YAML (scalar string, fixed- or variable-length)
 //   /oracle                        attrs kind="hash64", seed (uint64)          (optional)
 //   /tables/<name>/weight          [num_embeddings, D] in the table's data_type (optional)
-//   /batches/<k>/rank<r>/          lengths, values, weights?, stride_per_feature?,
-//                                  ctx/*?, local_embs?, output?
+//   /batches/<k>/rank<r>/          lengths, values, weights?, stride_per_feature?, keys?,
+//                                  ctx/*?, local_embs?, output?, module_output?,
+//                                  inverse_indices?
 //
 // Everything is read one batch at a time, and every shape is checked against the plan before
 // anything is allocated from it; the first inconsistency is a CaptureError naming the file,
@@ -38,6 +39,7 @@ struct ReadParts {
   bool ctx = true;
   bool local_embs = true;
   bool output = true;
+  bool module_output = true;
   // false: float tensors come back with shape and dtype but empty `data` (shape checks only).
   bool float_data = true;
 };
@@ -108,6 +110,11 @@ class CaptureReader {
   std::unique_ptr<Impl> impl_;
   void read_root();  // root attributes, /plan, /oracle (after the file is open)
 };
+
+// The KJT keys of a rank-batch (`path`, e.g. "/batches/0/rank1/keys") against the plan's
+// feature order; throws CaptureError naming both orders and the likely cause.
+void check_kjt_keys(const Plan& plan, const std::vector<std::string>& keys, const std::string& file,
+                    const std::string& path);
 
 // The plan of a capture: `override_plan` when given (after checking that it agrees with the
 // capture's world size), else /plan parsed as "<file>:/plan" (capture_plan.cpp).

@@ -195,32 +195,58 @@ bool resolve(const unsigned char* rec, size_t rec_size, const Geometry& g, const
       fmt::format("global heap object {} not found in the collection at offset {}", index, at));
 }
 
-// Reads the one string of a string-typed attribute or dataset through `read(mem_type, buf)`.
+// Reads the `count` strings of a string-typed attribute or dataset through
+// `read(mem_type, buf)`; count < 0: any number up to `max_count`.
 template <class Read>
-bool read_string(hid_t obj, hid_t type, hid_t space, const RawFile& raw, Read read,
-                 std::string& out, std::string& why) {
+bool read_strings(hid_t obj, hid_t type, hid_t space, const RawFile& raw, Read read, int64_t count,
+                  int64_t max_count, std::vector<std::string>& out, std::string& why) {
   if (H5Tget_class(type) != H5T_STRING) return why = type_name(type) + ", want a string", false;
-  if (H5Sget_simple_extent_npoints(space) != 1) return why = "want a single string", false;
+  const int64_t n = H5Sget_simple_extent_npoints(space);
+  if (count >= 0 && n != count)
+    return why = count == 1 ? "want a single string" : fmt::format("want {} strings", count), false;
+  if (n < 0 || n > max_count)
+    return why = fmt::format("{} strings, want at most {}", n, max_count), false;
+  out.assign(static_cast<size_t>(n), std::string());
+  if (n == 0) return true;
   if (H5Tis_variable_str(type) > 0) {
     Geometry g;
     if (!geometry(obj, g, why)) return false;
     Hid mt = record_type();
-    unsigned char e[kRecordElem] = {};
-    if (read(mt.get(), static_cast<void*>(e)) < 0) return why = last_error(), false;
-    return resolve(e + kRecordAt, e[0], g, raw, out, why);
+    std::vector<unsigned char> e(static_cast<size_t>(n) * kRecordElem, 0);
+    if (read(mt.get(), static_cast<void*>(e.data())) < 0) return why = last_error(), false;
+    for (int64_t i = 0; i < n; ++i) {
+      const unsigned char* rec = &e[static_cast<size_t>(i) * kRecordElem];
+      if (!resolve(rec + kRecordAt, rec[0], g, raw, out[size_t(i)], why)) return false;
+    }
+    return true;
   }
   // A fixed-length string is stored whole in the file (object header or data): a damaged
   // datatype can claim any size, so bound it by the file before allocating.
   const size_t size = H5Tget_size(type);
-  if (size == 0 || size > raw.size())
-    return why = fmt::format("fixed-length string of {} bytes in a file of {} bytes: damaged", size,
-                             raw.size()),
+  if (size == 0 || size > raw.size() / static_cast<uint64_t>(n))
+    return why = fmt::format("{} of {} bytes in a file of {} bytes: damaged",
+                             n == 1 ? std::string("fixed-length string")
+                                    : fmt::format("{} fixed-length strings", n),
+                             size, raw.size()),
            false;
-  std::vector<char> buf(size + 1, '\0');
+  std::vector<char> buf(size * static_cast<size_t>(n) + 1, '\0');
   Hid mt = type_id(H5Tcopy(type));
   if (read(mt.get(), static_cast<void*>(buf.data())) < 0) return why = last_error(), false;
-  out.assign(buf.data());  // fixed strings are NUL- or space-padded
-  while (!out.empty() && out.back() == ' ') out.pop_back();
+  for (int64_t i = 0; i < n; ++i) {
+    const char* s = &buf[static_cast<size_t>(i) * size];
+    std::string& o = out[size_t(i)];
+    o.assign(s, strnlen(s, size));  // fixed strings are NUL- or space-padded
+    while (!o.empty() && o.back() == ' ') o.pop_back();
+  }
+  return true;
+}
+
+template <class Read>
+bool read_string(hid_t obj, hid_t type, hid_t space, const RawFile& raw, Read read,
+                 std::string& out, std::string& why) {
+  std::vector<std::string> v;
+  if (!read_strings(obj, type, space, raw, read, 1, 1, v, why)) return false;
+  out = std::move(v[0]);
   return true;
 }
 
@@ -257,6 +283,18 @@ bool read_string_dataset(hid_t dset, const RawFile& raw, std::string& out, std::
       dset, t, sp, raw,
       [&](hid_t mt, void* buf) { return H5Dread(dset, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf); },
       out, why);
+}
+
+bool read_string_list_dataset(hid_t dset, const RawFile& raw, int64_t max_count,
+                              std::vector<std::string>& out, std::string& why) {
+  Hid t = type_id(H5Dget_type(dset));
+  Hid sp = space_id(H5Dget_space(dset));
+  if (!t.valid() || !sp.valid()) return why = last_error(), false;
+  if (H5Sget_simple_extent_ndims(sp) != 1) return why = "want a 1-D list of strings", false;
+  return read_strings(
+      dset, t, sp, raw,
+      [&](hid_t mt, void* buf) { return H5Dread(dset, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf); },
+      -1, max_count, out, why);
 }
 
 }  // namespace dynemb::h5

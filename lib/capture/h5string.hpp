@@ -48,5 +48,9 @@ bool read_string_attr(hid_t obj, const char* name, const RawFile& raw, std::stri
                       std::string& why);
 // The same for a dataset.
 bool read_string_dataset(hid_t dset, const RawFile& raw, std::string& out, std::string& why);
+// The strings of a 1-D string dataset (at most `max_count` of them), fixed or variable length,
+// through the same bounds-checked paths.
+bool read_string_list_dataset(hid_t dset, const RawFile& raw, int64_t max_count,
+                              std::vector<std::string>& out, std::string& why);
 
 }  // namespace dynemb::h5

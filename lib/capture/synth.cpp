@@ -13,6 +13,7 @@
 #include "engine/backend.hpp"
 #include "engine/embedding_source.hpp"
 #include "engine/engine.hpp"
+#include "engine/mean_pooling.hpp"
 #include "engine/output_dist.hpp"
 
 namespace dynemb {
@@ -216,6 +217,17 @@ void check_synth_options(const Plan& plan, const SynthOptions& o) {
   if (o.zipf_ids && o.zipf_alpha <= 0) throw UsageError("--ids zipf:ALPHA needs ALPHA > 0");
   if (!(o.oob_fraction >= 0 && o.oob_fraction <= 1))
     throw UsageError(fmt::format("--oob-ids {}: want a fraction in [0, 1]", o.oob_fraction));
+  if ((o.store_module_output || o.plant != SynthOptions::Plant::none) &&
+      plan.module != ModuleKind::pooled)
+    throw UsageError("module_output and the MEAN plants need a pooled plan");
+  if (o.plant != SynthOptions::Plant::none && !plan.any_mean)
+    throw UsageError("--plant: the MEAN faults need a plan with a MEAN table (pooling: mean)");
+  if (o.plant == SynthOptions::Plant::output_after_callback && !o.store_output)
+    throw UsageError("--plant output-after-callback needs --store with output");
+  if (o.plant == SynthOptions::Plant::output_after_callback && plan.data_type() != DType::f32)
+    throw UsageError("--plant output-after-callback needs float32 tables");
+  if (o.plant == SynthOptions::Plant::local_embs_means && !o.store_local_embs)
+    throw UsageError("--plant local-embs-means needs --store with local_embs");
   if (o.index_type == IndexType::i32) {
     for (const TableConfig& t : plan.tables)
       if (t.num_embeddings > std::numeric_limits<int32_t>::max())
@@ -266,12 +278,27 @@ std::vector<Kjt> synth_kjts(const Plan& plan, const SynthOptions& o, int64_t bat
   return out;
 }
 
+std::vector<int64_t> synth_inverse_indices(const SynthOptions& o, const Kjt& kjt, int64_t batch,
+                                           int64_t rank) {
+  SplitMix64 rv = stream(o.seed, batch, rank, 6);  // its own stream: no other draw moves
+  const int64_t B = kjt.stride();
+  std::vector<int64_t> inv;
+  for (int64_t f = 0; f < kjt.num_features; ++f)
+    for (int64_t b = 0; b < B; ++b) {
+      const uint64_t n = static_cast<uint64_t>(kjt.batch_size(f));
+      inv.push_back(n == 0 ? 0 : static_cast<int64_t>(rv.below(n)));
+    }
+  return inv;
+}
+
 void synth_capture(const Plan& plan, const SynthOptions& o, const std::string& path,
                    const std::function<void(int64_t)>& progress) {
   check_synth_options(plan, o);
   const int64_t W = plan.world_size;
   CaptureWriter writer(path, plan, o.seed);
-  const bool need_engine = o.store_ctx || o.store_local_embs || o.store_output;
+  const bool need_engine =
+      o.store_ctx || o.store_local_embs || o.store_output || o.store_module_output;
+  using Plant = SynthOptions::Plant;
   std::unique_ptr<Backend> backend = need_engine ? make_cpu_backend(0) : nullptr;
   OracleSource source(o.seed, plan);
   // The pooled module latches its variable-batch mode on the first batch, as TorchRec's does.
@@ -283,7 +310,14 @@ void synth_capture(const Plan& plan, const SynthOptions& o, const std::string& p
     batch.index = k;
     batch.ranks.resize(static_cast<size_t>(W));
     std::vector<Kjt> kjts = synth_kjts(plan, o, k);
-    for (int64_t r = 0; r < W; ++r) batch.ranks[r].kjt = std::move(kjts[r]);
+    std::vector<std::string> keys;
+    for (const FeatureInfo& f : plan.features) keys.push_back(f.name);
+    for (int64_t r = 0; r < W; ++r) {
+      batch.ranks[r].kjt = std::move(kjts[r]);
+      batch.ranks[r].keys = keys;
+      if (o.store_module_output && batch.ranks[r].kjt.is_vbe())
+        batch.ranks[r].inverse_indices = synth_inverse_indices(o, batch.ranks[r].kjt, k, r);
+    }
     if (need_engine) {
       std::vector<const Kjt*> kp(static_cast<size_t>(W));
       for (int64_t r = 0; r < W; ++r) kp[r] = &batch.ranks[r].kjt;
@@ -294,20 +328,30 @@ void synth_capture(const Plan& plan, const SynthOptions& o, const std::string& p
           c.batch_size_per_feature_pre_a2a.reset();  // not part of capture format v1
           batch.ranks[r].ctx = std::move(c);
         }
-      if (o.store_local_embs || o.store_output) {
+      if (o.store_local_embs || o.store_output || o.store_module_output) {
         std::vector<EmbTensor> local = derive_local_embs(plan, derived, source, *backend, k);
-        if (o.store_output) {
+        if (o.plant == Plant::local_embs_means)
+          for (int64_t r = 0; r < W; ++r)
+            local[r] = per_rank_means(plan, derived.ranks[r].lookup_kjt, local[r]);
+        if (o.store_output || o.store_module_output) {
           std::vector<const EmbTensor*> lp(static_cast<size_t>(W));
           std::vector<const ShardingContext*> cp(static_cast<size_t>(W));
           for (int64_t r = 0; r < W; ++r) {
             lp[r] = &local[r];
             cp[r] = &derived.ranks[r].ctx;
           }
-          auto sink = [&](int rank, EmbTensor&& out) { batch.ranks[rank].output = std::move(out); };
+          auto sink = [&](int rank, EmbTensor&& out) {
+            RankBatch& rb = batch.ranks[rank];
+            if (o.store_module_output)
+              rb.module_output = module_output(plan, rb.kjt, out,
+                                               rb.inverse_indices ? &*rb.inverse_indices : nullptr);
+            if (o.plant == Plant::output_after_callback) out = mean_divided(plan, rb.kjt, out);
+            if (o.store_output) rb.output = std::move(out);
+          };
           if (plan.module == ModuleKind::sequence)
             RwSequenceEmbeddingDist(plan, *backend).forward(lp, cp, sink);
           else
-            pooled->forward(k, lp, cp, kp, sink);
+            pooled->forward(k, lp, cp, sink);
         }
         if (o.store_local_embs)
           for (int64_t r = 0; r < W; ++r) batch.ranks[r].local_embs = std::move(local[r]);

@@ -52,6 +52,15 @@ struct SynthOptions {
   bool weighted = false;                  // weights k/4, k uniform in [0, 8] (dyadic: sums exact)
   IndexType index_type = IndexType::i64;  // lengths and values dtype
   bool store_ctx = true, store_local_embs = true, store_output = true;
+  // Pooled: the module's final output after mean pooling (+ inverse_indices for VBE, drawn
+  // uniformly from each feature's batch, B_full = B_r).
+  bool store_module_output = false;
+  // A planted MEAN fault, so its diagnosis can be seen: `output_after_callback` stores the
+  // mean-divided result as `output` (a capture taken after the module's callback);
+  // `local_embs_means` makes every rank's lookup return per-rank means for MEAN tables (a
+  // lookup that kept PoolingMode.MEAN under RW), and the dist and module run on those.
+  enum class Plant : uint8_t { none, output_after_callback, local_embs_means };
+  Plant plant = Plant::none;
 };
 
 // Preset names with a workload (guides/workloads.md), in table order.
@@ -65,6 +74,9 @@ void check_synth_options(const Plan& plan, const SynthOptions& opt);
 
 // The W local KJTs of batch `batch`.
 std::vector<Kjt> synth_kjts(const Plan& plan, const SynthOptions& opt, int64_t batch);
+// The VBE inverse indices of rank r's KJT in batch `batch` ([F * B_r], each < B_{r,f}).
+std::vector<int64_t> synth_inverse_indices(const SynthOptions& opt, const Kjt& kjt, int64_t batch,
+                                           int64_t rank);
 
 // Writes the whole capture to `out` (temp name, renamed when complete). `progress(k)` is
 // called after batch k is written.

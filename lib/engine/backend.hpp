@@ -67,12 +67,12 @@ class Backend {
 
   // RwPooledEmbeddingDist for all W ranks (§7): reduce-scatter by batch_size_per_rank
   // (equal or unequal), or, when `variable_batch`, the per-feature 1-D reduce-scatter by
-  // batch_size_per_rank_per_feature. Then the MEAN divisor (plan.any_mean) computed from
-  // each destination rank's own KJT (`kjts[r]`, the features before input dist).
+  // batch_size_per_rank_per_feature. MEAN tables are summed like SUM tables: under RW the
+  // dist carries sums and the module divides afterwards (mean_pooling.hpp), never here.
   virtual void pooled_output_dist(const Plan& plan, bool variable_batch,
                                   const std::vector<const EmbTensor*>& local_embs,
                                   const std::vector<const ShardingContext*>& ctx,
-                                  const std::vector<const Kjt*>& kjts, const OutputSink& sink) = 0;
+                                  const OutputSink& sink) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);  // 0: hardware concurrency

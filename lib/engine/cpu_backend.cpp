@@ -57,7 +57,7 @@ class CpuBackend final : public Backend {
   void pooled_output_dist(const Plan& plan, bool variable_batch,
                           const std::vector<const EmbTensor*>& local_embs,
                           const std::vector<const ShardingContext*>& ctx,
-                          const std::vector<const Kjt*>& kjts, const OutputSink& sink) override;
+                          const OutputSink& sink) override;
 
  private:
   int threads_;
@@ -219,12 +219,12 @@ void CpuBackend::sequence_output_dist(const Plan& plan,
 void CpuBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
                                     const std::vector<const EmbTensor*>& local_embs,
                                     const std::vector<const ShardingContext*>& ctx,
-                                    const std::vector<const Kjt*>& kjts, const OutputSink& sink) {
-  const int64_t W = plan.world_size, F = plan.num_features();
+                                    const OutputSink& sink) {
+  const int64_t W = plan.world_size;
   const DType rd = pooled_reduce_dtype(plan);
   const bool codec = plan.comm_precision != DType::f32;
   // chunk_off[d][r]: first element of local_embs[d] reduced into rank r; chunk_len[r]: size.
-  const PooledDistCheck chk = check_pooled_dist(plan, variable_batch, local_embs, ctx, kjts);
+  const PooledDistCheck chk = check_pooled_dist(plan, variable_batch, local_embs, ctx);
   const std::vector<std::vector<int64_t>>& chunk_off = chk.chunk_off;
   const std::vector<int64_t>& chunk_len = chk.chunk_len;
   for (int64_t r = 0; r < W; ++r) {
@@ -248,26 +248,6 @@ void CpuBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
         out.data[e] = acc;
       }
     });
-    if (plan.any_mean) {
-      const std::vector<float> div = mean_divisors(plan, *kjts[r]);
-      const Kjt& k = *kjts[r];
-      if (!variable_batch) {
-        const int64_t B = out.rows(), C = plan.sum_dim;
-        for (int64_t b = 0; b < B; ++b)
-          for (const FeatureInfo& fi : plan.features) {
-            const int64_t f = &fi - plan.features.data();
-            const float q = div[k.bag_begin(f) + b];
-            for (int64_t c = 0; c < fi.dim; ++c) out.data[b * C + fi.column_offset + c] /= q;
-          }
-      } else {  // 1-D [f][b][d], the lengths of this rank's own (pre-a2a) KJT
-        int64_t e = 0;
-        for (int64_t f = 0; f < F; ++f)
-          for (int64_t b = 0; b < k.batch_size(f); ++b) {
-            const float q = div[k.bag_begin(f) + b];
-            for (int64_t c = 0; c < plan.features[f].dim; ++c) out.data[e++] /= q;
-          }
-      }
-    }
     sink(static_cast<int>(r), std::move(out));
   }
 }

@@ -136,8 +136,7 @@ SequenceDistCheck check_sequence_dist(const Plan& plan,
 
 PooledDistCheck check_pooled_dist(const Plan& plan, bool variable_batch,
                                   const std::vector<const EmbTensor*>& local_embs,
-                                  const std::vector<const ShardingContext*>& ctx,
-                                  const std::vector<const Kjt*>& kjts) {
+                                  const std::vector<const ShardingContext*>& ctx) {
   const int64_t W = plan.world_size, F = plan.num_features();
   PooledDistCheck out;
   std::vector<std::vector<int64_t>>& chunk_off = out.chunk_off;
@@ -202,21 +201,6 @@ PooledDistCheck check_pooled_dist(const Plan& plan, bool variable_batch,
                "sends " + std::to_string(splits[d][r]) + " elements to rank " + std::to_string(r) +
                    " which expects " + std::to_string(splits[r][r]));
     for (int64_t r = 0; r < W; ++r) chunk_len[r] = splits[r][r];
-  }
-  // The MEAN divisor needs each destination's own KJT to agree with its output shape.
-  if (plan.any_mean) {
-    for (int64_t r = 0; r < W; ++r) {
-      const Kjt& k = *kjts[r];
-      bool ok = k.num_features == F;
-      for (int64_t f = 0; ok && f < F; ++f) {
-        const int64_t want = variable_batch ? (*ctx[r]->batch_size_per_rank_per_feature)[r][f]
-                                            : chunk_len[r] / std::max<int64_t>(1, plan.sum_dim);
-        ok = k.batch_size(f) == want;
-      }
-      if (!ok)
-        fail(r, variable_batch ? "batch_size_per_rank_per_feature" : "batch_size_per_rank",
-             "the output's batch does not match this rank's KJT, needed for the MEAN divisor");
-    }
   }
   return out;
 }

@@ -42,11 +42,9 @@ struct PooledDistCheck {
 };
 
 // Checks local_embs shapes, batch_size_per_rank (or the equal split when it is absent) /
-// batch_size_per_rank_per_feature (VBE), agreement between senders and receivers, and, when
-// the plan has MEAN tables, that each destination's own KJT matches its output batch.
+// batch_size_per_rank_per_feature (VBE) and agreement between senders and receivers.
 PooledDistCheck check_pooled_dist(const Plan& plan, bool variable_batch,
                                   const std::vector<const EmbTensor*>& local_embs,
-                                  const std::vector<const ShardingContext*>& ctx,
-                                  const std::vector<const Kjt*>& kjts);
+                                  const std::vector<const ShardingContext*>& ctx);
 
 }  // namespace dynemb

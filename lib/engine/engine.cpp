@@ -153,7 +153,8 @@ EmbTensor reference_output(const Plan& plan, int rank, const Kjt& kjt,
         }
     return out;
   }
-  // Pooled: one fp32 sum per bag in id order, rounded once to the TBE dtype, MEAN applied.
+  // Pooled: one fp32 sum per bag in id order, rounded once to the TBE dtype (MEAN tables
+  // too: this is the reference of the dist, which carries sums).
   const DType dt = plan.data_type();
   const bool vbe = kjt.is_vbe();
   EmbTensor out;
@@ -164,7 +165,6 @@ EmbTensor reference_output(const Plan& plan, int rank, const Kjt& kjt,
   } else {
     out = EmbTensor::zeros(output_dist_dtype(plan), {kjt.stride(), plan.sum_dim});
   }
-  const std::vector<float> div = plan.any_mean ? mean_divisors(plan, kjt) : std::vector<float>{};
   std::vector<float> row, acc;
   int64_t e1d = 0;
   for (int64_t f = 0; f < F; ++f) {
@@ -184,11 +184,7 @@ EmbTensor reference_output(const Plan& plan, int rank, const Kjt& kjt,
       }
       float* o =
           vbe ? &out.data[e1d] : &out.data[b * plan.sum_dim + plan.features[f].column_offset];
-      for (int64_t d = 0; d < D; ++d) {
-        float v = round_to(dt, acc[d]);
-        if (plan.any_mean) v /= div[j];
-        o[d] = v;
-      }
+      for (int64_t d = 0; d < D; ++d) o[d] = round_to(dt, acc[d]);
       e1d += D;
     }
   }

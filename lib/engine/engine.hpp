@@ -39,7 +39,8 @@ std::vector<EmbTensor> derive_local_embs(const Plan& plan, const DerivedBatch& d
                                          int64_t batch);
 
 // The unsharded reference output of rank r, straight from its own KJT and the embedding
-// source with no sharding at all: sequence [N_r, D]; pooled [B_r, sum_D] (MEAN applied);
+// source with no sharding at all: sequence [N_r, D]; pooled [B_r, sum_D] (MEAN tables summed,
+// as the dist returns them);
 // pooled VBE 1-D [f][b][d]. Out-of-table ids follow plan.bounds_check exactly as the sharded
 // path does (warn_zero_row: local row 0 of the rank the id is routed to).
 EmbTensor reference_output(const Plan& plan, int rank, const Kjt& kjt,

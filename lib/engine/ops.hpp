@@ -129,11 +129,10 @@ std::vector<int64_t> vbe_reduce_scatter_input_splits(
 inline DType pooled_reduce_dtype(const Plan& plan) {
   return plan.comm_precision != DType::f32 ? plan.comm_precision : plan.data_type();
 }
-// Output dtype of both dists: fp32 after a codec decode; the mean division promotes to fp32
-// (torch type promotion of `embeddings / divisor`, divisor fp32); else the TBE output dtype.
+// Output dtype of both dists: fp32 after a codec decode, else the TBE output dtype (MEAN
+// tables too: the dist carries their sums).
 inline DType output_dist_dtype(const Plan& plan) {
   if (plan.comm_precision != DType::f32) return DType::f32;
-  if (plan.module == ModuleKind::pooled && plan.any_mean) return DType::f32;
   return plan.data_type();
 }
 

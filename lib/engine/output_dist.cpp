@@ -12,7 +12,7 @@ void RwSequenceEmbeddingDist::forward(const std::vector<const EmbTensor*>& local
 
 void RwPooledEmbeddingDist::forward(int64_t batch, const std::vector<const EmbTensor*>& local_embs,
                                     const std::vector<const ShardingContext*>& ctx,
-                                    const std::vector<const Kjt*>& kjts, const OutputSink& sink) {
+                                    const OutputSink& sink) {
   // Every rank builds its module from its own ctx; ranks that disagree cannot run one
   // collective together, which is a context mismatch as well.
   std::vector<bool> mode(ctx.size());
@@ -33,7 +33,7 @@ void RwPooledEmbeddingDist::forward(int64_t batch, const std::vector<const EmbTe
     }
   }
   if (!latched_ && !ctx.empty()) latched_ = mode[0];
-  backend_.pooled_output_dist(plan_, latched_.value_or(false), local_embs, ctx, kjts, sink);
+  backend_.pooled_output_dist(plan_, latched_.value_or(false), local_embs, ctx, sink);
 }
 
 }  // namespace dynemb

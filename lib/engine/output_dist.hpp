@@ -35,11 +35,10 @@ class RwSequenceEmbeddingDist {
 class RwPooledEmbeddingDist {
  public:
   RwPooledEmbeddingDist(const Plan& plan, Backend& backend) : plan_(plan), backend_(backend) {}
-  // kjts[r]: rank r's KJT before input dist (MEAN divisor). A missing
-  // variable_batch_per_feature reads as false (EmbeddingShardingContext's default).
+  // A missing variable_batch_per_feature reads as false (EmbeddingShardingContext's
+  // default). The outputs are the reduce-scattered sums, MEAN tables included.
   void forward(int64_t batch, const std::vector<const EmbTensor*>& local_embs,
-               const std::vector<const ShardingContext*>& ctx, const std::vector<const Kjt*>& kjts,
-               const OutputSink& sink);
+               const std::vector<const ShardingContext*>& ctx, const OutputSink& sink);
   // The latched mode: nullopt before the first batch.
   std::optional<bool> latched_variable_batch() const { return latched_; }
 

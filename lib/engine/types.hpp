@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "common/dtype.hpp"
@@ -112,7 +113,14 @@ struct RankBatch {
   Kjt kjt;
   std::optional<ShardingContext> ctx;   // as captured (ctx/ group)
   std::optional<EmbTensor> local_embs;  // as captured
-  std::optional<EmbTensor> output;      // golden, as captured
+  std::optional<EmbTensor> output;      // golden, as captured: the dist's result (MEAN: sums)
+  // The KJT keys as the input dist saw them (the sharding's feature order), when captured.
+  std::optional<std::vector<std::string>> keys;
+  // Pooled: the module's final output, after the mean-pooling step (mean_pooling.hpp):
+  // [B_r, sum_D], or [B_full, sum_D] for a VBE KJT (expanded by `inverse_indices`).
+  std::optional<EmbTensor> module_output;
+  // Pooled VBE: [F * B_full] row-major, the module input KJT's inverse indices per feature.
+  std::optional<std::vector<int64_t>> inverse_indices;
 };
 
 struct Batch {

@@ -1,6 +1,6 @@
 #include "replay/replay.hpp"
 
-#include <fmt/core.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 #include "capture/capture.hpp"
 #include "common/error.hpp"
 #include "engine/engine.hpp"
+#include "engine/mean_pooling.hpp"
 #include "engine/output_dist.hpp"
 #include "replay/ctx_check.hpp"
 #include "replay/diff.hpp"
@@ -181,7 +182,64 @@ class Replayer {
   std::unique_ptr<RwPooledEmbeddingDist> pooled_dist_;
   std::optional<int64_t> latched_batch_;  // batch whose context latched the pooled module
   bool warned_no_local_ = false;
+  bool ctx_seen_ = false;  // some rank-batch so far had a ctx/ group
+
+  void diagnose_local_means(CheckResult& c, const EmbTensor& captured, const EmbTensor& sums,
+                            const LookupKjt& lk, const TensorLayout& layout) const;
+  void diagnose_output_after_callback(CheckResult& c, const EmbTensor& replayed,
+                                      const EmbTensor& golden, const Kjt& kjt,
+                                      const TensorLayout& layout) const;
 };
+
+// Values computed two ways (a division, or a multiplication by 1/len) agree to a few ulps:
+// the diagnoses below compare with this instead of the replay's tolerance.
+Tolerance diagnosis_tolerance() {
+  return Tolerance::rel(1e-5, 1e-6);
+}
+
+// The MEAN columns a mismatch report names: "table t1 (features f1, f3)".
+std::string mean_tables(const Plan& plan) {
+  std::vector<std::string> out;
+  for (const TableConfig& t : plan.tables)
+    if (t.pooling == PoolingMode::mean) out.push_back(t.name);
+  return fmt::format("{}", fmt::join(out, ", "));
+}
+
+void Replayer::diagnose_local_means(CheckResult& c, const EmbTensor& captured,
+                                    const EmbTensor& sums, const LookupKjt& lk,
+                                    const TensorLayout& layout) const {
+  const EmbTensor means = per_rank_means(plan_, lk, sums);
+  const TensorDiff d = diff_tensors(captured, means, diagnosis_tolerance(), layout, 1);
+  if (!d.shape_ok || d.mismatches != 0) return;
+  c.cause = "lookup kept MEAN pooling under RW";
+  std::string where;
+  if (!c.details.empty()) where = fmt::format(" (first at {})", to_string(c.details[0].where));
+  c.message =
+      fmt::format(
+          "local_embs of MEAN table(s) {} hold per-rank means, not per-rank sums{}: the lookup "
+          "kept "
+          "PoolingMode.MEAN under row-wise sharding, so the module divides a second time. Under RW "
+          "the lookup must run MEAN tables as SUM and leave the division to the module's "
+          "mean-pooling step. ",
+          mean_tables(plan_), where) +
+      c.message;
+}
+
+void Replayer::diagnose_output_after_callback(CheckResult& c, const EmbTensor& replayed,
+                                              const EmbTensor& golden, const Kjt& kjt,
+                                              const TensorLayout& layout) const {
+  const EmbTensor divided = mean_divided(plan_, kjt, replayed);
+  const TensorDiff d = diff_tensors(golden, divided, diagnosis_tolerance(), layout, 1);
+  if (!d.shape_ok || d.mismatches != 0) return;
+  c.cause = "output captured after the module's mean pooling";
+  c.message =
+      "output equals the MEAN-divided result: it was captured after the module's "
+      "mean-pooling callback, not from the output dist (which returns the sums of MEAN "
+      "tables). Capture the dist's result as output and the module's result as module_output "
+      "(a capture written by a dynemb-dist synth older than this rule holds divided values "
+      "too: regenerate it with synth). " +
+      c.message;
+}
 
 TensorLayout Replayer::output_layout(const Kjt& kjt, const EmbTensor& t) const {
   if (plan_.module == ModuleKind::sequence) return TensorLayout::sequence_output(plan_, kjt);
@@ -310,6 +368,8 @@ std::vector<std::optional<EmbTensor>> Replayer::replay_batch(int64_t k, const Ba
 
   // 1. Captured context vs derived, field by field, and the plan-free checks.
   bool ctx_bad = false, lookup_bad = false;
+  for (const RankBatch& rb : batch.ranks) ctx_seen_ |= rb.ctx.has_value();
+  std::vector<int64_t> no_ctx;  // ranks of this batch without ctx/ while others have one
   std::vector<const ShardingContext*> cap_ctx(size_t(W), nullptr);
   std::vector<const EmbTensor*> cap_local(size_t(W), nullptr), golden(size_t(W), nullptr);
   for (int64_t r = 0; r < W; ++r) {
@@ -317,12 +377,26 @@ std::vector<std::optional<EmbTensor>> Replayer::replay_batch(int64_t k, const Ba
     if (rb.ctx) cap_ctx[size_t(r)] = &*rb.ctx;
     if (rb.local_embs) cap_local[size_t(r)] = &*rb.local_embs;
     if (rb.output) golden[size_t(r)] = &*rb.output;
-    if (!rb.ctx) continue;
+    if (!rb.ctx) {
+      if (ctx_seen_) no_ctx.push_back(r);
+      continue;
+    }
     for (CheckResult& c :
          diff_context(plan_, k, int(r), rb.kjt, der.ranks[size_t(r)], *rb.ctx, maxm)) {
       ctx_bad |= c.status == CheckStatus::fail;
       emit(std::move(c));
     }
+  }
+  if (!no_ctx.empty()) {
+    warn(
+        fmt::format("batch {}: rank(s) {} have no ctx/ group while other rank-batches have one: "
+                    "their context checks are skipped and the output dist uses the derived "
+                    "context for them",
+                    k, fmt::join(no_ctx, ", ")));
+    for (int64_t r : no_ctx)
+      emit(skipped(k, int(r), "ctx", "context",
+                   "no ctx/ group in this rank-batch (other rank-batches have one): the captured "
+                   "context cannot be compared"));
   }
   for (CheckResult& c : consistency_checks(plan_, k, kjts, cap_ctx, cap_local, golden, maxm)) {
     ctx_bad |= c.status == CheckStatus::fail;
@@ -391,6 +465,9 @@ std::vector<std::optional<EmbTensor>> Replayer::replay_batch(int64_t k, const Ba
     CheckResult c =
         tensor_check(k, int(r), "lookup", "local_embs", "captured", "derived",
                      diff_tensors(*cap_local[size_t(r)], *want, tol_, layout, maxm), tol_);
+    if (c.status == CheckStatus::fail && plan_.any_mean && plan_.module == ModuleKind::pooled)
+      diagnose_local_means(c, *cap_local[size_t(r)], *want, der.ranks[size_t(r)].lookup_kjt,
+                           layout);
     lookup_bad |= c.status == CheckStatus::fail;
     emit(std::move(c));
   }
@@ -414,6 +491,8 @@ std::vector<std::optional<EmbTensor>> Replayer::replay_batch(int64_t k, const Ba
       if (got[size_t(r)]) continue;
       if (golden[size_t(r)]) emit(skipped(k, int(r), "output", "golden", why));
       if (source_) emit(skipped(k, int(r), "output", "reference", why));
+      if (batch.ranks[size_t(r)].module_output)
+        emit(skipped(k, int(r), "module", "module_output", why));
     }
   };
   if (!runnable) {
@@ -461,16 +540,38 @@ std::vector<std::optional<EmbTensor>> Replayer::replay_batch(int64_t k, const Ba
                     : ref_ok     ? "data (golden output)"
                     : ref        ? "undetermined (the replay differs from the reference too)"
                                  : "undetermined (no embedding source for a reference)";
+      if (plan_.any_mean && plan_.module == ModuleKind::pooled)
+        diagnose_output_after_callback(*gold, out, *rb.output, rb.kjt, layout);
     }
     if (gold) emit(std::move(*gold));
     if (ref) emit(std::move(*ref));
+    if (rb.module_output) {
+      CheckResult m;
+      try {
+        const EmbTensor mo =
+            module_output(plan_, rb.kjt, out, rb.inverse_indices ? &*rb.inverse_indices : nullptr);
+        m = tensor_check(
+            k, r, "module", "module_output", "replayed", "captured",
+            diff_tensors(mo, *rb.module_output, tol_, TensorLayout::pooled_output(plan_), maxm),
+            tol_);
+      } catch (const Error& e) {
+        m = skipped(k, r, "module", "module_output", e.what());
+      }
+      if (m.status == CheckStatus::fail)
+        m.cause = ctx_bad      ? "context"
+                  : lookup_bad ? "lookup/local_embs"
+                  : gold && gold->status == CheckStatus::fail
+                      ? "the dist's output already differs"
+                      : "data (module output: the mean-pooling step after the dist)";
+      emit(std::move(m));
+    }
     if (!opt_.write_output.empty()) kept[size_t(r)] = std::move(out);
   };
   try {
     if (seq_dist_) {
       seq_dist_->forward(local, used_ptr, sink);
     } else {
-      pooled_dist_->forward(k, local, used_ptr, kjts, sink);
+      pooled_dist_->forward(k, local, used_ptr, sink);
       if (!latched_batch_ && pooled_dist_->latched_variable_batch()) latched_batch_ = k;
     }
   } catch (const OutputDistFailure& e) {

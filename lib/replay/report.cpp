@@ -55,6 +55,7 @@ Summary Report::summary() const {
         ++s.failed;
         if (c.stage == "ctx") ++s.context_mismatches;
         if (c.stage == "lookup") ++s.lookup_mismatches;
+        if (c.stage == "module") ++s.module_mismatches;
         if (c.stage == "output") {
           ++s.output_mismatches;
           if (c.cause != "context") ++s.data_mismatches;
@@ -146,7 +147,7 @@ std::string text_summary(const Report& r, bool colour) {
     int64_t checks = 0, passed = 0, failed = 0, errors = 0, skipped = 0;
   };
   std::map<std::string, Row> rows;
-  const char* order[] = {"capture", "ctx", "lookup", "output"};
+  const char* order[] = {"capture", "ctx", "lookup", "output", "module"};
   for (const CheckResult& c : r.checks) {
     Row& row = rows[c.stage];
     ++row.checks;
@@ -246,7 +247,8 @@ std::string json_report(const Report& r) {
                   {"context_mismatches", sum.context_mismatches},
                   {"lookup_mismatches", sum.lookup_mismatches},
                   {"output_mismatches", sum.output_mismatches},
-                  {"data_mismatches", sum.data_mismatches}};
+                  {"data_mismatches", sum.data_mismatches},
+                  {"module_mismatches", sum.module_mismatches}};
   j["warnings"] = r.warnings;
   j["trouble"] = opt_string(r.trouble);
   json checks = json::array();

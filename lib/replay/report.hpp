@@ -25,7 +25,7 @@ struct Detail {
 struct CheckResult {
   int64_t batch = -1;  // -1: not tied to a batch (e.g. opening the capture)
   int rank = -1;       // -1: not tied to a rank
-  std::string stage;   // "ctx", "lookup", "output", "capture"
+  std::string stage;   // "ctx", "lookup", "output", "module", "capture"
   std::string check;   // field or check name, e.g. "input_splits", "unbucketize_permute.bijection"
   CheckStatus status = CheckStatus::pass;
   std::string message;  // one line: what was found (or what passed)
@@ -67,6 +67,7 @@ struct Summary {
   int64_t lookup_mismatches = 0;   // failed checks of stage lookup
   int64_t output_mismatches = 0;   // failed checks of stage output
   int64_t data_mismatches = 0;     // failed output checks whose cause is not the context
+  int64_t module_mismatches = 0;   // failed checks of stage module (module_output)
   std::string status;              // "pass", "fail", "error"
   int exit_code = 0;               // 0, 1, 2
 };
@@ -85,13 +86,13 @@ std::string text_header(const Report& r);
 std::string text_check_line(const CheckResult& c, bool colour);  // one failing check (+details)
 std::string text_summary(const Report& r, bool colour);          // table + '#' lines
 
-std::string json_report(const Report& r);   // pretty-printed, schema_version 1.0.0
+std::string json_report(const Report& r);   // pretty-printed, schema_version 1.1.0
 std::string junit_report(const Report& r);  // JUnit XML
 
 // Writes `content` to `path` through a temporary name in the same directory, then renames;
 // throws Error naming the path on failure (and leaves no temporary behind).
 void write_file_atomic(const std::string& path, const std::string& content);
 
-inline constexpr const char* kReportSchemaVersion = "1.0.0";
+inline constexpr const char* kReportSchemaVersion = "1.1.0";
 
 }  // namespace dynemb

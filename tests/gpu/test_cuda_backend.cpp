@@ -172,8 +172,8 @@ void compare_batch(const Plan& plan, const std::vector<const Kjt*>& kjts,
     cpu().sequence_output_dist(plan, lp, cp, sink_to(out_cpu));
     gpu().sequence_output_dist(plan, lp, cp, sink_to(out_gpu));
   } else {
-    cpu().pooled_output_dist(plan, derived.variable_batch, lp, cp, kjts, sink_to(out_cpu));
-    gpu().pooled_output_dist(plan, derived.variable_batch, lp, cp, kjts, sink_to(out_gpu));
+    cpu().pooled_output_dist(plan, derived.variable_batch, lp, cp, sink_to(out_cpu));
+    gpu().pooled_output_dist(plan, derived.variable_batch, lp, cp, sink_to(out_gpu));
   }
   for (int64_t r = 0; r < W; ++r) {
     INFO("output dist rank " << r << " first diff "

@@ -148,8 +148,7 @@ Case random_case(std::mt19937_64& rng, int idx, int64_t force_w = 0) {
 // the same OutputDistFailure (rank, field) everywhere. Returns false when the context
 // failed (on all backends alike).
 bool compare_dist(const Plan& plan, bool variable_batch, const std::vector<const EmbTensor*>& lp,
-                  const std::vector<const ShardingContext*>& cp,
-                  const std::vector<const Kjt*>& kjts, const std::string& desc) {
+                  const std::vector<const ShardingContext*>& cp, const std::string& desc) {
   INFO(desc);
   const int64_t W = plan.world_size;
   auto run = [&](Backend& b, std::vector<EmbTensor>& out, int& frank, std::string& field) {
@@ -159,7 +158,7 @@ bool compare_dist(const Plan& plan, bool variable_batch, const std::vector<const
       if (plan.module == ModuleKind::sequence)
         b.sequence_output_dist(plan, lp, cp, sink);
       else
-        b.pooled_output_dist(plan, variable_batch, lp, cp, kjts, sink);
+        b.pooled_output_dist(plan, variable_batch, lp, cp, sink);
     } catch (const OutputDistFailure& e) {
       frank = e.rank();
       field = e.field();
@@ -208,7 +207,7 @@ bool compare_batch(const Plan& plan, const std::vector<const Kjt*>& kjts,
     lp.push_back(&local[r]);
     cp.push_back(&derived.ranks[r].ctx);
   }
-  return compare_dist(plan, derived.variable_batch, lp, cp, kjts, desc);
+  return compare_dist(plan, derived.variable_batch, lp, cp, desc);
 }
 
 }  // namespace
@@ -308,12 +307,10 @@ TEST_CASE("spec worked example §7.1 (pooled, equal batches) through the NCCL ba
   l1.data = {7, 7.5, 0, 0, 5, 5.5, 104, 104.5, 9, 9.5, 105, 105.5, 0, 0, 0, 0};
   ShardingContext c;
   c.batch_size_per_rank = std::vector<int64_t>{2, 2};
-  Kjt k;  // only read for MEAN
-  k.num_features = 2;
   for (size_t v = 0; v < variants().size(); ++v) {
     INFO("variant " << std::string(variants()[v].name));
     std::vector<EmbTensor> out(2);
-    nccl(v).pooled_output_dist(p, false, {&l0, &l1}, {&c, &c}, {&k, &k},
+    nccl(v).pooled_output_dist(p, false, {&l0, &l1}, {&c, &c},
                                [&](int r, EmbTensor&& t) { out[r] = std::move(t); });
     CHECK(out[0].shape == std::vector<int64_t>{2, 4});
     CHECK(out[0].data == std::vector<float>{8, 9, 0, 0, 5, 5.5, 306, 307.5});
@@ -392,7 +389,7 @@ TEST_CASE("fixtures: nccl == cpu on every capture under fixtures/ (derived and c
         cp.push_back(&ctx[r]);
       }
       const bool vb = cp.empty() ? false : cp[0]->variable_batch_per_feature.value_or(false);
-      captured_n += compare_dist(plan, vb, lp, cp, kp, what + " (captured)") ? 1 : 0;
+      captured_n += compare_dist(plan, vb, lp, cp, what + " (captured)") ? 1 : 0;
     }
   }
   MESSAGE("fixture batches compared: derived " << derived_n << ", captured " << captured_n);

@@ -100,8 +100,8 @@ def validate(value, schema, path="$"):
 
 
 # The validator itself must reject what the schema forbids.
-good = {"schema_version": "1.0.0"}
-check(validate("1.0.0", SCHEMA["properties"]["schema_version"]) == [], "validator: const ok")
+good = {"schema_version": "1.1.0"}
+check(validate("1.1.0", SCHEMA["properties"]["schema_version"]) == [], "validator: const ok")
 check(validate("2.0.0", SCHEMA["properties"]["schema_version"]) != [], "validator: const")
 check(validate(None, {"type": ["integer", "null"]}) == [], "validator: null in a type list")
 check(validate(True, {"type": "integer"}) != [], "validator: bool is not an integer")
