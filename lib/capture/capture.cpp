@@ -706,8 +706,8 @@ Batch CaptureReader::read_batch(const Plan& plan, int64_t k, const ReadParts& pa
     }
   const bool pooled_vbe = !sequence && any_vbe;
   const DType data_type = plan.data_type();
-  // The engine's rule (a codec decodes to fp32; MEAN divides by a fp32 divisor, which torch
-  // promotes to fp32).
+  // The engine's rule: a codec decodes to fp32, else the TBE dtype (MEAN tables too: the
+  // dist carries their sums).
   const DType out_type = output_dist_dtype(plan);
 
   // Pass 2: the optional parts, rank by rank.
@@ -787,9 +787,7 @@ Batch CaptureReader::read_batch(const Plan& plan, int64_t k, const ReadParts& pa
         plan.comm_precision != DType::f32
             ? fmt::format("comm_precision {}: the codec decodes to float32",
                           to_string(plan.comm_precision))
-            : (out_type == DType::f32 && data_type != DType::f32
-                   ? "MEAN pooling divides by a float32 divisor, so the output is float32"
-                   : dt_why + ", no codec");
+            : dt_why + ", no codec";
     if (parts.local_embs) {
       if (sequence)
         rb.local_embs = tensor("local_embs", {routed[r], plan.seq_dim()},

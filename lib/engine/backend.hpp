@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.hpp"
 #include "engine/embedding_source.hpp"
 #include "engine/types.hpp"
 #include "plan/plan.hpp"
@@ -33,6 +34,28 @@ class OutputDistFailure : public std::runtime_error {
  private:
   int rank_;
   std::string field_;
+};
+
+// A lookup with bounds_check=error met a local row outside its shard. The position is the
+// lookup's own (rank, feature, source rank, sample, position in the sub-bag routed here);
+// describe_lookup_bounds_error (engine.hpp) turns it into the id as the user sent it.
+class LookupBoundsError : public Error {
+ public:
+  LookupBoundsError(const std::string& msg, int rank, int64_t feature, int64_t source_rank,
+                    int64_t sample, int64_t position, int64_t local_row)
+      : Error(msg),
+        rank(rank),
+        feature(feature),
+        source_rank(source_rank),
+        sample(sample),
+        position(position),
+        local_row(local_row) {}
+  int rank;             // the rank that looked the id up
+  int64_t feature;      // plan feature index
+  int64_t source_rank;  // the rank whose KJT held the id
+  int64_t sample;       // its sample in that KJT
+  int64_t position;     // its position among the bag's ids routed to `rank`
+  int64_t local_row;    // the local id after bucketize
 };
 
 // Receives the output of destination rank r: sequence [N_r, D], pooled [B_r, sum_D],

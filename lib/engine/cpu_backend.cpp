@@ -72,12 +72,13 @@ RowRef resolve(const Plan& plan, int rank, const LookupKjt& k, int64_t f, int64_
     int64_t s = 0, b = 0;
     split_col(k, f, col, s, b);
     const FeatureInfo& fi = plan.features[f];
-    throw Error("rank " + std::to_string(rank) + ", feature " + fi.name + ": id from rank " +
-                std::to_string(s) + " sample " + std::to_string(b) + " position " +
-                std::to_string(pos_in_bag) + " (lookup value " + std::to_string(p) +
-                ") has local row " + std::to_string(k.values[p]) +
-                " outside this rank's shard of " + plan.tables[fi.table].name +
-                " (num_embeddings " + std::to_string(fi.hash_size) + ", bounds_check=error)");
+    (void)p;
+    throw LookupBoundsError("rank " + std::to_string(rank) + ", feature " + fi.name +
+                                ": an id of rank " + std::to_string(s) + " sample " +
+                                std::to_string(b) + " is outside table " +
+                                plan.tables[fi.table].name + " (num_embeddings " +
+                                std::to_string(fi.hash_size) + ", bounds_check=error)",
+                            rank, f, s, b, pos_in_bag, k.values[p]);
   }
   return ref;
 }

@@ -116,6 +116,8 @@ std::vector<EmbTensor> derive_local_embs(const Plan& plan, const DerivedBatch& d
       out.push_back(backend.lookup(plan, static_cast<int>(r), derived.ranks[r].lookup_kjt, source));
     } catch (const OutputDistFailure&) {
       throw;
+    } catch (const LookupBoundsError&) {
+      throw;  // the caller, which holds the KJTs, describes it (describe_lookup_bounds_error)
     } catch (const Error& e) {
       throw Error("batch " + std::to_string(batch) + ": " + e.what());
     }
@@ -189,6 +191,50 @@ EmbTensor reference_output(const Plan& plan, int rank, const Kjt& kjt,
     }
   }
   return out;
+}
+
+}  // namespace dynemb
+
+namespace dynemb {
+
+std::string describe_lookup_bounds_error(const Plan& plan, const std::vector<const Kjt*>& kjts,
+                                         const DerivedBatch& derived, const LookupBoundsError& e) {
+  const int64_t s = e.source_rank, f = e.feature;
+  if (s < 0 || s >= static_cast<int64_t>(kjts.size()) || s >= int64_t(derived.ranks.size()) ||
+      f < 0 || f >= plan.num_features())
+    return e.what();
+  const Kjt& kjt = *kjts[size_t(s)];
+  const std::vector<int64_t>& dest = derived.ranks[size_t(s)].bucketized.dest_rank;
+  if (e.sample < 0 || e.sample >= kjt.batch_size(f) ||
+      dest.size() != static_cast<size_t>(kjt.num_ids()))
+    return e.what();
+  // The ids of the original bag routed to e.rank keep their order (a stable bucketize): the
+  // e.position-th of them is the one.
+  const int64_t j = kjt.bag_begin(f) + e.sample;
+  int64_t start = 0;
+  for (int64_t q = 0; q < j; ++q) start += kjt.lengths[size_t(q)];
+  int64_t seen = 0, pos = -1;
+  for (int64_t i = start; i < start + kjt.lengths[size_t(j)]; ++i)
+    if (dest[size_t(i)] == e.rank && seen++ == e.position) {
+      pos = i;
+      break;
+    }
+  if (pos < 0) return e.what();
+  const FeatureInfo& fi = plan.features[size_t(f)];
+  const TableConfig& t = plan.tables[size_t(fi.table)];
+  std::string routed = "routed to rank " + std::to_string(e.rank);
+  if (fi.dist_type == DistType::continuous && e.local_row >= 0) {
+    const int64_t rows = std::max<int64_t>(
+        0, std::min<int64_t>(fi.block_size, fi.hash_size - e.rank * fi.block_size));
+    routed += " as local row " + std::to_string(e.local_row) + ", past its shard of " +
+              std::to_string(rows) + " rows";
+  }
+  return "id " + std::to_string(kjt.values[size_t(pos)]) + " of feature " + fi.name + " (rank " +
+         std::to_string(s) + ", sample " + std::to_string(e.sample) + ", position " +
+         std::to_string(pos - start) + " in its bag) is outside table " + t.name +
+         " (num_embeddings " + std::to_string(fi.hash_size) + "; " + routed +
+         "). The plan says bounds_check: error; with bounds_check: warn_zero_row such ids are "
+         "looked up as local row 0 of the rank they are routed to, as TorchRec's TBE does";
 }
 
 }  // namespace dynemb

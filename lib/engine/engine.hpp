@@ -38,6 +38,14 @@ std::vector<EmbTensor> derive_local_embs(const Plan& plan, const DerivedBatch& d
                                          const EmbeddingSource& source, Backend& backend,
                                          int64_t batch);
 
+// The message for a LookupBoundsError of `derived` (derived from `kjts`), in the user's terms:
+// the id itself, its feature, rank, sample and position in its original bag, where it was
+// routed, and the way out ("id 42 of feature p1 (rank 0, sample 2, position 1 in its bag) is
+// outside table m1 ..."). Falls back to the error's own text when the position cannot be
+// traced (a context that does not fit the KJTs).
+std::string describe_lookup_bounds_error(const Plan& plan, const std::vector<const Kjt*>& kjts,
+                                         const DerivedBatch& derived, const LookupBoundsError& e);
+
 // The unsharded reference output of rank r, straight from its own KJT and the embedding
 // source with no sharding at all: sequence [N_r, D]; pooled [B_r, sum_D] (MEAN tables summed,
 // as the dist returns them);

@@ -86,7 +86,8 @@ EmbTensor per_rank_means(const Plan& plan, const LookupKjt& k, const EmbTensor& 
         int64_t e = 0;
         if (vbe) {
           e = elem0[s];
-          for (int64_t g = 0; g < f; ++g) e += k.stride_per_key_per_rank[g][s] * plan.features[g].dim;
+          for (int64_t g = 0; g < f; ++g)
+            e += k.stride_per_key_per_rank[g][s] * plan.features[g].dim;
           e += b * fi.dim;
         } else {
           e = (row0[s] + b) * plan.sum_dim + fi.column_offset;

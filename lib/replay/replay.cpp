@@ -431,6 +431,9 @@ std::vector<std::optional<EmbTensor>> Replayer::replay_batch(int64_t k, const Ba
   if (need_all_derived) {
     try {
       derived_local = derive_local_embs(plan_, der, *source_, backend_, k);
+    } catch (const LookupBoundsError& e) {
+      throw Error(fmt::format("{}:/batches/{}: {}", opt_.capture_path, k,
+                              describe_lookup_bounds_error(plan_, kjts, der, e)));
     } catch (const Error& e) {  // bounds_check=error: name the file and the batch
       throw Error(fmt::format("{}:/batches/{}: {}", opt_.capture_path, k, e.what()));
     }
@@ -445,6 +448,9 @@ std::vector<std::optional<EmbTensor>> Replayer::replay_batch(int64_t k, const Ba
     } else {  // rank by rank, so only one derived lookup is in memory
       try {
         one = backend_.lookup(plan_, int(r), der.ranks[size_t(r)].lookup_kjt, *source_);
+      } catch (const LookupBoundsError& e) {
+        throw Error(fmt::format("{}:/batches/{}: {}", opt_.capture_path, k,
+                                describe_lookup_bounds_error(plan_, kjts, der, e)));
       } catch (const Error& e) {
         // Name the file and the batch like every other trouble ("<capture>:/batches/3: ...").
         throw Error(fmt::format("{}:/batches/{}: {}", opt_.capture_path, k, e.what()));

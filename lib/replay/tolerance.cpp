@@ -108,7 +108,8 @@ Tolerance default_tolerance(const Plan& plan) {
 
 const char* default_tolerance_help() {
   return "Default: 'exact' when the plan's data_type and comm_precision are both fp32 (SUM and "
-         "MEAN alike: MEAN is one float32 division by float32(len + 1e-6), deterministic), and "
+         "MEAN alike: the dist carries MEAN sums, and the module's mean pooling is one float32 "
+         "division by float32(len) + 1e-6, deterministic), and "
          "for sequence plans without a codec; otherwise rtol = atol = eps x (W for pooled "
          "plans, 1 for sequence) with eps = 2^-10 for fp16, 2^-7 when bf16 is involved (e.g. "
          "pooled W=8 fp16 codec: rtol:0.0078125,atol:0.0078125).";

@@ -49,9 +49,9 @@ int64_t ulp_distance(float a, float b);
 
 // The default of cli.md: exact where the semantics are exact, else a relative tolerance of
 // the low precision involved. See default_tolerance_help() for the wording --help prints.
-//   exact: data_type fp32 and comm_precision fp32, SUM or MEAN (our MEAN divides in float32
-//          by float32(len + 1e-6) exactly as TorchRec does: one correctly rounded division,
-//          deterministic);
+//   exact: data_type fp32 and comm_precision fp32, SUM or MEAN (the dist carries MEAN tables'
+//          sums; the module's step divides in float32 by float32(len) + 1e-6 exactly as
+//          TorchRec does: one correctly rounded division, deterministic);
 //          sequence plans with a fp16/bf16 data_type and no codec (the path only moves data).
 //   else:  rtol = atol = eps * (W for pooled plans, 1 for sequence), eps of the lowest
 //          precision involved (fp16: 2^-10, bf16: 2^-7): a pooled reduce-scatter with a

@@ -93,7 +93,7 @@ done
 # a capture with out-of-table ids must follow the policy. Use the ignore capture (always made).
 cp "$tmp/oob-ignore.h5" "$tmp/oob.h5"
 run oob_error 2 replay "$tmp/oob.h5" --plan "$tmp/oob-error.yaml" --quiet
-has oob_error "error: .*oob\.h5:/batches/[0-9]+: (batch [0-9]+: )?rank [0-9]+, feature f[0-9]+: id from rank [0-9]+ sample [0-9]+ position [0-9]+ .*outside .*bounds_check=error"
+has oob_error "error: .*oob\.h5:/batches/[0-9]+: id -?[0-9]+ of feature f[0-9]+ \(rank [0-9]+, sample [0-9]+, position [0-9]+ in its bag\) is outside table .*bounds_check: warn_zero_row"
 run oob_warn 0 replay "$tmp/oob.h5" --plan "$tmp/oob-warn_zero_row.yaml" --ctx derived --quiet
 run oob_ignore 0 replay "$tmp/oob.h5" --plan "$tmp/oob-ignore.yaml" --ctx derived --quiet
 run oob_val_error 0 validate "$tmp/oob-error.yaml" --capture "$tmp/oob.h5"
