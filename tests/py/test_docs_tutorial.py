@@ -25,7 +25,7 @@ import sys
 import tempfile
 
 SRC = os.environ.get("DYNEMB_SRC", os.path.join(os.path.dirname(__file__), "..", ".."))
-DOCS = ["docs/tutorial.md", "docs/ci.md", "docs/plan-format.md",
+DOCS = ["docs/tutorial.md", "docs/ci.md", "docs/plan-format.md", "docs/mean-pooling.md",
         "docs/capture-format.md", "docs/cli.md"]
 MARK = "@@dynemb-docs@@"
 
