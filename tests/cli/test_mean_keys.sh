@@ -94,6 +94,22 @@ want_keys='/batches/0/rank0/keys: the KJT keys at the input dist are \[f_user, f
 run keys 2 replay "$tmp/keys.h5"
 has keys "$want_keys" "replay names both orders"
 [[ $(grep -c "KJT keys" "$tmp/keys.out") -le 2 ]] && ok "keys: one message (report + error line)" || fail "keys: more than one message"
+# merge checks the assembled capture the same way: per-rank files with the keys in that order
+py "$tmp/keys.h5" "$tmp" <<'EOF'
+import sys, shutil, h5py, numpy as np
+for r in range(4):
+    out = f"{sys.argv[2]}/rank{r}.h5"
+    shutil.copy(sys.argv[1], out)
+    with h5py.File(out, "r+") as f:
+        f.attrs["rank"] = np.int64(r)
+        for k in range(2):
+            for q in range(4):
+                if q != r:
+                    del f[f"batches/{k}/rank{q}"]
+EOF
+run keys_merge 2 merge "$tmp"/rank0.h5 "$tmp"/rank1.h5 "$tmp"/rank2.h5 "$tmp"/rank3.h5 -o "$tmp/merged.h5"
+has keys_merge "the KJT keys at the input dist are \[f_user, f_item, f_user_hist, f_ctx\] but the plan" "merge names both orders"
+[[ ! -e "$tmp/merged.h5" ]] && ok "keys_merge: no output written" || fail "keys_merge: wrote merged.h5"
 run keys_validate 2 validate "$plan" --capture "$tmp/keys.h5"
 has keys_validate "the KJT keys at the input dist are \[f_user, f_item, f_user_hist, f_ctx\]" "validate --capture names both orders"
 # variable-length strings (h5py's default) read the same
