@@ -587,61 +587,49 @@ void check_shards(Checker& c, const TableConfig& t, const TableLocs& L, const st
   }
 }
 
-}  // namespace
+// ------------------------------------------------------------------ parse_plan's passes
 
-// ------------------------------------------------------------------ parse_plan
-
-PlanLoadResult parse_plan(const std::string& yaml_text, const std::string& display_name) {
-  PlanLoadResult result;
-  std::vector<Diagnostic>& out = result.findings;
-  Checker c(display_name, out);
-
-  if (yaml_text.size() > kMaxTextBytes) {
-    c.error(c.at(1, 1), "",
-            "plan is " + std::to_string(yaml_text.size()) + " bytes; plans larger than " +
-                std::to_string(kMaxTextBytes >> 20) + " MiB are refused");
-    return result;
-  }
-
-  // ---- pass 1: syntax, duplicate keys, caps
-  NodeP root;
-  {
-    std::istringstream in(yaml_text);
-    TreeBuilder tb(yaml_text, out, display_name);
-    try {
-      YAML::Parser parser(in);
-      while (parser.HandleNextDocument(tb)) {
-      }
-      root = tb.root;
-    } catch (const Abort&) {
-      return result;
-    } catch (const YAML::ParserException& e) {
-      c.error(e.mark.is_null() ? c.at(0, 0) : c.at(e.mark.line + 1, e.mark.column + 1), "",
-              "YAML syntax error: " + e.msg);
-      return result;
-    } catch (const YAML::Exception& e) {
-      c.error(c.at(1, 1), "", std::string("YAML error: ") + e.what());
-      return result;
+// Pass 1: YAML syntax, duplicate keys and caps (TreeBuilder); nullptr after reporting.
+NodeP parse_syntax(const std::string& yaml_text, const std::string& display_name, Checker& c,
+                   std::vector<Diagnostic>& out) {
+  std::istringstream in(yaml_text);
+  TreeBuilder tb(yaml_text, out, display_name);
+  try {
+    YAML::Parser parser(in);
+    while (parser.HandleNextDocument(tb)) {
     }
+  } catch (const Abort&) {
+    return nullptr;
+  } catch (const YAML::ParserException& e) {
+    c.error(e.mark.is_null() ? c.at(0, 0) : c.at(e.mark.line + 1, e.mark.column + 1), "",
+            "YAML syntax error: " + e.msg);
+    return nullptr;
+  } catch (const YAML::Exception& e) {
+    c.error(c.at(1, 1), "", std::string("YAML error: ") + e.what());
+    return nullptr;
   }
-  if (!root || root->kind == YNode::Kind::null) {
+  if (!tb.root || tb.root->kind == YNode::Kind::null) {
     c.error(c.at(1, 1), "",
             "the plan is empty: expected a mapping with format_version, world_size, module "
             "and tables");
-    return result;
+    return nullptr;
   }
-  if (!c.expect_map(*root, "")) return result;
+  if (!c.expect_map(*tb.root, "")) return nullptr;
+  return tb.root;
+}
 
-  // ---- pass 2: schema
-  Plan plan;
-  plan.path = display_name;
-  plan.source_text = yaml_text;
+// What pass 2 learned besides the Plan: which required top-level values parsed, and where
+// every table's values came from.
+struct SchemaState {
   bool have_w = false, have_module = false;
-  std::vector<TableLocs> locs;
-  const YEntry* tables_entry = nullptr;
+  std::vector<TableLocs> locs;  // [tables]
+};
 
-  c.check_keys(*root, "", kTopKeys, {"format_version", "world_size", "module", "tables"});
-  for (const YEntry& e : root->entries) {
+// Pass 2, top level: every key but `tables`, whose entry is returned (nullptr when absent).
+const YEntry* parse_top_level(const YNode& root, Checker& c, Plan& plan, SchemaState& st) {
+  const YEntry* tables_entry = nullptr;
+  c.check_keys(root, "", kTopKeys, {"format_version", "world_size", "module", "tables"});
+  for (const YEntry& e : root.entries) {
     if (e.key == "format_version") {
       // Checked as "any integer" first, so a wrong version gets its own message.
       if (auto v = c.get_int(e, e.key, INT64_MIN, INT64_MAX)) {
@@ -651,10 +639,10 @@ PlanLoadResult parse_plan(const std::string& yaml_text, const std::string& displ
               "unsupported format_version " + std::to_string(*v) + " (this build reads version 1)");
       }
     } else if (e.key == "world_size") {
-      if (auto v = c.get_int(e, e.key, 1, kMaxWorldSize)) plan.world_size = *v, have_w = true;
+      if (auto v = c.get_int(e, e.key, 1, kMaxWorldSize)) plan.world_size = *v, st.have_w = true;
     } else if (e.key == "module") {
       if (auto v = c.get_enum(e, e.key, kModules))
-        plan.module = *v == 0 ? ModuleKind::sequence : ModuleKind::pooled, have_module = true;
+        plan.module = *v == 0 ? ModuleKind::sequence : ModuleKind::pooled, st.have_module = true;
     } else if (e.key == "comm_precision") {
       if (auto v = c.get_enum(e, e.key, kDTypes)) plan.comm_precision = dtype_at(*v);
     } else if (e.key == "bounds_check") {
@@ -664,169 +652,165 @@ PlanLoadResult parse_plan(const std::string& yaml_text, const std::string& displ
       tables_entry = &e;
     }
   }
+  return tables_entry;
+}
 
-  const YNode* tables = tables_entry ? c.get_list(*tables_entry, "tables", 1) : nullptr;
-  if (tables) {
-    for (size_t ti = 0; ti < tables->items.size(); ++ti) {
-      const YNode& tn = *tables->items[ti];
-      const std::string tp = "tables[" + std::to_string(ti) + "]";
-      TableConfig t;
-      TableLocs L;
-      L.map = c.at(tn);
-      t.loc = L.map;
-      L.data_type = L.dist_type = L.map;  // defaults are reported at the table's mapping
-      if (!c.expect_map(tn, tp)) {
-        plan.tables.push_back(t);
-        locs.push_back(L);
-        continue;
-      }
-      c.check_keys(tn, tp, kTableKeys, {"name", "num_embeddings", "embedding_dim", "features"});
-      bool ok = tn.find("name") && tn.find("num_embeddings") && tn.find("embedding_dim") &&
-                tn.find("features");
-      for (const YEntry& e : tn.entries) {
-        const std::string kp = tp + "." + e.key;
-        if (e.key == "name") {
-          L.name = c.at(*e.value);
-          if (auto v = c.get_string(e, kp))
-            t.name = *v;
-          else
-            ok = false;
-        } else if (e.key == "num_embeddings") {
-          L.num_embeddings = c.at(*e.value);
-          if (auto v = c.get_int(e, kp, 1, INT64_MAX))
-            t.num_embeddings = *v;
-          else
-            ok = false;
-        } else if (e.key == "embedding_dim") {
-          L.embedding_dim = c.at(*e.value);
-          if (auto v = c.get_int(e, kp, 1, kMaxEmbeddingDim))
-            t.embedding_dim = *v;
-          else
-            ok = false;
-        } else if (e.key == "data_type") {
-          L.data_type = c.at(*e.value);
-          if (auto v = c.get_enum(e, kp, kDTypes))
-            t.data_type = dtype_at(*v);
-          else
-            ok = false;
-        } else if (e.key == "pooling") {
-          L.has_pooling = true;
-          L.pooling_key = c.key_at(e);
-          if (auto v = c.get_enum(e, kp, kPoolings))
-            t.pooling = static_cast<PoolingMode>(*v);
-          else
-            ok = false;
-        } else if (e.key == "dist_type") {
-          L.dist_type = c.at(*e.value);
-          if (auto v = c.get_enum(e, kp, kDistTypes))
-            t.dist_type = static_cast<DistType>(*v);
-          else
-            ok = false;
-        } else if (e.key == "features") {
-          const YNode* fl = c.get_list(e, kp, 1);
-          if (!fl) {
-            ok = false;
-            continue;
-          }
-          for (size_t fi = 0; fi < fl->items.size(); ++fi) {
-            const YNode& fnode = *fl->items[fi];
-            YEntry fe{"", fnode.line, fnode.col, fl->items[fi]};
-            if (auto v = c.get_string(fe, kp + "[" + std::to_string(fi) + "]")) {
-              t.features.push_back(*v);
-              L.features.push_back(c.at(fnode));
-            } else {
-              ok = false;
-            }
-          }
-        } else if (e.key == "shards") {
-          L.has_shards = true;
-          L.shards_key = c.key_at(e);
-          L.shards = c.at(*e.value);
-          const YNode* sl = c.get_list(e, kp, 1);
-          if (!sl) {
-            ok = false;
-            continue;
-          }
-          for (size_t si = 0; si < sl->items.size(); ++si) {
-            const YNode& sn = *sl->items[si];
-            const std::string sp = kp + "[" + std::to_string(si) + "]";
-            ShardSpec s;
-            ShardLocs sloc;
-            sloc.map = s.loc = c.at(sn);
-            if (c.expect_map(sn, sp)) {
-              c.check_keys(sn, sp, kShardKeys, kShardKeys);
-              int got = 0;
-              // Ranks are range-checked once world_size is known (below).
-              for (const YEntry& se : sn.entries) {
-                const std::string p = sp + "." + se.key;
-                if (se.key == "rank") {
-                  sloc.rank = c.at(*se.value);
-                  if (auto v = c.get_int(se, p, 0, INT64_MAX)) s.rank = *v, ++got;
-                } else if (se.key == "row_offset") {
-                  sloc.row_offset = c.at(*se.value);
-                  if (auto v = c.get_int(se, p, 0, INT64_MAX)) s.row_offset = *v, ++got;
-                } else if (se.key == "rows") {
-                  sloc.rows = c.at(*se.value);
-                  if (auto v = c.get_int(se, p, 0, INT64_MAX)) s.rows = *v, ++got;
-                }
-              }
-              sloc.valid = got == 3;
-              if (sloc.valid && have_w && s.rank >= plan.world_size) {
-                c.error(sloc.rank, sp + ".rank",
-                        "must be < world_size " + std::to_string(plan.world_size) + ", got " +
-                            std::to_string(s.rank));
-                sloc.valid = false;
-              }
-              if (sloc.valid && s.row_offset > INT64_MAX - s.rows) {
-                c.error(sloc.rows, sp + ".rows", "row_offset + rows overflows 64 bits");
-                sloc.valid = false;
-              }
-            }
-            t.shards.push_back(s);
-            L.shard_locs.push_back(sloc);
-          }
+// Pass 2, one `shards` list of table `kp`; false when it is not a list. Ranks are checked
+// against world_size when that parsed (`world_size` < 0: unknown).
+bool parse_shards(const YEntry& e, const std::string& kp, Checker& c, int64_t world_size,
+                  TableConfig& t, TableLocs& L) {
+  L.has_shards = true;
+  L.shards_key = c.key_at(e);
+  L.shards = c.at(*e.value);
+  const YNode* sl = c.get_list(e, kp, 1);
+  if (!sl) return false;
+  for (size_t si = 0; si < sl->items.size(); ++si) {
+    const YNode& sn = *sl->items[si];
+    const std::string sp = kp + "[" + std::to_string(si) + "]";
+    ShardSpec s;
+    ShardLocs sloc;
+    sloc.map = s.loc = c.at(sn);
+    if (c.expect_map(sn, sp)) {
+      c.check_keys(sn, sp, kShardKeys, kShardKeys);
+      int got = 0;
+      for (const YEntry& se : sn.entries) {
+        const std::string p = sp + "." + se.key;
+        if (se.key == "rank") {
+          sloc.rank = c.at(*se.value);
+          if (auto v = c.get_int(se, p, 0, INT64_MAX)) s.rank = *v, ++got;
+        } else if (se.key == "row_offset") {
+          sloc.row_offset = c.at(*se.value);
+          if (auto v = c.get_int(se, p, 0, INT64_MAX)) s.row_offset = *v, ++got;
+        } else if (se.key == "rows") {
+          sloc.rows = c.at(*se.value);
+          if (auto v = c.get_int(se, p, 0, INT64_MAX)) s.rows = *v, ++got;
         }
       }
-      // Bytes of the unsharded table must fit in 64 bits (rows x D x dtype bytes).
-      if (t.num_embeddings > 0 && t.embedding_dim > 0) {
-        int64_t elems = 0, bytes = 0;
-        if (__builtin_mul_overflow(t.num_embeddings, t.embedding_dim, &elems) ||
-            __builtin_mul_overflow(elems, int64_t{dtype_bytes(t.data_type)}, &bytes)) {
-          c.error(L.num_embeddings, tp + ".num_embeddings",
-                  "num_embeddings x embedding_dim x " + std::to_string(dtype_bytes(t.data_type)) +
-                      " bytes overflows 64 bits");
+      sloc.valid = got == 3;
+      if (sloc.valid && world_size >= 0 && s.rank >= world_size) {
+        c.error(sloc.rank, sp + ".rank",
+                "must be < world_size " + std::to_string(world_size) + ", got " +
+                    std::to_string(s.rank));
+        sloc.valid = false;
+      }
+      if (sloc.valid && s.row_offset > INT64_MAX - s.rows) {
+        c.error(sloc.rows, sp + ".rows", "row_offset + rows overflows 64 bits");
+        sloc.valid = false;
+      }
+    }
+    t.shards.push_back(s);
+    L.shard_locs.push_back(sloc);
+  }
+  return true;
+}
+
+// Pass 2, table `tp`: its keys into `t`, their places into `L`. L.valid: every required
+// scalar parsed (and its size fits 64 bits).
+void parse_table(const YNode& tn, const std::string& tp, Checker& c, int64_t world_size,
+                 TableConfig& t, TableLocs& L) {
+  L.map = c.at(tn);
+  t.loc = L.map;
+  L.data_type = L.dist_type = L.map;  // defaults are reported at the table's mapping
+  if (!c.expect_map(tn, tp)) return;
+  c.check_keys(tn, tp, kTableKeys, {"name", "num_embeddings", "embedding_dim", "features"});
+  bool ok = tn.find("name") && tn.find("num_embeddings") && tn.find("embedding_dim") &&
+            tn.find("features");
+  for (const YEntry& e : tn.entries) {
+    const std::string kp = tp + "." + e.key;
+    if (e.key == "name") {
+      L.name = c.at(*e.value);
+      if (auto v = c.get_string(e, kp))
+        t.name = *v;
+      else
+        ok = false;
+    } else if (e.key == "num_embeddings") {
+      L.num_embeddings = c.at(*e.value);
+      if (auto v = c.get_int(e, kp, 1, INT64_MAX))
+        t.num_embeddings = *v;
+      else
+        ok = false;
+    } else if (e.key == "embedding_dim") {
+      L.embedding_dim = c.at(*e.value);
+      if (auto v = c.get_int(e, kp, 1, kMaxEmbeddingDim))
+        t.embedding_dim = *v;
+      else
+        ok = false;
+    } else if (e.key == "data_type") {
+      L.data_type = c.at(*e.value);
+      if (auto v = c.get_enum(e, kp, kDTypes))
+        t.data_type = dtype_at(*v);
+      else
+        ok = false;
+    } else if (e.key == "pooling") {
+      L.has_pooling = true;
+      L.pooling_key = c.key_at(e);
+      if (auto v = c.get_enum(e, kp, kPoolings))
+        t.pooling = static_cast<PoolingMode>(*v);
+      else
+        ok = false;
+    } else if (e.key == "dist_type") {
+      L.dist_type = c.at(*e.value);
+      if (auto v = c.get_enum(e, kp, kDistTypes))
+        t.dist_type = static_cast<DistType>(*v);
+      else
+        ok = false;
+    } else if (e.key == "features") {
+      const YNode* fl = c.get_list(e, kp, 1);
+      if (!fl) {
+        ok = false;
+        continue;
+      }
+      for (size_t fi = 0; fi < fl->items.size(); ++fi) {
+        const YNode& fnode = *fl->items[fi];
+        YEntry fe{"", fnode.line, fnode.col, fl->items[fi]};
+        if (auto v = c.get_string(fe, kp + "[" + std::to_string(fi) + "]")) {
+          t.features.push_back(*v);
+          L.features.push_back(c.at(fnode));
+        } else {
           ok = false;
         }
       }
-      L.valid = ok;
-      plan.tables.push_back(std::move(t));
-      locs.push_back(std::move(L));
+    } else if (e.key == "shards") {
+      ok &= parse_shards(e, kp, c, world_size, t, L);
     }
   }
-
-  // The per-rank memory report sums all tables: that sum must fit in 64 bits too.
-  {
-    int64_t total = 0;
-    for (size_t ti = 0; ti < plan.tables.size(); ++ti) {
-      const TableConfig& t = plan.tables[ti];
-      if (!locs[ti].valid) continue;
-      const int64_t bytes = t.num_embeddings * t.embedding_dim * dtype_bytes(t.data_type);
-      if (__builtin_add_overflow(total, bytes, &total)) {
-        c.error(locs[ti].num_embeddings, "tables[" + std::to_string(ti) + "].num_embeddings",
-                "the total size of all tables overflows 64 bits");
-        locs[ti].valid = false;
-        break;
-      }
+  // Bytes of the unsharded table must fit in 64 bits (rows x D x dtype bytes).
+  if (t.num_embeddings > 0 && t.embedding_dim > 0) {
+    int64_t elems = 0, bytes = 0;
+    if (__builtin_mul_overflow(t.num_embeddings, t.embedding_dim, &elems) ||
+        __builtin_mul_overflow(elems, int64_t{dtype_bytes(t.data_type)}, &bytes)) {
+      c.error(L.num_embeddings, tp + ".num_embeddings",
+              "num_embeddings x embedding_dim x " + std::to_string(dtype_bytes(t.data_type)) +
+                  " bytes overflows 64 bits");
+      ok = false;
     }
   }
+  L.valid = ok;
+}
 
-  // ---- pass 3: semantics
-  const int64_t W = plan.world_size;
-  // Unique table names, unique feature names across the plan.
+// Pass 2, after every table: the per-rank memory report sums all tables, so that sum must fit
+// in 64 bits too.
+void check_total_size(const Plan& plan, Checker& c, SchemaState& st) {
+  int64_t total = 0;
+  for (size_t ti = 0; ti < plan.tables.size(); ++ti) {
+    const TableConfig& t = plan.tables[ti];
+    if (!st.locs[ti].valid) continue;
+    const int64_t bytes = t.num_embeddings * t.embedding_dim * dtype_bytes(t.data_type);
+    if (__builtin_add_overflow(total, bytes, &total)) {
+      c.error(st.locs[ti].num_embeddings, "tables[" + std::to_string(ti) + "].num_embeddings",
+              "the total size of all tables overflows 64 bits");
+      st.locs[ti].valid = false;
+      break;
+    }
+  }
+}
+
+// Pass 3: table and feature names unique across the plan.
+void check_unique_names(const Plan& plan, const SchemaState& st, Checker& c) {
   std::map<std::string, SourceLoc> seen_tables, seen_features;
   for (size_t ti = 0; ti < plan.tables.size(); ++ti) {
     const TableConfig& t = plan.tables[ti];
-    const TableLocs& L = locs[ti];
+    const TableLocs& L = st.locs[ti];
     const std::string tp = "tables[" + std::to_string(ti) + "]";
     if (!t.name.empty()) {
       auto [it, fresh] = seen_tables.emplace(t.name, L.name);
@@ -844,22 +828,20 @@ PlanLoadResult parse_plan(const std::string& yaml_text, const std::string& displ
                     "); feature names are unique across the plan");
     }
   }
+}
 
-  // Find the first fully parsed table to compare the others with.
-  const size_t n_tables = plan.tables.size();
-  size_t ref = n_tables;
-  for (size_t ti = 0; ti < n_tables && ref == n_tables; ++ti)
-    if (locs[ti].valid) ref = ti;
-
-  for (size_t ti = 0; ti < n_tables; ++ti) {
+// Pass 3: every parsed table against the first parsed one (`ref`: one dim for a sequence
+// plan, one data_type), its size, and its explicit shards.
+void check_tables_agree(const Plan& plan, const SchemaState& st, size_t ref, Checker& c) {
+  for (size_t ti = 0; ti < plan.tables.size(); ++ti) {
     const TableConfig& t = plan.tables[ti];
-    const TableLocs& L = locs[ti];
+    const TableLocs& L = st.locs[ti];
     const std::string tp = "tables[" + std::to_string(ti) + "]";
     if (!L.valid) continue;
     const TableConfig& r = plan.tables[ref];
     const std::string ref_name = "tables[" + std::to_string(ref) + "] (" + r.name + ")";
 
-    if (have_module && plan.module == ModuleKind::sequence) {
+    if (st.have_module && plan.module == ModuleKind::sequence) {
       if (L.has_pooling)
         c.error(L.pooling_key, tp + ".pooling",
                 "'pooling' is for pooled plans only (module is sequence: an "
@@ -884,51 +866,101 @@ PlanLoadResult parse_plan(const std::string& yaml_text, const std::string& displ
                    std::to_string(t.embedding_dim) + " = " + std::to_string(elems) +
                    " elements (>= 2^31): kernels that index with 32 bits overflow on it");
 
-    if (L.has_shards && have_w && !t.shards.empty()) {
+    if (L.has_shards && st.have_w && !t.shards.empty()) {
       if (t.dist_type != DistType::continuous)
         c.report(Severity::warning, L.shards_key, tp + ".shards",
                  std::string("dist_type ") + to_string(t.dist_type) +
                      " does not route ids by row ranges: row_offset is ignored and shard "
                      "rows are only per-rank capacities");
-      check_shards(c, t, L, tp, W);
+      check_shards(c, t, L, tp, plan.world_size);
     }
   }
+}
 
-  // Mixed dist_types: allowed, but worth a note at the first table that differs.
-  if (ref < n_tables) {
-    std::map<int, std::vector<std::string>> by_dist;
-    size_t first_diff = n_tables;
-    for (size_t ti = 0; ti < n_tables; ++ti) {
-      if (!locs[ti].valid) continue;
-      by_dist[static_cast<int>(plan.tables[ti].dist_type)].push_back(plan.tables[ti].name);
-      if (first_diff == n_tables && plan.tables[ti].dist_type != plan.tables[ref].dist_type)
-        first_diff = ti;
-    }
-    if (first_diff < n_tables) {
-      std::vector<std::string> parts;
-      for (const auto& [d, names] : by_dist)
-        parts.push_back(std::string(to_string(static_cast<DistType>(d))) + " (" + join(names) +
-                        ")");
-      c.report(Severity::note, locs[first_diff].dist_type,
-               "tables[" + std::to_string(first_diff) + "].dist_type",
-               "plan mixes dist_types: " + join(parts, "; ") +
-                   "; each feature is routed by its own table's dist_type");
-    }
+// Pass 3: mixed dist_types are allowed, but worth a note at the first table that differs.
+void note_mixed_dist_types(const Plan& plan, const SchemaState& st, size_t ref, Checker& c) {
+  const size_t n_tables = plan.tables.size();
+  std::map<int, std::vector<std::string>> by_dist;
+  size_t first_diff = n_tables;
+  for (size_t ti = 0; ti < n_tables; ++ti) {
+    if (!st.locs[ti].valid) continue;
+    by_dist[static_cast<int>(plan.tables[ti].dist_type)].push_back(plan.tables[ti].name);
+    if (first_diff == n_tables && plan.tables[ti].dist_type != plan.tables[ref].dist_type)
+      first_diff = ti;
   }
+  if (first_diff == n_tables) return;
+  std::vector<std::string> parts;
+  for (const auto& [d, names] : by_dist)
+    parts.push_back(std::string(to_string(static_cast<DistType>(d))) + " (" + join(names) + ")");
+  c.report(Severity::note, st.locs[first_diff].dist_type,
+           "tables[" + std::to_string(first_diff) + "].dist_type",
+           "plan mixes dist_types: " + join(parts, "; ") +
+               "; each feature is routed by its own table's dist_type");
+}
 
+// Findings in file order, at most kMaxFindings of them (then one note with the rest's count).
+void sort_and_cap(std::vector<Diagnostic>& out, const std::string& display_name) {
   std::stable_sort(out.begin(), out.end(), [](const Diagnostic& a, const Diagnostic& b) {
     return std::make_pair(a.loc.line, a.loc.col) < std::make_pair(b.loc.line, b.loc.col);
   });
-  if (out.size() > kMaxFindings) {
-    const size_t more = out.size() - kMaxFindings;
-    out.resize(kMaxFindings);
-    Diagnostic d;
-    d.severity = Severity::note;
-    d.loc.file = display_name;
-    d.message = std::to_string(more) + " more findings not shown (at most " +
-                std::to_string(kMaxFindings) + " are reported)";
-    out.push_back(std::move(d));
+  if (out.size() <= kMaxFindings) return;
+  const size_t more = out.size() - kMaxFindings;
+  out.resize(kMaxFindings);
+  Diagnostic d;
+  d.severity = Severity::note;
+  d.loc.file = display_name;
+  d.message = std::to_string(more) + " more findings not shown (at most " +
+              std::to_string(kMaxFindings) + " are reported)";
+  out.push_back(std::move(d));
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ parse_plan
+
+PlanLoadResult parse_plan(const std::string& yaml_text, const std::string& display_name) {
+  PlanLoadResult result;
+  std::vector<Diagnostic>& out = result.findings;
+  Checker c(display_name, out);
+
+  if (yaml_text.size() > kMaxTextBytes) {
+    c.error(c.at(1, 1), "",
+            "plan is " + std::to_string(yaml_text.size()) + " bytes; plans larger than " +
+                std::to_string(kMaxTextBytes >> 20) + " MiB are refused");
+    return result;
   }
+  const NodeP root = parse_syntax(yaml_text, display_name, c, out);  // pass 1
+  if (!root) return result;
+
+  // Pass 2: the schema, each value where it stands.
+  Plan plan;
+  plan.path = display_name;
+  plan.source_text = yaml_text;
+  SchemaState st;
+  const YEntry* tables_entry = parse_top_level(*root, c, plan, st);
+  if (const YNode* tables = tables_entry ? c.get_list(*tables_entry, "tables", 1) : nullptr) {
+    for (size_t ti = 0; ti < tables->items.size(); ++ti) {
+      TableConfig t;
+      TableLocs L;
+      parse_table(*tables->items[ti], "tables[" + std::to_string(ti) + "]", c,
+                  st.have_w ? plan.world_size : -1, t, L);
+      plan.tables.push_back(std::move(t));
+      st.locs.push_back(std::move(L));
+    }
+  }
+  check_total_size(plan, c, st);
+
+  // Pass 3: semantics across tables, against the first fully parsed one.
+  check_unique_names(plan, st, c);
+  size_t ref = plan.tables.size();
+  for (size_t ti = 0; ti < plan.tables.size() && ref == plan.tables.size(); ++ti)
+    if (st.locs[ti].valid) ref = ti;
+  if (ref < plan.tables.size()) {
+    check_tables_agree(plan, st, ref, c);
+    note_mixed_dist_types(plan, st, ref, c);
+  }
+
+  sort_and_cap(out, display_name);
   const bool any_error = std::any_of(
       out.begin(), out.end(), [](const Diagnostic& d) { return d.severity == Severity::error; });
   if (!any_error) {
