@@ -167,9 +167,10 @@ TEST_CASE("pooled codec: encode, sum in the low precision in rank order 0..W-1, 
 
 TEST_CASE("bounds_check policies") {
   // W=2, t0 10 rows (blk 5), t1 6 rows (blk 3). Out-of-table ids of f0 on rank 0:
-  // 12 -> rank 0 local 6 (past rank 0's 5 rows); -1 -> rank 1 local 2^63-1.
+  // 12 (past blk*W = 10) -> rank 12 % 2 = 0, local 12 / 2 = 6 (past rank 0's 5 rows);
+  // -1 -> rank 1 local 2^63-1.
   std::vector<Kjt> k = {make_kjt(2, {2, 1, 0, 0}, {1, 12, -1}), make_kjt(2, {1, 0, 0, 1}, {3, 2})};
-  SUBCASE("error: names batch, rank, feature and position") {
+  SUBCASE("error: names the id, its feature, rank, sample and position in its bag") {
     Plan p = example_plan(ModuleKind::sequence, BoundsCheck::error);
     auto src = example_source(p);
     auto be = make_cpu_backend(2);
@@ -177,14 +178,47 @@ TEST_CASE("bounds_check policies") {
     try {
       derive_local_embs(p, d, *src, *be, 3);
       FAIL("no error");
-    } catch (const OutputDistFailure&) {
-      FAIL("wrong exception type");
-    } catch (const Error& e) {
-      const std::string m = e.what();
-      CHECK(m.find("batch 3") != std::string::npos);
-      CHECK(m.find("rank 0") != std::string::npos);
-      CHECK(m.find("feature f0") != std::string::npos);
-      CHECK(m.find("position 1") != std::string::npos);
+    } catch (const LookupBoundsError& e) {
+      CHECK(e.rank == 0);
+      CHECK(e.feature == 0);
+      CHECK(e.source_rank == 0);
+      CHECK(e.sample == 0);
+      CHECK(e.position == 1);
+      CHECK(e.local_row == 6);
+      CHECK(describe_lookup_bounds_error(p, ptrs(k), d, e) ==
+            "id 12 of feature f0 (rank 0, sample 0, position 1 in its bag) is outside table t0 "
+            "(num_embeddings 10; routed to rank 0). The "
+            "plan says bounds_check: error; with bounds_check: warn_zero_row such ids are looked "
+            "up as local row 0 of the rank they are routed to, as TorchRec's TBE does");
+    }
+    // -1 is routed by u64(-1) % W to rank 1 as local row 2^63 - 1: the message gives the id.
+    std::vector<Kjt> neg = {make_kjt(2, {0, 2, 0, 0}, {3, -1}), make_kjt(2, {0, 0, 0, 0}, {})};
+    DerivedBatch dn = derive_input_dist(p, ptrs(neg), *be);
+    try {
+      derive_local_embs(p, dn, *src, *be, 3);
+      FAIL("no error");
+    } catch (const LookupBoundsError& e) {
+      const std::string m = describe_lookup_bounds_error(p, ptrs(neg), dn, e);
+      CHECK(m.rfind("id -1 of feature f0 (rank 0, sample 1, position 1 in its bag) is outside "
+                    "table t0 (num_embeddings 10; routed to rank 1). ",
+                    0) == 0);
+      CHECK(m.find("9223372036854775807") == std::string::npos);
+    }
+    // 7 rows over W = 2 (blk 4): rank 1 holds rows 4..6, so id 7 is its local row 3.
+    Plan ps = make_plan(2, ModuleKind::sequence, {table("t", 7, 2, {"f"})});
+    auto srcs = example_source(ps);
+    std::vector<Kjt> ks = {make_kjt(1, {2}, {5, 7}), make_kjt(1, {0}, {})};
+    DerivedBatch ds = derive_input_dist(ps, ptrs(ks), *be);
+    try {
+      derive_local_embs(ps, ds, *srcs, *be, 0);
+      FAIL("no error");
+    } catch (const LookupBoundsError& e) {
+      CHECK(
+          describe_lookup_bounds_error(ps, ptrs(ks), ds, e)
+              .rfind(
+                  "id 7 of feature f (rank 0, sample 0, position 1 in its bag) is outside table t "
+                  "(num_embeddings 7; routed to rank 1 as local row 3, past its shard of 3 rows). ",
+                  0) == 0);
     }
     try {
       reference_output(p, 0, k[0], *src, 3);

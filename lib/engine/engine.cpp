@@ -223,7 +223,9 @@ std::string describe_lookup_bounds_error(const Plan& plan, const std::vector<con
   const FeatureInfo& fi = plan.features[size_t(f)];
   const TableConfig& t = plan.tables[size_t(fi.table)];
   std::string routed = "routed to rank " + std::to_string(e.rank);
-  if (fi.dist_type == DistType::continuous && e.local_row >= 0) {
+  // A local row inside the block names the shortfall; ids past blk*W (or negative) are routed
+  // by id % W and their local row (id / W) would only confuse.
+  if (fi.dist_type == DistType::continuous && e.local_row >= 0 && e.local_row < fi.block_size) {
     const int64_t rows = std::max<int64_t>(
         0, std::min<int64_t>(fi.block_size, fi.hash_size - e.rank * fi.block_size));
     routed += " as local row " + std::to_string(e.local_row) + ", past its shard of " +
