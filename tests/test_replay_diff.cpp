@@ -1,0 +1,88 @@
+// diff_tensors against a plain element-by-element reference, over random tensors with a few
+// differences, NaNs, signed zeros and infinities, under each kind of tolerance.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+
+#include "replay/diff.hpp"
+
+using namespace dynemb;
+
+namespace {
+
+// The definition: every pair, in flat order.
+TensorDiff reference_diff(const EmbTensor& got, const EmbTensor& want, const Tolerance& tol,
+                          int64_t max_report) {
+  TensorDiff d;
+  d.compared = got.numel();
+  for (int64_t i = 0; i < d.compared; ++i) {
+    const float g = got.data[size_t(i)], w = want.data[size_t(i)];
+    if (!std::isnan(g) && !std::isnan(w)) {
+      const double diff = std::fabs(double(g) - double(w));
+      if (std::isfinite(diff)) {
+        d.max_abs_err = std::max(d.max_abs_err, diff);
+        if (w != 0) d.max_rel_err = std::max(d.max_rel_err, diff / std::fabs(double(w)));
+        d.max_ulp = std::max(d.max_ulp, ulp_distance(g, w));
+      }
+    }
+    if (tol.accepts(g, w)) continue;
+    ++d.mismatches;
+    if (int64_t(d.first.size()) < max_report) d.first.push_back({i, {}, g, w});
+  }
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("diff_tensors equals the element-by-element definition") {
+  std::mt19937_64 rng(7);
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            1e-30f};
+  const Tolerance tols[] = {Tolerance::exact(), Tolerance::ulp(2), Tolerance::rel(1e-3, 1e-5)};
+  int64_t cases_with_mismatches = 0;
+  for (int iter = 0; iter < 200; ++iter) {
+    const int64_t n = std::uniform_int_distribution<int64_t>(0, 9000)(rng);
+    EmbTensor a = EmbTensor::zeros(DType::f32, {n});
+    for (float& x : a.data) x = std::uniform_real_distribution<float>(-4, 4)(rng);
+    EmbTensor b = a;
+    const int changes = std::uniform_int_distribution<int>(0, 12)(rng);
+    for (int c = 0; c < changes && n > 0; ++c) {
+      const size_t i = size_t(std::uniform_int_distribution<int64_t>(0, n - 1)(rng));
+      switch (std::uniform_int_distribution<int>(0, 3)(rng)) {
+        case 0:
+          b.data[i] = std::nextafter(b.data[i], 10.0f);  // one ulp
+          break;
+        case 1:
+          b.data[i] += 0.25f;
+          break;
+        case 2:
+          b.data[i] = specials[std::uniform_int_distribution<int>(0, 5)(rng)];
+          break;
+        default:  // the same special value on both sides
+          a.data[i] = b.data[i] = specials[std::uniform_int_distribution<int>(0, 5)(rng)];
+      }
+    }
+    for (const Tolerance& tol : tols) {
+      CAPTURE(iter);
+      CAPTURE(tol.str());
+      const TensorDiff got = diff_tensors(a, b, tol, TensorLayout::flat("x"), 5);
+      const TensorDiff want = reference_diff(a, b, tol, 5);
+      CHECK(got.compared == want.compared);
+      CHECK(got.mismatches == want.mismatches);
+      CHECK(got.max_abs_err == want.max_abs_err);
+      CHECK(got.max_rel_err == want.max_rel_err);
+      CHECK(got.max_ulp == want.max_ulp);
+      REQUIRE(got.first.size() == want.first.size());
+      for (size_t k = 0; k < got.first.size(); ++k) CHECK(got.first[k].flat == want.first[k].flat);
+      cases_with_mismatches += want.mismatches > 0;
+    }
+  }
+  CHECK(cases_with_mismatches > 100);  // the comparison saw real differences
+}
