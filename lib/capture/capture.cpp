@@ -14,6 +14,7 @@
 #include <mutex>
 #include <thread>
 
+#include "capture/h5chunks.hpp"
 #include "capture/h5string.hpp"
 #include "capture/h5util.hpp"
 #include "common/hash.hpp"
@@ -221,9 +222,23 @@ struct CaptureReader::Impl {
       fail(ds.path, fmt::format("shape {}, want a 1-D dataset", shape_str(ds.dims)));
   }
 
+  // Large chunked datasets are inflated on every core (h5chunks.hpp) when their elements are
+  // stored exactly as they are wanted in memory; everything else goes through H5Dread.
+  bool read_fast(const Ds& ds, hid_t mem_type, void* out) const {
+    const size_t es = H5Tget_size(ds.t);
+    if (ds.numel * static_cast<int64_t>(es) < kParallelReadBytes) return false;
+    if (H5Tequal(ds.t, mem_type) <= 0) return false;
+    return h5::read_chunks_parallel(ds.d, out, uint64_t(ds.numel) * es, read_threads());
+  }
+  static int read_threads() {
+    static const int n = std::max(1u, std::thread::hardware_concurrency());
+    return n;
+  }
+  static constexpr int64_t kParallelReadBytes = 1 << 20;
+
   std::vector<int64_t> read_ints(const Ds& ds) const {
     std::vector<int64_t> v(static_cast<size_t>(ds.numel));
-    if (ds.numel > 0 &&
+    if (ds.numel > 0 && !read_fast(ds, H5T_NATIVE_INT64, v.data()) &&
         H5Dread(ds.d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
       fail(ds.path, "read failed: " + h5::last_error());
     return v;
@@ -248,7 +263,9 @@ struct CaptureReader::Impl {
     if (ds.numel == 0) return v;
     herr_t st;
     if (t == DType::f32) {
-      st = H5Dread(ds.d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+      st = read_fast(ds, H5T_NATIVE_FLOAT, v.data())
+               ? 0
+               : H5Dread(ds.d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
     } else {
       std::vector<uint16_t> bits(v.size());
       Hid half = h5::make_f16_type();
@@ -783,11 +800,10 @@ Batch CaptureReader::read_batch(const Plan& plan, int64_t k, const ReadParts& pa
       return e;
     };
     const std::string dt_why = fmt::format("plan data_type {}", to_string(data_type));
-    const std::string out_why =
-        plan.comm_precision != DType::f32
-            ? fmt::format("comm_precision {}: the codec decodes to float32",
-                          to_string(plan.comm_precision))
-            : dt_why + ", no codec";
+    const std::string out_why = plan.comm_precision != DType::f32
+                                    ? fmt::format("comm_precision {}: the codec decodes to float32",
+                                                  to_string(plan.comm_precision))
+                                    : dt_why + ", no codec";
     if (parts.local_embs) {
       if (sequence)
         rb.local_embs = tensor("local_embs", {routed[r], plan.seq_dim()},

@@ -1,5 +1,6 @@
-// A minimal fork-join loop for the CPU backend: splits [0, n) into `threads` contiguous
-// chunks, runs fn(begin, end) on std::threads and rethrows the first exception (lowest chunk).
+// A minimal fork-join loop for the CPU backend and the capture reader: splits [0, n) into `threads`
+// contiguous chunks, runs fn(begin, end) on std::threads and rethrows the first exception (lowest
+// chunk).
 #pragma once
 
 #include <algorithm>
@@ -10,9 +11,11 @@
 
 namespace dynemb {
 
+// `grain`: the least work a thread is started for (elements by default; 1 for items that are
+// each large, such as compressed chunks).
 template <class Fn>
-void parallel_for(int threads, int64_t n, Fn&& fn) {
-  const int64_t t = std::max<int64_t>(1, std::min<int64_t>(threads, n / 4096 + 1));
+void parallel_for(int threads, int64_t n, Fn&& fn, int64_t grain = 4096) {
+  const int64_t t = std::max<int64_t>(1, std::min<int64_t>(threads, n / grain + 1));
   if (t == 1) {
     fn(int64_t{0}, n);
     return;
