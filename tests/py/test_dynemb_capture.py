@@ -325,7 +325,7 @@ def main():
 
         n = 300_000
         big = os.path.join(tmp, "big.h5")
-        w = dc.CaptureWriter(big, plan_text("sequence"), W, 0)
+        w = dc.CaptureWriter(big, plan_text("sequence"), W, 0, compression="gzip")
         vals = np.arange(n, dtype=np.int64) % 10
         emb = np.array([[1.5, -2.0]] * 3, np.float32)  # exact in bf16
         w.write_batch(0, np.array([n, 0, 0, 0], np.int64), vals, local_embs=FakeBF16(emb))
