@@ -208,25 +208,23 @@ def run_rank(rank, args):
         caught = [str(w.message) for w in wlist
                   if issubclass(w.category, dynemb_capture.CaptureWarning)]
 
-    # Overhead of a captured step over a plain one (same batches, after warm-up).
+    # Overhead of a captured step over a plain one: one capture of every other step, each
+    # step timed on its own (interleaved, so drift hits both alike); medians over the steps.
     bench = {}
     if args.bench:
-        bs = [batch(100 + i) for i in range(args.bench)]
+        bs = [batch(100 + i) for i in range(2 * args.bench)]
         for b in bs[:2]:
             train_step(b)
-        dist.barrier()
-        t0 = time.perf_counter()
-        for b in bs:
-            train_step(b)
-        plain = (time.perf_counter() - t0) / len(bs)
-        dist.barrier()
+        times = []
         with dynemb_capture.capture(dmp, os.path.join(args.out, "bench"),
-                                    batches=range(len(bs)), merge=False):
-            t0 = time.perf_counter()
+                                    batches=range(0, len(bs), 2), merge=False):
             for b in bs:
+                dist.barrier()
+                t0 = time.perf_counter()
                 train_step(b)
-            captured = (time.perf_counter() - t0) / len(bs)
-        bench = dict(plain_ms=plain * 1e3, captured_ms=captured * 1e3, steps=len(bs))
+                times.append(time.perf_counter() - t0)
+        cap_t, plain_t = np.median(times[0::2]), np.median(times[1::2])
+        bench = dict(plain_ms=plain_t * 1e3, captured_ms=cap_t * 1e3, steps=args.bench)
     if rank == 0:
         info = dict(warnings=caught, merged=cap.merged, captured=cap.captured,
                     targets=[repr(t) for t in cap.targets], bench=bench,

@@ -292,13 +292,35 @@ class CaptureWriter:
             raise CaptureWriterError(
                 f"{where}/lengths: sum {int(lengths.sum())} != len(values) {values.size}"
             )
+        # Everything that can be refused is checked before the group exists.
+        ka = keys_array(keys) if keys is not None else None
+        if ka is not None:
+            self._check_features(where + "/keys", ka.size)
+        mo = None
+        if module_output is not None:
+            mo, _ = _encode_float(to_numpy(module_output), f"{where}/module_output")
+            if mo.dtype != np.float32 or mo.ndim != 2:
+                raise CaptureWriterError(
+                    f"{where}/module_output: {mo.dtype} {mo.ndim}-D, want float32 [B, sum_D]")
+        inv = None
+        if inverse_indices is not None:
+            inv = np.asarray(to_numpy(inverse_indices))
+            if inv.dtype.kind not in "iu" or inv.ndim != 2:
+                raise CaptureWriterError(
+                    f"{where}/inverse_indices: {inv.dtype} {inv.ndim}-D, want int64 [F, B_full]")
+            self._check_features(where + "/inverse_indices", inv.shape[0])
+            if mo is not None and inv.shape[1] != mo.shape[0]:
+                raise CaptureWriterError(
+                    f"{where}/inverse_indices: B_full {inv.shape[1]} != module_output rows "
+                    f"{mo.shape[0]}")
+        elif mo is not None and stride_per_feature is not None:
+            raise CaptureWriterError(f"{where}/inverse_indices: required with module_output "
+                                     "in a VBE batch")
         g = self._f.create_group(where)
         c = self.compression
         _put(g, "lengths", lengths, c)
         _put(g, "values", values, c)
-        if keys is not None:
-            ka = keys_array(keys)
-            self._check_features(where + "/keys", ka.size)
+        if ka is not None:
             _put(g, "keys", ka)
         if weights is not None:
             w = np.asarray(to_numpy(weights), dtype=np.float32).reshape(-1)
@@ -316,34 +338,17 @@ class CaptureWriter:
             _put(g, "stride_per_feature", spf)
         if ctx:
             self._write_ctx(g.create_group("ctx"), where + "/ctx", ctx, values.size)
-        mo_rows = None
-        for name, arr in (("local_embs", local_embs), ("output", output),
-                          ("module_output", module_output)):
+        for name, arr in (("local_embs", local_embs), ("output", output)):
             if arr is None:
                 continue
             data, tag = _encode_float(to_numpy(arr), f"{where}/{name}")
-            if name == "module_output" and (data.dtype != np.float32 or data.ndim != 2):
-                raise CaptureWriterError(
-                    f"{where}/module_output: {data.dtype} {data.ndim}-D, want float32 [B, sum_D]")
-            if name == "module_output":
-                mo_rows = data.shape[0]
             ds = _put(g, name, data, c)
             if tag:
                 ds.attrs["dtype"] = tag
-        if inverse_indices is not None:
-            inv = np.asarray(to_numpy(inverse_indices))
-            if inv.dtype.kind not in "iu" or inv.ndim != 2:
-                raise CaptureWriterError(
-                    f"{where}/inverse_indices: {inv.dtype} {inv.ndim}-D, want int64 [F, B_full]")
-            self._check_features(where + "/inverse_indices", inv.shape[0])
-            if mo_rows is not None and inv.shape[1] != mo_rows:
-                raise CaptureWriterError(
-                    f"{where}/inverse_indices: B_full {inv.shape[1]} != module_output rows "
-                    f"{mo_rows}")
+        if mo is not None:
+            _put(g, "module_output", mo, c)
+        if inv is not None:
             _put(g, "inverse_indices", inv.astype(np.int64), c)
-        elif module_output is not None and stride_per_feature is not None:
-            raise CaptureWriterError(f"{where}/inverse_indices: required with module_output "
-                                     "in a VBE batch")
         if iteration is not None:
             self._f[f"/batches/{k}"].attrs["iteration"] = np.int64(iteration)
         self._batches.add(k)
