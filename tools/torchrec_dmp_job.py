@@ -5,6 +5,8 @@ captured with dynemb_capture only: no hand-written plan, no private TorchRec att
 The model (every table's weights are the hash64 oracle, so replay checks the lookup too):
 
   ec   EmbeddingCollection, RW: e0 (11 rows, s0), e1 (7 rows, shared by s1, s2), D = 4
+  ecv  EmbeddingCollection fed variable-batch (VBE) KJTs, RW: x0 (9 rows), x1 (6 rows); TorchRec
+       pads the KJT to a fixed batch before the input dist, so the capture holds the padded one
   ebc  EmbeddingBagCollection: tw0 (TABLE-WISE, q0) first, then RW m0 MEAN (10 rows, p0),
        s1 SUM (7 rows, D 8, shared by p1, p2), m3 MEAN (5 rows, p3): the RW sharding is the
        module's second, and its feature order is p0, p3, p1, p2
@@ -44,6 +46,7 @@ def tables(vbe_mean):
     """name -> (module, [(table, rows, dim, features, pooling, sharding)])"""
     return {
         "ec": [("e0", 11, 4, ["s0"], None, "rw"), ("e1", 7, 4, ["s1", "s2"], None, "rw")],
+        "ecv": [("x0", 9, 4, ["x0"], None, "rw"), ("x1", 6, 4, ["x1"], None, "rw")],
         "ebc": [("tw0", 5, 4, ["q0"], "SUM", "tw"), ("m0", 10, 4, ["p0"], "MEAN", "rw"),
                 ("s1", 7, 8, ["p1", "p2"], "SUM", "rw"), ("m3", 5, 4, ["p3"], "MEAN", "rw")],
         "wbc": [("wm0", 9, 4, ["w0"], "MEAN", "rw"), ("ws1", 6, 4, ["w1"], "SUM", "rw")],
@@ -108,6 +111,7 @@ def run_rank(rank, args):
             return super().sharding_types(compute_device_type) + ["row_wise"]
 
     W = args.world_size
+    torch.set_num_threads(1)  # W processes share a small machine (CI: 2 cores)
     dist.init_process_group("gloo", rank=rank, world_size=W)
     torch.manual_seed(0)
     cpu = torch.device("cpu")
@@ -126,20 +130,29 @@ def run_rank(rank, args):
                 tables=[torchrec.EmbeddingConfig(name=t, num_embeddings=r, embedding_dim=d,
                                                  feature_names=fs)
                         for t, r, d, fs, _, _ in T["ec"]], device=cpu)
+            self.ecv = torchrec.EmbeddingCollection(
+                tables=[torchrec.EmbeddingConfig(name=t, num_embeddings=r, embedding_dim=d,
+                                                 feature_names=fs)
+                        for t, r, d, fs, _, _ in T["ecv"]], device=cpu)
             self.ebc = torchrec.EmbeddingBagCollection(tables=bag_cfgs("ebc"), device=cpu)
             self.wbc = torchrec.EmbeddingBagCollection(tables=bag_cfgs("wbc"), is_weighted=True,
                                                        device=cpu)
             self.vbe = torchrec.EmbeddingBagCollection(tables=bag_cfgs("vbe"), device=cpu)
+            pw = PositionWeightedModuleCollection({"u0": 4, "u1": 4}, device=cpu)
+            with torch.no_grad():  # position weights other than 1, so a wrong weight shows
+                for p in pw.position_weights.values():
+                    p.copy_(torch.tensor([1.0, 0.5, 0.25, 2.0]))
             self.fp = FeatureProcessedEmbeddingBagCollection(
                 torchrec.EmbeddingBagCollection(tables=bag_cfgs("fp"), is_weighted=True,
-                                                device=cpu),
-                PositionWeightedModuleCollection({"u0": 4, "u1": 4}, device=cpu))
+                                                device=cpu), pw)
             self.top = torch.nn.Linear(1, 1)
 
         def forward(self, batch):
             loss = self.top(torch.ones(1, 1)).sum()
             for jt in self.ec(batch["ec"]).values():
                 loss = loss + jt.values().sum()
+            for jt in self.ecv(batch["ecv"]).values():  # VBE: used, not back-propagated
+                loss = loss + jt.values().detach().sum()
             for name in ("ebc", "wbc", "fp"):
                 loss = loss + getattr(self, name)(batch[name]).values().sum()
             # gloo cannot all_gather the uneven pieces of a VBE reduce-scatter's backward:
@@ -147,9 +160,6 @@ def run_rank(rank, args):
             return loss + self.vbe(batch["vbe"]).values().detach().sum()
 
     model = Model()
-    with torch.no_grad():  # position weights other than 1, so a wrong weight shows
-        for k, p in model.fp._feature_processors.position_weights.items():
-            p.copy_(torch.tensor([1.0, 0.5, 0.25, 2.0]))
     kernel = "fused"
     # The fused kernels update the tables in the backward: learning rate 0 keeps the oracle.
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -168,6 +178,7 @@ def run_rank(rank, args):
 
     plan = ShardingPlan({
         "ec": plan_for("ec", model.ec, sharders[0]),
+        "ecv": plan_for("ecv", model.ecv, sharders[0]),
         "ebc": plan_for("ebc", model.ebc, sharders[1]),
         "wbc": plan_for("wbc", model.wbc, sharders[1]),
         "vbe": plan_for("vbe", model.vbe, sharders[1]),
@@ -186,6 +197,7 @@ def run_rank(rank, args):
         B = 3  # equal on every rank: gloo cannot all_gather uneven pieces in the backward
         return {
             "ec": make_kjt(KeyedJaggedTensor, torch, feats["ec"], rng, B),
+            "ecv": make_kjt(KeyedJaggedTensor, torch, feats["ecv"], rng, B, vbe=True),
             "ebc": make_kjt(KeyedJaggedTensor, torch, feats["ebc"], rng, B),
             "wbc": make_kjt(KeyedJaggedTensor, torch, feats["wbc"], rng, B, weighted=True),
             "vbe": make_kjt(KeyedJaggedTensor, torch, feats["vbe"], rng, B, vbe=True),

@@ -11,7 +11,8 @@ Step ``s`` is the s-th forward (0-based) of a sharded module since the ``with`` 
 ``batches`` names the steps to capture, which become capture batches 0, 1, ... in order.
 On the training thread a captured step costs one host copy of its tensors (KJT, context,
 lookup output, output dist result and, for pooled modules with MEAN tables, the module's
-output); a writer thread per file writes them, uncompressed unless ``compression`` says so.
+output); a writer thread per file writes them, uncompressed unless ``compression`` says so,
+once they pass a memory budget or when the ``with`` block ends.
 """
 
 import os
@@ -32,12 +33,29 @@ class CaptureWarning(UserWarning):
     """What capture() does not capture (sharding types, module types), never silent."""
 
 
-class AsyncWriter:
-    """A CaptureWriter on its own thread: write_batch() queues host arrays and returns."""
+def _nbytes(obj):
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    return 0
 
-    def __init__(self, writer, max_pending=8):
+
+class AsyncWriter:
+    """A CaptureWriter on its own thread. write_batch() queues host arrays and returns.
+
+    The thread writes once the queued arrays pass ``budget_bytes`` (then everything queued)
+    and at close(): HDF5 writing holds Python's GIL, so a thread that wrote every batch as it
+    arrived would slow the training thread during the captured steps themselves. With the
+    default budget a short capture is written when the ``with`` block ends.
+    """
+
+    def __init__(self, writer, budget_bytes=256 << 20):
         self.writer = writer
-        self._q = queue.Queue(maxsize=max_pending)
+        self.budget = int(budget_bytes)
+        self._items, self._bytes = [], 0
+        self._cv = threading.Condition()
+        self._closing = False
         self._err = None
         self._th = threading.Thread(target=self._run, name=f"dynemb-capture-{writer.rank}",
                                     daemon=True)
@@ -45,31 +63,47 @@ class AsyncWriter:
 
     def _run(self):
         while True:
-            item = self._q.get()
-            if item is None:
-                return
-            if self._err is None:
-                try:
-                    self.writer.write_batch(item[0], **item[1])
-                except Exception as e:  # reported by close()
-                    self._err = e
+            with self._cv:
+                self._cv.wait_for(lambda: self._closing or self._bytes > self.budget)
+                items, self._items, self._bytes = self._items, [], 0
+                closing = self._closing
+            for k, kw in items:
+                if self._err is None:
+                    try:
+                        self.writer.write_batch(k, **kw)
+                    except Exception as e:  # reported by write_batch() / close()
+                        self._err = e
+            if closing:
+                with self._cv:
+                    if not self._items:
+                        return
 
     def write_batch(self, k, **kw):
         if self._err is not None:
             raise self._err
-        self._q.put((k, kw))
+        with self._cv:
+            self._items.append((k, kw))
+            self._bytes += _nbytes(kw)
+            if self._bytes > self.budget:
+                self._cv.notify()
+
+    def _finish(self):
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        self._th.join()
 
     def close(self):
-        self._q.put(None)
-        self._th.join()
+        self._finish()
         if self._err is not None:
             self.writer.abort()
             raise self._err
         self.writer.close()
 
     def abort(self):
-        self._q.put(None)
-        self._th.join()
+        with self._cv:
+            self._items, self._bytes = [], 0
+        self._finish()
         self.writer.abort()
 
 
@@ -117,7 +151,7 @@ class Capture:
 
     def __init__(self, model, out_dir, batches, module_output="auto", compression=None,
                  merge=True, merge_compression="gzip", dynemb=None, oracle_seed=None,
-                 max_pending=8):
+                 budget_bytes=256 << 20):
         self.model = model
         self.out_dir = os.fspath(out_dir)
         steps = sorted({int(b) for b in batches})
@@ -132,7 +166,7 @@ class Capture:
         self.merge_compression = merge_compression
         self.dynemb = dynemb
         self.oracle_seed = oracle_seed
-        self.max_pending = max_pending
+        self.budget_bytes = budget_bytes
         self.targets = []
         self.not_captured = []
         self.rank_files = {}     # fqn -> this rank's file
@@ -155,7 +189,7 @@ class Capture:
             path = os.path.join(d, f"rank{t.rank}.h5")
             w = CaptureWriter(path, t.plan_yaml, t.world_size, t.rank,
                               oracle_seed=self.oracle_seed, compression=self.compression)
-            self._writers[t.fqn] = AsyncWriter(w, self.max_pending)
+            self._writers[t.fqn] = AsyncWriter(w, self.budget_bytes)
             self.rank_files[t.fqn] = path
             self.captured[t.fqn] = 0
             self._steps[t.fqn] = 0
@@ -265,7 +299,7 @@ class Capture:
 
 
 def capture(model, out_dir, batches, module_output="auto", compression=None, merge=True,
-            merge_compression="gzip", dynemb=None, oracle_seed=None, max_pending=8):
+            merge_compression="gzip", dynemb=None, oracle_seed=None, budget_bytes=256 << 20):
     """Captures every row-wise sharding of ``model`` (a DistributedModelParallel) while the
     ``with`` block trains, one file per rank and sharded module.
 
@@ -283,6 +317,8 @@ def capture(model, out_dir, batches, module_output="auto", compression=None, mer
                     compresses copies with ``merge_compression`` and runs dynemb-dist merge.
     dynemb:         the dynemb-dist binary for the merge (default $DYNEMB, then PATH).
     oracle_seed:    when the tables hold hash64-oracle weights, its seed (/oracle).
+    budget_bytes:   host memory per module held for the writer thread; it writes when the
+                    captured arrays pass it, and at the end of the ``with`` block.
     """
     return Capture(model, out_dir, batches, module_output, compression, merge,
-                   merge_compression, dynemb, oracle_seed, max_pending)
+                   merge_compression, dynemb, oracle_seed, budget_bytes)

@@ -6,6 +6,7 @@ and EBCs in one model, MEAN and SUM tables, a shared table, uneven shards, a mod
 RW and TW tables, a position-weighted EBC, weighted and VBE batches) with the TorchRec venv's
 python, then checks with numpy/h5py and dynemb-dist:
 
+- an EC fed VBE KJTs is captured as TorchRec padded it (no stride_per_feature);
 - the warning names the TW table and its module; the RW sharding is the EBC's second;
 - each exported plan lists the features in the sharding's order and `keys` agrees;
 - module_output is TorchRec's own mean pooling of `output` as the format contract computes
@@ -162,7 +163,7 @@ def main():
         check("RwTarget('ebc', pooled, rw index 1, W=3)" in job["targets"]
               and "RwTarget('ec', sequence, rw index 0, W=3)" in job["targets"],
               f"RW found at index 1 of ebc and 0 of ec: {job['targets']}")
-        check(sorted(job["merged"]) == ["ebc", "ec", "fp", "vbe", "wbc"],
+        check(sorted(job["merged"]) == ["ebc", "ec", "ecv", "fp", "vbe", "wbc"],
               f"rank 0 merged every module: {sorted(job['merged'])}")
 
         want_order = {"ebc": ["p0", "p3", "p1", "p2"], "ec": ["s0", "s1", "s2"],
@@ -199,6 +200,10 @@ def main():
                             mean_checked += 1
                             if "stride_per_feature" in g:
                                 check("inverse_indices" in g, f"{mod}: VBE inverse_indices")
+                if mod == "ecv":  # an EC's VBE input is padded before the RW input dist
+                    g = f["batches/0/rank0"]
+                    check("stride_per_feature" not in g and g["lengths"].size == 2 * 3,
+                          "ecv: the captured KJT is the padded one (F x B_full bags)")
                 if mod == "fp":
                     w = f["batches/0/rank0/weights"][()]
                     check(set(np.unique(w)) <= {0.25, 0.5, 1.0, 2.0} and 0.5 in w,
