@@ -10,7 +10,8 @@ The model (every table's weights are the hash64 oracle, so replay checks the loo
   ebc  EmbeddingBagCollection: tw0 (TABLE-WISE, q0) first, then RW m0 MEAN (10 rows, p0),
        s1 SUM (7 rows, D 8, shared by p1, p2), m3 MEAN (5 rows, p3): the RW sharding is the
        module's second, and its feature order is p0, p3, p1, p2
-  wbc  weighted EBC, RW: wm0 MEAN (9 rows, w0), ws1 SUM (6 rows, w1); weighted KJT
+  wbc  weighted EBC: RW wm0 MEAN (9 rows, w0), ws1 SUM (6 rows, w1), then dp0 (DATA-PARALLEL,
+       w2) and cw0 (COLUMN-WISE over ranks 0, 1, w3); weighted KJT
   vbe  EBC fed variable-batch (VBE) KJTs, RW: vm0 MEAN (8 rows, v0), vs1 SUM (7 rows, D 8,
        v1, v2); with --no-vbe-mean only vs1 (TorchRec 1.9.2 on CPU refuses VBE with two
        table groups in one RW sharding)
@@ -49,7 +50,8 @@ def tables(vbe_mean):
         "ecv": [("x0", 9, 4, ["x0"], None, "rw"), ("x1", 6, 4, ["x1"], None, "rw")],
         "ebc": [("tw0", 5, 4, ["q0"], "SUM", "tw"), ("m0", 10, 4, ["p0"], "MEAN", "rw"),
                 ("s1", 7, 8, ["p1", "p2"], "SUM", "rw"), ("m3", 5, 4, ["p3"], "MEAN", "rw")],
-        "wbc": [("wm0", 9, 4, ["w0"], "MEAN", "rw"), ("ws1", 6, 4, ["w1"], "SUM", "rw")],
+        "wbc": [("wm0", 9, 4, ["w0"], "MEAN", "rw"), ("ws1", 6, 4, ["w1"], "SUM", "rw"),
+                ("dp0", 4, 4, ["w2"], "SUM", "dp"), ("cw0", 6, 8, ["w3"], "SUM", "cw")],
         "vbe": ([("vm0", 8, 4, ["v0"], "MEAN", "rw")] if vbe_mean else [])
         + [("vs1", 7, 8, ["v1", "v2"], "SUM", "rw")],
         "fp": [("fw0", 9, 4, ["u0"], "SUM", "rw"), ("fw1", 5, 4, ["u1"], "SUM", "rw")],
@@ -95,7 +97,9 @@ def run_rank(rank, args):
     )
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import (
+        column_wise,
         construct_module_sharding_plan,
+        data_parallel,
         row_wise,
         table_wise,
     )
@@ -170,9 +174,11 @@ def run_rank(rank, args):
                 RwFpSharder(ebc_sharder=EmbeddingBagCollectionSharder(fused_params=fused))]
 
     def plan_for(name, module, sharder):
-        pps = {t: (row_wise(compute_kernel=kernel) if s == "rw"
-                   else table_wise(rank=W - 1, compute_kernel=kernel))
-               for t, _, _, _, _, s in T[name]}
+        gen = {"rw": lambda: row_wise(compute_kernel=kernel),
+               "tw": lambda: table_wise(rank=W - 1, compute_kernel=kernel),
+               "dp": data_parallel,
+               "cw": lambda: column_wise(ranks=[0, 1])}
+        pps = {t: gen[s]() for t, _, _, _, _, s in T[name]}
         return construct_module_sharding_plan(module, per_param_sharding=pps, sharder=sharder,
                                               local_size=W, world_size=W, device_type="cpu")
 

@@ -3,11 +3,13 @@
 
 Runs tools/torchrec_dmp_job.py (a DistributedModelParallel job on CPU/gloo, W = 3: an EC
 and EBCs in one model, MEAN and SUM tables, a shared table, uneven shards, a module mixing
-RW and TW tables, a position-weighted EBC, weighted and VBE batches) with the TorchRec venv's
+RW with TW, DP and CW tables, a position-weighted EBC, weighted and VBE batches, an EC fed
+VBE batches) with the TorchRec venv's
 python, then checks with numpy/h5py and dynemb-dist:
 
 - an EC fed VBE KJTs is captured as TorchRec padded it (no stride_per_feature);
-- the warning names the TW table and its module; the RW sharding is the EBC's second;
+- the warnings name the TW, DP and CW tables and their modules, and only those tables are
+  left out of the exported plans; the RW sharding is the EBC's second;
 - each exported plan lists the features in the sharding's order and `keys` agrees;
 - module_output is TorchRec's own mean pooling of `output` as the format contract computes
   it (MEAN: global bag length or weight sum, SUM: 1, + 1e-6; VBE: expanded by
@@ -158,8 +160,12 @@ def main():
         job = json.load(open(os.path.join(out, "job.json")))
         print("versions:", job["versions"])
         warn = "\n".join(job["warnings"])
-        check("module 'ebc'" in warn and "tw0" in warn and "table_wise" in warn,
-              f"the warning names module ebc, table tw0, table_wise: {warn!r}")
+        for mod, table, st in (("ebc", "tw0", "table_wise"), ("wbc", "dp0", "data_parallel"),
+                               ("wbc", "cw0", "column_wise")):
+            check(any(f"module '{mod}'" in w and table in w and st in w
+                      for w in job["warnings"]),
+                  f"a warning names module {mod}, table {table}, {st}: {warn!r}")
+        check(len(job["warnings"]) == 3, f"three warnings, no other: {warn!r}")
         check("RwTarget('ebc', pooled, rw index 1, W=3)" in job["targets"]
               and "RwTarget('ec', sequence, rw index 0, W=3)" in job["targets"],
               f"RW found at index 1 of ebc and 0 of ec: {job['targets']}")
@@ -177,6 +183,8 @@ def main():
                 info = plan_info(plan)
                 if mod in want_order:
                     check(feats == want_order[mod], f"{mod}: plan features {feats}")
+                check(not any(t in plan for t in ("tw0", "dp0", "cw0")),
+                      f"{mod}: only RW tables in the exported plan")
                 if mod == "ebc":
                     check(tables == ["m0", "m3", "s1"] and "tw0" not in plan,
                           f"ebc: plan tables {tables} (TW table left out)")
@@ -205,7 +213,8 @@ def main():
                     check("stride_per_feature" not in g and g["lengths"].size == 2 * 3,
                           "ecv: the captured KJT is the padded one (F x B_full bags)")
                 if mod == "fp":
-                    w = f["batches/0/rank0/weights"][()]
+                    w = np.concatenate([f[f"batches/{k}/rank{r}/weights"][()]
+                                        for k in range(nb) for r in range(3)])
                     check(set(np.unique(w)) <= {0.25, 0.5, 1.0, 2.0} and 0.5 in w,
                           f"fp: processed position weights recorded {np.unique(w)}")
             r = replay(path)
