@@ -243,11 +243,19 @@ def find_rw_shardings(model):
             continue
         else:
             continue
-        if isinstance(coll, ShardedEmbeddingBagCollection):
-            types, shardings, kind = list(coll._sharding_types), list(coll._embedding_shardings), "pooled"
-        else:
-            types = list(coll._sharding_type_to_sharding.keys())
-            shardings, kind = list(coll._sharding_type_to_sharding.values()), "sequence"
+        try:
+            if isinstance(coll, ShardedEmbeddingBagCollection):
+                types, kind = list(coll._sharding_types), "pooled"
+                shardings = list(coll._embedding_shardings)
+            else:
+                types = list(coll._sharding_type_to_sharding.keys())
+                shardings, kind = list(coll._sharding_type_to_sharding.values()), "sequence"
+            for name in ("_input_dists", "_output_dists", "_create_input_dist"):
+                getattr(coll, name)
+        except AttributeError as e:  # a TorchRec release this adapter does not know
+            not_captured.append(f"module '{fqn}' ({type(m).__name__}): not captured, this "
+                                f"TorchRec version moved what the adapter reads ({e})")
+            continue
         plan = getattr(coll, "module_sharding_plan", {}) or {}
         for st in types:
             if st != ROW_WISE:
@@ -373,6 +381,12 @@ class Hooks:
         if not self._active:
             return
         t, rec = self.t, self.rec
+        if not hasattr(out, "callbacks"):  # not an Awaitable: a TorchRec this adapter misreads
+            import warnings
+
+            warnings.warn(f"dynemb_capture: {t.fqn}: the RW output dist returned "
+                          f"{type(out).__name__}, not an Awaitable; batch not captured")
+            return
 
         def grab(res):
             rec.on_output(t, _host(res))
