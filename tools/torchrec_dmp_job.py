@@ -235,14 +235,15 @@ def run_rank(rank, args):
             train_step(b)
         times = []
         with dynemb_capture.capture(dmp, os.path.join(args.out, "bench"),
-                                    batches=range(0, len(bs), 2), merge=False):
+                                    batches=range(0, len(bs), 2), merge=False) as bcap:
             for b in bs:
                 dist.barrier()
                 t0 = time.perf_counter()
                 train_step(b)
                 times.append(time.perf_counter() - t0)
         cap_t, plain_t = np.median(times[0::2]), np.median(times[1::2])
-        bench = dict(plain_ms=plain_t * 1e3, captured_ms=cap_t * 1e3, steps=args.bench)
+        bench = dict(plain_ms=plain_t * 1e3, captured_ms=cap_t * 1e3, steps=args.bench,
+                     hook_ms_per_captured_step=bcap.hook_seconds * 1e3 / args.bench)
     if rank == 0:
         info = dict(warnings=caught, merged=cap.merged, captured=cap.captured,
                     targets=[repr(t) for t in cap.targets], bench=bench,

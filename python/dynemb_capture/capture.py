@@ -174,6 +174,7 @@ class Capture:
         self.captured = {}       # fqn -> number of batches written by this rank
         self._hooks, self._writers, self._steps, self._cur, self._inv = [], {}, {}, {}, {}
         self._warned = set()
+        self.hook_seconds = 0.0  # training-thread time spent in the capture hooks
 
     # -- set-up / tear-down
     def __enter__(self):

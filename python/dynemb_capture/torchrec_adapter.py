@@ -275,6 +275,23 @@ def find_rw_shardings(model):
     return targets, not_captured
 
 
+def _timed(fn):
+    """Adds the hook's wall time to rec.hook_seconds (what capturing costs the training
+    thread: host copies and bookkeeping)."""
+    import functools
+    import time
+
+    @functools.wraps(fn)
+    def run(self, *a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(self, *a, **kw)
+        finally:
+            self.rec.hook_seconds += time.perf_counter() - t0
+
+    return run
+
+
 class Hooks:
     """Installs the capture hooks of one RwTarget; ``rec`` receives host copies.
 
@@ -323,6 +340,7 @@ class Hooks:
         self.handles.append(idist.register_forward_pre_hook(self._idist_pre))
 
     # -- hooks
+    @_timed
     def _module_pre(self, module, args):
         kjt = args[0] if args else None
         inv = kjt.inverse_indices_or_none() if hasattr(kjt, "inverse_indices_or_none") else None
@@ -335,6 +353,7 @@ class Hooks:
                 inv = None
         self.rec.on_module_input(self.t, inv)
 
+    @_timed
     def _idist_pre(self, module, args):
         self._active = self.rec.want(self.t)
         if not self._active:
@@ -370,6 +389,7 @@ class Hooks:
         w = torch.cat([p.weights() for p in done]).detach()
         return w[perm]
 
+    @_timed
     def _odist_pre(self, module, args, kwargs):
         if not self._active:
             return
@@ -377,6 +397,7 @@ class Hooks:
         ctx = args[1] if len(args) > 1 else kwargs.get("sharding_ctx")
         self.rec.on_local(self.t, _host(embs), context_from_torchrec(ctx))
 
+    @_timed
     def _odist_post(self, module, args, out):
         if not self._active:
             return
@@ -389,11 +410,16 @@ class Hooks:
             return
 
         def grab(res):
+            import time
+
+            t0 = time.perf_counter()
             rec.on_output(t, _host(res))
+            rec.hook_seconds += time.perf_counter() - t0
             return res
 
         out.callbacks.append(grab)
 
+    @_timed
     def _module_post(self, module, args, out):
         if not self._active or self.t.kind != "pooled" or not hasattr(out, "callbacks"):
             return
@@ -401,8 +427,12 @@ class Hooks:
 
         def grab(kt):
             # After TorchRec's own callbacks (mean pooling): the module's final output.
+            import time
+
+            t0 = time.perf_counter()
             d = kt.to_dict()
             rec.on_module_output(t, {f: _host(d[f]) for f in t.features if f in d})
+            rec.hook_seconds += time.perf_counter() - t0
             return kt
 
         out.callbacks.append(grab)

@@ -257,7 +257,9 @@ def main():
         if b:
             over = b["captured_ms"] / b["plain_ms"] - 1
             print(f"capture overhead: plain {b['plain_ms']:.1f} ms/step, captured "
-                  f"{b['captured_ms']:.1f} ms/step ({over * 100:+.0f} %), {b['steps']} steps, W=3")
+                  f"{b['captured_ms']:.1f} ms/step ({over * 100:+.0f} %), {b['steps']} steps, W=3; "
+                  f"capture hooks on rank 0's training thread "
+                  f"{b['hook_ms_per_captured_step']:.2f} ms per captured step")
             with open("capture_overhead.json", "w") as fo:
                 json.dump(dict(b, versions=job["versions"]), fo)
     finally:
