@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up, build and run the whole test suite:  ./scripts/test.sh [BUILD_DIR] [CMAKE_ARGS...]
 # Default build dir: build. Default configuration: CUDA compiled when nvcc is found
-# (GPU tests are skipped, and say so, where no GPU is present).
+# (GPU tests are skipped, and say so, where no GPU is present). DYNEMB_CTEST_ARGS adds ctest
+# options (e.g. "-LE torchrec", what .ci/run uses).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -13,4 +14,5 @@ fi
 jobs=$(nproc 2>/dev/null || echo 2)
 cmake -S . -B "$build" -G Ninja "$@"
 cmake --build "$build" -j "$jobs"
-ctest --test-dir "$build" --output-on-failure -j "$jobs"
+# shellcheck disable=SC2086  # word splitting of DYNEMB_CTEST_ARGS is intended
+ctest --test-dir "$build" --output-on-failure -j "$jobs" ${DYNEMB_CTEST_ARGS:-}

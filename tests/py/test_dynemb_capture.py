@@ -21,6 +21,7 @@ SRC = os.environ.get("DYNEMB_SRC", os.path.join(os.path.dirname(__file__), "..",
 DYNEMB = os.environ.get("DYNEMB", "dynemb-dist")
 sys.path.insert(0, os.path.join(SRC, "python"))
 import dynemb_capture as dc  # noqa: E402
+from dynemb_capture.capture import AsyncWriter  # noqa: E402
 
 import h5py  # noqa: E402
 
@@ -325,7 +326,7 @@ def main():
 
         n = 300_000
         big = os.path.join(tmp, "big.h5")
-        w = dc.CaptureWriter(big, plan_text("sequence"), W, 0)
+        w = dc.CaptureWriter(big, plan_text("sequence"), W, 0, compression="gzip")
         vals = np.arange(n, dtype=np.int64) % 10
         emb = np.array([[1.5, -2.0]] * 3, np.float32)  # exact in bf16
         w.write_batch(0, np.array([n, 0, 0, 0], np.int64), vals, local_embs=FakeBF16(emb))
@@ -339,6 +340,56 @@ def main():
             check(e.dtype == np.uint16 and e.attrs["dtype"] == "bfloat16", "bf16 as uint16 bits")
             back = (e[()].astype(np.uint32) << 16).view(np.float32)
             check(np.array_equal(back, emb), "bf16 bits decode to the values")
+
+        # ---- keys, module_output, inverse_indices; no compression by default; compress_file
+        kp = os.path.join(tmp, "keys.h5")
+        w = dc.CaptureWriter(kp, plan_text("pooled"), W, 0)
+        vals = np.arange(20_000, dtype=np.int64) % 5          # 160 KB: large enough to compress
+        lens = np.array([20_000, 0, 0, 0], np.int32)
+        mo = np.ones((B, F * D), np.float32)
+        w.write_batch(0, lens, vals, keys=["f0", "f1"], module_output=mo)
+        w.write_batch(1, np.array([1, 1, 1, 1], np.int32), np.arange(4),
+                      stride_per_feature=[2, 2], keys=["f0", "f1"],
+                      module_output=np.zeros((3, F * D), np.float32),
+                      inverse_indices=np.array([[0, 1, 1]] * 2, np.int64))
+        for kwargs, needle in (
+            (dict(keys=["f0", "f1", "f2"]), "keys: 3 features"),
+            (dict(module_output=np.zeros((B, F * D))), "module_output: float64"),
+            (dict(module_output=mo, stride_per_feature=[2, 2]), "inverse_indices: required"),
+        ):
+            try:
+                w.write_batch(2, np.array([1, 1, 1, 1], np.int32), np.arange(4), **kwargs)
+                check(False, f"writer accepted {kwargs}")
+            except dc.CaptureWriterError as e:
+                check(needle in str(e), f"writer message '{e}' names '{needle}'")
+        w.close()
+        with h5py.File(kp, "r") as f:
+            k = f["batches/0/rank0/keys"]
+            check(k.dtype == np.dtype("S2") and [x.decode() for x in k[()]] == ["f0", "f1"],
+                  "keys: fixed-length S2 byte strings in order")
+            check(f["batches/0/rank0/values"].compression is None, "no compression by default")
+            check(f["batches/1/rank0/inverse_indices"].dtype == np.int64
+                  and f["batches/1/rank0/inverse_indices"].shape == (2, 3), "inverse_indices")
+        cz = os.path.join(tmp, "keys-gz.h5")
+        dc.compress_file(kp, cz)
+        with h5py.File(kp, "r") as a, h5py.File(cz, "r") as b:
+            d = b["batches/0/rank0/values"]
+            check(d.compression == "gzip" and d.shuffle and np.array_equal(d[()], vals),
+                  "compress_file: large dataset gzip + shuffle, same values")
+            check(b["plan"][()] == a["plan"][()] and int(b.attrs["rank"]) == 0
+                  and np.array_equal(b["batches/0/rank0/keys"][()], a["batches/0/rank0/keys"][()]),
+                  "compress_file: plan, attributes and keys kept")
+        # The writer thread of capture(): errors come back on close, the file is not left.
+        aw = AsyncWriter(
+            dc.CaptureWriter(os.path.join(tmp, "async.h5"), plan_text("pooled"), W, 1))
+        aw.write_batch(0, lengths=np.array([1, 0, 0, 0]), values=np.array([3]))
+        aw.write_batch(1, lengths=np.array([2, 0, 0, 0]), values=np.array([3]))  # fails on the thread
+        try:
+            aw.close()
+            check(False, "AsyncWriter.close() reports the thread's error")
+        except dc.CaptureWriterError as e:
+            check("lengths: sum 2" in str(e), f"AsyncWriter error: {e}")
+        check(not os.path.exists(os.path.join(tmp, "async.h5")), "failed async writer leaves nothing")
 
         # ---- the numpy oracle equals the C++ one (lib/common/hash.hpp) on known values:
         # fmix64(0) = 0 (rw-semantics §10.2); values are multiples of 1/64 in [-2, 1.984375].

@@ -3,8 +3,11 @@
 real TorchRec/FBGEMM on CPU; no torch needed here), and checks that copies with one context
 field altered are mismatches (exit 1) that name the field.
 
-issue 6 acceptance: replay of every fixture exits 0 comparing both the captured context and
-the golden output; each altered copy exits 1 naming the field.
+Replay of every fixture exits 0 comparing both the captured context and the golden output;
+each altered copy exits 1 naming the field. Every fixture carries `keys` (the KJT keys at the
+RW input dist, equal to the plan's feature order); the MEAN fixtures (ebc-mean*) carry
+`module_output` (TorchRec's mean-pooled output; `output` holds the sums) and, in VBE batches,
+`inverse_indices`: a replay checks them, and an altered module_output is a mismatch.
 Env (tests/CMakeLists.txt): DYNEMB, DYNEMB_SRC; cwd = build/tests.
 """
 
@@ -69,8 +72,47 @@ ALTERATIONS = [
 ]
 
 
+def plan_order(plan):
+    feats = []
+    for line in plan.splitlines():
+        if line.strip().startswith("features: ["):
+            feats += [x.strip() for x in line.split("[", 1)[1].rstrip("]").split(",")]
+    return feats
+
+
+def check_datasets(path):
+    """keys in every rank group; MEAN fixtures: module_output (+ inverse_indices in VBE)."""
+    name = os.path.basename(path)
+    with h5py.File(path, "r") as f:
+        order = plan_order(f["plan"][()].decode())
+        mean = "pooling: mean" in f["plan"][()].decode()
+        groups = [f[f"batches/{k}"][r] for k in f["batches"] for r in f[f"batches/{k}"]]
+        keys_ok = all("keys" in g and g["keys"].dtype.kind == "S"
+                      and [x.decode() for x in g["keys"][()]] == order for g in groups)
+        check(keys_ok, f"{name}: keys (fixed-length) in plan order {order} in every rank group")
+        if mean:
+            check(all("module_output" in g and g["module_output"].dtype == np.float32
+                      for g in groups), f"{name}: module_output in every rank group")
+            vbe = [g for g in groups if "stride_per_feature" in g]
+            check(all("inverse_indices" in g and g["inverse_indices"].shape[0] == len(order)
+                      for g in vbe), f"{name}: inverse_indices in every VBE rank group")
+            # output holds the sums, module_output the means: they differ somewhere.
+            check(any(not np.array_equal(g["output"][()], g["module_output"][()])
+                      for g in groups if "stride_per_feature" not in g) or vbe,
+                  f"{name}: output (sums) differs from module_output (means)")
+    return mean
+
+
+MEAN_FIXTURES = ["ebc-mean-w2", "ebc-mean-w4", "ebc-mean-weighted-w2", "ebc-mean-vbe-w2",
+                 "ebc-mean-sum-w2"]
+
+
 def main():
-    check(len(FIXTURES) >= 6, f"fixtures/torchrec holds the TorchRec captures ({len(FIXTURES)})")
+    check(len(FIXTURES) >= 12, f"fixtures/torchrec holds the TorchRec captures ({len(FIXTURES)})")
+    names = {os.path.basename(p)[:-3] for p in FIXTURES}
+    check(set(MEAN_FIXTURES) <= names, f"the MEAN fixtures are there: {sorted(names)}")
+    for path in FIXTURES:
+        check_datasets(path)
     for path in FIXTURES:
         name = os.path.basename(path)
         for extra in ((), ("--ctx", "derived")):
@@ -86,7 +128,8 @@ def main():
     try:
         for fixture, dset, edit, field in ALTERATIONS:
             src = os.path.join(SRC, "fixtures", "torchrec", fixture + ".h5")
-            bad = os.path.join(tmp, f"{fixture}-{field}.h5")
+            # A neutral file name: the report prints the path, which must not name the field.
+            bad = os.path.join(tmp, f"alt{len(os.listdir(tmp))}.h5")
             shutil.copy(src, bad)
             with h5py.File(bad, "r+") as f:
                 d = f[dset]
@@ -101,6 +144,29 @@ def main():
             check(field in text, f"{fixture} with {dset} altered: report names {field}")
             with open(src, "rb") as f1, open(bad, "rb") as f2:
                 check(f1.read() != f2.read(), "the altered copy differs from the fixture")
+        # A wrong module_output value (the module's mean-pooled output) is a mismatch naming it.
+        for fixture, dset in (("ebc-mean-sum-w2", "batches/1/rank0/module_output"),
+                              ("ebc-mean-vbe-w2", "batches/0/rank1/module_output")):
+            bad = os.path.join(tmp, f"alt{len(os.listdir(tmp))}.h5")
+            shutil.copy(os.path.join(SRC, "fixtures", "torchrec", fixture + ".h5"), bad)
+            with h5py.File(bad, "r+") as f:
+                d = f[dset]
+                a = d[()]
+                a[0, 0] += 0.5
+                d[...] = a
+            p = replay(bad)
+            check(p.returncode == 1 and "module_output" in p.stdout + p.stderr,
+                  f"{fixture} with {dset} altered: exit {p.returncode}, want 1 naming "
+                  "module_output")
+        # Keys out of the plan's order are refused, naming keys.
+        bad = os.path.join(tmp, f"alt{len(os.listdir(tmp))}.h5")
+        shutil.copy(os.path.join(SRC, "fixtures", "torchrec", "ebc-mean-sum-w2.h5"), bad)
+        with h5py.File(bad, "r+") as f:
+            d = f["batches/0/rank1/keys"]
+            d[...] = swap01(d[()])
+        p = replay(bad)
+        check(p.returncode != 0 and "keys" in p.stdout + p.stderr,
+              f"keys out of plan order: exit {p.returncode}, want non-zero naming keys")
         # A wrong golden value (one element) is a data mismatch.
         bad = os.path.join(tmp, "ec-w4-output.h5")
         shutil.copy(os.path.join(SRC, "fixtures", "torchrec", "ec-w4.h5"), bad)

@@ -1,4 +1,4 @@
-"""Per-rank capture writer for dynemb-dist (capture format v1, capture-format.md).
+"""Low-level per-rank capture writer for dynemb-dist (capture format v1, capture-format.md).
 
 Needs only h5py and numpy. Tensors may be numpy arrays or anything with
 ``.detach().cpu().numpy()`` (torch tensors); this module never imports torch.
@@ -16,43 +16,15 @@ every rank 0..W-1 appears exactly once)::
     ...
     w.close()          # writes rank<r>.h5.tmp-<pid> and renames it to rank<r>.h5
 
+Nothing is compressed by default (a captured step then costs about one host copy of its
+tensors); ``compression="lzf"`` is a fast codec, ``"gzip"`` the small one.
+``compress_file()`` recompresses a finished rank file before ``dynemb-dist merge``.
+
 ``k`` is the capture batch index (0..nb-1, every index written once); pass
 ``iteration=`` to remember which training step it was (stored as an attribute).
 
-Recipe: capturing a TorchRec RW sharding by wrapping its dists (what
-tools/torchrec_capture.py does). ``sharded`` is the ShardedEmbeddingCollection (or
-ShardedEmbeddingBagCollection) that DistributedModelParallel built; index ``i`` is the
-position of the row-wise sharding in ``sharded._sharding_types`` order::
-
-    from torchrec.distributed.types import NoWait
-    rec = {}
-    out_dist = sharded._output_dists[i]
-    out_fwd = out_dist.forward
-
-    def output_dist_forward(local_embs, sharding_ctx=None):
-        rec["local_embs"], rec["ctx"] = local_embs, context_from_torchrec(sharding_ctx)
-        out = out_fwd(local_embs, sharding_ctx).wait()   # the dist's real result
-        rec["output"] = out
-        return NoWait(out)                # same value, already waited on
-
-    out_dist.forward = output_dist_forward
-
-    # The input dists are created lazily on the first forward: wrap them when they appear.
-    create = sharded._create_input_dist
-    def create_and_wrap(*a, **kw):
-        create(*a, **kw)
-        in_dist = sharded._input_dists[i]  # RwSparseFeaturesDist: the KJT before bucketize
-        in_fwd = in_dist.forward
-        def input_dist_forward(kjt):
-            rec["kjt"] = kjt
-            return in_fwd(kjt)
-        in_dist.forward = input_dist_forward
-    sharded._create_input_dist = create_and_wrap
-
-    model(batch) ...                      # then w.write_batch(k, rec["kjt"].lengths(), ...)
-
-(ShardedEmbeddingCollection also has ``post_lookup_tracker_fn(features, embs)``, called with
-the post-all-to-all KJT and the lookup output: another place to take ``local_embs`` from.)
+For a TorchRec DistributedModelParallel model, ``dynemb_capture.capture(model, dir)`` does
+all of this (docs/capture-your-job.md); use CaptureWriter directly for a custom job.
 
 For a sequence (EmbeddingCollection) sharding the context is a SequenceShardingContext and
 ``local_embs`` is ``[N_local, D]``; for a pooled one it is an EmbeddingShardingContext and
@@ -167,21 +139,33 @@ def _chunks_for(shape, itemsize):
     return (rows, *tail)
 
 
-def _put(group, name, arr):
-    """Writes arr as group/name, chunked + shuffle + deflate when large."""
+COMPRESSIONS = (None, "lzf", "gzip")
+
+
+def _put(group, name, arr, compression=None):
+    """Writes arr as group/name; with a compression, large datasets are chunked (<= 1 MiB)
+    + shuffle + the codec (gzip at level 4, or lzf)."""
     arr = np.ascontiguousarray(arr)
     # Fixed-width little-endian only (capture-format.md).
-    arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
-    if arr.nbytes >= _COMPRESS_MIN_BYTES and arr.size > 0:
+    if arr.dtype.kind != "S":
+        arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
+    if compression and arr.nbytes >= _COMPRESS_MIN_BYTES and arr.size > 0:
         return group.create_dataset(
             name,
             data=arr,
             chunks=_chunks_for(arr.shape, arr.dtype.itemsize),
             shuffle=True,
-            compression="gzip",
-            compression_opts=4,
+            compression=compression,
+            compression_opts=4 if compression == "gzip" else None,
         )
     return group.create_dataset(name, data=arr)
+
+
+def keys_array(keys):
+    """KJT keys as fixed-length NUL-padded byte strings (numpy ``S<n>``, n >= 1)."""
+    enc = [k.encode("utf-8") if isinstance(k, str) else bytes(k) for k in keys]
+    n = max([1] + [len(k) for k in enc])
+    return np.array(enc, dtype=f"S{n}")
 
 
 def _encode_float(arr, what):
@@ -205,9 +189,14 @@ class CaptureWriter:
     world_size:  W of the RW sharding process group.
     rank:        this rank, 0 <= rank < W.
     oracle_seed: when the embedding weights follow the hash64 oracle, its seed S (/oracle).
+    compression: None (default: nothing compressed, the cheapest for a training job),
+                 "lzf" (fast) or "gzip" (level 4, small; what merge-time compression uses).
     """
 
-    def __init__(self, path, plan_yaml, world_size, rank, oracle_seed=None):
+    def __init__(self, path, plan_yaml, world_size, rank, oracle_seed=None, compression=None):
+        if compression not in COMPRESSIONS:
+            raise CaptureWriterError(f"compression: {compression!r} (None, 'lzf' or 'gzip')")
+        self.compression = compression
         if not isinstance(plan_yaml, str) or not plan_yaml.strip():
             raise CaptureWriterError("plan_yaml: empty plan text")
         world_size, rank = int(world_size), int(rank)
@@ -251,7 +240,7 @@ class CaptureWriter:
         data, tag = _encode_float(to_numpy(weight), f"/tables/{name}/weight")
         if data.ndim != 2:
             raise CaptureWriterError(f"/tables/{name}/weight: {data.ndim}-D, want [rows, D]")
-        ds = _put(self._f.require_group(f"tables/{name}"), "weight", data)
+        ds = _put(self._f.require_group(f"tables/{name}"), "weight", data, self.compression)
         if tag:
             ds.attrs["dtype"] = tag
 
@@ -266,6 +255,9 @@ class CaptureWriter:
         local_embs=None,
         output=None,
         iteration=None,
+        keys=None,
+        module_output=None,
+        inverse_indices=None,
     ):
         """Writes /batches/<k>/rank<r>/ for this rank.
 
@@ -273,7 +265,13 @@ class CaptureWriter:
         values:   int64|int32 [N].  weights: float32 [N] or None.
         stride_per_feature: int64 [F] (VBE batch only) or None.
         ctx:      dict from context_from_torchrec() (or the same keys by hand), or None.
-        local_embs, output: the lookup output fed to the output dist and the dist's result.
+        local_embs, output: the lookup output fed to the output dist and the dist's result
+                  (pooled MEAN tables: the undivided sums, as the dist returns them).
+        keys:     the F KJT keys in the order the RW input dist saw them (the plan's order).
+        module_output: pooled only, the module's final output restricted to this sharding's
+                  features, plan column order, float32 [B_r, sum_D] ([B_full, sum_D] in VBE).
+        inverse_indices: int64 [F, B_full], the module input KJT's inverse indices, rows in
+                  plan feature order (required with module_output in a VBE batch).
         """
         if self._f is None:
             raise CaptureWriterError("write_batch after close()")
@@ -294,14 +292,41 @@ class CaptureWriter:
             raise CaptureWriterError(
                 f"{where}/lengths: sum {int(lengths.sum())} != len(values) {values.size}"
             )
+        # Everything that can be refused is checked before the group exists.
+        ka = keys_array(keys) if keys is not None else None
+        if ka is not None:
+            self._check_features(where + "/keys", ka.size)
+        mo = None
+        if module_output is not None:
+            mo, _ = _encode_float(to_numpy(module_output), f"{where}/module_output")
+            if mo.dtype != np.float32 or mo.ndim != 2:
+                raise CaptureWriterError(
+                    f"{where}/module_output: {mo.dtype} {mo.ndim}-D, want float32 [B, sum_D]")
+        inv = None
+        if inverse_indices is not None:
+            inv = np.asarray(to_numpy(inverse_indices))
+            if inv.dtype.kind not in "iu" or inv.ndim != 2:
+                raise CaptureWriterError(
+                    f"{where}/inverse_indices: {inv.dtype} {inv.ndim}-D, want int64 [F, B_full]")
+            self._check_features(where + "/inverse_indices", inv.shape[0])
+            if mo is not None and inv.shape[1] != mo.shape[0]:
+                raise CaptureWriterError(
+                    f"{where}/inverse_indices: B_full {inv.shape[1]} != module_output rows "
+                    f"{mo.shape[0]}")
+        elif mo is not None and stride_per_feature is not None:
+            raise CaptureWriterError(f"{where}/inverse_indices: required with module_output "
+                                     "in a VBE batch")
         g = self._f.create_group(where)
-        _put(g, "lengths", lengths)
-        _put(g, "values", values)
+        c = self.compression
+        _put(g, "lengths", lengths, c)
+        _put(g, "values", values, c)
+        if ka is not None:
+            _put(g, "keys", ka)
         if weights is not None:
             w = np.asarray(to_numpy(weights), dtype=np.float32).reshape(-1)
             if w.size != values.size:
                 raise CaptureWriterError(f"{where}/weights: {w.size} != len(values) {values.size}")
-            _put(g, "weights", w)
+            _put(g, "weights", w, c)
         if stride_per_feature is not None:
             spf = _int_list(stride_per_feature).reshape(-1)
             if int(spf.sum()) != lengths.size:
@@ -317,9 +342,13 @@ class CaptureWriter:
             if arr is None:
                 continue
             data, tag = _encode_float(to_numpy(arr), f"{where}/{name}")
-            ds = _put(g, name, data)
+            ds = _put(g, name, data, c)
             if tag:
                 ds.attrs["dtype"] = tag
+        if mo is not None:
+            _put(g, "module_output", mo, c)
+        if inv is not None:
+            _put(g, "inverse_indices", inv.astype(np.int64), c)
         if iteration is not None:
             self._f[f"/batches/{k}"].attrs["iteration"] = np.int64(iteration)
         self._batches.add(k)
@@ -350,7 +379,7 @@ class CaptureWriter:
                 a = _int_list(ctx[name]).reshape(-1)
                 if a.size != W:
                     raise CaptureWriterError(f"{where}/{name}: length {a.size} != world_size {W}")
-                _put(g, name, a)
+                _put(g, name, a, self.compression)
         if ctx.get("input_splits") is not None and ctx.get("unbucketize_permute") is not None:
             # Sequence: the ids sent out are exactly this rank's ids.
             s = int(_int_list(ctx["input_splits"]).sum())
@@ -362,23 +391,25 @@ class CaptureWriter:
                 raise CaptureWriterError(
                     f"{where}/batch_size_per_rank_per_feature: shape {a.shape}, want [W={W}, F]"
                 )
-            _put(g, "batch_size_per_rank_per_feature", a)
+            _put(g, "batch_size_per_rank_per_feature", a, self.compression)
         if ctx.get("sparse_features_recat") is not None:
-            _put(g, "sparse_features_recat", np.asarray(to_numpy(ctx["sparse_features_recat"]), dtype=np.int32).reshape(-1))
+            _put(g, "sparse_features_recat",
+                 np.asarray(to_numpy(ctx["sparse_features_recat"]), dtype=np.int32).reshape(-1),
+                 self.compression)
         if ctx.get("unbucketize_permute") is not None:
             p = _int_list(ctx["unbucketize_permute"]).reshape(-1)
             if p.size != n_ids:
                 raise CaptureWriterError(
                     f"{where}/unbucketize_permute: length {p.size} != len(values) {n_ids}"
                 )
-            _put(g, "unbucketize_permute", p)
+            _put(g, "unbucketize_permute", p, self.compression)
         if ctx.get("lengths_after_input_dist") is not None:
             a = _int_list(ctx["lengths_after_input_dist"])
             if a.ndim != 2:
                 raise CaptureWriterError(
                     f"{where}/lengths_after_input_dist: {a.ndim}-D, want [F, sum_s B_s]"
                 )
-            _put(g, "lengths_after_input_dist", a)
+            _put(g, "lengths_after_input_dist", a, self.compression)
         vb = ctx.get("variable_batch_per_feature")
         g.attrs["variable_batch_per_feature"] = np.int64(1 if vb else 0)
 
@@ -403,6 +434,41 @@ class CaptureWriter:
             self._f = None
         if os.path.exists(self._tmp):
             os.remove(self._tmp)
+
+
+def compress_file(src, dst, compression="gzip"):
+    """Copies capture file src to dst with every dataset of 64 KiB or more chunked (<= 1 MiB)
+    + shuffle + compression (gzip level 4 by default). Groups, attributes, dtypes and values
+    are unchanged. Runs after the job (before ``dynemb-dist merge``), not on its critical path.
+    """
+    if compression not in ("lzf", "gzip"):
+        raise CaptureWriterError(f"compression: {compression!r} ('lzf' or 'gzip')")
+    tmp = f"{os.fspath(dst)}.tmp-{os.getpid()}"
+    try:
+        with h5py.File(src, "r") as fi, h5py.File(tmp, "w") as fo:
+            def copy_attrs(a, b):
+                for k, v in a.attrs.items():
+                    b.attrs[k] = v
+
+            copy_attrs(fi, fo)
+
+            def visit(name, obj):
+                if isinstance(obj, h5py.Group):
+                    copy_attrs(obj, fo.require_group(name))
+                    return
+                parent, _, base = name.rpartition("/")
+                g = fo.require_group(parent) if parent else fo
+                if obj.ndim >= 1 and obj.dtype.kind in "iuf" and obj.nbytes >= _COMPRESS_MIN_BYTES:
+                    ds = _put(g, base, obj[()], compression)
+                    copy_attrs(obj, ds)
+                else:
+                    fi.copy(obj, g, name=base)
+
+            fi.visititems(visit)
+        os.replace(tmp, dst)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 # ---------------------------------------------------------------- hash64 oracle (numpy)
