@@ -9,6 +9,7 @@
 #include "capture/synth.hpp"
 #include "commands.hpp"
 #include "common/error.hpp"
+#include "common/output_file.hpp"
 
 namespace dynemb::cli {
 
@@ -19,7 +20,7 @@ struct SynthArgs {
   std::optional<int64_t> batches, batch_size, empty_rank;
   std::optional<uint64_t> seed;
   std::string batch_sizes, hotness, ids, store, index_type;
-  bool vbe = false, weighted = false;
+  bool vbe = false, weighted = false, force = false;
   double oob = 0.0;
 };
 
@@ -112,13 +113,18 @@ int run_synth(const SynthArgs& a) {
       }
   }
   check_synth_options(plan, o);
+  // Before any work: -o is not the plan file (by identity), and its temporary can be made.
+  std::vector<NamedPath> inputs;
+  if (!a.plan_path.empty()) inputs.push_back({"plan", a.plan_path});
+  check_output_clashes(inputs, {{"-o", a.out}});
+  auto out = std::make_shared<OutputFile>(a.out, a.force, "use --force to replace it");
 
   // Progress only when a person is watching: stderr on a terminal.
   const bool tty = ::isatty(::fileno(stderr)) == 1;
   auto progress = [&](int64_t k) {
     if (tty) fmt::print(stderr, "\rsynth: batch {}/{}", k + 1, o.batches);
   };
-  synth_capture(plan, o, a.out, progress);
+  synth_capture(plan, o, std::move(out), progress);
   if (tty) fmt::print(stderr, "\n");
   std::vector<std::string> parts;
   if (o.store_ctx) parts.emplace_back("ctx");
@@ -145,7 +151,11 @@ void setup_synth(CLI::App& app, RunFn& run) {
                   "Preset plan + workload (guides/workloads.md): unit-seq-w2, unit-seq-w8, "
                   "unit-pooled-w8, odd-dims, odd-dims-d15, ec-bench-criteo, hstu-e2e, or any "
                   "other shipped plans/<name>.yaml (B=8, lengths U[0,8])");
-  sub->add_option("-o,--output", args->out, "Capture file to write")->required();
+  sub->add_option("-o,--output", args->out,
+                  "Capture file to write (never the plan file; an existing file needs --force; "
+                  "a symbolic link is written through)")
+      ->required();
+  sub->add_flag("--force", args->force, "Replace OUT if it exists");
   sub->add_option("--batches", args->batches, "Number of batches (default 1)");
   sub->add_option("--batch-size", args->batch_size, "Local batch size B of every rank");
   sub->add_option("--batch-sizes", args->batch_sizes,

@@ -269,8 +269,14 @@ std::vector<Kjt> synth_kjts(const Plan& plan, const SynthOptions& o, int64_t bat
 void synth_capture(const Plan& plan, const SynthOptions& o, const std::string& path,
                    const std::function<void(int64_t)>& progress) {
   check_synth_options(plan, o);
+  synth_capture(plan, o, std::make_shared<OutputFile>(path), progress);
+}
+
+void synth_capture(const Plan& plan, const SynthOptions& o, std::shared_ptr<OutputFile> out,
+                   const std::function<void(int64_t)>& progress) {
+  check_synth_options(plan, o);
   const int64_t W = plan.world_size;
-  CaptureWriter writer(path, plan, o.seed);
+  CaptureWriter writer(std::move(out), plan, o.seed);
   const bool need_engine = o.store_ctx || o.store_local_embs || o.store_output;
   std::unique_ptr<Backend> backend = need_engine ? make_cpu_backend(0) : nullptr;
   OracleSource source(o.seed, plan);

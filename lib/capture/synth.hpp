@@ -9,10 +9,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "common/output_file.hpp"
 #include "engine/types.hpp"
 #include "plan/plan.hpp"
 
@@ -69,6 +71,9 @@ std::vector<Kjt> synth_kjts(const Plan& plan, const SynthOptions& opt, int64_t b
 // Writes the whole capture to `out` (temp name, renamed when complete). `progress(k)` is
 // called after batch k is written.
 void synth_capture(const Plan& plan, const SynthOptions& opt, const std::string& out,
+                   const std::function<void(int64_t)>& progress = {});
+// The same into an output file the caller created up front (common/output_file.hpp).
+void synth_capture(const Plan& plan, const SynthOptions& opt, std::shared_ptr<OutputFile> out,
                    const std::function<void(int64_t)>& progress = {});
 
 }  // namespace dynemb

@@ -11,6 +11,7 @@
 
 #include "capture/capture.hpp"
 #include "common/error.hpp"
+#include "common/memory.hpp"
 #include "engine/engine.hpp"
 #include "engine/output_dist.hpp"
 #include "replay/ctx_check.hpp"
@@ -160,10 +161,27 @@ class Replayer {
 
  private:
   void emit(CheckResult c) {
-    if (cb_.on_check) cb_.on_check(c);
+    if (cb_.on_check && header_shown_) cb_.on_check(c);
     rep_.checks.push_back(std::move(c));
   }
+  // The header (on_start) once, then the checks decided before it (trouble in a batch read
+  // before the first replayed one).
+  void start() {
+    if (header_shown_) return;
+    header_shown_ = true;
+    if (cb_.on_start) cb_.on_start(rep_);
+    if (cb_.on_check)
+      for (const CheckResult& c : rep_.checks) cb_.on_check(c);
+  }
+  bool header_shown_ = false;
   void warn(const std::string& w) { rep_.warnings.push_back(w); }
+  // Trouble in one batch (or one rank of it): an error check, and the run goes on
+  // (--fail-fast: thrown, the run stops). replay_keep_going.cpp.
+  void record_trouble(int64_t k, int rank, const std::string& stage, const std::string& msg);
+  // Batch k; a rank whose ctx/, local_embs or output cannot be read loses those parts (and
+  // gets an error check). nullopt when the KJTs themselves cannot be read (recorded).
+  std::optional<Batch> read_batch_keeping_going(const CaptureReader& reader, int64_t k);
+  int64_t troubles_ = 0;
   // Replays batch k; returns the outputs (when --write-output) in rank order.
   std::vector<std::optional<EmbTensor>> replay_batch(int64_t k, const Batch& batch);
   TensorLayout output_layout(const Kjt& kjt, const EmbTensor& t) const;
@@ -231,8 +249,11 @@ void Replayer::run() {
     pooled_dist_ = std::make_unique<RwPooledEmbeddingDist>(plan_, backend_);
 
   std::unique_ptr<CaptureWriter> writer;
-  if (!opt_.write_output.empty()) {
-    writer = std::make_unique<CaptureWriter>(opt_.write_output, plan_, reader.oracle_seed());
+  if (opt_.write_output_file || !opt_.write_output.empty()) {
+    std::shared_ptr<OutputFile> out = opt_.write_output_file
+                                          ? opt_.write_output_file
+                                          : std::make_shared<OutputFile>(opt_.write_output);
+    writer = std::make_unique<CaptureWriter>(out, plan_, reader.oracle_seed());
     for (const std::string& name : reader.weight_tables()) {
       const auto t = std::find_if(plan_.tables.begin(), plan_.tables.end(),
                                   [&](const TableConfig& tc) { return tc.name == name; });
@@ -251,8 +272,22 @@ void Replayer::run() {
   }
   bool started = false;
   int64_t done = 0;
+  // Trouble in a batch: --write-output is then incomplete, so it is not written at all.
+  auto drop_writer = [&](int64_t k) {
+    if (!writer) return;
+    writer.reset();  // every handle closed, the temporary removed, the target untouched
+    warn(
+        fmt::format("--write-output {}: not written (trouble in batch {}); the file, if it "
+                    "existed, is unchanged",
+                    opt_.write_output, k));
+  };
   for (int64_t k : order) {
-    Batch batch = reader.read_batch(plan_, k);
+    std::optional<Batch> read = read_batch_keeping_going(reader, k);
+    if (!read) {
+      drop_writer(k);
+      continue;
+    }
+    Batch& batch = *read;
     if (!selected.count(k)) {
       writer->write_batch(batch);
       continue;
@@ -268,10 +303,23 @@ void Replayer::run() {
                         "used where none was captured (--ctx derived says so explicitly)",
                         k));
       info.ctx_mode = use_captured_ ? "captured" : "derived";
-      if (cb_.on_start) cb_.on_start(rep_);
+      start();
       started = true;
     }
-    auto outputs = replay_batch(k, batch);
+    std::vector<std::optional<EmbTensor>> outputs;
+    try {
+      outputs = replay_batch(k, batch);
+    } catch (const Error& e) {
+      record_trouble(k, -1, "replay", e.what());
+      drop_writer(k);
+      continue;
+    } catch (const std::bad_alloc&) {
+      record_trouble(k, -1, "replay",
+                     fmt::format("{}:/batches/{}: {} while replaying this batch", opt_.capture_path,
+                                 k, out_of_memory_text()));
+      drop_writer(k);
+      continue;
+    }
     if (writer) {
       for (size_t r = 0; r < batch.ranks.size(); ++r) {
         if (outputs[r]) {
@@ -288,6 +336,8 @@ void Replayer::run() {
     ++done;
     if (cb_.on_progress) cb_.on_progress(done, int64_t(info.batches.size()));
   }
+  start();  // when every batch was trouble
+  if (writer && troubles_ > 0) drop_writer(order.empty() ? 0 : order.back());
   if (writer) writer->commit();
 }
 
@@ -491,6 +541,91 @@ std::vector<std::optional<EmbTensor>> Replayer::replay_batch(int64_t k, const Ba
   return kept;
 }
 
+// ---------------------------------------------------------------- keep going after trouble
+
+// "/batches/3/rank1/ctx/x" -> 1; -1 when the path names no rank.
+int rank_in(const std::string& text) {
+  const size_t at = text.find("/rank");
+  if (at == std::string::npos) return -1;
+  size_t i = at + 5, n = 0;
+  int r = 0;
+  while (i < text.size() && text[i] >= '0' && text[i] <= '9' && n < 9) {
+    r = r * 10 + (text[i] - '0');
+    ++i;
+    ++n;
+  }
+  return n == 0 ? -1 : r;
+}
+
+void Replayer::record_trouble(int64_t k, int rank, const std::string& stage,
+                              const std::string& msg) {
+  if (opt_.fail_fast) throw Error(msg);
+  ++troubles_;
+  CheckResult c;
+  c.batch = k;
+  c.rank = rank >= 0 ? rank : rank_in(msg);
+  c.stage = stage;
+  c.check = "trouble";
+  c.status = CheckStatus::error;
+  c.message = msg;
+  emit(std::move(c));
+}
+
+std::optional<Batch> Replayer::read_batch_keeping_going(const CaptureReader& reader, int64_t k) {
+  const auto oom = [&](const std::string& what, int rank) {
+    return fmt::format("{}:/batches/{}{}: {} while reading {}", opt_.capture_path, k,
+                       rank >= 0 ? fmt::format("/rank{}", rank) : std::string(),
+                       out_of_memory_text(), what);
+  };
+  try {
+    return reader.read_batch(plan_, k);
+  } catch (const Error&) {
+    if (opt_.fail_fast) throw;
+  } catch (const std::bad_alloc&) {
+    if (opt_.fail_fast) throw Error(oom("the batch", -1));
+  }
+  // Something of batch k is unreadable: the KJTs of every rank are needed (the input dist is
+  // an all-to-all), the optional parts are tried rank by rank.
+  ReadParts kjt_only;
+  kjt_only.ctx = kjt_only.local_embs = kjt_only.output = false;
+  try {
+    reader.read_batch(plan_, k, kjt_only);
+  } catch (const Error& e) {
+    record_trouble(k, -1, "capture", e.what());
+    return std::nullopt;
+  } catch (const std::bad_alloc&) {
+    record_trouble(k, -1, "capture", oom("the KJTs", -1));
+    return std::nullopt;
+  }
+  const size_t W = size_t(plan_.world_size);
+  ReadParts good;
+  good.ranks.assign(W, 1);
+  for (size_t r = 0; r < W; ++r) {
+    ReadParts one;
+    one.ranks.assign(W, 0);
+    one.ranks[r] = 1;
+    try {
+      reader.read_batch(plan_, k, one);
+      continue;
+    } catch (const Error& e) {
+      record_trouble(k, int(r), "capture",
+                     std::string(e.what()) +
+                         " (this rank's ctx/, local_embs and output are left out of the replay)");
+    } catch (const std::bad_alloc&) {
+      record_trouble(k, int(r), "capture", oom("ctx/, local_embs and output", int(r)));
+    }
+    good.ranks[r] = 0;
+  }
+  try {
+    return reader.read_batch(plan_, k, good);
+  } catch (const Error& e) {
+    record_trouble(k, -1, "capture", e.what());
+  } catch (const std::bad_alloc&) {
+    record_trouble(k, -1, "capture", oom("the batch", -1));
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 Report run_replay(const ReplayOptions& opt, Backend& backend, const ReplayCallbacks& cb) {
@@ -509,6 +644,11 @@ Report run_replay(const ReplayOptions& opt, Backend& backend, const ReplayCallba
     rp.run();
   } catch (const Error& e) {
     rep.trouble = e.what();
+  } catch (const std::bad_alloc&) {
+    rep.trouble = fmt::format(
+        "{}: {} (opening the capture, reading its plan or tables, or "
+        "writing --write-output)",
+        opt.capture_path, out_of_memory_text());
   }
   return rep;
 }
