@@ -182,6 +182,7 @@ class Replayer {
   // gets an error check). nullopt when the KJTs themselves cannot be read (recorded).
   std::optional<Batch> read_batch_keeping_going(const CaptureReader& reader, int64_t k);
   int64_t troubles_ = 0;
+  int64_t first_trouble_batch_ = -1;
   // Replays batch k; returns the outputs (when --write-output) in rank order.
   std::vector<std::optional<EmbTensor>> replay_batch(int64_t k, const Batch& batch);
   TensorLayout output_layout(const Kjt& kjt, const EmbTensor& t) const;
@@ -273,18 +274,18 @@ void Replayer::run() {
   bool started = false;
   int64_t done = 0;
   // Trouble in a batch: --write-output is then incomplete, so it is not written at all.
-  auto drop_writer = [&](int64_t k) {
+  auto drop_writer = [&]() {
     if (!writer) return;
     writer.reset();  // every handle closed, the temporary removed, the target untouched
     warn(
         fmt::format("--write-output {}: not written (trouble in batch {}); the file, if it "
                     "existed, is unchanged",
-                    opt_.write_output, k));
+                    opt_.write_output, first_trouble_batch_));
   };
   for (int64_t k : order) {
     std::optional<Batch> read = read_batch_keeping_going(reader, k);
     if (!read) {
-      drop_writer(k);
+      drop_writer();
       continue;
     }
     Batch& batch = *read;
@@ -311,13 +312,13 @@ void Replayer::run() {
       outputs = replay_batch(k, batch);
     } catch (const Error& e) {
       record_trouble(k, -1, "replay", e.what());
-      drop_writer(k);
+      drop_writer();
       continue;
     } catch (const std::bad_alloc&) {
       record_trouble(k, -1, "replay",
                      fmt::format("{}:/batches/{}: {} while replaying this batch", opt_.capture_path,
                                  k, out_of_memory_text()));
-      drop_writer(k);
+      drop_writer();
       continue;
     }
     if (writer) {
@@ -337,7 +338,7 @@ void Replayer::run() {
     if (cb_.on_progress) cb_.on_progress(done, int64_t(info.batches.size()));
   }
   start();  // when every batch was trouble
-  if (writer && troubles_ > 0) drop_writer(order.empty() ? 0 : order.back());
+  if (writer && troubles_ > 0) drop_writer();
   if (writer) writer->commit();
 }
 
@@ -560,7 +561,7 @@ int rank_in(const std::string& text) {
 void Replayer::record_trouble(int64_t k, int rank, const std::string& stage,
                               const std::string& msg) {
   if (opt_.fail_fast) throw Error(msg);
-  ++troubles_;
+  if (troubles_++ == 0) first_trouble_batch_ = k;
   CheckResult c;
   c.batch = k;
   c.rank = rank >= 0 ? rank : rank_in(msg);
