@@ -16,6 +16,7 @@
 #include "engine/output_dist.hpp"
 #include "replay/ctx_check.hpp"
 #include "replay/diff.hpp"
+#include "replay/replan.hpp"
 #include "replay/sha256.hpp"
 
 namespace dynemb {
@@ -181,6 +182,15 @@ class Replayer {
   // Batch k; a rank whose ctx/, local_embs or output cannot be read loses those parts (and
   // gets an error check). nullopt when the KJTs themselves cannot be read (recorded).
   std::optional<Batch> read_batch_keeping_going(const CaptureReader& reader, int64_t k);
+  // --plan that shards differently from the capture's plan (replan.hpp): the batches are read
+  // with the capture's plan, then rebased onto plan_ (captured ctx/ dropped, sequence
+  // local_embs re-sharded, pooled partial sums dropped). False: nothing of batch k can run
+  // under plan_ (its skipped checks are emitted).
+  void setup_replan(const CaptureReader& reader);
+  bool rebase_batch(int64_t k, Batch& batch, bool selected);
+  const Plan& read_plan() const { return replan_ ? cap_plan_ : plan_; }
+  bool replan_ = false;
+  Plan cap_plan_;
   int64_t troubles_ = 0;
   int64_t first_trouble_batch_ = -1;
   // Replays batch k; returns the outputs (when --write-output) in rank order.
@@ -227,6 +237,7 @@ void Replayer::run() {
     const Plan override_plan = load_plan_or_throw(text, opt_.plan_path);
     plan_ = capture_plan(reader, &override_plan);
     info.plan = {opt_.plan_path, sha256_hex(text), false};
+    setup_replan(reader);
   } else {
     plan_ = capture_plan(reader);
     info.plan = {opt_.capture_path + ":/plan", sha256_hex(reader.plan_text()), true};
@@ -289,6 +300,10 @@ void Replayer::run() {
       continue;
     }
     Batch& batch = *read;
+    if (replan_ && !rebase_batch(k, batch, selected.count(k) > 0)) {
+      if (writer) writer->write_batch(batch);
+      continue;
+    }
     if (!selected.count(k)) {
       writer->write_batch(batch);
       continue;
@@ -579,7 +594,7 @@ std::optional<Batch> Replayer::read_batch_keeping_going(const CaptureReader& rea
                        out_of_memory_text(), what);
   };
   try {
-    return reader.read_batch(plan_, k);
+    return reader.read_batch(read_plan(), k);
   } catch (const Error&) {
     if (opt_.fail_fast) throw;
   } catch (const std::bad_alloc&) {
@@ -590,7 +605,7 @@ std::optional<Batch> Replayer::read_batch_keeping_going(const CaptureReader& rea
   ReadParts kjt_only;
   kjt_only.ctx = kjt_only.local_embs = kjt_only.output = false;
   try {
-    reader.read_batch(plan_, k, kjt_only);
+    reader.read_batch(read_plan(), k, kjt_only);
   } catch (const Error& e) {
     record_trouble(k, -1, "capture", e.what());
     return std::nullopt;
@@ -598,7 +613,7 @@ std::optional<Batch> Replayer::read_batch_keeping_going(const CaptureReader& rea
     record_trouble(k, -1, "capture", oom("the KJTs", -1));
     return std::nullopt;
   }
-  const size_t W = size_t(plan_.world_size);
+  const size_t W = size_t(read_plan().world_size);
   ReadParts good;
   good.ranks.assign(W, 1);
   for (size_t r = 0; r < W; ++r) {
@@ -606,7 +621,7 @@ std::optional<Batch> Replayer::read_batch_keeping_going(const CaptureReader& rea
     one.ranks.assign(W, 0);
     one.ranks[r] = 1;
     try {
-      reader.read_batch(plan_, k, one);
+      reader.read_batch(read_plan(), k, one);
       continue;
     } catch (const Error& e) {
       record_trouble(k, int(r), "capture",
@@ -618,13 +633,85 @@ std::optional<Batch> Replayer::read_batch_keeping_going(const CaptureReader& rea
     good.ranks[r] = 0;
   }
   try {
-    return reader.read_batch(plan_, k, good);
+    return reader.read_batch(read_plan(), k, good);
   } catch (const Error& e) {
     record_trouble(k, -1, "capture", e.what());
   } catch (const std::bad_alloc&) {
     record_trouble(k, -1, "capture", oom("the batch", -1));
   }
   return std::nullopt;
+}
+
+void Replayer::setup_replan(const CaptureReader& reader) {
+  const PlanLoadResult embedded = parse_plan(reader.plan_text(), reader.path() + ":/plan");
+  if (!embedded.ok() || !embedded.plan) return;  // nothing to compare with: --plan is used as is
+  const std::vector<std::string> diffs = plan_differences(*embedded.plan, plan_);
+  if (diffs.empty()) return;
+  cap_plan_ = *embedded.plan;
+  replan_ = true;
+  for (const std::string& d : diffs) warn("--plan differs from the capture's plan: " + d);
+  warn(
+      "--plan: the captured ctx/ was made under the capture's plan; it is not compared, the "
+      "context is derived under --plan");
+  if (plan_.module == ModuleKind::sequence)
+    warn("--plan: sequence local_embs (one row per id) are re-sharded to --plan and checked there");
+  else
+    warn(source_ || open_embedding_source(reader, plan_)
+             ? "--plan: pooled local_embs are partial sums over the capture's shards and cannot "
+               "be re-sharded; the output dist runs on lookups from /oracle or /tables"
+             : "--plan: pooled local_embs are partial sums over the capture's shards and cannot "
+               "be re-sharded, and the capture has no /oracle or /tables: the output checks are "
+               "skipped");
+}
+
+bool Replayer::rebase_batch(int64_t k, Batch& batch, bool selected) {
+  const int64_t W = plan_.world_size;
+  bool all_local = true;
+  for (RankBatch& rb : batch.ranks) {
+    rb.ctx.reset();
+    all_local &= rb.local_embs.has_value();
+  }
+  if (plan_.module == ModuleKind::sequence) {
+    if (!all_local) {
+      for (RankBatch& rb : batch.ranks) rb.local_embs.reset();
+      return true;
+    }
+    std::vector<const Kjt*> kjts(static_cast<size_t>(W));
+    std::vector<const EmbTensor*> local(static_cast<size_t>(W));
+    for (int64_t r = 0; r < W; ++r) {
+      kjts[size_t(r)] = &batch.ranks[size_t(r)].kjt;
+      local[size_t(r)] = &*batch.ranks[size_t(r)].local_embs;
+    }
+    int64_t unknown = 0;
+    std::vector<EmbTensor> moved;
+    try {
+      moved = reshard_sequence_local_embs(cap_plan_, plan_, kjts, local, backend_, k, unknown);
+    } catch (const Error& e) {
+      for (RankBatch& rb : batch.ranks) rb.local_embs.reset();
+      if (selected)
+        record_trouble(k, -1, "replay",
+                       fmt::format("{}:/batches/{}: re-sharding local_embs to --plan: {}",
+                                   opt_.capture_path, k, e.what()));
+      return true;
+    }
+    for (int64_t r = 0; r < W; ++r) batch.ranks[size_t(r)].local_embs = std::move(moved[size_t(r)]);
+    if (unknown > 0 && selected)
+      warn(
+          fmt::format("--plan: batch {}: {} lookups under --plan read rows the capture does not "
+                      "hold (ids outside a table of the capture's plan): zeros in the re-sharded "
+                      "local_embs",
+                      k, unknown));
+    return true;
+  }
+  for (RankBatch& rb : batch.ranks) rb.local_embs.reset();
+  if (source_) return true;
+  if (selected)
+    for (int64_t r = 0; r < W; ++r)
+      if (batch.ranks[size_t(r)].output)
+        emit(skipped(k, int(r), "output", "golden",
+                     "--plan: pooled local_embs cannot be re-sharded to another plan, and the "
+                     "capture has no /oracle or /tables to look the rows up"));
+  return false;
 }
 
 }  // namespace
