@@ -3,13 +3,17 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
 #include "capture/synth.hpp"
 #include "commands.hpp"
 #include "common/error.hpp"
+#include "common/memory.hpp"
 #include "common/output_file.hpp"
+#include "engine/memory_estimate.hpp"
 
 namespace dynemb::cli {
 
@@ -31,6 +35,27 @@ std::vector<std::string> split(const std::string& s, char sep) {
   while (std::getline(ss, item, sep)) out.push_back(item);
   if (!s.empty() && s.back() == sep) out.emplace_back();
   return out;
+}
+
+// Mean ids per bag of a hotness spec.
+double mean_length(const Hotness& h) {
+  switch (h.kind) {
+    case Hotness::Kind::fixed:
+      return double(h.lo);
+    case Hotness::Kind::uniform:
+      return (double(h.lo) + double(h.hi)) / 2;
+    case Hotness::Kind::zipf: {
+      double num = 0, den = 0;
+      const int64_t n = std::min<int64_t>(h.hi, 1000000);
+      for (int64_t k = 1; k <= n; ++k) {
+        const double p = std::pow(double(k), -h.alpha);
+        num += double(k) * p;
+        den += p;
+      }
+      return den > 0 ? num / den : 0;
+    }
+  }
+  return 0;
 }
 
 Plan load_plan(const std::string& path) {
@@ -113,6 +138,26 @@ int run_synth(const SynthArgs& a) {
       }
   }
   check_synth_options(plan, o);
+  // Size up front: one batch of every rank is in memory at once (W^2 context terms).
+  {
+    int64_t b = 0;
+    for (int64_t x : o.batch_sizes) b = std::max(b, x);
+    double len = 0;
+    for (const Hotness& h : o.hotness) len += mean_length(h);
+    len /= double(std::max<size_t>(1, o.hotness.size()));
+    MemoryEstimate m = estimate_batch_memory(plan, b, len);
+    const bool engine = o.store_ctx || o.store_local_embs || o.store_output;
+    const double need = !engine                                  ? m.ids
+                        : (o.store_local_embs || o.store_output) ? m.synth
+                                                                 : m.ids + m.context;
+    const uint64_t have = usable_memory_bytes();
+    if (have > 0 && need > double(have))
+      throw Error(fmt::format(
+          "synth: one batch needs about {}, more than the {} this machine has (physical memory, "
+          "cgroup limit or DYNEMB_MEMORY_LIMIT); W = {}: {}. Lower --batch-size, --hotness or "
+          "--store",
+          human_bytes(need), human_bytes(double(have)), plan.world_size, m.summary()));
+  }
   // Before any work: -o is not the plan file (by identity), and its temporary can be made.
   std::vector<NamedPath> inputs;
   if (!a.plan_path.empty()) inputs.push_back({"plan", a.plan_path});

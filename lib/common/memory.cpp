@@ -1,10 +1,12 @@
 #include "common/memory.hpp"
 
 #include <fmt/format.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 
 namespace dynemb {
 
@@ -42,14 +44,46 @@ uint64_t physical_memory_bytes() {
   return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
 }
 
-uint64_t address_space_limit_bytes() {
-  struct rlimit rl;
-  if (::getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return 0;
-  return static_cast<uint64_t>(rl.rlim_cur);
+namespace {
+// "123", "4G", "512M": bytes; 0 when not a size.
+uint64_t parse_size(const std::string& text) {
+  if (text.empty()) return 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || v <= 0) return 0;
+  const std::string unit = end;
+  double mult = 1;
+  if (unit == "K" || unit == "k" || unit == "KiB")
+    mult = 1024.0;
+  else if (unit == "M" || unit == "MiB")
+    mult = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "T" || unit == "TiB")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (!unit.empty())
+    return 0;
+  return static_cast<uint64_t>(v * mult);
 }
 
+uint64_t cgroup_limit() {
+  for (const char* path :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream f(path);
+    std::string text;
+    if (f >> text && text != "max") {
+      const uint64_t v = parse_size(text);
+      if (v > 0 && v < (uint64_t{1} << 60)) return v;
+    }
+  }
+  return 0;
+}
+}  // namespace
+
 uint64_t usable_memory_bytes() {
-  const uint64_t a = physical_memory_bytes(), b = address_space_limit_bytes();
+  if (const char* env = std::getenv("DYNEMB_MEMORY_LIMIT"); env && *env)
+    if (const uint64_t v = parse_size(env); v > 0) return v;
+  const uint64_t a = physical_memory_bytes(), b = cgroup_limit();
   if (a == 0) return b;
   if (b == 0) return a;
   return a < b ? a : b;

@@ -20,11 +20,12 @@ std::string human_bytes(double bytes);
 // "out of memory (a request for 1.50 GiB failed)", or "out of memory" when the size is unknown.
 std::string out_of_memory_text();
 
-// Physical memory of this machine and the address-space limit (RLIMIT_AS), in bytes; the
-// smaller of the two is what a job can use. 0 when unknown / unlimited.
+// Physical memory of this machine, in bytes (0 when unknown).
 uint64_t physical_memory_bytes();
-uint64_t address_space_limit_bytes();
-// min of the two that are known; 0 when neither is.
+// What a job may use: physical memory, or less under a cgroup memory limit (memory.max);
+// DYNEMB_MEMORY_LIMIT (bytes, or with a K/M/G/T suffix) overrides it. 0 when unknown. Not the
+// address-space limit (ulimit -v): a job over that runs and reports out of memory where it
+// happens.
 uint64_t usable_memory_bytes();
 
 }  // namespace dynemb

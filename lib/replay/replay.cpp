@@ -13,6 +13,7 @@
 #include "common/error.hpp"
 #include "common/memory.hpp"
 #include "engine/engine.hpp"
+#include "engine/memory_estimate.hpp"
 #include "engine/output_dist.hpp"
 #include "replay/ctx_check.hpp"
 #include "replay/diff.hpp"
@@ -187,6 +188,9 @@ class Replayer {
   // local_embs re-sharded, pooled partial sums dropped). False: nothing of batch k can run
   // under plan_ (its skipped checks are emitted).
   void setup_replan(const CaptureReader& reader);
+  // Size up front: refuses (Error) a replay whose first batch cannot fit in this machine's
+  // memory, with the estimate (engine/memory_estimate.hpp).
+  void check_memory(const CaptureReader& reader) const;
   bool rebase_batch(int64_t k, Batch& batch, bool selected);
   const Plan& read_plan() const { return replan_ ? cap_plan_ : plan_; }
   bool replan_ = false;
@@ -248,6 +252,7 @@ void Replayer::run() {
   tol_ = opt_.tolerance ? *opt_.tolerance : default_tolerance(plan_);
   info.tolerance = tol_.str();
   info.batches = parse_batch_range(opt_.batches, reader.num_batches());
+  check_memory(reader);
   source_ = open_embedding_source(reader, plan_);
   if (!source_)
     warn(
@@ -662,6 +667,39 @@ void Replayer::setup_replan(const CaptureReader& reader) {
              : "--plan: pooled local_embs are partial sums over the capture's shards and cannot "
                "be re-sharded, and the capture has no /oracle or /tables: the output checks are "
                "skipped");
+}
+
+void Replayer::check_memory(const CaptureReader& reader) const {
+  const uint64_t have = usable_memory_bytes();
+  if (have == 0 || rep_.info.batches.empty()) return;
+  const int64_t k = rep_.info.batches.front();
+  int64_t ids = 0, bags = 0;
+  double captured_floats = 0;  // local_embs and output as the replay holds them (float32)
+  for (const DatasetStat& d : reader.dataset_stats(k)) {
+    const auto ends = [&](const std::string& tail) {
+      return d.path.size() >= tail.size() &&
+             d.path.compare(d.path.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    int64_t numel = 1;
+    for (int64_t x : d.dims) numel *= x;
+    if (ends("/local_embs") || ends("/output")) captured_floats += 4.0 * double(numel);
+    if (d.dims.size() != 1) continue;
+    if (ends("/values")) ids += d.dims[0];
+    if (ends("/lengths")) bags += d.dims[0];
+  }
+  const int64_t W = plan_.world_size, F = std::max<int64_t>(1, plan_.num_features());
+  const int64_t b = bags / std::max<int64_t>(1, W * F);
+  const double len = bags > 0 ? double(ids) / double(bags) : 0;
+  const MemoryEstimate m = estimate_batch_memory(plan_, b, len);
+  // The derived context and lookup, the replayed outputs, and what the capture holds.
+  const double need = m.ids + 2 * m.context + m.lookup + m.output + captured_floats;
+  if (need > double(have))
+    throw Error(fmt::format(
+        "{}: replaying batch {} needs about {}, more than the {} this machine has (physical "
+        "memory, cgroup limit or DYNEMB_MEMORY_LIMIT); W = {}, captured local_embs and output "
+        "{}; {}",
+        opt_.capture_path, k, human_bytes(need), human_bytes(double(have)), W,
+        human_bytes(captured_floats), m.summary()));
 }
 
 bool Replayer::rebase_batch(int64_t k, Batch& batch, bool selected) {
