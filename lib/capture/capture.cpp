@@ -2,10 +2,12 @@
 #include "capture/capture.hpp"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -362,8 +364,11 @@ CaptureReader::CaptureReader(const std::string& path) try : path_(path), impl_(n
   {
     // Tell "not there" from "not HDF5" from "truncated" before HDF5's generic message.
     std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) I.fail("/", "cannot open file");
+    if (!f) I.fail("/", std::string("cannot open file: ") + std::strerror(errno));
     std::fclose(f);
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      I.fail("/", "is a directory, not a capture file");
   }
   const htri_t is_h5 = H5Fis_hdf5(path.c_str());
   if (is_h5 <= 0) {

@@ -72,12 +72,22 @@ RowRef resolve(const Plan& plan, int rank, const LookupKjt& k, int64_t f, int64_
     int64_t s = 0, b = 0;
     split_col(k, f, col, s, b);
     const FeatureInfo& fi = plan.features[f];
+    // The id itself, not the bucketized local row (rw-semantics.md §3.2: an id past the
+    // blocks went to rank id % W as local id / W; one in the last block is rank*blk + local).
+    const uint64_t local = static_cast<uint64_t>(k.values[p]),
+                   w = static_cast<uint64_t>(k.world_size);
+    const uint64_t G = static_cast<uint64_t>(fi.block_size) * w;
+    const uint64_t wrapped = local * w + static_cast<uint64_t>(rank);
+    const int64_t id =
+        fi.dist_type != DistType::continuous ? k.values[p]
+        : wrapped >= G                       ? static_cast<int64_t>(wrapped)
+                       : static_cast<int64_t>(static_cast<uint64_t>(rank) * fi.block_size + local);
     throw Error("rank " + std::to_string(rank) + ", feature " + fi.name + ": id from rank " +
                 std::to_string(s) + " sample " + std::to_string(b) + " position " +
-                std::to_string(pos_in_bag) + " (lookup value " + std::to_string(p) +
-                ") has local row " + std::to_string(k.values[p]) +
-                " outside this rank's shard of " + plan.tables[fi.table].name +
-                " (num_embeddings " + std::to_string(fi.hash_size) + ", bounds_check=error)");
+                std::to_string(pos_in_bag) + " is " + std::to_string(id) + ", outside table " +
+                plan.tables[fi.table].name + " [0, " + std::to_string(fi.hash_size) +
+                ") (bounds_check=error). To look such ids up as TorchRec's TBE does (a zero row "
+                "and a warning), set bounds_check: warn_zero_row in the plan");
   }
   return ref;
 }

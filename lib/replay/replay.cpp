@@ -11,6 +11,7 @@
 
 #include "capture/capture.hpp"
 #include "common/error.hpp"
+#include "common/input_file.hpp"
 #include "common/memory.hpp"
 #include "engine/engine.hpp"
 #include "engine/memory_estimate.hpp"
@@ -147,11 +148,7 @@ bool same_file(const std::string& a, const std::string& b) {
 }
 
 std::string read_text_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error(fmt::format("{}: cannot read the plan file", path));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return read_input_text(path, "plan file");  // errno's reason; a FIFO times out
 }
 
 class Replayer {
