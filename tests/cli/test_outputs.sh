@@ -60,6 +60,12 @@ for opt in --json --junit --write-output; do
   grep -q "result:" "replay_cap_$n.out" && fail "replay_cap_$n: the replay ran before the clash was found"
 done
 
+# ---- bench --json onto its capture
+run bench_cap 2 bench c.h5 --backend cpu --iters 1 --json "$tmp/c.h5"
+has_text bench_cap.out "(--json) is the same file as the input c.h5 (capture)" bench_cap
+run bench_ok 0 bench c.h5 --backend cpu --iters 1 --json bench.json
+grep -q '"stages"' bench.json || fail "bench_ok: no JSON written"
+
 # ---- two outputs on one file
 run replay_two 2 replay c.h5 --json x.out.json --junit ./x.out.json
 has_text replay_two.out "output ./x.out.json (--junit) is the same file as the output x.out.json (--json)" replay_two
@@ -92,10 +98,17 @@ has_text out_fifo.out "fifo.json: not a regular file" out_fifo
 run nodir 2 replay c.h5 --json nodir/r.json
 has_text nodir.out "nodir/r.json: cannot write there: directory nodir: No such file or directory" nodir
 grep -q "result:" nodir.out && fail "nodir: the replay ran although its report cannot be written"
-if [[ $(id -u) -ne 0 ]]; then
-  mkdir ro && chmod 555 ro
-  run rodir 2 replay c.h5 --junit ro/r.xml
-  has_text rodir.out "Permission denied" rodir
+# A directory the user may not write to (as nobody when the test runs as root).
+mkdir ro && chmod 555 ro
+as_user=()
+[[ $(id -u) -eq 0 ]] && command -v setpriv >/dev/null &&
+  as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups) && chmod 755 "$tmp" && chmod 644 c.h5
+if [[ $(id -u) -ne 0 || ${#as_user[@]} -gt 0 ]]; then
+  "${as_user[@]}" "$DYNEMB" replay c.h5 --junit ro/r.xml >rodir.out 2>&1
+  expect_rc rodir 2 $?
+  has_text rodir.out "ro/r.xml: cannot create the temporary file $tmp/ro/r.xml.tmp-" rodir
+  has_text rodir.out ": Permission denied" rodir
+  grep -q "result:" rodir.out && fail "rodir: the replay ran although its report cannot be written"
 fi
 # The result line always agrees with the exit status.
 run pass 0 replay c.h5 --json ok.json --junit ok.xml

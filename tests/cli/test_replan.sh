@@ -92,5 +92,7 @@ expect_rc same 0 $?
 grep -q "differs from the capture's plan" same.out && fail "same: differences reported for the same plan"
 has_text same.out "# ctx        captured" same
 
+no_temps "$tmp" replan
+
 [[ $fails -eq 0 ]] && echo "another plan: all cases pass" || echo "$fails failure(s)"
 [[ $fails -eq 0 ]]
