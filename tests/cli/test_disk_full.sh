@@ -123,8 +123,10 @@ if [[ $asan -eq 0 ]]; then
   "$DYNEMB" synth --preset unit-seq-w8 --batches 2 --batch-size 16384 --store ctx -o big.h5 >/dev/null ||
     fail "synth big.h5"
   big_sha=$(sha big.h5)
+  # ~200 MB of libraries and heap, 8 MiB of stack per worker thread (one per core), and far
+  # less than the ~2 GB the batches need.
   (
-    ulimit -v 400000
+    ulimit -v $((400000 + $(nproc) * 9 * 1024))
     exec "$DYNEMB" replay big.h5 --quiet --json oom.json --junit oom.xml
   ) >oom.out 2>&1
   rc=$?
