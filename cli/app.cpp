@@ -2,11 +2,13 @@
 // exit codes (cli.md: 0 pass, 1 mismatches found, 2 trouble; CLI11's own codes never escape).
 #include <fmt/core.h>
 #include <fmt/format.h>
+#include <hdf5.h>
 
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +20,8 @@
 #include "capture/capture.hpp"
 #include "commands.hpp"
 #include "common/error.hpp"
+#include "common/memory.hpp"
+#include "common/output_file.hpp"
 
 namespace dynemb::cli {
 
@@ -103,13 +107,12 @@ const CLI::App* named_subcommand(const CLI::App& app, int argc, char** argv) {
 #define DYNEMB_ASAN 1
 #endif
 #endif
+char g_crash_note[2048];  // set_crash_note; read by the handler
+std::atomic<bool> g_crash_note_set{false};
+
 #ifndef DYNEMB_ASAN
 void on_crash_signal(int sig) {
   const char* file = capture_being_read();
-  if (file[0] == '\0') {  // not reading a capture: the default action (core dump, exit 128+sig)
-    std::signal(sig, SIG_DFL);
-    return;  // the faulting instruction runs again, now under SIG_DFL
-  }
   const auto put = [](const char* s) {
     size_t n = 0;
     while (s[n]) ++n;
@@ -120,6 +123,19 @@ void on_crash_signal(int sig) {
       n -= static_cast<size_t>(w);
     }
   };
+  if (g_crash_note_set.load()) {
+    remove_registered_temps();
+    put("dynemb-dist: error: ");
+    put(g_crash_note);
+    put(sig == SIGBUS ? ": libhdf5 crashed (SIGBUS)" : ": libhdf5 crashed (SIGSEGV)");
+    put(" after a write failed (libhdf5 1.10 does so when a write fails inside H5Ocopy, e.g. on "
+        "a full disk); the temporary file was removed, nothing was written\n");
+    _exit(2);
+  }
+  if (file[0] == '\0') {  // not reading a capture: the default action (core dump, exit 128+sig)
+    std::signal(sig, SIG_DFL);
+    return;  // the faulting instruction runs again, now under SIG_DFL
+  }
   put("dynemb-dist: error: ");
   put(file);
   put(sig == SIGBUS ? ": crashed (SIGBUS)" : ": crashed (SIGSEGV)");
@@ -168,7 +184,20 @@ void arm_open_watchdog() {
 
 }  // namespace
 
+void set_crash_note(const std::string& note) {
+  g_crash_note_set.store(false);
+  const size_t n = std::min(note.size(), sizeof(g_crash_note) - 1);
+  std::copy(note.begin(), note.begin() + static_cast<std::ptrdiff_t>(n), g_crash_note);
+  g_crash_note[n] = '\0';
+  g_crash_note_set.store(n > 0);
+}
+
 int main_entry(int argc, char** argv) {
+  // libhdf5 closes its open files again at exit (atexit); a file whose close already failed
+  // (its last write on a full disk) then crashes it (SIGSEGV in H5F__close_cb). Every handle
+  // is closed by its owner (RAII) and every close that matters is checked, so nothing is left
+  // for that pass to do: it is not registered.
+  H5dont_atexit();
   CLI::App app{
       "dynemb-dist: offline validation and replay of row-wise (RW) sharded embedding "
       "output dists (TorchRec / DynamicEmb).\n"
@@ -215,6 +244,7 @@ int main_entry(int argc, char** argv) {
   }
   arm_open_watchdog();
   install_crash_handler();
+  install_interrupt_handlers();  // SIGINT/SIGTERM remove temporaries; SIGXFSZ -> EFBIG
   try {
     return run();
   } catch (const PlanError& e) {  // already "file:line:col: error: ..."
@@ -227,7 +257,7 @@ int main_entry(int argc, char** argv) {
     return 2;
   } catch (const std::bad_alloc&) {
     std::fflush(stdout);
-    fmt::print(stderr, "dynemb-dist: error: out of memory\n");
+    fmt::print(stderr, "dynemb-dist: error: {}\n", out_of_memory_text());
     return 2;
   } catch (const std::exception& e) {
     std::fflush(stdout);

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
@@ -28,6 +29,7 @@
 #include "capture/synth.hpp"
 #include "commands.hpp"
 #include "common/error.hpp"
+#include "common/output_file.hpp"
 #include "engine/engine.hpp"
 #include "engine/ops.hpp"
 #ifdef DYNEMB_HAVE_CUDA
@@ -120,6 +122,9 @@ void write_npy(const std::string& path, const void* data, const char* descr, siz
   write_npy(dir + "/" + name + ".npy", v.data(), "<i8", 8, {static_cast<int64_t>(v.size())});
 }
 
+// --json's file, created (its temporary) before any work (common/output_file.hpp).
+std::unique_ptr<OutputFile> g_json_out;
+
 void report(const BenchArgs& a, const Workload& w, const std::string& device, double copy_gbps,
             const std::vector<Stage>& stages, const std::vector<std::string>& notes) {
   const Plan& p = w.plan;
@@ -168,12 +173,9 @@ void report(const BenchArgs& a, const Workload& w, const std::string& device, do
   }
   for (const std::string& n : notes) fmt::print("# {}\n", n);
   js["notes"] = notes;
-  if (!a.json.empty()) {
-    std::ofstream f(a.json + ".tmp");
-    f << js.dump(2) << "\n";
-    if (!f) throw Error("bench: cannot write " + a.json);
-    f.close();
-    std::filesystem::rename(a.json + ".tmp", a.json);
+  if (g_json_out) {  // created up front by run_bench
+    g_json_out->write(js.dump(2) + "\n");
+    g_json_out->commit();
   }
 }
 
@@ -600,6 +602,12 @@ int run_bench(const BenchArgs& a) {
     throw UsageError("bench: give either a CAPTURE.h5 or --preset NAME");
   if (a.iters < 1) throw UsageError("bench: --iters must be >= 1");
   if (a.scale < 1) throw UsageError("bench: --scale must be >= 1");
+  if (!a.json.empty()) {  // never the capture, whatever the spelling; writable up front
+    std::vector<NamedPath> inputs;
+    if (!a.capture.empty()) inputs.push_back({"capture", a.capture});
+    check_output_clashes(inputs, {{"--json", a.json}});
+    g_json_out = std::make_unique<OutputFile>(a.json);
+  }
   const Workload w = load_workload(a);
   if (a.backend == "cpu") return run_cpu(a, w);
   if (a.backend == "cuda") {

@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
 
 namespace dynemb::cli {
 
@@ -20,6 +21,11 @@ void setup_merge(CLI::App& app, RunFn& run);
 
 // "cpu", "cpu, cuda", "cpu, cuda, nccl": the backends compiled into this build.
 const char* compiled_backends();
+
+// What the process is doing inside libhdf5 that libhdf5 1.10 may crash on (a write that fails
+// inside H5Ocopy); "" clears it. While set, the crash handler removes the temporaries, prints
+// "dynemb-dist: error: NOTE: ..." and exits 2 (app.cpp; not under ASan).
+void set_crash_note(const std::string& note);
 
 // Runs the whole command line; returns the process exit status (0, 1 or 2).
 int main_entry(int argc, char** argv);

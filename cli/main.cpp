@@ -1,4 +1,58 @@
+#include <cstdlib>
+#include <new>
+
 #include "commands.hpp"
+#include "common/memory.hpp"
+
+// The replaceable allocation functions, so that an allocation that fails records its size
+// ("out of memory (a request for 12.00 GiB failed)", common/memory.hpp). Not under ASan, whose
+// own operator new reports what it should. The matching operator delete of the library frees
+// what malloc returned.
+#if !defined(__SANITIZE_ADDRESS__)
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DYNEMB_NO_NEW_REPLACEMENT 1
+#endif
+#endif
+#else
+#define DYNEMB_NO_NEW_REPLACEMENT 1
+#endif
+
+#ifndef DYNEMB_NO_NEW_REPLACEMENT
+namespace {
+void* allocate(std::size_t n) {
+  if (n == 0) n = 1;
+  for (;;) {
+    if (void* p = std::malloc(n)) return p;
+    std::new_handler h = std::get_new_handler();
+    if (!h) {
+      dynemb::note_failed_allocation(n);
+      throw std::bad_alloc();
+    }
+    h();
+  }
+}
+}  // namespace
+
+void* operator new(std::size_t n) {
+  return allocate(n);
+}
+void* operator new[](std::size_t n) {
+  return allocate(n);
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);
+}
+#endif
 
 int main(int argc, char** argv) {
   return dynemb::cli::main_entry(argc, argv);

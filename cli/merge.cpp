@@ -9,9 +9,11 @@
 // check_capture() against its plan, and renames it onto OUT.
 #include <fmt/core.h>
 #include <hdf5.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <string>
@@ -19,8 +21,11 @@
 
 #include "capture/capture.hpp"
 #include "capture/h5string.hpp"
+#include "capture/h5util.hpp"
 #include "commands.hpp"
 #include "common/error.hpp"
+#include "common/memory.hpp"
+#include "common/output_file.hpp"
 
 namespace dynemb::cli {
 
@@ -44,6 +49,11 @@ class Hid {
   ~Hid() { reset(); }
   hid_t get() const { return id_; }
   bool valid() const { return id_ >= 0; }
+  hid_t release() {
+    const hid_t id = id_;
+    id_ = H5I_INVALID_HID;
+    return id;
+  }
   void reset() {
     if (id_ >= 0 && close_) close_(id_);
     id_ = H5I_INVALID_HID;
@@ -206,7 +216,8 @@ RankFile open_rank_file(const std::string& path) {
 void copy_object(const RankFile& src, hid_t dst, const std::string& path,
                  const std::string& out_tmp) {
   if (H5Ocopy(src.file.get(), path.c_str(), dst, path.c_str(), H5P_DEFAULT, H5P_DEFAULT) < 0)
-    throw CaptureError(out_tmp, path, fmt::format("cannot copy it from {}", src.path));
+    throw CaptureError(out_tmp, path,
+                       fmt::format("cannot copy it from {}: {}", src.path, h5::last_error()));
 }
 
 template <typename T>
@@ -235,6 +246,12 @@ struct MergeOptions {
 
 int run_merge(const MergeOptions& opt) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors are reported as CaptureError
+  // Before any work: OUT is none of the inputs (by device and inode, whatever the spelling),
+  // and its temporary can be made next to it.
+  std::vector<NamedPath> inputs;
+  for (const auto& p : opt.inputs) inputs.push_back({"per-rank file", p});
+  check_output_clashes(inputs, {{"-o", opt.output}});
+  OutputFile out_file(opt.output, opt.force, "use --force to replace it");
   std::vector<RankFile> files;
   files.reserve(opt.inputs.size());
   for (const auto& p : opt.inputs) files.push_back(open_rank_file(p));
@@ -267,23 +284,40 @@ int run_merge(const MergeOptions& opt) {
       throw UsageError(fmt::format("merge: no file for rank {} of world_size {} ({} file(s) given)",
                                    r, ref.world_size, files.size()));
 
-  if (!opt.force && access(opt.output.c_str(), F_OK) == 0)
-    throw UsageError(fmt::format("merge: {} exists (use --force to replace it)", opt.output));
-  for (const auto& rf : files)
-    if (rf.path == opt.output)
-      throw UsageError(fmt::format("merge: output {} is also an input", opt.output));
-
-  const std::string tmp = fmt::format("{}.tmp-{}", opt.output, static_cast<long>(getpid()));
-  struct TmpGuard {  // removes the temp file on any error before the rename
-    std::string path;
-    bool keep = false;
-    ~TmpGuard() {
-      if (!keep) std::remove(path.c_str());
-    }
-  } guard{tmp};
+  const std::string& tmp = out_file.temp_path();
+  // Room for the result, before any copy: libhdf5 1.10 crashes inside H5Ocopy when a write
+  // fails (a full disk), so a merge that cannot fit is refused here. The groups are copied
+  // verbatim: the result is about the size of the inputs.
+  uint64_t need = 1 << 20;
+  for (const auto& p : opt.inputs) {
+    struct stat st;
+    if (::stat(p.c_str(), &st) == 0) need += static_cast<uint64_t>(st.st_size);
+  }
+  const char* skip_check = std::getenv("DYNEMB_MERGE_NO_SPACE_CHECK");  // tests only
+  if (!(skip_check && *skip_check == '1')) {
+    const std::string dir = out_file.resolved().substr(0, out_file.resolved().rfind('/') + 1);
+    const uint64_t free = free_bytes_at(dir), limit = file_size_limit();
+    if (free < need)
+      throw Error(
+          fmt::format("merge: {} needs about {} (the per-rank files hold that much), but "
+                      "the file system of {} has {} free; free some space or write "
+                      "elsewhere",
+                      opt.output, human_bytes(double(need)), dir, human_bytes(double(free))));
+    if (limit < need)
+      throw Error(
+          fmt::format("merge: {} needs about {} (the per-rank files hold that much), but "
+                      "this process may write files of at most {} (ulimit -f)",
+                      opt.output, human_bytes(double(need)), human_bytes(double(limit))));
+  }
+  set_crash_note(fmt::format("merge: writing {}", tmp));
+  struct NoteGuard {
+    ~NoteGuard() { set_crash_note(""); }
+  } note_guard;
   {
     Hid out(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-    if (!out.valid()) throw Error(fmt::format("merge: cannot create {}", tmp));
+    if (!out.valid())
+      throw Error(
+          fmt::format("merge: cannot create the temporary file {}: {}", tmp, h5::last_error()));
     hid_t o = out.get();
     write_string_attr(o, "format", kCaptureFormat);
     write_attr(o, "format_version", H5T_STD_I64LE, static_cast<int64_t>(kCaptureFormatVersion));
@@ -296,19 +330,25 @@ int run_merge(const MergeOptions& opt) {
     // Full tables, when a rank file carries them, come from rank 0's file.
     if (H5Lexists(r0.file.get(), "/tables", H5P_DEFAULT) > 0) copy_object(r0, o, "/tables", tmp);
 
-    Hid batches(H5Gcreate2(o, "/batches", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-    for (int64_t k = 0; k < ref.num_batches; ++k) {
-      std::string bp = "/batches/" + std::to_string(k);
-      Hid bg(H5Gcreate2(o, bp.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-      for (int64_t r = 0; r < ref.world_size; ++r)
-        copy_object(*by_rank.at(r), o, bp + "/rank" + std::to_string(r), tmp);
+    {
+      Hid batches(H5Gcreate2(o, "/batches", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      if (!batches.valid())
+        throw CaptureError(tmp, "/batches", "cannot write: " + h5::last_error());
+      for (int64_t k = 0; k < ref.num_batches; ++k) {
+        std::string bp = "/batches/" + std::to_string(k);
+        Hid bg(H5Gcreate2(o, bp.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+        if (!bg.valid()) throw CaptureError(tmp, bp, "cannot write: " + h5::last_error());
+        for (int64_t r = 0; r < ref.world_size; ++r)
+          copy_object(*by_rank.at(r), o, bp + "/rank" + std::to_string(r), tmp);
+      }
     }
+    // A close that fails (the last metadata write on a full disk) is an error, not a success.
+    if (H5Fclose(out.release()) < 0)
+      throw CaptureError(tmp, "/", "cannot write: " + h5::last_error());
   }
   // The merged file must read as a complete capture against its own plan (shapes, F, sums).
   check_capture(tmp);
-  if (std::rename(tmp.c_str(), opt.output.c_str()) != 0)
-    throw Error(fmt::format("merge: cannot rename {} to {}", tmp, opt.output));
-  guard.keep = true;
+  out_file.commit();
   fmt::print("merged {} rank files ({} batches, world_size {}) into {}\n", files.size(),
              ref.num_batches, ref.world_size, opt.output);
   return 0;

@@ -14,6 +14,8 @@
 #include "annotations.hpp"
 #include "commands.hpp"
 #include "common/error.hpp"
+#include "common/memory.hpp"
+#include "common/output_file.hpp"
 #include "engine/backend.hpp"
 #include "replay/replay.hpp"
 #include "replay/tolerance.hpp"
@@ -38,6 +40,7 @@ struct ReplayCliOptions {
   std::string json, junit, write_output, batches;
   std::string annotations;  // "", "github", "none" ("": github under GITHUB_ACTIONS=true)
   bool quiet = false;
+  bool fail_fast = false;
 };
 
 // GitHub annotations for the failing checks, the warnings and the trouble. A capture has no
@@ -148,13 +151,21 @@ int run_replay_cli(const ReplayCliOptions& o) {
   opt.batches = o.batches;
   opt.write_output = o.write_output;
   opt.argv = process_argv();
-  for (const std::string* p : {&o.json, &o.junit}) {
-    if (!p->empty() && (*p == o.capture || *p == o.write_output))
-      throw UsageError(
-          fmt::format("report file {} would overwrite the capture or the "
-                      "--write-output file",
-                      *p));
-  }
+  opt.fail_fast = o.fail_fast;
+  // Before any work: no output is an input or another output (by device and inode, whatever
+  // the spelling), and every output's temporary exists, so a long run never ends in "cannot
+  // write the report".
+  std::vector<NamedPath> inputs{{"capture", o.capture}};
+  if (!o.plan.empty()) inputs.push_back({"--plan", o.plan});
+  std::vector<NamedPath> outputs;
+  if (!o.json.empty()) outputs.push_back({"--json", o.json});
+  if (!o.junit.empty()) outputs.push_back({"--junit", o.junit});
+  if (!o.write_output.empty()) outputs.push_back({"--write-output", o.write_output});
+  check_output_clashes(inputs, outputs);
+  std::unique_ptr<OutputFile> json_out, junit_out;
+  if (!o.json.empty()) json_out = std::make_unique<OutputFile>(o.json);
+  if (!o.junit.empty()) junit_out = std::make_unique<OutputFile>(o.junit);
+  if (!o.write_output.empty()) opt.write_output_file = std::make_shared<OutputFile>(o.write_output);
   std::unique_ptr<Backend> backend = make_backend(o.backend, o.devices);
 
   const char* no_color = std::getenv("NO_COLOR");
@@ -184,14 +195,40 @@ int run_replay_cli(const ReplayCliOptions& o) {
     };
   }
 
-  const Report report = run_replay(opt, *backend, cb);
+  Report report = run_replay(opt, *backend, cb);
   if (progress_shown) std::fputs("\r\x1b[K", stderr);
+  // The files first, so that a failure to write them (a full disk) is in the text summary and
+  // the exit status; both are complete in their temporaries before either is renamed.
+  try {
+    if (json_out) json_out->write(json_report(report));
+    if (junit_out) junit_out->write(junit_report(report));
+    if (json_out) json_out->commit();
+    if (junit_out) junit_out->commit();
+  } catch (const Error& e) {
+    const std::string msg = fmt::format("cannot write the report: {}", e.what());
+    report.trouble = report.trouble.empty() ? msg : report.trouble + "; " + msg;
+  } catch (const std::bad_alloc&) {
+    const std::string msg = "cannot write the report: " + out_of_memory_text();
+    report.trouble = report.trouble.empty() ? msg : report.trouble + "; " + msg;
+  }
   std::fputs(text_summary(report, colour).c_str(), stdout);
   if (annotations_enabled(o.annotations)) std::fputs(replay_annotations(report).c_str(), stdout);
   std::fflush(stdout);
-  if (!o.json.empty()) write_file_atomic(o.json, json_report(report));
-  if (!o.junit.empty()) write_file_atomic(o.junit, junit_report(report));
   if (!report.trouble.empty()) fmt::print(stderr, "dynemb-dist: error: {}\n", report.trouble);
+  // Trouble recorded for a batch or a rank (the run went on): each on stderr, one line.
+  constexpr int64_t kMaxTroubleLines = 20;
+  int64_t shown = 0, more = 0;
+  for (const CheckResult& c : report.checks) {
+    if (c.status != CheckStatus::error) continue;
+    if (shown == kMaxTroubleLines) {
+      ++more;
+      continue;
+    }
+    ++shown;
+    fmt::print(stderr, "dynemb-dist: error: {}\n", c.message);
+  }
+  if (more > 0)
+    fmt::print(stderr, "dynemb-dist: error: ... and {} more; the report lists every one\n", more);
   return report.summary().exit_code;
 }
 
@@ -242,6 +279,9 @@ void setup_replay(CLI::App& app, RunFn& run) {
                   "GITHUB_ACTIONS=true, else none")
       ->check(CLI::IsMember({"github", "none"}))
       ->type_name("github|none");
+  sub->add_flag("--fail-fast", o->fail_fast,
+                "Stop at the first trouble (an unreadable dataset, a bounds error, out of "
+                "memory) instead of reporting it for its batch and rank and going on");
   sub->add_flag("--quiet,-q", o->quiet,
                 "No progress and no per-check lines; header and summary "
                 "only");

@@ -3,12 +3,17 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
 #include "capture/synth.hpp"
 #include "commands.hpp"
 #include "common/error.hpp"
+#include "common/memory.hpp"
+#include "common/output_file.hpp"
+#include "engine/memory_estimate.hpp"
 
 namespace dynemb::cli {
 
@@ -19,7 +24,7 @@ struct SynthArgs {
   std::optional<int64_t> batches, batch_size, empty_rank;
   std::optional<uint64_t> seed;
   std::string batch_sizes, hotness, ids, store, index_type, plant;
-  bool vbe = false, weighted = false;
+  bool vbe = false, weighted = false, force = false;
   double oob = 0.0;
 };
 
@@ -30,6 +35,27 @@ std::vector<std::string> split(const std::string& s, char sep) {
   while (std::getline(ss, item, sep)) out.push_back(item);
   if (!s.empty() && s.back() == sep) out.emplace_back();
   return out;
+}
+
+// Mean ids per bag of a hotness spec.
+double mean_length(const Hotness& h) {
+  switch (h.kind) {
+    case Hotness::Kind::fixed:
+      return double(h.lo);
+    case Hotness::Kind::uniform:
+      return (double(h.lo) + double(h.hi)) / 2;
+    case Hotness::Kind::zipf: {
+      double num = 0, den = 0;
+      const int64_t n = std::min<int64_t>(h.hi, 1000000);
+      for (int64_t k = 1; k <= n; ++k) {
+        const double p = std::pow(double(k), -h.alpha);
+        num += double(k) * p;
+        den += p;
+      }
+      return den > 0 ? num / den : 0;
+    }
+  }
+  return 0;
 }
 
 Plan load_plan(const std::string& path) {
@@ -121,13 +147,38 @@ int run_synth(const SynthArgs& a) {
     throw UsageError("--plant: want output-after-callback or local-embs-means, got '" + a.plant +
                      "'");
   check_synth_options(plan, o);
+  // Size up front: one batch of every rank is in memory at once (W^2 context terms).
+  {
+    int64_t b = 0;
+    for (int64_t x : o.batch_sizes) b = std::max(b, x);
+    double len = 0;
+    for (const Hotness& h : o.hotness) len += mean_length(h);
+    len /= double(std::max<size_t>(1, o.hotness.size()));
+    MemoryEstimate m = estimate_batch_memory(plan, b, len);
+    const bool engine = o.store_ctx || o.store_local_embs || o.store_output;
+    const double need = !engine                                  ? m.ids
+                        : (o.store_local_embs || o.store_output) ? m.synth
+                                                                 : m.ids + m.context;
+    const uint64_t have = usable_memory_bytes();
+    if (have > 0 && need > double(have))
+      throw Error(fmt::format(
+          "synth: one batch needs about {}, more than the {} this machine has (physical memory, "
+          "cgroup limit or DYNEMB_MEMORY_LIMIT); W = {}: {}. Lower --batch-size, --hotness or "
+          "--store",
+          human_bytes(need), human_bytes(double(have)), plan.world_size, m.summary()));
+  }
+  // Before any work: -o is not the plan file (by identity), and its temporary can be made.
+  std::vector<NamedPath> inputs;
+  if (!a.plan_path.empty()) inputs.push_back({"plan", a.plan_path});
+  check_output_clashes(inputs, {{"-o", a.out}});
+  auto out = std::make_shared<OutputFile>(a.out, a.force, "use --force to replace it");
 
   // Progress only when a person is watching: stderr on a terminal.
   const bool tty = ::isatty(::fileno(stderr)) == 1;
   auto progress = [&](int64_t k) {
     if (tty) fmt::print(stderr, "\rsynth: batch {}/{}", k + 1, o.batches);
   };
-  synth_capture(plan, o, a.out, progress);
+  synth_capture(plan, o, std::move(out), progress);
   if (tty) fmt::print(stderr, "\n");
   std::vector<std::string> parts;
   if (o.store_ctx) parts.emplace_back("ctx");
@@ -155,7 +206,11 @@ void setup_synth(CLI::App& app, RunFn& run) {
                   "Preset plan + workload (guides/workloads.md): unit-seq-w2, unit-seq-w8, "
                   "unit-pooled-w8, odd-dims, odd-dims-d15, ec-bench-criteo, hstu-e2e, or any "
                   "other shipped plans/<name>.yaml (B=8, lengths U[0,8])");
-  sub->add_option("-o,--output", args->out, "Capture file to write")->required();
+  sub->add_option("-o,--output", args->out,
+                  "Capture file to write (never the plan file; an existing file needs --force; "
+                  "a symbolic link is written through)")
+      ->required();
+  sub->add_flag("--force", args->force, "Replace OUT if it exists");
   sub->add_option("--batches", args->batches, "Number of batches (default 1)");
   sub->add_option("--batch-size", args->batch_size, "Local batch size B of every rank");
   sub->add_option("--batch-sizes", args->batch_sizes,

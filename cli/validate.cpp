@@ -16,6 +16,8 @@
 #include "capture/capture.hpp"
 #include "commands.hpp"
 #include "common/error.hpp"
+#include "common/memory.hpp"
+#include "engine/memory_estimate.hpp"
 #include "plan/plan.hpp"
 #include "replay/sha256.hpp"
 
@@ -31,7 +33,9 @@ struct ValidateOptions {
   std::string plan_path;
   std::string capture_path;
   std::string format = "text";
-  std::string annotations;  // "", "github", "none" ("": github under GITHUB_ACTIONS=true)
+  std::string annotations;   // "", "github", "none" ("": github under GITHUB_ACTIONS=true)
+  int64_t batch_size = 128;  // for the memory estimate
+  double bag_length = 4;
 };
 
 // GitHub annotations, one per finding, at the plan's file:line:col (capture findings: at the
@@ -131,8 +135,8 @@ std::string plural(int n, const char* word) {
 
 // ---------------------------------------------------------------- text report
 
-void print_text(const std::string& plan_path, const Plan* plan,
-                const std::vector<Diagnostic>& findings, int exit_code) {
+void print_text(const std::string& plan_path, const Plan* plan, int64_t mem_batch_size,
+                double mem_bag_length, const std::vector<Diagnostic>& findings, int exit_code) {
   std::string out = fmt::format("# dynemb-dist validate {}\n", plan_path);
   for (const Diagnostic& d : findings) out += d.str() + "\n";
 
@@ -219,6 +223,14 @@ void print_text(const std::string& plan_path, const Plan* plan,
                        p.features.size(), all, human_bytes(all));
     out += fmt::format("# busiest rank {}: {} bytes ({})\n", busiest - rt.total_bytes.begin(),
                        *busiest, human_bytes(*busiest));
+    // One batch of every rank is in memory at once in synth and replay (W^2 terms included).
+    const MemoryEstimate m = estimate_batch_memory(p, mem_batch_size, mem_bag_length);
+    out += fmt::format("# memory per batch: {}\n", m.summary());
+    if (const uint64_t have = usable_memory_bytes(); have > 0 && m.replay > double(have))
+      out += fmt::format(
+          "# memory per batch: more than this machine's {}: synth and replay of this batch size "
+          "would be refused (lower --batch-size)\n",
+          dynemb::human_bytes(double(have)));
   }
   const Counts c = count(findings);
   out += fmt::format("# status: {} ({}, {}, {}), exit {}\n", exit_code == 0 ? "ok" : "error",
@@ -335,7 +347,7 @@ int run_validate(const ValidateOptions& o) {
   if (o.format == "json")
     print_json(o, plan, r.findings, exit_code);
   else
-    print_text(o.plan_path, plan, r.findings, exit_code);
+    print_text(o.plan_path, plan, o.batch_size, o.bag_length, r.findings, exit_code);
   // With --format json, stdout is the JSON document: annotations only when asked for
   // explicitly (not from GITHUB_ACTIONS, so scripts that merge the streams keep valid JSON),
   // and on stderr (the Actions runner reads workflow commands from both).
@@ -360,6 +372,12 @@ void setup_validate(CLI::App& app, RunFn& run) {
                   "Also check this capture against the plan (world size, features, dims, "
                   "every rank/batch shape) without running anything")
       ->type_name("CAPTURE.h5");
+  sub->add_option("--batch-size", opt->batch_size,
+                  "Local batch size B per rank for the memory estimate (default 128)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--bag-length", opt->bag_length,
+                  "Mean ids per bag for the memory estimate (default 4)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--format", opt->format, "Report format: text (default) or json")
       ->check(CLI::IsMember({"text", "json"}))
       ->type_name("text|json");

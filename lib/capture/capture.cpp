@@ -2,10 +2,12 @@
 #include "capture/capture.hpp"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -381,8 +383,11 @@ CaptureReader::CaptureReader(const std::string& path) try : path_(path), impl_(n
   {
     // Tell "not there" from "not HDF5" from "truncated" before HDF5's generic message.
     std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) I.fail("/", "cannot open file");
+    if (!f) I.fail("/", std::string("cannot open file: ") + std::strerror(errno));
     std::fclose(f);
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      I.fail("/", "is a directory, not a capture file");
   }
   const htri_t is_h5 = H5Fis_hdf5(path.c_str());
   if (is_h5 <= 0) {
@@ -729,6 +734,7 @@ Batch CaptureReader::read_batch(const Plan& plan, int64_t k, const ReadParts& pa
 
   // Pass 2: the optional parts, rank by rank.
   for (int64_t r = 0; r < W; ++r) {
+    if (!parts.ranks.empty() && (r >= int64_t(parts.ranks.size()) || !parts.ranks[r])) continue;
     const std::string rp = fmt::format("{}/rank{}", bp, r);
     RankBatch& rb = batch.ranks[r];
     const int64_t n_r = rb.kjt.num_ids();
@@ -1061,10 +1067,16 @@ struct CaptureWriter::Impl {
 
 CaptureWriter::CaptureWriter(const std::string& target, const Plan& plan,
                              std::optional<uint64_t> oracle_seed, const WriterOptions& options)
-    : target_(target),
-      temp_(target + ".tmp-" + std::to_string(static_cast<long>(::getpid()))),
+    : CaptureWriter(std::make_shared<OutputFile>(target), plan, oracle_seed, options) {}
+
+CaptureWriter::CaptureWriter(std::shared_ptr<OutputFile> out, const Plan& plan,
+                             std::optional<uint64_t> oracle_seed, const WriterOptions& options)
+    : target_(out->target()),
+      temp_(out->temp_path()),
       world_size_(plan.world_size),
+      out_(std::move(out)),
       impl_(new Impl) {
+  const std::string& target = target_;
   h5::quiet();
   Impl& I = *impl_;
   I.target = target;
@@ -1115,10 +1127,11 @@ CaptureWriter::CaptureWriter(const std::string& target, const Plan& plan,
 
 CaptureWriter::~CaptureWriter() {
   if (committed_) return;
-  // Close every handle before removing the half-written temp.
+  // Close every handle before removing the half-written temp (the OutputFile removes it).
   impl_->batches.reset();
+  impl_->half.reset();
   impl_->fid.reset();
-  std::remove(temp_.c_str());
+  out_->discard();
 }
 
 void CaptureWriter::write_table_weight(const std::string& table, DType dtype, int64_t rows,
@@ -1217,10 +1230,15 @@ void CaptureWriter::commit() {
     I.int_attr(root, "/", "num_batches", batches_);
   }
   I.batches.reset();
+  I.half.reset();
   if (H5Fflush(I.fid, H5F_SCOPE_GLOBAL) < 0) I.fail("/", h5::last_error());
-  I.fid.reset();
-  if (std::rename(temp_.c_str(), target_.c_str()) != 0)
-    throw CaptureError(target_, "/", "cannot rename " + temp_ + " onto it");
+  // A close that fails (the last metadata write on a full disk) is an error, not a success.
+  if (H5Fclose(I.fid.release()) < 0) I.fail("/", h5::last_error());
+  try {
+    out_->commit();
+  } catch (const Error& e) {
+    throw CaptureError(target_, "/", e.what());
+  }
   committed_ = true;
 }
 

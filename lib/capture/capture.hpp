@@ -23,6 +23,7 @@
 
 #include "common/dtype.hpp"
 #include "common/error.hpp"
+#include "common/output_file.hpp"
 #include "engine/embedding_source.hpp"
 #include "engine/types.hpp"
 #include "plan/plan.hpp"
@@ -42,6 +43,9 @@ struct ReadParts {
   bool module_output = true;
   // false: float tensors come back with shape and dtype but empty `data` (shape checks only).
   bool float_data = true;
+  // Non-empty: the optional parts of rank r are read (and checked) only when ranks[r] != 0,
+  // so that a damaged part of one rank need not cost the others theirs.
+  std::vector<char> ranks;
 };
 
 // Size of one dataset, for `inspect`.
@@ -145,11 +149,16 @@ struct WriterOptions {
 };
 
 // Writes a capture one batch at a time into "<target>.tmp-<pid>"; commit() writes
-// num_batches and renames it onto `target`. Destroyed without commit(): the temp is removed.
+// num_batches and renames it onto `target`. Destroyed without commit(): every HDF5 handle is
+// closed and the temp is removed. The temp is an OutputFile (common/output_file.hpp): made
+// here from `target` (replacing an existing file), or handed over by a caller that created it
+// up front.
 class CaptureWriter {
  public:
   CaptureWriter(const std::string& target, const Plan& plan, std::optional<uint64_t> oracle_seed,
                 const WriterOptions& options = {});
+  CaptureWriter(std::shared_ptr<OutputFile> out, const Plan& plan,
+                std::optional<uint64_t> oracle_seed, const WriterOptions& options = {});
   ~CaptureWriter();
   CaptureWriter(const CaptureWriter&) = delete;
   CaptureWriter& operator=(const CaptureWriter&) = delete;
@@ -169,6 +178,7 @@ class CaptureWriter {
   int64_t world_size_ = 0;
   int64_t batches_ = 0;
   bool committed_ = false;
+  std::shared_ptr<OutputFile> out_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -20,6 +20,19 @@ std::string last_error() {
   std::string msg;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, walk_cb, &msg);
   H5Eclear2(H5E_DEFAULT);
+  // The file driver's dump ("file write failed: time = ..., filename = ..., file descriptor =
+  // 3, errno = 28, error message = 'No space left on device', buf = ..., ...") reduced to
+  // "file write failed: No space left on device".
+  const std::string key = "error message = '";
+  const size_t at = msg.find(key);
+  if (at != std::string::npos) {
+    const size_t end = msg.find('\'', at + key.size());
+    const size_t colon = msg.find(':');
+    if (end != std::string::npos && colon != std::string::npos && colon < at)
+      msg = msg.substr(0, colon) + ": " + msg.substr(at + key.size(), end - at - key.size());
+  }
+  const size_t nl = msg.find('\n');
+  if (nl != std::string::npos) msg.resize(nl);
   return msg;
 }
 

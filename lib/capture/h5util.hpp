@@ -46,6 +46,12 @@ class Hid {
   hid_t get() const { return id_; }
   bool valid() const { return id_ >= 0; }
   operator hid_t() const { return id_; }
+  // Gives up ownership (the caller closes it and checks the result).
+  hid_t release() {
+    const hid_t id = id_;
+    id_ = -1;
+    return id;
+  }
 
  private:
   hid_t id_ = -1;

@@ -294,8 +294,14 @@ std::vector<int64_t> synth_inverse_indices(const SynthOptions& o, const Kjt& kjt
 void synth_capture(const Plan& plan, const SynthOptions& o, const std::string& path,
                    const std::function<void(int64_t)>& progress) {
   check_synth_options(plan, o);
+  synth_capture(plan, o, std::make_shared<OutputFile>(path), progress);
+}
+
+void synth_capture(const Plan& plan, const SynthOptions& o, std::shared_ptr<OutputFile> out,
+                   const std::function<void(int64_t)>& progress) {
+  check_synth_options(plan, o);
   const int64_t W = plan.world_size;
-  CaptureWriter writer(path, plan, o.seed);
+  CaptureWriter writer(std::move(out), plan, o.seed);
   const bool need_engine =
       o.store_ctx || o.store_local_embs || o.store_output || o.store_module_output;
   using Plant = SynthOptions::Plant;

@@ -9,10 +9,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "common/output_file.hpp"
 #include "engine/types.hpp"
 #include "plan/plan.hpp"
 
@@ -81,6 +83,9 @@ std::vector<int64_t> synth_inverse_indices(const SynthOptions& opt, const Kjt& k
 // Writes the whole capture to `out` (temp name, renamed when complete). `progress(k)` is
 // called after batch k is written.
 void synth_capture(const Plan& plan, const SynthOptions& opt, const std::string& out,
+                   const std::function<void(int64_t)>& progress = {});
+// The same into an output file the caller created up front (common/output_file.hpp).
+void synth_capture(const Plan& plan, const SynthOptions& opt, std::shared_ptr<OutputFile> out,
                    const std::function<void(int64_t)>& progress = {});
 
 }  // namespace dynemb

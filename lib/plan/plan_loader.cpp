@@ -25,6 +25,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "common/input_file.hpp"
 #include "plan/plan.hpp"
 
 namespace dynemb {
@@ -601,6 +602,25 @@ NodeP parse_syntax(const std::string& yaml_text, const std::string& display_name
   } catch (const Abort&) {
     return nullptr;
   } catch (const YAML::ParserException& e) {
+    // A tab in the indentation makes yaml-cpp report something unrelated ("illegal block
+    // entry", "end of map not found"): name the tab when one comes at or before the error.
+    const int err_line = e.mark.is_null() ? 0 : e.mark.line + 1;
+    int line = 1;
+    for (size_t i = 0, col = 1; i < yaml_text.size() && (err_line == 0 || line <= err_line); ++i) {
+      const char ch = yaml_text[i];
+      if (ch == '\n') {
+        ++line;
+        col = 1;
+        continue;
+      }
+      if (ch == '\t' && yaml_text.find_first_not_of(" \t", i - (col - 1)) >= i) {
+        c.error(
+            c.at(line, int(col)), "",
+            "a tab in the indentation; YAML indents with spaces only (yaml-cpp: " + e.msg + ")");
+        return nullptr;
+      }
+      ++col;
+    }
     c.error(e.mark.is_null() ? c.at(0, 0) : c.at(e.mark.line + 1, e.mark.column + 1), "",
             "YAML syntax error: " + e.msg);
     return nullptr;
@@ -971,15 +991,8 @@ PlanLoadResult parse_plan(const std::string& yaml_text, const std::string& displ
 }
 
 PlanLoadResult load_plan_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw Error("cannot read plan '" + path + "': it is a directory");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot open plan '" + path + "': " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw Error("cannot read plan '" + path + "'");
-  return parse_plan(ss.str(), path);
+  // Missing vs permission denied vs a directory; a FIFO nobody writes to times out.
+  return parse_plan(read_input_text(path, "plan"), path);
 }
 
 Plan load_plan_or_throw(const std::string& yaml_text, const std::string& display_name) {

@@ -11,11 +11,15 @@
 
 #include "capture/capture.hpp"
 #include "common/error.hpp"
+#include "common/input_file.hpp"
+#include "common/memory.hpp"
 #include "engine/engine.hpp"
 #include "engine/mean_pooling.hpp"
+#include "engine/memory_estimate.hpp"
 #include "engine/output_dist.hpp"
 #include "replay/ctx_check.hpp"
 #include "replay/diff.hpp"
+#include "replay/replan.hpp"
 #include "replay/sha256.hpp"
 
 namespace dynemb {
@@ -145,11 +149,7 @@ bool same_file(const std::string& a, const std::string& b) {
 }
 
 std::string read_text_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error(fmt::format("{}: cannot read the plan file", path));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return read_input_text(path, "plan file");  // errno's reason; a FIFO times out
 }
 
 class Replayer {
@@ -161,10 +161,40 @@ class Replayer {
 
  private:
   void emit(CheckResult c) {
-    if (cb_.on_check) cb_.on_check(c);
+    if (cb_.on_check && header_shown_) cb_.on_check(c);
     rep_.checks.push_back(std::move(c));
   }
+  // The header (on_start) once, then the checks decided before it (trouble in a batch read
+  // before the first replayed one).
+  void start() {
+    if (header_shown_) return;
+    header_shown_ = true;
+    if (cb_.on_start) cb_.on_start(rep_);
+    if (cb_.on_check)
+      for (const CheckResult& c : rep_.checks) cb_.on_check(c);
+  }
+  bool header_shown_ = false;
   void warn(const std::string& w) { rep_.warnings.push_back(w); }
+  // Trouble in one batch (or one rank of it): an error check, and the run goes on
+  // (--fail-fast: thrown, the run stops). replay_keep_going.cpp.
+  void record_trouble(int64_t k, int rank, const std::string& stage, const std::string& msg);
+  // Batch k; a rank whose ctx/, local_embs or output cannot be read loses those parts (and
+  // gets an error check). nullopt when the KJTs themselves cannot be read (recorded).
+  std::optional<Batch> read_batch_keeping_going(const CaptureReader& reader, int64_t k);
+  // --plan that shards differently from the capture's plan (replan.hpp): the batches are read
+  // with the capture's plan, then rebased onto plan_ (captured ctx/ dropped, sequence
+  // local_embs re-sharded, pooled partial sums dropped). False: nothing of batch k can run
+  // under plan_ (its skipped checks are emitted).
+  void setup_replan(const CaptureReader& reader);
+  // Size up front: refuses (Error) a replay whose first batch cannot fit in this machine's
+  // memory, with the estimate (engine/memory_estimate.hpp).
+  void check_memory(const CaptureReader& reader) const;
+  bool rebase_batch(int64_t k, Batch& batch, bool selected);
+  const Plan& read_plan() const { return replan_ ? cap_plan_ : plan_; }
+  bool replan_ = false;
+  Plan cap_plan_;
+  int64_t troubles_ = 0;
+  int64_t first_trouble_batch_ = -1;
   // Replays batch k; returns the outputs (when --write-output) in rank order.
   std::vector<std::optional<EmbTensor>> replay_batch(int64_t k, const Batch& batch);
   TensorLayout output_layout(const Kjt& kjt, const EmbTensor& t) const;
@@ -266,6 +296,7 @@ void Replayer::run() {
     const Plan override_plan = load_plan_or_throw(text, opt_.plan_path);
     plan_ = capture_plan(reader, &override_plan);
     info.plan = {opt_.plan_path, sha256_hex(text), false};
+    setup_replan(reader);
   } else {
     plan_ = capture_plan(reader);
     info.plan = {opt_.capture_path + ":/plan", sha256_hex(reader.plan_text()), true};
@@ -276,6 +307,7 @@ void Replayer::run() {
   tol_ = opt_.tolerance ? *opt_.tolerance : default_tolerance(plan_);
   info.tolerance = tol_.str();
   info.batches = parse_batch_range(opt_.batches, reader.num_batches());
+  check_memory(reader);
   source_ = open_embedding_source(reader, plan_);
   if (!source_)
     warn(
@@ -289,8 +321,11 @@ void Replayer::run() {
     pooled_dist_ = std::make_unique<RwPooledEmbeddingDist>(plan_, backend_);
 
   std::unique_ptr<CaptureWriter> writer;
-  if (!opt_.write_output.empty()) {
-    writer = std::make_unique<CaptureWriter>(opt_.write_output, plan_, reader.oracle_seed());
+  if (opt_.write_output_file || !opt_.write_output.empty()) {
+    std::shared_ptr<OutputFile> out = opt_.write_output_file
+                                          ? opt_.write_output_file
+                                          : std::make_shared<OutputFile>(opt_.write_output);
+    writer = std::make_unique<CaptureWriter>(out, plan_, reader.oracle_seed());
     for (const std::string& name : reader.weight_tables()) {
       const auto t = std::find_if(plan_.tables.begin(), plan_.tables.end(),
                                   [&](const TableConfig& tc) { return tc.name == name; });
@@ -309,8 +344,26 @@ void Replayer::run() {
   }
   bool started = false;
   int64_t done = 0;
+  // Trouble in a batch: --write-output is then incomplete, so it is not written at all.
+  auto drop_writer = [&]() {
+    if (!writer) return;
+    writer.reset();  // every handle closed, the temporary removed, the target untouched
+    warn(
+        fmt::format("--write-output {}: not written (trouble in batch {}); the file, if it "
+                    "existed, is unchanged",
+                    opt_.write_output, first_trouble_batch_));
+  };
   for (int64_t k : order) {
-    Batch batch = reader.read_batch(plan_, k);
+    std::optional<Batch> read = read_batch_keeping_going(reader, k);
+    if (!read) {
+      drop_writer();
+      continue;
+    }
+    Batch& batch = *read;
+    if (replan_ && !rebase_batch(k, batch, selected.count(k) > 0)) {
+      if (writer) writer->write_batch(batch);
+      continue;
+    }
     if (!selected.count(k)) {
       writer->write_batch(batch);
       continue;
@@ -326,10 +379,23 @@ void Replayer::run() {
                         "used where none was captured (--ctx derived says so explicitly)",
                         k));
       info.ctx_mode = use_captured_ ? "captured" : "derived";
-      if (cb_.on_start) cb_.on_start(rep_);
+      start();
       started = true;
     }
-    auto outputs = replay_batch(k, batch);
+    std::vector<std::optional<EmbTensor>> outputs;
+    try {
+      outputs = replay_batch(k, batch);
+    } catch (const Error& e) {
+      record_trouble(k, -1, "replay", e.what());
+      drop_writer();
+      continue;
+    } catch (const std::bad_alloc&) {
+      record_trouble(k, -1, "replay",
+                     fmt::format("{}:/batches/{}: {} while replaying this batch", opt_.capture_path,
+                                 k, out_of_memory_text()));
+      drop_writer();
+      continue;
+    }
     if (writer) {
       for (size_t r = 0; r < batch.ranks.size(); ++r) {
         if (outputs[r]) {
@@ -346,6 +412,8 @@ void Replayer::run() {
     ++done;
     if (cb_.on_progress) cb_.on_progress(done, int64_t(info.batches.size()));
   }
+  start();  // when every batch was trouble
+  if (writer && troubles_ > 0) drop_writer();
   if (writer) writer->commit();
 }
 
@@ -598,6 +666,196 @@ std::vector<std::optional<EmbTensor>> Replayer::replay_batch(int64_t k, const Ba
   return kept;
 }
 
+// ---------------------------------------------------------------- keep going after trouble
+
+// "/batches/3/rank1/ctx/x" -> 1; -1 when the path names no rank.
+int rank_in(const std::string& text) {
+  const size_t at = text.find("/rank");
+  if (at == std::string::npos) return -1;
+  size_t i = at + 5, n = 0;
+  int r = 0;
+  while (i < text.size() && text[i] >= '0' && text[i] <= '9' && n < 9) {
+    r = r * 10 + (text[i] - '0');
+    ++i;
+    ++n;
+  }
+  return n == 0 ? -1 : r;
+}
+
+void Replayer::record_trouble(int64_t k, int rank, const std::string& stage,
+                              const std::string& msg) {
+  if (opt_.fail_fast) throw Error(msg);
+  if (troubles_++ == 0) first_trouble_batch_ = k;
+  CheckResult c;
+  c.batch = k;
+  c.rank = rank >= 0 ? rank : rank_in(msg);
+  c.stage = stage;
+  c.check = "trouble";
+  c.status = CheckStatus::error;
+  c.message = msg;
+  emit(std::move(c));
+}
+
+std::optional<Batch> Replayer::read_batch_keeping_going(const CaptureReader& reader, int64_t k) {
+  const auto oom = [&](const std::string& what, int rank) {
+    return fmt::format("{}:/batches/{}{}: {} while reading {}", opt_.capture_path, k,
+                       rank >= 0 ? fmt::format("/rank{}", rank) : std::string(),
+                       out_of_memory_text(), what);
+  };
+  try {
+    return reader.read_batch(read_plan(), k);
+  } catch (const Error&) {
+    if (opt_.fail_fast) throw;
+  } catch (const std::bad_alloc&) {
+    if (opt_.fail_fast) throw Error(oom("the batch", -1));
+  }
+  // Something of batch k is unreadable: the KJTs of every rank are needed (the input dist is
+  // an all-to-all), the optional parts are tried rank by rank.
+  ReadParts kjt_only;
+  kjt_only.ctx = kjt_only.local_embs = kjt_only.output = false;
+  try {
+    reader.read_batch(read_plan(), k, kjt_only);
+  } catch (const Error& e) {
+    record_trouble(k, -1, "capture", e.what());
+    return std::nullopt;
+  } catch (const std::bad_alloc&) {
+    record_trouble(k, -1, "capture", oom("the KJTs", -1));
+    return std::nullopt;
+  }
+  const size_t W = size_t(read_plan().world_size);
+  ReadParts good;
+  good.ranks.assign(W, 1);
+  for (size_t r = 0; r < W; ++r) {
+    ReadParts one;
+    one.ranks.assign(W, 0);
+    one.ranks[r] = 1;
+    try {
+      reader.read_batch(read_plan(), k, one);
+      continue;
+    } catch (const Error& e) {
+      record_trouble(k, int(r), "capture",
+                     std::string(e.what()) +
+                         " (this rank's ctx/, local_embs and output are left out of the replay)");
+    } catch (const std::bad_alloc&) {
+      record_trouble(k, int(r), "capture", oom("ctx/, local_embs and output", int(r)));
+    }
+    good.ranks[r] = 0;
+  }
+  try {
+    return reader.read_batch(read_plan(), k, good);
+  } catch (const Error& e) {
+    record_trouble(k, -1, "capture", e.what());
+  } catch (const std::bad_alloc&) {
+    record_trouble(k, -1, "capture", oom("the batch", -1));
+  }
+  return std::nullopt;
+}
+
+void Replayer::setup_replan(const CaptureReader& reader) {
+  const PlanLoadResult embedded = parse_plan(reader.plan_text(), reader.path() + ":/plan");
+  if (!embedded.ok() || !embedded.plan) return;  // nothing to compare with: --plan is used as is
+  const std::vector<std::string> diffs = plan_differences(*embedded.plan, plan_);
+  if (diffs.empty()) return;
+  cap_plan_ = *embedded.plan;
+  replan_ = true;
+  for (const std::string& d : diffs) warn("--plan differs from the capture's plan: " + d);
+  warn(
+      "--plan: the captured ctx/ was made under the capture's plan; it is not compared, the "
+      "context is derived under --plan");
+  if (plan_.module == ModuleKind::sequence)
+    warn("--plan: sequence local_embs (one row per id) are re-sharded to --plan and checked there");
+  else
+    warn(source_ || open_embedding_source(reader, plan_)
+             ? "--plan: pooled local_embs are partial sums over the capture's shards and cannot "
+               "be re-sharded; the output dist runs on lookups from /oracle or /tables"
+             : "--plan: pooled local_embs are partial sums over the capture's shards and cannot "
+               "be re-sharded, and the capture has no /oracle or /tables: the output checks are "
+               "skipped");
+}
+
+void Replayer::check_memory(const CaptureReader& reader) const {
+  const uint64_t have = usable_memory_bytes();
+  if (have == 0 || rep_.info.batches.empty()) return;
+  const int64_t k = rep_.info.batches.front();
+  int64_t ids = 0, bags = 0;
+  double captured_floats = 0;  // local_embs and output as the replay holds them (float32)
+  for (const DatasetStat& d : reader.dataset_stats(k)) {
+    const auto ends = [&](const std::string& tail) {
+      return d.path.size() >= tail.size() &&
+             d.path.compare(d.path.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    int64_t numel = 1;
+    for (int64_t x : d.dims) numel *= x;
+    if (ends("/local_embs") || ends("/output")) captured_floats += 4.0 * double(numel);
+    if (d.dims.size() != 1) continue;
+    if (ends("/values")) ids += d.dims[0];
+    if (ends("/lengths")) bags += d.dims[0];
+  }
+  const int64_t W = plan_.world_size, F = std::max<int64_t>(1, plan_.num_features());
+  const int64_t b = bags / std::max<int64_t>(1, W * F);
+  const double len = bags > 0 ? double(ids) / double(bags) : 0;
+  const MemoryEstimate m = estimate_batch_memory(plan_, b, len);
+  // The derived context and lookup, the replayed outputs, and what the capture holds.
+  const double need = m.ids + 2 * m.context + m.lookup + m.output + captured_floats;
+  if (need > double(have))
+    throw Error(fmt::format(
+        "{}: replaying batch {} needs about {}, more than the {} this machine has (physical "
+        "memory, cgroup limit or DYNEMB_MEMORY_LIMIT); W = {}, captured local_embs and output "
+        "{}; {}",
+        opt_.capture_path, k, human_bytes(need), human_bytes(double(have)), W,
+        human_bytes(captured_floats), m.summary()));
+}
+
+bool Replayer::rebase_batch(int64_t k, Batch& batch, bool selected) {
+  const int64_t W = plan_.world_size;
+  bool all_local = true;
+  for (RankBatch& rb : batch.ranks) {
+    rb.ctx.reset();
+    all_local &= rb.local_embs.has_value();
+  }
+  if (plan_.module == ModuleKind::sequence) {
+    if (!all_local) {
+      for (RankBatch& rb : batch.ranks) rb.local_embs.reset();
+      return true;
+    }
+    std::vector<const Kjt*> kjts(static_cast<size_t>(W));
+    std::vector<const EmbTensor*> local(static_cast<size_t>(W));
+    for (int64_t r = 0; r < W; ++r) {
+      kjts[size_t(r)] = &batch.ranks[size_t(r)].kjt;
+      local[size_t(r)] = &*batch.ranks[size_t(r)].local_embs;
+    }
+    int64_t unknown = 0;
+    std::vector<EmbTensor> moved;
+    try {
+      moved = reshard_sequence_local_embs(cap_plan_, plan_, kjts, local, backend_, k, unknown);
+    } catch (const Error& e) {
+      for (RankBatch& rb : batch.ranks) rb.local_embs.reset();
+      if (selected)
+        record_trouble(k, -1, "replay",
+                       fmt::format("{}:/batches/{}: re-sharding local_embs to --plan: {}",
+                                   opt_.capture_path, k, e.what()));
+      return true;
+    }
+    for (int64_t r = 0; r < W; ++r) batch.ranks[size_t(r)].local_embs = std::move(moved[size_t(r)]);
+    if (unknown > 0 && selected)
+      warn(
+          fmt::format("--plan: batch {}: {} lookups under --plan read rows the capture does not "
+                      "hold (ids outside a table of the capture's plan): zeros in the re-sharded "
+                      "local_embs",
+                      k, unknown));
+    return true;
+  }
+  for (RankBatch& rb : batch.ranks) rb.local_embs.reset();
+  if (source_) return true;
+  if (selected)
+    for (int64_t r = 0; r < W; ++r)
+      if (batch.ranks[size_t(r)].output)
+        emit(skipped(k, int(r), "output", "golden",
+                     "--plan: pooled local_embs cannot be re-sharded to another plan, and the "
+                     "capture has no /oracle or /tables to look the rows up"));
+  return false;
+}
+
 }  // namespace
 
 Report run_replay(const ReplayOptions& opt, Backend& backend, const ReplayCallbacks& cb) {
@@ -616,6 +874,11 @@ Report run_replay(const ReplayOptions& opt, Backend& backend, const ReplayCallba
     rp.run();
   } catch (const Error& e) {
     rep.trouble = e.what();
+  } catch (const std::bad_alloc&) {
+    rep.trouble = fmt::format(
+        "{}: {} (opening the capture, reading its plan or tables, or "
+        "writing --write-output)",
+        opt.capture_path, out_of_memory_text());
   }
   return rep;
 }

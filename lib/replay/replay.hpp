@@ -9,10 +9,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "common/output_file.hpp"
 #include "engine/backend.hpp"
 #include "replay/report.hpp"
 #include "replay/tolerance.hpp"
@@ -29,6 +31,12 @@ struct ReplayOptions {
   int64_t max_mismatches = 10;         // details kept per check
   std::string batches;                 // --batches RANGE, empty: all
   std::string write_output;            // --write-output OUT.h5, empty: none
+  // --write-output's file when the caller created it up front (common/output_file.hpp);
+  // null: made from `write_output` when the run starts.
+  std::shared_ptr<OutputFile> write_output_file;
+  // Stop at the first trouble (the run's trouble, exit 2) instead of recording it as an error
+  // check of its batch (or rank) and going on with the others.
+  bool fail_fast = false;
   std::vector<std::string> argv;
 };
 

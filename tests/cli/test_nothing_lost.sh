@@ -55,7 +55,7 @@ kill_mid synth_plan "$tmp/outp.h5" synth "$DYNEMB_SRC/plans/unit-seq-w8.yaml" --
 [[ "$(sha "$DYNEMB_SRC/plans/unit-seq-w8.yaml")" == "$plan_sha" ]] || fail "synth changed its plan"
 # An existing target survives a killed overwrite byte for byte.
 cp "$tmp/in.h5" "$tmp/keep.h5"
-kill_mid synth_over "$tmp/keep.h5" synth --preset unit-seq-w8 --batches 400 --seed 3 -o "$tmp/keep.h5"
+kill_mid synth_over "$tmp/keep.h5" synth --preset unit-seq-w8 --batches 400 --seed 3 -o "$tmp/keep.h5" --force
 
 kill_mid replay_new "$tmp/blessed.h5" replay "$tmp/in.h5" --quiet --write-output "$tmp/blessed.h5"
 [[ "$(sha "$tmp/in.h5")" == "$in_sha" ]] || fail "replay --write-output changed its input"

@@ -117,7 +117,7 @@ run part_check 1 replay "$tmp/part.h5"
 has part_check "^FAIL +batch 1 rank 0 output golden"
 # refuse to overwrite the input, through another spelling of its path too
 run same 2 replay "$tmp/seq.h5" --write-output "$tmp/./seq.h5"
-has same "--write-output .*: that is the input capture"
+has same "output .*seq.h5 \(--write-output\) is the same file as the input .*seq.h5 \(capture\)"
 
 # ---- --batches
 run batches 0 replay "$tmp/seq.h5" --batches 0,2

@@ -99,7 +99,7 @@ expect2 "--batches must be >= 1" --preset unit-seq-w2 --batches 0 "${o[@]}"
 expect2 "--batch-sizes: 3 entries, want 1 or W = 2" --preset unit-seq-w2 --batch-sizes 8,8,5 "${o[@]}"
 sed 's/num_embeddings: 10$/num_embeddings: 3000000000/' "$src/fixtures/plans/pooled-sum-w4.yaml" >"$tmp/huge.yaml"
 expect2 "table t_ctx has 3000000000 rows, more than int32 ids can address" "$tmp/huge.yaml" --index-type int32 "${o[@]}"
-expect2 "cannot open plan" "$tmp/none.yaml" "${o[@]}"
+expect2 "none.yaml: cannot read the plan: No such file or directory" "$tmp/none.yaml" "${o[@]}"
 expect2 "bad.yaml:1:1: error: missing required keys" "$tmp/bad.yaml" "${o[@]}"
 [ -e "$tmp/x.h5" ] && fail "a failed synth left $tmp/x.h5"
 

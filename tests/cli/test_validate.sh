@@ -123,7 +123,7 @@ run syntax 2 validate "$tmp/syntax.yaml"
 has syntax "syntax.yaml:3:7: error: YAML syntax error: end of sequence flow not found"
 
 run missing 2 validate "$tmp/does-not-exist.yaml"
-has missing "cannot open plan '$tmp/does-not-exist.yaml'"
+has missing "$tmp/does-not-exist.yaml: cannot read the plan: No such file or directory"
 
 # ---- JSON report
 run json_ok 0 validate "$DYNEMB_SRC/plans/unit-pooled-w8.yaml" --format json

@@ -233,9 +233,21 @@ with tempfile.TemporaryDirectory() as tmp:
     with h5py.File(broken, "r+") as f:
         del f["batches/1/rank1/lengths"]
     rep, p = replay_reports(tmp, "broken", broken, 2)
-    check(rep["trouble"] and "batches/1/rank1" in rep["trouble"], f"trouble: {rep['trouble']}")
+    # The run goes on: the trouble is an error check of batch 1 (rank 1's KJT is needed by
+    # every rank, so the whole batch), and batch 0 is still checked.
+    errs = [c for c in rep["checks"] if c["status"] == "error"]
+    check(rep["trouble"] is None, f"broken: trouble {rep['trouble']}")
+    check(len(errs) == 1 and errs[0]["batch"] == 1 and errs[0]["rank"] == 1
+          and errs[0]["stage"] == "capture" and "batches/1/rank1/lengths" in errs[0]["message"],
+          f"broken: error checks {errs}")
+    check(sum(c["batch"] == 0 and c["status"] == "pass" for c in rep["checks"]) > 10,
+          "broken: the checks of batch 0 are reported")
     check(rep["summary"]["status"] == "error", "broken: status")
     check("batches/1/rank1" in p.stderr, "broken: stderr names the HDF5 path")
+    # --fail-fast: the first trouble stops the run (the old behaviour), reports still written.
+    rep, p = replay_reports(tmp, "broken_ff", broken, 2, ["--fail-fast"])
+    check(rep["trouble"] and "batches/1/rank1" in rep["trouble"], f"fail-fast: {rep['trouble']}")
+    check(not any(c["status"] == "error" for c in rep["checks"]), "fail-fast: no error checks")
 
 print(f"{len(failures)} failure(s)")
 sys.exit(1 if failures else 0)

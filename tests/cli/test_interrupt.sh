@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# SIGINT (Ctrl-C) and SIGTERM during synth, replay --write-output / --json and merge
+# (docs/robustness.md "Nothing lost"): the temporary "<target>.tmp-<pid>" is removed, the exit
+# status is 130 / 143 (an exit, not a death by signal: the shell would also say 130/143 for
+# that, so the test also requires the tool's own line), the target is absent or unchanged, the
+# inputs are unchanged. (SIGKILL, which no handler sees: tests/cli/test_nothing_lost.sh.)
+# Env (tests/CMakeLists.txt): DYNEMB (binary), DYNEMB_SRC, DYNEMB_PYTHON (python3 + h5py).
+set -u
+: "${DYNEMB:?}" "${DYNEMB_SRC:?}" "${DYNEMB_PYTHON:=python3}"
+"$DYNEMB_PYTHON" -c 'import h5py, numpy' 2>/dev/null || { echo "no h5py for $DYNEMB_PYTHON"; exit 77; }
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail, sha, expect_rc, ...
+cd "$tmp" || exit 1
+
+# interrupt NAME SIGNAL WANT_RC TARGET ARGS...: starts the tool, waits until TARGET's temporary
+# has grown past 64 KiB (really mid-write), sends SIGNAL, checks the rest.
+interrupt() {
+  local name=$1 sig=$2 want=$3 target=$4
+  shift 4
+  local before=""
+  [[ -e "$target" ]] && before=$(sha "$target")
+  "$DYNEMB" "$@" >"$name.out" 2>&1 &
+  local pid=$! waited=0 size=0
+  while ((waited < 600)); do
+    size=$(stat -c %s "$target.tmp-$pid" 2>/dev/null || echo 0)
+    ((size > 65536)) && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.02
+    waited=$((waited + 1))
+  done
+  if ! kill -s "$sig" "$pid" 2>/dev/null; then
+    fail "$name: finished before the signal (temporary size $size): make the job larger"
+    wait "$pid"
+    return
+  fi
+  wait "$pid"
+  local rc=$?
+  echo "$name: SIG$sig with $size bytes in $target.tmp-$pid: exit $rc"
+  [[ $rc -eq $want ]] || fail "$name: exit $rc, want $want"
+  if [[ "$sig" == INT ]]; then
+    has_text "$name.out" "dynemb-dist: interrupted (SIGINT); temporary files removed" "$name"
+  else
+    has_text "$name.out" "dynemb-dist: terminated (SIGTERM); temporary files removed" "$name"
+  fi
+  [[ ! -e "$target.tmp-$pid" ]] || fail "$name: the temporary $target.tmp-$pid was left"
+  if [[ -n "$before" ]]; then
+    [[ "$(sha "$target")" == "$before" ]] || fail "$name: the existing $target was changed"
+  else
+    [[ ! -e "$target" ]] || fail "$name: $target exists after the interrupt"
+  fi
+  no_temps "$tmp" "$name"
+}
+
+"$DYNEMB" synth --preset unit-seq-w8 --batches 6 --seed 1 -o in.h5 >/dev/null || fail "synth in.h5"
+in_sha=$(sha in.h5)
+plan_sha=$(sha "$DYNEMB_SRC/plans/unit-seq-w8.yaml")
+
+interrupt synth_int INT 130 out.h5 synth --preset unit-seq-w8 --batches 400 --seed 2 -o out.h5
+interrupt synth_term TERM 143 out.h5 synth "$DYNEMB_SRC/plans/unit-seq-w8.yaml" --batches 400 -o out.h5
+[[ "$(sha "$DYNEMB_SRC/plans/unit-seq-w8.yaml")" == "$plan_sha" ]] || fail "synth changed its plan"
+cp in.h5 keep.h5
+interrupt synth_over_term TERM 143 keep.h5 synth --preset unit-seq-w8 --batches 400 -o keep.h5 --force
+
+interrupt replay_int INT 130 w.h5 replay in.h5 --quiet --write-output w.h5 --json r.json --junit r.xml
+[[ ! -e r.json && ! -e r.xml ]] || fail "replay_int: a report was written although the run was interrupted"
+cp in.h5 keep2.h5
+interrupt replay_term TERM 143 keep2.h5 replay in.h5 --quiet --write-output keep2.h5 --json r.json
+[[ "$(sha in.h5)" == "$in_sha" ]] || fail "replay changed its input"
+
+# merge: per-rank files of a capture with many small batches (thousands of copies: ~2 s)
+"$DYNEMB" synth --preset unit-seq-w2 --batches 3000 --store none --seed 1 -o many.h5 >/dev/null ||
+  fail "synth many.h5"
+"$DYNEMB_PYTHON" - many.h5 rank <<'EOF' || fail "split many.h5 into per-rank files"
+import sys, h5py
+src, prefix = sys.argv[1], sys.argv[2]
+with h5py.File(src, "r") as f:
+    W, nb = int(f.attrs["world_size"]), int(f.attrs["num_batches"])
+for r in range(W):
+    with h5py.File(src, "r") as f, h5py.File(f"{prefix}{r}.h5", "w") as g:
+        for k, v in f.attrs.items():
+            g.attrs[k] = v
+        g.attrs["rank"] = r
+        f.copy("plan", g)
+        f.copy("oracle", g)
+        b = g.create_group("batches")
+        for k in range(nb):
+            f.copy(f"batches/{k}/rank{r}", b.create_group(str(k)))
+EOF
+ranks_sha=$(cat rank0.h5 rank1.h5 | sha256sum)
+interrupt merge_int INT 130 merged.h5 merge rank0.h5 rank1.h5 -o merged.h5
+cp in.h5 keep3.h5
+interrupt merge_term TERM 143 keep3.h5 merge rank0.h5 rank1.h5 -o keep3.h5 --force
+[[ "$(cat rank0.h5 rank1.h5 | sha256sum)" == "$ranks_sha" ]] || fail "merge changed a per-rank file"
+
+[[ $fails -eq 0 ]] && echo "interrupts: all cases pass" || echo "$fails failure(s)"
+[[ $fails -eq 0 ]]
