@@ -92,7 +92,7 @@ __device__ __forceinline__ float d_round_to(int t, float x) {
   return x;
 }
 
-// Codec encode of rw-semantics.md §8 (clamp to the finite range, round; NaN passes) as the
+// Codec encode of docs/semantics.md §8 (clamp to the finite range, round; NaN passes) as the
 // fp32 value the decode gives back.
 __device__ __forceinline__ float d_codec_encode(int t, float x) {
   if (t == 0 || x != x) return x;

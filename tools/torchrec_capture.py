@@ -73,7 +73,7 @@ def plan_yaml(config, world_size):
 def make_batch(config, rank, k, world_size, seed):
     """This rank's input for batch k: per-feature (batch size, bags of ids).
 
-    Batch 1 gives the last rank a smaller batch (variable batch per rank, rw-semantics §4.3);
+    Batch 1 gives the last rank a smaller batch (variable batch per rank, docs/semantics.md §4.3);
     with VBE every feature gets its own batch size (§1, §7.2).
     """
     module, tables, vbe = CONFIGS[config]
@@ -105,7 +105,7 @@ def reference_output(config, spec, weights=None):
     """The unsharded answer from the oracle alone (numpy), to check TorchRec's golden.
 
     sequence: [N, D], row i = E_t(values[i]); pooled: [B, sum_D] per-bag sums;
-    pooled VBE: 1-D [f][b < B_f][d < D_f] (rw-semantics.md §6, §7.1, §7.2).
+    pooled VBE: 1-D [f][b < B_f][d < D_f] (docs/semantics.md §6, §7.1, §7.2).
     """
     module, tables, vbe = CONFIGS[config]
     tab = [(ti, dim) for ti, (_, _, dim, fs) in enumerate(tables) for _ in fs]

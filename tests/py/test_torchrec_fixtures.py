@@ -3,7 +3,7 @@
 real TorchRec/FBGEMM on CPU; no torch needed here), and checks that copies with one context
 field altered are mismatches (exit 1) that name the field.
 
-issue 6 acceptance: replay of every fixture exits 0 comparing both the captured context and
+Acceptance: replay of every fixture exits 0 comparing both the captured context and
 the golden output; each altered copy exits 1 naming the field.
 Env (tests/CMakeLists.txt): DYNEMB, DYNEMB_SRC; cwd = build/tests.
 """
