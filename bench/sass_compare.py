@@ -15,8 +15,10 @@ RENAMES below (kernels renamed by a restructuring). For each kernel the script c
 and prints one line per kernel (identical / DIFFERENT / only before / only after) and a
 summary. Exit status: 0 when every matched kernel is identical and none is unmatched,
 1 otherwise. Environment: NVCC (default nvcc), SASS_ARCH (default 90), KEEP=1 keeps the
-temporary directory, SASS_CACHE (default ~/.cache/dynemb-sass) keeps each commit's cubins.
+temporary directory, SASS_CACHE (default ~/.cache/dynemb-sass) keeps each commit's cubins,
+SASS_DIFF_DIR=DIR writes a unified diff of each different kernel's SASS there (cuobjdump only).
 """
+import difflib
 import hashlib
 import os
 import re
@@ -36,6 +38,10 @@ RENAMES = {
     "dynemb::cuda::count_bag_kernel": "dynemb::cuda::bucketize::count_block_kernel",
     "dynemb::cuda::place_bag_kernel": "dynemb::cuda::bucketize::place_block_kernel",
 }
+
+# Template parameters added by a restructuring, with the value that gives the old instance:
+# (kernel, position, value). The one-pass kernel gained Trace (false: the untraced instance).
+ADDED_TEMPLATE_ARGS = [("dynemb::cuda::bucketize::one_pass_kernel", 2, "false")]
 
 NVCC = os.environ.get("NVCC", "nvcc")
 ARCH = os.environ.get("SASS_ARCH", "90")
@@ -95,6 +101,70 @@ def build(src, out):
     return cubins
 
 
+def elf_sections(path):
+    """[(name, sh_info, bytes)] of an ELF64 file's sections."""
+    data = open(path, "rb").read()
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    secs = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    stroff = secs[shstrndx][4]
+    out = []
+    for sec in secs:
+        end = data.index(b"\0", stroff + sec[0])
+        name = data[stroff + sec[0]:end].decode()
+        body = data[sec[4]:sec[4] + sec[5]] if sec[1] != 8 else b"\0" * sec[5]  # NOBITS
+        out.append((name, sec[7], body))
+    return out
+
+
+def nv_info(body):
+    """(attribute, payload) records of a .nv.info section."""
+    i, out = 0, []
+    while i + 2 <= len(body):
+        fmt, attr = body[i], body[i + 1]
+        i += 2
+        if fmt == 4:  # attribute with a 16-bit size and a payload
+            size, = struct.unpack_from("<H", body, i)
+            out.append((attr, body[i + 2:i + 2 + size]))
+            i += 2 + size
+        elif fmt == 3:
+            out.append((attr, body[i:i + 2]))
+            i += 2
+        elif fmt == 2:
+            out.append((attr, body[i:i + 1]))
+            i += 1
+        else:
+            out.append((attr, b""))
+    return out
+
+
+def resources(cubins):
+    """{mangled: (registers, local frame bytes, static shared bytes)}: EIATTR_REGCOUNT (0x2f)
+    and EIATTR_FRAME_SIZE (0x11) of .nv.info for the kernel's symbol (the .text section's
+    sh_info), shared memory from the size of .nv.shared.<name>. A frame > 0 means spills or
+    local arrays."""
+    res = {}
+    for c in cubins:
+        secs = elf_sections(c)
+        regs, frame = {}, {}
+        for n, _, b in secs:
+            if n == ".nv.info":
+                for attr, payload in nv_info(b):
+                    if len(payload) == 8:
+                        sym, val = struct.unpack("<II", payload)
+                        if attr == 0x2F:
+                            regs[sym] = val
+                        elif attr == 0x11:
+                            frame[sym] = val
+        shared = {n[len(".nv.shared."):]: len(b) for n, _, b in secs if n.startswith(".nv.shared.")}
+        for n, info, _ in secs:
+            if n.startswith(".text."):
+                m = n[len(".text."):]
+                sym = info & 0xFFFFFF
+                res[m] = (regs.get(sym, 0), frame.get(sym, 0), shared.get(m, 0))
+    return res
+
+
 def text_sections(path):
     """{section name: bytes} of an ELF64 file's .text.* sections."""
     data = open(path, "rb").read()
@@ -140,6 +210,12 @@ def key(demangled):
         d = d[5:]
     base, _, targs = d.partition("<")
     base = RENAMES.get(base, base)
+    if targs:
+        args = [x.strip() for x in targs[:-1].split(",")]
+        for kernel, pos, value in ADDED_TEMPLATE_ARGS:
+            if base == kernel and len(args) > pos and args[pos] == value:
+                del args[pos]
+        targs = ", ".join(args) + ">"
     return base + ("<" + targs if targs else "")
 
 
@@ -169,7 +245,9 @@ def collect(cubins, use_cuobjdump):
         for m, b in secs.items():
             mangled.append(m)
             blobs.append(b)
-    return {key(d): (m, b) for m, d, b in zip(mangled, demangle(mangled), blobs)}
+    res = resources(cubins)
+    return {key(d): (m, b, res.get(m, (0, 0, 0)))
+            for m, d, b in zip(mangled, demangle(mangled), blobs)}
 
 
 def main():
@@ -190,12 +268,27 @@ def main():
                 print(f"only before  {k}")
                 bad += 1
             elif k not in kb:
-                print(f"only after   {k}")
+                ra, fa, sa = ka[k][2]
+                print(f"only after   {k}  ({len(ka[k][1])} bytes, {ra} registers, {fa} B frame, "
+                      f"{sa} B shared)")
                 bad += 1
             else:
                 same = kb[k][1] == ka[k][1]
                 size = len(ka[k][1])
-                print(f"{'identical' if same else 'DIFFERENT':<12} {k}  ({size} bytes)")
+                extra = ""
+                if not same:  # size, registers, frame and shared memory, before -> after
+                    (rb, fb, sb), (ra, fa, sa) = kb[k][2], ka[k][2]
+                    extra = (f"; before: {len(kb[k][1])} bytes, {rb} registers, {fb} B frame, "
+                             f"{sb} B shared; after: {ra} registers, {fa} B frame, {sa} B shared")
+                print(f"{'identical' if same else 'DIFFERENT':<12} {k}  ({size} bytes{extra})")
+                diff_dir = os.environ.get("SASS_DIFF_DIR")
+                if not same and use_cuobjdump and diff_dir:
+                    os.makedirs(diff_dir, exist_ok=True)
+                    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", k)[-120:] + ".diff"
+                    with open(os.path.join(diff_dir, name), "w") as f:
+                        f.writelines(difflib.unified_diff(
+                            [x + "\n" for x in kb[k][1].splitlines()],
+                            [x + "\n" for x in ka[k][1].splitlines()], before, after))
                 bad += 0 if same else 1
         n = len(set(kb) | set(ka))
         print(f"# {n - bad} of {n} kernels identical")

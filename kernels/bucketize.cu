@@ -17,13 +17,15 @@ namespace {
 
 using namespace bucketize;
 
-// The instance for a ballot count (4 or 8 bits, peers()) and whether a bag may exceed kChunk.
+// The instance for a ballot count (4 or 8 bits, peers()), whether a bag may exceed kChunk,
+// and whether it records the step trace.
+template <bool Trace>
 const void* one_pass_instance(int bits, bool long_bags) {
   if (bits == 4)
-    return long_bags ? reinterpret_cast<const void*>(one_pass_kernel<4, true>)
-                     : reinterpret_cast<const void*>(one_pass_kernel<4, false>);
-  return long_bags ? reinterpret_cast<const void*>(one_pass_kernel<8, true>)
-                   : reinterpret_cast<const void*>(one_pass_kernel<8, false>);
+    return long_bags ? reinterpret_cast<const void*>(one_pass_kernel<4, true, Trace>)
+                     : reinterpret_cast<const void*>(one_pass_kernel<4, false, Trace>);
+  return long_bags ? reinterpret_cast<const void*>(one_pass_kernel<8, true, Trace>)
+                   : reinterpret_cast<const void*>(one_pass_kernel<8, false, Trace>);
 }
 
 // Resident blocks of one_pass_kernel on the current device (0: no cooperative launch).
@@ -36,10 +38,11 @@ int64_t one_pass_capacity() {
   int coop = 0, sms = 0, per_sm = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  // Every instance: the capacity must hold for whichever a batch takes.
+  // Every untraced instance: the capacity must hold for whichever a batch takes. (A traced
+  // launch that does not fit falls back to the three passes and records nothing.)
   per_sm = 1 << 30;
-  for (const void* k : {one_pass_instance(4, false), one_pass_instance(4, true),
-                        one_pass_instance(8, false), one_pass_instance(8, true)}) {
+  for (const void* k : {one_pass_instance<false>(4, false), one_pass_instance<false>(4, true),
+                        one_pass_instance<false>(8, false), one_pass_instance<false>(8, true)}) {
     int n = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, 0));
     per_sm = std::min(per_sm, n);
@@ -129,7 +132,10 @@ void dispatch(const BucketizeArgs& a, const int64_t* lengths, BucketizeOnePass& 
   p.wd = FastDivU64::make(static_cast<uint64_t>(a.world_size));
   p.trace = trace;
   void* params[] = {&p};
-  const void* kernel = one_pass_instance(a.world_size <= kSmallW ? 4 : 8, a.max_bag_len > kChunk);
+  const int bits = a.world_size <= kSmallW ? 4 : 8;
+  const bool long_bags = a.max_bag_len > kChunk;
+  const void* kernel =
+      trace ? one_pass_instance<true>(bits, long_bags) : one_pass_instance<false>(bits, long_bags);
   const cudaError_t err = cudaLaunchCooperativeKernel(
       kernel, dim3(static_cast<unsigned>(a.total_bags)), dim3(kThreads), params, 0, s);
   if (err == cudaErrorCooperativeLaunchTooLarge) {

@@ -198,8 +198,7 @@ __global__ void oracle_rows_kernel(const uint64_t* g, const int32_t* table,
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t k = e / dim;
     const int32_t t = table[k];  // < 0: no row (empty shard under warn_zero_row / ignore)
-    out[e] =
-        t < 0 ? 0.0f : d_oracle_value(table_seeds[t], g[k], static_cast<uint64_t>(e - k * dim));
+    out[e] = t < 0 ? 0.0f : oracle_value(table_seeds[t], g[k], static_cast<uint64_t>(e - k * dim));
   }
 }
 

@@ -38,7 +38,7 @@ __global__ void pooled_lookup_kernel(PooledLookupArgs a) {
       float acc = 0.0f;
       for (int64_t p = p0; p < p1; ++p) {
         if (a.valid && !a.valid[p]) continue;
-        const float v = d_oracle_value(seed, a.g[p], static_cast<uint64_t>(d));
+        const float v = oracle_value(seed, a.g[p], static_cast<uint64_t>(d));
         acc = __fadd_rn(acc, a.weights ? __fmul_rn(a.weights[p], v) : v);
       }
       a.out[a.bag_out[j] + d] = d_round_to(static_cast<int>(a.out_dtype), acc);

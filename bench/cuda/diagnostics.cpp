@@ -28,8 +28,11 @@ std::vector<std::string> one_pass_trace(cuda::BatchedBucketize& bb, cudaStream_t
   constexpr int P = cuda::kBucketizeTracePoints;
   const int64_t L = bb.args.total_bags;
   cuda::DeviceBuffer<unsigned long long> d_trace(P * L);
+  CUDA_CHECK(cudaMemsetAsync(d_trace.data(), 0, sizeof(unsigned long long) * P * L, s));
   cuda::launch_bucketize_traced(bb.args, bb.d_lengths.data(), bb.one_pass, d_trace.data(), s);
   const std::vector<unsigned long long> tr = d_trace.download(s);
+  if (std::all_of(tr.begin(), tr.end(), [](unsigned long long x) { return x == 0; }))
+    return {"one-pass steps: not recorded (the traced launch took the three passes)"};
   unsigned long long t0 = ~0ull;
   for (int64_t g = 0; g < L; ++g) t0 = std::min(t0, tr[g * P]);
   const auto us = [&](int64_t g, int pt) {  // block g's stamp pt, us after the first start
