@@ -20,7 +20,9 @@ for r in $(seq 1 "$ROUNDS"); do
     for k in ${KERNELS:-one-pass three-pass}; do
       key="$b:$k"
       [ "$r" = 1 ] && order+=("$key")
-      out=$("$b/dynemb-dist" bench --preset hstu-e2e --iters 30 --bucketize-kernel "$k" 2>&1)
+      # Builds from before `bench --diagnostics` print the trace lines without it.
+      diag=$("$b/dynemb-dist" bench --help 2>&1 | grep -q -- --diagnostics && echo --diagnostics)
+      out=$("$b/dynemb-dist" bench --preset hstu-e2e --iters 30 --bucketize-kernel "$k" $diag 2>&1)
       row=$(grep -m1 "bucketize (all ranks)" <<<"$out")
       us=$(awk '{for (i = 1; i <= NF; ++i) if ($i == "ranks)") { print $(i + 4); exit }}' <<<"$row")
       times[$key]="${times[$key]:-} ${us:-failed}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Joins `dynemb-dist bench --json` (ours-NAME.json) with bench/peer_torch.py (peer-NAME.json)
-from one run of bench/run_on_gpu.sh and prints the ratio table and the issue-7 acceptance.
+from one run of bench/run_on_gpu.sh and prints the ratio table and the targets (PASS/MISS).
 Rows marked "+launch" come from `bench --queue-ahead 0` (host launch latency included)."""
 import glob
 import json
@@ -11,7 +11,7 @@ d = sys.argv[1]
 rows, acc = [], []
 ours = {os.path.basename(p)[5:-5]: json.load(open(p)) for p in sorted(glob.glob(d + "/ours-*.json"))}
 peer = {os.path.basename(p)[5:-5]: json.load(open(p)) for p in sorted(glob.glob(d + "/peer-*.json"))}
-print("# issue 7 summary: ours = dynemb-dist bench (CUDA), torch = bench/peer_torch.py, same data")
+print("# summary: ours = dynemb-dist bench (CUDA), torch = bench/peer_torch.py, same data")
 print(f"# {'workload':<26} {'stage':<32} {'ours us':>10} {'GB/s':>8} {'%copy':>6} {'torch us':>10} {'speedup':>8}")
 for name, o in ours.items():
     p = {s["name"]: s for s in peer.get(name, {}).get("stages", [])}
@@ -33,7 +33,7 @@ def stage(name, st):
 def verdict(ok):
     return "PASS" if ok else "MISS"
 
-print("# acceptance (issue 7)")
+print("# targets (BENCHMARKS.md)")
 c = ours.get("criteo")
 if c:
     for s in c["stages"]:

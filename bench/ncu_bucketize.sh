@@ -25,8 +25,8 @@ METRICS+=,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum
 METRICS+=,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum
 # The one-pass kernel, then bench's streaming floor (the same bytes read and written, no
 # routing, no exchange) for comparison.
-for k in onepass stream_floor; do
+for k in one_pass stream_floor; do
   ncu --clock-control none --cache-control none -k regex:$k --launch-skip 3 --launch-count 1 \
-    --metrics "$METRICS" "$B/dynemb-dist" bench "${ARGS[@]}" --iters 3 2>&1 |
+    --metrics "$METRICS" "$B/dynemb-dist" bench "${ARGS[@]}" --diagnostics --iters 3 2>&1 |
     grep -E "$k|^ +[a-z0-9_]+__" || { echo "ncu_bucketize: no profiled launch of $k"; exit 1; }
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The torch peer of `dynemb-dist bench` (issue 7): the same stages on the same data, with the
+"""The torch peer of `dynemb-dist bench`: the same stages on the same data, with the
 torch ops a TorchRec user runs on one GPU.
 
   bucketize      torch composition: routing arithmetic (fmix64 for hash_roundrobin) + a stable

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Everything issue 7 measures, in one GPU-machine call: build (device.md recipe), all ctest
-# tests (gpu label included), compute-sanitizer memcheck + racecheck on the GPU tests, our
-# bench and the torch peer on the presets, then one table of ratios (printed last).
-# Logs and JSON go to $OUT (at most 8 files come back: logs are packed into logs.tgz).
+# The GPU side in one call on a GPU machine: build, all ctest tests (gpu label included),
+# compute-sanitizer memcheck + racecheck on the GPU tests, our bench and the torch peer on the
+# presets, then one table of ratios (printed last). BENCHMARKS.md is made from its output.
+# Logs and JSON go to $OUT: summary.txt, bench-all.json and the logs packed in logs.tgz.
 #   OUT=/tmp/out bash bench/run_on_gpu.sh [--quick]
 # --quick (for a short device budget): build only dynemb-dist and the CUDA test, run it with
 # memcheck/racecheck on the bucketize test case, and bench + peer the hstu-e2e presets.
@@ -63,7 +63,7 @@ done
 stamp "bench"
 run() {  # name, args...
   local name=$1; shift
-  $D bench "$@" --iters $ITERS --json "$LOG/ours-$name.json" > "$LOG/ours-$name.txt" 2>&1 \
+  $D bench "$@" --diagnostics --iters $ITERS --json "$LOG/ours-$name.json" > "$LOG/ours-$name.txt" 2>&1 \
     || echo "bench $name failed: $(tail -2 "$LOG/ours-$name.txt")"
 }
 [ $QUICK = 0 ] && run criteo --preset ec-bench-criteo --dims 4,8,16,32,64,128 --export $EXP/criteo
@@ -81,7 +81,7 @@ ncu_profile() {  # name, kernel regex, launches, bench args...: one profiled ben
   local name=$1 re=$2 count=$3; shift 3
   timeout 150 ncu --clock-control none -k regex:"$re" -c "$count" --set full \
     --import-source no -o "$LOG/$name" \
-    $D bench "$@" --iters 1 --queue-ahead 0 > "$LOG/$name-run.txt" 2>&1 \
+    $D bench "$@" --diagnostics --iters 1 --queue-ahead 0 > "$LOG/$name-run.txt" 2>&1 \
     || echo "ncu $name failed: $(tail -3 "$LOG/$name-run.txt")"
   ncu -i "$LOG/$name.ncu-rep" --print-details all > "$LOG/$name.txt" 2>&1
   grep -E "$re|Duration|DRAM Throughput|L2 Cache Throughput|Achieved Occupancy|stalled|Warp Cycles Per Issued|Executed Instructions  |Spilling Requests  " \
@@ -89,10 +89,10 @@ ncu_profile() {  # name, kernel regex, launches, bench args...: one profiled ben
 }
 if [ "${NCU:-0}" = 1 ]; then  # evidence for the bucketize: profiled launches of the stage
   stamp "ncu (hstu-e2e bucketize: the one-pass kernel; x16: the three-pass kernels)"
-  ncu_profile ncu-bucketize 'onepass|count_|place_' 1 --preset hstu-e2e
+  ncu_profile ncu-bucketize 'one_pass|count_|place_' 1 --preset hstu-e2e
   ncu -i "$LOG/ncu-bucketize.ncu-rep" --page source --csv --print-source sass \
     > "$LOG/ncu-sass.csv" 2>&1 || echo "ncu source page failed: $(head -3 "$LOG/ncu-sass.csv")"
-  ncu_profile ncu-bucketize16 'count_bag|place_bag' 2 --preset hstu-e2e --scale 16
+  ncu_profile ncu-bucketize16 'count_block|place_block' 2 --preset hstu-e2e --scale 16
 fi
 stamp "peer"
 for n in criteo hstu hstu16 pooled64; do

@@ -17,14 +17,9 @@
 #include "common/memory.hpp"
 #include "common/output_file.hpp"
 #include "engine/backend.hpp"
+#include "registry.hpp"
 #include "replay/replay.hpp"
 #include "replay/tolerance.hpp"
-#if defined(DYNEMB_HAVE_CUDA)
-#include "cuda_backend.hpp"  // kernels/: make_cuda_backend(int device)
-#endif
-#if defined(DYNEMB_HAVE_NCCL)
-#include "nccl_backend.hpp"  // kernels/: make_nccl_backend(devices)
-#endif
 
 namespace dynemb::cli {
 namespace {
@@ -87,56 +82,6 @@ std::vector<std::string> process_argv() {
   std::vector<std::string> argv;
   for (std::string arg; std::getline(f, arg, '\0');) argv.push_back(arg);
   return argv;
-}
-
-std::unique_ptr<Backend> make_backend(const std::string& name, const std::string& devices = "") {
-  if (!devices.empty() && name != "nccl")
-    throw UsageError("--devices applies to --backend nccl only");
-  if (name == "cpu") return make_cpu_backend();
-  if (name == "auto") {
-    // cli.md: auto picks cuda when a GPU is present, else cpu. The CUDA backend matches the
-    // CPU reference bit for bit (gpu_test_cuda_backend on the H200).
-#if defined(DYNEMB_HAVE_CUDA)
-    if (cuda_device_available()) return make_cuda_backend(0);
-#endif
-    return make_cpu_backend();
-  }
-  if (name == "cuda") {
-#if defined(DYNEMB_HAVE_CUDA)
-    return make_cuda_backend(0);  // ---- BACKEND HOOK (cuda), issue 7
-#else
-    throw UsageError(
-        fmt::format("--backend cuda: this build has no CUDA backend (compiled "
-                    "backends: {}); rebuild with -DDYNEMB_CUDA=ON on a machine with "
-                    "nvcc, or use --backend cpu",
-                    compiled_backends()));
-#endif
-  }
-  if (name == "nccl") {
-    // ---- BACKEND HOOK (nccl), issue 10: W ranks on G GPUs (G | W), kernels/nccl_backend.hpp.
-#if defined(DYNEMB_HAVE_NCCL)
-    std::vector<int> list;  // "0,1,3" -> {0, 1, 3}
-    for (size_t p = 0; p < devices.size();) {
-      size_t q = devices.find(',', p);
-      if (q == std::string::npos) q = devices.size();
-      const std::string item = devices.substr(p, q - p);
-      if (item.empty() || item.size() > 4 ||
-          item.find_first_not_of("0123456789") != std::string::npos)
-        throw UsageError(fmt::format(
-            "--devices {}: '{}' is not a CUDA device number (want e.g. 0,1,2,3)", devices, item));
-      list.push_back(std::stoi(item));
-      p = q + 1;
-    }
-    return make_nccl_backend(list);  // DeviceError (exit 2) without a GPU
-#else
-    throw UsageError(
-        fmt::format("--backend nccl: this build has no NCCL backend (compiled backends: {}); "
-                    "rebuild with -DDYNEMB_CUDA=ON where nccl.h and libnccl are found, or use "
-                    "--backend cpu",
-                    compiled_backends()));
-#endif
-  }
-  throw UsageError(fmt::format("--backend {}: unknown backend (auto, cpu, cuda, nccl)", name));
 }
 
 int run_replay_cli(const ReplayCliOptions& o) {

@@ -1,33 +1,16 @@
-// Device-callable copies of lib/common/hash.hpp and lib/common/dtype.cpp. They must stay
-// bit-identical to the host versions: the GPU tests compare every element with the CPU
-// reference. Float arithmetic here uses explicit _rn intrinsics so nvcc cannot contract a
+// Device math the kernels share with the CPU reference. fmix64 and the hash64 oracle are
+// lib/common/hash.hpp's own constexpr functions (device-callable with --expt-relaxed-constexpr).
+// The fp16/bf16 rounding below is a device copy of lib/common/dtype.cpp, which is not
+// header-only; it must stay bit-identical to it: the GPU tests compare every element with the
+// CPU reference. Float arithmetic here uses explicit _rn intrinsics so nvcc cannot contract a
 // multiply-add into an FMA the CPU does not do.
 #pragma once
 
 #include <cstdint>
 
+#include "common/hash.hpp"
+
 namespace dynemb::cuda {
-
-__host__ __device__ __forceinline__ uint64_t d_fmix64(uint64_t k) {
-  k ^= k >> 33;
-  k *= 0xff51afd7ed558ccdULL;
-  k ^= k >> 33;
-  k *= 0xc4ceb9fe1a85ec53ULL;
-  k ^= k >> 33;
-  return k;
-}
-
-__host__ __device__ __forceinline__ uint64_t d_oracle_table_seed(uint64_t seed, uint64_t t) {
-  return d_fmix64(seed + 0x9e3779b97f4a7c15ULL * (t + 1));
-}
-
-// Row g, column c of the hash64 oracle: a multiple of 1/64 in [-2, 1.984375].
-__host__ __device__ __forceinline__ float d_oracle_value(uint64_t table_seed, uint64_t g,
-                                                         uint64_t c) {
-  uint64_t h = d_fmix64(table_seed ^ g);
-  h = d_fmix64(h + c);
-  return static_cast<float>(static_cast<int>((h >> 56) & 0xff) - 128) / 64.0f;
-}
 
 __device__ __forceinline__ uint32_t d_f32_bits(float f) {
   return __float_as_uint(f);
@@ -92,7 +75,7 @@ __device__ __forceinline__ float d_round_to(int t, float x) {
   return x;
 }
 
-// Codec encode of rw-semantics.md §8 (clamp to the finite range, round; NaN passes) as the
+// Codec encode of docs/semantics.md §8 (clamp to the finite range, round; NaN passes) as the
 // fp32 value the decode gives back.
 __device__ __forceinline__ float d_codec_encode(int t, float x) {
   if (t == 0 || x != x) return x;

@@ -1,4 +1,4 @@
-// Row gathers of the sequence output dist (rw-semantics.md §6): the forward recat permute,
+// Row gathers of the sequence output dist (docs/semantics.md §6): the forward recat permute,
 // the exchange between rank buffers, the unbucketize index_select and the fused one-pass
 // dist. All are "out row o = codec(src row idx(o))"; only the index functor differs. Rows
 // are copied with 16-byte vectors when D and every base are 16-byte aligned (D % 4 == 0),
@@ -198,8 +198,7 @@ __global__ void oracle_rows_kernel(const uint64_t* g, const int32_t* table,
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t k = e / dim;
     const int32_t t = table[k];  // < 0: no row (empty shard under warn_zero_row / ignore)
-    out[e] =
-        t < 0 ? 0.0f : d_oracle_value(table_seeds[t], g[k], static_cast<uint64_t>(e - k * dim));
+    out[e] = t < 0 ? 0.0f : oracle_value(table_seeds[t], g[k], static_cast<uint64_t>(e - k * dim));
   }
 }
 
@@ -211,7 +210,7 @@ void launch_gather_rows(const float* src, const int64_t* rowidx, int64_t nrows, 
 }
 
 void launch_seq_fused(const SeqDistArgs& a, float* out, cudaStream_t s) {
-  launch_any(a.local, out, a.total_out_rows, a.dim, a.codec, FusedIdx{a}, s);
+  launch_any(a.local, out, a.total_out_rows, a.dim, static_cast<int>(a.codec), FusedIdx{a}, s);
 }
 
 void launch_seq_recat(const SeqDistArgs& a, float* send, cudaStream_t s) {
@@ -219,7 +218,7 @@ void launch_seq_recat(const SeqDistArgs& a, float* send, cudaStream_t s) {
 }
 
 void launch_seq_exchange(const SeqDistArgs& a, const float* send, float* recv, cudaStream_t s) {
-  launch_any(send, recv, a.total_out_rows, a.dim, a.codec, ExchangeIdx{a}, s);
+  launch_any(send, recv, a.total_out_rows, a.dim, static_cast<int>(a.codec), ExchangeIdx{a}, s);
 }
 
 void launch_oracle_rows(const uint64_t* g, const int32_t* table, const uint64_t* table_seeds,

@@ -1,4 +1,4 @@
-// Pooled path (rw-semantics.md §5, §7, §8): oracle segment sums (the TBE lookup of one rank),
+// Pooled path (docs/semantics.md §5, §7, §8): oracle segment sums (the TBE lookup of one rank),
 // the reduce of W partial buffers and the codec (MEAN tables are summed: the dist carries
 // sums, the module divides later). Equal, unequal and VBE
 // reduce-scatters are one kernel: in all three, destination r's output is chunk r of every
@@ -38,10 +38,10 @@ __global__ void pooled_lookup_kernel(PooledLookupArgs a) {
       float acc = 0.0f;
       for (int64_t p = p0; p < p1; ++p) {
         if (a.valid && !a.valid[p]) continue;
-        const float v = d_oracle_value(seed, a.g[p], static_cast<uint64_t>(d));
+        const float v = oracle_value(seed, a.g[p], static_cast<uint64_t>(d));
         acc = __fadd_rn(acc, a.weights ? __fmul_rn(a.weights[p], v) : v);
       }
-      a.out[a.bag_out[j] + d] = d_round_to(a.out_dtype, acc);
+      a.out[a.bag_out[j] + d] = d_round_to(static_cast<int>(a.out_dtype), acc);
     }
   }
 }
@@ -103,7 +103,8 @@ void launch_pooled_lookup(const PooledLookupArgs& a, cudaStream_t s) {
 }
 
 void launch_reduce(const float* parts, int64_t num_parts, int64_t stride, int64_t n,
-                   int round_dtype, float* out, cudaStream_t s) {
+                   Precision round_precision, float* out, cudaStream_t s) {
+  const int round_dtype = static_cast<int>(round_precision);
   if (n <= 0) return;
   if (num_parts <= 0) {
     CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float) * n, s));
@@ -127,9 +128,9 @@ void launch_reduce(const float* parts, int64_t num_parts, int64_t stride, int64_
   CUDA_CHECK_LAUNCH();
 }
 
-void launch_codec(float* x, int64_t n, int dtype, cudaStream_t s) {
-  if (n <= 0 || dtype == 0) return;
-  codec_kernel<<<grid_for(n), kThreads, 0, s>>>(x, n, dtype);
+void launch_codec(float* x, int64_t n, Precision dtype, cudaStream_t s) {
+  if (n <= 0 || dtype == Precision::f32) return;
+  codec_kernel<<<grid_for(n), kThreads, 0, s>>>(x, n, static_cast<int>(dtype));
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,4 +1,4 @@
-// fp16 / bf16 rounding and the codec clamp (rw-semantics.md §8).
+// fp16 / bf16 rounding and the codec clamp (docs/semantics.md §8).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -46,7 +46,7 @@ TEST_CASE("codec encode clamps to the finite range") {
   CHECK(codec_encode(DType::f32, 1e30f) == 1e30f);
 }
 
-TEST_CASE("fmix64 reference values of rw-semantics.md §10.2") {
+TEST_CASE("fmix64 reference values of docs/semantics.md §10.2") {
   struct Row {
     int64_t key;
     int w2, w3, w4;

@@ -1,4 +1,4 @@
-// Every worked example of rw-semantics.md, with its exact numbers.
+// Every worked example of docs/semantics.md, with its exact numbers.
 #include <doctest/doctest.h>
 
 #include "common/hash.hpp"

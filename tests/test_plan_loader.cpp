@@ -1,5 +1,5 @@
 // Plan loader: every check of plan-format.md, each with a broken plan whose finding is
-// asserted by message AND line:col; the RW even split of rw-semantics.md §2.2; and every
+// asserted by message AND line:col; the RW even split of docs/semantics.md §2; and every
 // shipped plan in plans/ validates clean.
 #include <doctest/doctest.h>
 
@@ -65,7 +65,7 @@ const std::string kValid = kHead +
 
 }  // namespace
 
-TEST_CASE("RW block size and even split: rw-semantics.md 2.2 examples") {
+TEST_CASE("RW block size and even split: docs/semantics.md §2 examples") {
   CHECK(rw_block_size(10, 4) == 3);
   CHECK(rw_even_shard_rows(10, 4) == std::vector<int64_t>{3, 3, 3, 1});
   CHECK(rw_block_size(5, 4) == 2);
@@ -454,7 +454,7 @@ TEST_CASE("shards: the ceil rule, with which rank gets which ids") {
   CHECK(at(r, 11, 40)[0].message ==
         "training routes ids [3,6) to rank 1 (blk=3), but shards give rank 1 rows [4,6)");
 
-  // rw-semantics.md 2.2: N=5, W=4 is [2,2,1,0]; an "even-looking" [2,1,1,1] is wrong from rank 1.
+  // docs/semantics.md §2: N=5, W=4 is [2,2,1,0]; an "even-looking" [2,1,1,1] is wrong from rank 1.
   const std::string w4 =
       "format_version: 1\nworld_size: 4\nmodule: sequence\ntables:\n"
       "  - name: t0\n    num_embeddings: 5\n    embedding_dim: 2\n"

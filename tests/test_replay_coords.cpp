@@ -1,5 +1,5 @@
 // Coordinates of flat indices in the tensors' own terms, on the worked examples of
-// rw-semantics.md (§3.4 inputs, §4.3 post-all-to-all KJT, §7.2 variable batch).
+// docs/semantics.md (§3.4 inputs, §4.3 post-all-to-all KJT, §7.2 variable batch).
 #include <doctest/doctest.h>
 
 #include "replay/coords.hpp"

@@ -1,4 +1,4 @@
-// Context diff and plan-free consistency checks on the worked example of rw-semantics.md
+// Context diff and plan-free consistency checks on the worked example of docs/semantics.md
 // §3.4 / §4.3 (W=2, F=2, B=2, sequence): each planted defect is a fail naming the field, the
 // index and what the plan implies.
 #include <doctest/doctest.h>

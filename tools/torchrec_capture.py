@@ -62,7 +62,8 @@ def make_batch(config, rank, k, world_size, seed):
     """This rank's input for batch k: per-feature (batch size, bags of ids).
 
     Batch 1 gives the last rank a smaller batch (variable batch per rank: expanded recat,
-    reduce-scatter-v); with VBE every feature gets its own batch size.
+    reduce-scatter-v, docs/semantics.md §4.3); with VBE every feature gets its own batch size
+    (§1, §7.2).
     """
     module, _, vbe = CONFIGS[config]
     rng = np.random.default_rng([seed, rank, k])

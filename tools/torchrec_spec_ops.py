@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs the real FBGEMM CPU ops on the worked examples of rw-semantics.md and checks the
+"""Runs the real FBGEMM CPU ops on the worked examples of docs/semantics.md and checks the
 spec's numbers (§3.2 routing incl. out-of-range and negative ids, §3.4 bucketize, §3.5 VBE
 bucketize, §4.3 recat and its per-bag expansion). Exit 0 when every number agrees.
 Needs the venv of tools/requirements-torchrec.txt:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI annotations (issue 9): `--annotations github`, and the same by default under
+# CI annotations: `--annotations github`, and the same by default under
 # GITHUB_ACTIONS=true, print GitHub workflow commands for the findings of replay (on the
 # capture, titled with batch/rank/field) and validate (at the plan's file:line:col);
 # `--annotations none` and a plain environment print none.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# First run (issue 9): no arguments prints a short usage with the commands to start with, and
+# First run: no arguments prints a short usage with the commands to start with, and
 # the common mistakes get an error that says what to do next.
 set -uo pipefail
 exe=${DYNEMB:?}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Hostile inputs (issue 8): every broken capture or plan gives exit 2 with a message naming the
+# Hostile inputs: every broken capture or plan gives exit 2 with a message naming the
 # file and the place (HDF5 path and index, or file:line:col), or, where the spec calls it a
 # mismatch (a context field of the right shape with wrong values, cli.md), exit 1 with a FAIL
 # line; never an exit by signal, a hang or an allocation sized by what a file merely claims.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `cmake --install BUILD --prefix P` puts bin/dynemb-dist and share/man/man1/dynemb-dist.1 in
-# place (issue 9), and the installed binary and man page are the ones of this build/tree.
+# place, and the installed binary and man page are the ones of this build/tree.
 # The build dir is the parent of $DYNEMB (the test environment's binary path).
 set -uo pipefail
 exe=${DYNEMB:?}

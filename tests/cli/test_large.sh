@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Large captures (issue 8): replay streams batch by batch, so the peak RSS of replaying a
+# Large captures: replay streams batch by batch, so the peak RSS of replaying a
 # capture of many batches stays near that of one batch, however large the file. The memory
 # budget here is set to 1/4 of the capture's logical size (the bytes of its datasets); the
 # replay of all 24 batches must stay under it and within 1.5x (+ 48 MiB) of the one-batch

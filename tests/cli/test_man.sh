@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The manual page is complete and clean (issue 9):
+# The manual page is complete and clean:
 # - every long option that `dynemb-dist --help` and `dynemb-dist SUB --help` print appears in
 #   the man page, in that subcommand's own section (.SS SUB), and every subcommand has one;
 # - it has the sections a user looks for (EXIT STATUS, ENVIRONMENT with NO_COLOR,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Nothing lost (issue 8): `synth` and `replay --write-output` killed by SIGKILL mid-write leave
+# Nothing lost: `synth` and `replay --write-output` killed by SIGKILL mid-write leave
 # no partial file under the target name (a target that existed before keeps its bytes), and
 # the inputs are unchanged (sha256 before / after). What a SIGKILL can leave is the temporary
 # "<target>.tmp-<pid>" (no handler runs): documented in docs/robustness.md, and checked to be

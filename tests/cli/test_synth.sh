@@ -103,7 +103,7 @@ expect2 "none.yaml: cannot read the plan: No such file or directory" "$tmp/none.
 expect2 "bad.yaml:1:1: error: missing required keys" "$tmp/bad.yaml" "${o[@]}"
 [ -e "$tmp/x.h5" ] && fail "a failed synth left $tmp/x.h5"
 
-# ---- issue 4 options end to end: unequal batch, VBE, weighted, int32, empty rank, zero-length
+# ---- synth options end to end: unequal batch, VBE, weighted, int32, empty rank, zero-length
 "$exe" synth "$src/fixtures/plans/pooled-sum-w4.yaml" --batch-sizes 8,8,5,0 --hotness 0..3,0,2 --weighted \
   --index-type int32 --empty-rank 1 --seed 3 --store ctx,local_embs,output -o "$tmp/p.h5" >/dev/null || fail "pooled synth"
 "$py" - "$tmp/p.h5" <<'PY' && ok "pooled options land in the file as asked" || fail "pooled options"

@@ -1,6 +1,6 @@
-// CUDA backend == CPU reference, bit for bit (issue 7): bucketize, lookup, sequence and
+// CUDA backend == CPU reference, bit for bit: bucketize, lookup, sequence and
 // pooled output dists on a few hundred random plans/batches covering the edge cases of
-// guides/workloads.md (W = 1, empty ranks, zero-length bags, unequal batch per rank, VBE,
+// docs/semantics.md (W = 1, empty ranks, zero-length bags, unequal batch per rank, VBE,
 // ids past the last shard, negative and int32 ids, mixed dist types, fp16/bf16 data and
 // codecs, MEAN, weights); every fixture under fixtures/ when present; and one gather and one
 // reduce of more than 2^31 elements (64-bit indexing). Exits 77 when no GPU is present.
@@ -15,7 +15,7 @@
 
 #include "capture/capture.hpp"
 #include "common/hash.hpp"
-#include "cuda_backend.hpp"
+#include "cuda/cuda_backend.hpp"
 #include "cuda_check.hpp"
 #include "dist_kernels.hpp"
 #include "engine/engine.hpp"
@@ -205,7 +205,7 @@ TEST_CASE("cuda == cpu on random batches (bit for bit)") {
 }
 
 // The batched bucketize of all W ranks in one launch (what `bench` times), through both
-// paths of launch_bucketize_from_lengths: the one-pass kernel (a block per bag; bags of
+// paths of launch_bucketize: the one-pass kernel (a block per bag; bags of
 // <= 2048 ids keep them on chip, longer ones are ranked again chunk by chunk; blocks of a
 // rank exchange epoch-tagged counts) and the three-pass path. Every output is compared with
 // the CPU reference rank by rank.
@@ -294,14 +294,15 @@ TEST_CASE("batched bucketize: one-pass and three-pass paths == cpu") {
       REQUIRE((ba.weights != nullptr) == (weighted && N > 0));
       if (variant == 0) {
         bb.enable_one_pass(s);
-        REQUIRE(bb.fused.scratch != nullptr);  // an H200 has cooperative launch
+        REQUIRE(bb.one_pass.scratch != nullptr);  // an H200 has cooperative launch
       }
-      const cuda::BucketizeFused& fused = bb.fused;
+      const cuda::BucketizeOnePass& one_pass = bb.one_pass;
       const bool want_fused = variant == 0 && L > 0 && max_rank_bags * W <= 65536 &&
-                              L <= cuda::bucketize_fused_capacity();
+                              L <= cuda::bucketize_one_pass_capacity();
       INFO("it " << it << " variant " << variant << " W=" << W << " F=" << F << " L=" << L
                  << " N=" << N << " weighted=" << weighted << " int32=" << i32);
-      CHECK(cuda::bucketize_fused_eligible(ba, fused) == want_fused);
+      CHECK((cuda::bucketize_choice(ba, one_pass).path == cuda::BucketizePath::one_pass) ==
+            want_fused);
       fused_runs += want_fused;
       hist_runs += want_fused && W <= 16 && ba.max_bag_len <= 2048;
       full_rr_runs += want_fused && full_rr && ba.max_bag_len <= 2048;
@@ -315,9 +316,9 @@ TEST_CASE("batched bucketize: one-pass and three-pass paths == cpu") {
       d_other.upload(other, s);
       cuda::BucketizeArgs warm = ba;
       warm.ids = d_other.data();
-      cuda::launch_bucketize_from_lengths(warm, bb.d_lengths.data(), bb.fused, s);
+      cuda::launch_bucketize(warm, bb.d_lengths.data(), bb.one_pass, s);
       for (int rep = 0; rep < 2; ++rep) bb.launch(s);
-      CHECK(fused.epoch == (want_fused ? 3u : 0u));
+      CHECK(one_pass.epoch == (want_fused ? 3u : 0u));
       CHECK(bb.d_bag_offsets.download(s) == ref_off);
       const std::vector<int64_t> nl = bb.d_new_lengths.download(s),
                                  nv = bb.d_new_values.download(s), perm = bb.d_perm.download(s),
@@ -350,7 +351,134 @@ TEST_CASE("batched bucketize: one-pass and three-pass paths == cpu") {
   CHECK(plain_hist_runs >= 1);
 }
 
-TEST_CASE("spec worked example §6.1 on the GPU") {
+// A batch of plan p: every rank has `bags` bags per feature, bag lengths from len(rng), ids
+// in and past the table (continuous, roundrobin and hash_roundrobin features).
+Plan bucketize_plan(int64_t W) {
+  Plan p;
+  p.world_size = W;
+  p.module = ModuleKind::sequence;
+  for (int64_t t = 0; t < 3; ++t) {
+    TableConfig tc;
+    tc.name = "t" + std::to_string(t);
+    tc.num_embeddings = 1000 * W + 7;
+    tc.embedding_dim = 4;
+    tc.dist_type = static_cast<DistType>(t);
+    tc.features = {tc.name + "_f"};
+    p.tables.push_back(tc);
+  }
+  p.finalize();
+  return p;
+}
+
+template <typename Len>
+std::vector<Kjt> bucketize_batch(const Plan& p, int64_t bags, Len len, std::mt19937_64& rng) {
+  std::vector<Kjt> kjts(static_cast<size_t>(p.world_size));
+  for (Kjt& k : kjts) {
+    k.num_features = p.num_features();
+    for (int64_t f = 0; f < k.num_features; ++f)
+      for (int64_t b = 0; b < bags; ++b) {
+        const int64_t n = len(rng);
+        k.lengths.push_back(n);
+        for (int64_t i = 0; i < n; ++i)
+          k.values.push_back(static_cast<int64_t>(rng() % (p.features[f].hash_size + 9)));
+      }
+  }
+  return kjts;
+}
+
+// Runs the batched bucketize of kjts (with the one-pass workspace when one_pass) and checks
+// every output against the CPU reference; returns the path it took.
+cuda::BucketizeChoice check_batched_bucketize(const Plan& p, const std::vector<Kjt>& kjts,
+                                              bool one_pass) {
+  std::vector<const Kjt*> kp;
+  for (const Kjt& k : kjts) kp.push_back(&k);
+  cudaStream_t s = nullptr;
+  cuda::BatchedBucketize bb(p, kp, /*with_dest_rank=*/true, s);
+  if (one_pass) bb.enable_one_pass(s);
+  const cuda::BucketizeChoice choice = cuda::bucketize_choice(bb.args, bb.one_pass);
+  bb.launch(s);
+  const std::vector<int64_t> nl = bb.d_new_lengths.download(s), nv = bb.d_new_values.download(s),
+                             perm = bb.d_perm.download(s), dest = bb.d_dest_rank.download(s);
+  size_t o = 0, ol = 0;
+  for (size_t r = 0; r < kjts.size(); ++r) {
+    const BucketizedKjt ref = cpu().bucketize(p, kjts[r]);
+    const size_t n = ref.new_values.size(), nlr = ref.new_lengths.size();
+    INFO("rank " << r << " path " << cuda::to_string(choice.path));
+    CHECK(std::vector<int64_t>(nl.begin() + ol, nl.begin() + ol + nlr) == ref.new_lengths);
+    CHECK(std::vector<int64_t>(nv.begin() + o, nv.begin() + o + n) == ref.new_values);
+    CHECK(std::vector<int64_t>(perm.begin() + o, perm.begin() + o + n) == ref.unbucketize_permute);
+    CHECK(std::vector<int64_t>(dest.begin() + o, dest.begin() + o + n) == ref.dest_rank);
+    o += n;
+    ol += nlr;
+  }
+  return choice;
+}
+
+// W > 256 takes the three passes with a thread per bag (the one-pass kernel and the shared
+// per-bucket arrays stop at 256 buckets).
+TEST_CASE("batched bucketize: W > 256 (a thread per bag) == cpu") {
+  require_gpu();
+  std::mt19937_64 rng(11);
+  for (const int64_t W : {300, 4096}) {
+    const Plan p = bucketize_plan(W);
+    for (const int64_t max_len : {3, 40, 700}) {
+      INFO("W=" << W << " bags of <= " << max_len << " ids");
+      std::vector<Kjt> kjts = bucketize_batch(
+          p, W > 1000 ? 1 : 2,
+          [&](std::mt19937_64& g) { return static_cast<int64_t>(g() % (max_len + 1)); }, rng);
+      // W = 4096: bags on one rank in 16 only, so new_lengths (W x bags) stays ~3 M entries and
+      // the case stays short under compute-sanitizer.
+      for (size_t r = 0; r < kjts.size(); ++r)
+        if (W > 1000 && r % 16 != 0) {
+          kjts[r].lengths.clear();
+          kjts[r].values.clear();
+        }
+      for (const bool one_pass : {false, true})
+        CHECK(check_batched_bucketize(p, kjts, one_pass).path ==
+              cuda::BucketizePath::thread_per_bag);
+    }
+  }
+}
+
+// Each instance of the one-pass kernel on a batch that must take it: 4-bit buckets (W <= 16)
+// and 8-bit, bags within one 2048-id chunk (ids kept on chip) and longer (Long: ranked again
+// chunk by chunk).
+TEST_CASE("batched bucketize: every one-pass instance == cpu") {
+  require_gpu();
+  std::mt19937_64 rng(12);
+  for (const int64_t W : {8, 256})
+    for (const bool long_bags : {false, true}) {
+      INFO("W=" << W << " long bags " << long_bags);
+      const Plan p = bucketize_plan(W);
+      // Every bag must have a resident block: with W = 256 only one rank in three has bags
+      // (one per feature: 258 bags).
+      const int64_t bags = W <= 16 ? 4 : 1;
+      std::vector<Kjt> kjts = bucketize_batch(
+          p, bags,
+          [&](std::mt19937_64& g) {
+            return long_bags ? 2049 + static_cast<int64_t>(g() % 2000)
+                             : static_cast<int64_t>(g() % 2049);
+          },
+          rng);
+      int64_t total_bags = 0;
+      for (size_t r = 0; r < kjts.size(); ++r) {
+        if (W > 16 && r % 3 != 0) {  // no bags on this rank
+          kjts[r].lengths.clear();
+          kjts[r].values.clear();
+        }
+        total_bags += static_cast<int64_t>(kjts[r].lengths.size());
+      }
+      if (total_bags > cuda::bucketize_one_pass_capacity()) {
+        MESSAGE("skipped: more bags than resident blocks of the one-pass kernel");
+        continue;
+      }
+      const cuda::BucketizeChoice c = check_batched_bucketize(p, kjts, true);
+      CHECK(c.path == cuda::BucketizePath::one_pass);
+      CHECK(c.ids_cached == !long_bags);
+    }
+}
+
+TEST_CASE("worked example (docs/semantics.md §6.1) on the GPU") {
   require_gpu();
   // §3.4 / §6.1: W=2, f0 (10 rows, blk 5), f1 (6 rows, blk 3), D = 2 rows E_f(g).
   Plan p;
@@ -538,7 +666,7 @@ TEST_CASE("64-bit indexing: gather and reduce of more than 2^31 elements") {
   out = DeviceBuffer<float>();
   src = DeviceBuffer<float>();
   DeviceBuffer<float> red(n);
-  cuda::launch_reduce(both.data(), 2, n, n, 0, red.data(), nullptr);
+  cuda::launch_reduce(both.data(), 2, n, n, cuda::Precision::f32, red.data(), nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   for (int64_t e : {n - 1, n - 129, int64_t{1} << 31, (int64_t{1} << 31) + 77, int64_t{5}}) {
     float got = 0;

@@ -1,4 +1,4 @@
-// NCCL backend == CPU reference (issue 10): the sequence and pooled output dists with all
+// NCCL backend == CPU reference: the sequence and pooled output dists with all
 // W ranks hosted on the visible GPUs (G = 1 on a one-GPU machine: every rank on one GPU,
 // exchange through device memory, and a real 1-rank NCCL communicator), W = 1, both pooled
 // paths (ncclReduceScatter and all-to-all + reduce), blocks inside one GPU sent through
@@ -26,7 +26,7 @@ TEST_CASE("nccl backend") {
 #include "capture/capture.hpp"
 #include "engine/engine.hpp"
 #include "engine/ops.hpp"
-#include "nccl_backend.hpp"
+#include "nccl/nccl_backend.hpp"
 
 using namespace dynemb;
 
@@ -79,7 +79,7 @@ struct Case {
   std::string desc;
 };
 
-// Random plans and batches over the edge cases of guides/workloads.md (as the CUDA test).
+// Random plans and batches over the edge cases of plans/README.md (as the CUDA test).
 Case random_case(std::mt19937_64& rng, int idx, int64_t force_w = 0) {
   auto U = [&](int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);

@@ -2,7 +2,7 @@
 """python/dynemb_capture.py in a simulated two-rank loop (numpy only, no torch), then
 `dynemb-dist merge`, `replay` and `inspect` on the result.
 
-The simulation is the worked example of rw-semantics.md §3.4 / §4.3 / §6.1 (sequence) and
+The simulation is the worked example of docs/semantics.md §3.4 / §4.3 / §6.1 (sequence) and
 §7.1 (pooled): W=2, F=2, B=2, f0 -> t0 (10 rows), f1 -> t1 (6 rows), D=2. Each rank's KJT,
 context, local_embs and output are computed here by a small numpy model of the RW path and
 asserted against the numbers printed in the spec before they are written.
@@ -27,7 +27,7 @@ import h5py  # noqa: E402
 
 W, F, B, D = 2, 2, 2, 2
 ROWS = [10, 6]
-BLK = [(r + W - 1) // W for r in ROWS]  # ceil rule, rw-semantics.md §2.2
+BLK = [(r + W - 1) // W for r in ROWS]  # ceil rule, docs/semantics.md §2
 # Inputs of §3.4: lengths key-major [f*B + b], values.
 INPUT = {
     0: ([2, 1, 0, 3], [1, 7, 5, 4, 0, 2]),
@@ -45,7 +45,7 @@ def check(cond, what):
 
 
 def table(f):
-    """E_f(g) = [100 f + g, 100 f + g + 0.5] (rw-semantics.md §6.1), [rows, D] float32."""
+    """E_f(g) = [100 f + g, 100 f + g + 0.5] (docs/semantics.md §6.1), [rows, D] float32."""
     g = np.arange(ROWS[f], dtype=np.float32)
     return np.stack([100 * f + g, 100 * f + g + 0.5], axis=1).astype(np.float32)
 
@@ -196,7 +196,7 @@ def write_ranks(tmp, module, ranks):
 
 def main():
     bk, ranks = simulate()
-    # ---- the spec's numbers (rw-semantics.md §3.4, §4.3, §6.1, §7.1)
+    # ---- the spec's numbers (docs/semantics.md §3.4, §4.3, §6.1, §7.1)
     check(bk[0][0].tolist() == [1, 0, 0, 2, 1, 1, 0, 1], "§3.4 rank0 new_lengths")
     check(bk[0][1].tolist() == [1, 0, 2, 2, 0, 1], "§3.4 rank0 new_values")
     check(bk[0][2].tolist() == [0, 3, 4, 5, 1, 2], "§3.4 rank0 unbucketize_permute")
@@ -392,7 +392,7 @@ def main():
         check(not os.path.exists(os.path.join(tmp, "async.h5")), "failed async writer leaves nothing")
 
         # ---- the numpy oracle equals the C++ one (lib/common/hash.hpp) on known values:
-        # fmix64(0) = 0 (rw-semantics §10.2); values are multiples of 1/64 in [-2, 1.984375].
+        # fmix64(0) = 0 (docs/semantics.md §10.2); values are multiples of 1/64 in [-2, 1.984375].
         check(int(dc.fmix64(np.uint64(0))) == 0, "fmix64(0) == 0")
         check([int(x) % 4 for x in dc.fmix64(np.array([1, 2, 3, 7, 12345], np.uint64))]
               == [0, 3, 2, 1, 1], "fmix64 % 4 reference values (§10.2)")

@@ -84,7 +84,7 @@ def write_root(f, plan, W, nb, seed):
 
 
 def write_sequence(path, seed, break_sum=False):
-    # rw-semantics.md §3.4 inputs: rank0 lengths [2,1,0,3] values [1,7,5,4,0,2];
+    # docs/semantics.md §3.4 inputs: rank0 lengths [2,1,0,3] values [1,7,5,4,0,2];
     # rank1 lengths [1,2,1,0] values [9,0,3,5]. Sequence output row i = E_f(values[i]).
     kjts = [([2, 1, 0, 3], [1, 7, 5, 4, 0, 2]), ([1, 2, 1, 0], [9, 0, 3, 5])]
     with h5py.File(path, "w") as f:

@@ -5,7 +5,7 @@
 // Also the bucketize's floors for `bench`: what a kernel of the same grid costs when it does
 // nothing, and when it only streams the stage's bytes.
 #include "cuda_check.hpp"
-#include "dist_kernels.hpp"
+#include "probes.hpp"
 
 namespace dynemb::cuda {
 namespace {

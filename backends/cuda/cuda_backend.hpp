@@ -1,4 +1,4 @@
-// The CUDA backend (issue 7): all W ranks of a batch live on one GPU; the exchange is
+// The CUDA backend: all W ranks of a batch live on one GPU; the exchange is
 // device memory traffic and the bucketize, lookups, permutes and reductions are our kernels
 // (kernels/*.cu). Results are bit-identical to the CPU reference (cpu_backend.cpp).
 #pragma once
@@ -8,9 +8,11 @@
 #include <memory>
 #include <vector>
 
+#include "bucketize.hpp"
 #include "cuda_check.hpp"
 #include "dist_kernels.hpp"
 #include "engine/backend.hpp"
+#include "plan/plan.hpp"
 
 namespace dynemb {
 
@@ -22,6 +24,21 @@ bool cuda_device_available();
 }  // namespace dynemb
 
 namespace dynemb::cuda {
+
+// The kernels' enums carry the values of the model's (checked here, at the one crossing).
+static_assert(static_cast<int>(DType::f32) == static_cast<int>(Precision::f32) &&
+              static_cast<int>(DType::f16) == static_cast<int>(Precision::f16) &&
+              static_cast<int>(DType::bf16) == static_cast<int>(Precision::bf16));
+static_assert(static_cast<int>(DistType::continuous) == static_cast<int>(RouteRule::continuous) &&
+              static_cast<int>(DistType::roundrobin) == static_cast<int>(RouteRule::roundrobin) &&
+              static_cast<int>(DistType::hash_roundrobin) ==
+                  static_cast<int>(RouteRule::hash_roundrobin));
+inline Precision precision(DType t) {
+  return static_cast<Precision>(static_cast<int>(t));
+}
+inline RouteRule route_rule(DistType t) {
+  return static_cast<RouteRule>(static_cast<int>(t));
+}
 
 // Host side of SeqDistArgs for W ranks (all vectors concatenated over ranks; see
 // dist_kernels.hpp): unbucketize perms, splits prefixes and forward-recat segments.
@@ -44,7 +61,7 @@ struct SeqDistDevice {
   DeviceBuffer<int64_t> seg_base, seg_out, seg_src;
 };
 
-// One batch's bucketize for all W ranks in one launch sequence (launch_bucketize_from_lengths
+// One batch's bucketize for all W ranks in one launch sequence (launch_bucketize
 // over the ranks' bags concatenated rank-major), with the device buffers it reads and writes.
 // `dynemb-dist bench` times it and the GPU test checks it against the CPU reference; the
 // backend itself bucketizes rank by rank. Outputs are laid out rank after rank, each as the
@@ -60,19 +77,19 @@ struct BatchedBucketize {
   DeviceBuffer<int64_t> d_ids, d_lengths, d_bag_offsets, d_rank_bag_off, d_feat_bag_off;
   DeviceBuffer<int64_t> d_new_lengths, d_new_offsets, d_new_values, d_perm, d_dest_rank;
   DeviceBuffer<uint64_t> d_block_sizes;
-  DeviceBuffer<int32_t> d_dist_types;
+  DeviceBuffer<RouteRule> d_dist_types;
   DeviceBuffer<float> d_weights, d_new_weights;
   DeviceBuffer<char> d_scan_temp;
   BucketizeArgs args;  // points at the buffers above
   // The one-pass kernel's workspace: empty (three passes) until enable_one_pass().
-  BucketizeFused fused;
-  DeviceBuffer<char> d_fused_scratch;
+  BucketizeOnePass one_pass;
+  DeviceBuffer<char> d_one_pass_scratch;
 
   // Allocates and zeroes the one-pass workspace where the device can run that kernel, so that
-  // launch() takes it whenever the batch is eligible (bucketize_fused_eligible).
+  // launch() takes it whenever the batch fits (bucketize_choice).
   void enable_one_pass(cudaStream_t s);
   // The whole stage on s: bag_offsets from the lengths, then the bucketize.
-  void launch(cudaStream_t s) { launch_bucketize_from_lengths(args, d_lengths.data(), fused, s); }
+  void launch(cudaStream_t s) { launch_bucketize(args, d_lengths.data(), one_pass, s); }
 };
 
 }  // namespace dynemb::cuda

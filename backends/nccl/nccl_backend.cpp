@@ -3,13 +3,13 @@
 // the CUDA backend's build_seq_dist_tables, the pooled layout from check_pooled_dist), so a
 // bad context is the same OutputDistFailure (rank, field) on every backend.
 //
-// Sequence (§6), per GPU g: upload the k local_embs [N_local_r, D] back to back, forward
-// recat into the send buffer (launch_seq_recat over the k ranks), codec encode in place,
+// Sequence (docs/semantics.md §6), per GPU g: upload the k local_embs [N_local_r, D] back to back,
+// forward recat into the send buffer (launch_seq_recat over the k ranks), codec encode in place,
 // then ONE all-to-all of the W*W blocks (r -> s: output_splits_r[s] rows) into the receive
 // buffers [sum_r input_splits_s[r], D] of each destination s, then out_s = recv_s[perm_s]
 // (launch_gather_rows).
-// Pooled (§7), per GPU g: upload the k local_embs [n] (n = sum_s B_s * sum_D, or the 1-D VBE
-// length; equal on every rank), codec encode; then either
+// Pooled (docs/semantics.md §7), per GPU g: upload the k local_embs [n] (n = sum_s B_s * sum_D, or
+// the 1-D VBE length; equal on every rank), codec encode; then either
 //   reduce-scatter (fp32 reduce dtype): local sum of the k buffers, ncclReduceScatter over G (chunk
 //   g = the
 //     outputs of ranks g*k..g*k+k-1, equal because batch sizes are), or
@@ -28,7 +28,7 @@
 #include <numeric>
 #include <string>
 
-#include "cuda_backend.hpp"
+#include "cuda/cuda_backend.hpp"
 #include "cuda_check.hpp"
 #include "dist_kernels.hpp"
 #include "engine/dist_checks.hpp"
@@ -175,8 +175,9 @@ void NcclBackend::sequence_output_dist(const Plan& plan,
     a.seg_src = d_ss[g].data();
     d_send[g].resize((hi - lo) * D);
     cuda::launch_seq_recat(a, d_send[g].data(), st);
-    // Codec (§8): every element rounded once, on the send buffer; fp32 on the wire.
-    cuda::launch_codec(d_send[g].data(), (hi - lo) * D, static_cast<int>(plan.comm_precision), st);
+    // Codec (docs/semantics.md §8): every element rounded once, on the send buffer; fp32 on the
+    // wire.
+    cuda::launch_codec(d_send[g].data(), (hi - lo) * D, cuda::precision(plan.comm_precision), st);
     // Receive buffers of the k destinations back to back, and the unbucketize gather index
     // in this GPU's receive-buffer rows: idx[i] = recv_base[s] + perm_s[i].
     int64_t rb = 0;
@@ -257,7 +258,7 @@ void NcclBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
     d_in[g].resize(k * n);
     for (int64_t j = 0; j < k; ++j)
       h2d(d_in[g].data() + j * n, local_embs[g * k + j]->data.data(), n, st);
-    if (codec) cuda::launch_codec(d_in[g].data(), k * n, static_cast<int>(rd), st);
+    if (codec) cuda::launch_codec(d_in[g].data(), k * n, cuda::precision(rd), st);
     d_out[g].resize(gpu_len[g]);
   }
   if (rs) {
@@ -268,7 +269,8 @@ void NcclBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
       w.set_device(g);
       if (k > 1) {
         d_part[g].resize(n);
-        cuda::launch_reduce(d_in[g].data(), k, n, n, 0, d_part[g].data(), w.stream(g));
+        cuda::launch_reduce(d_in[g].data(), k, n, n, cuda::Precision::f32, d_part[g].data(),
+                            w.stream(g));
         send[g] = d_part[g].data();
       } else {
         send[g] = d_in[g].data();
@@ -297,7 +299,7 @@ void NcclBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
     nccl::alltoallv(w, blocks, opt_.intra_gpu_via_nccl);
     for (int g = 0; g < G; ++g) {
       w.set_device(g);
-      cuda::launch_reduce(d_part[g].data(), W, gpu_len[g], gpu_len[g], static_cast<int>(rd),
+      cuda::launch_reduce(d_part[g].data(), W, gpu_len[g], gpu_len[g], cuda::precision(rd),
                           d_out[g].data(), w.stream(g));
     }
   }

@@ -202,7 +202,7 @@ EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
   a.weights = weighted ? d_w.data() : nullptr;
   a.feat_dim = d_dim.data();
   a.feat_seed = d_seed.data();
-  a.out_dtype = static_cast<int>(dt);
+  a.out_dtype = cuda::precision(dt);
   a.out = d_out.data();
   cuda::launch_pooled_lookup(a, stream_);
   out.data = d_out.download(stream_);
@@ -317,9 +317,9 @@ void CudaBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
     if (n > 0)
       CUDA_CHECK(cudaMemcpyAsync(d_parts.data() + d * n, local_embs[d]->data.data(),
                                  sizeof(float) * n, cudaMemcpyHostToDevice, stream_));
-  if (codec) cuda::launch_codec(d_parts.data(), W * n, static_cast<int>(rd), stream_);
+  if (codec) cuda::launch_codec(d_parts.data(), W * n, cuda::precision(rd), stream_);
   d_out.resize(n);
-  cuda::launch_reduce(d_parts.data(), W, n, n, static_cast<int>(rd), d_out.data(), stream_);
+  cuda::launch_reduce(d_parts.data(), W, n, n, cuda::precision(rd), d_out.data(), stream_);
   sync();
   int64_t base = 0;
   for (int64_t r = 0; r < W; ++r) {
@@ -365,10 +365,10 @@ BatchedBucketize::BatchedBucketize(const Plan& plan, const std::vector<const Kjt
   const int64_t N = static_cast<int64_t>(ids.size()), L = rank_bag_off.back();
   const bool weighted = !wts.empty();
   std::vector<uint64_t> blk(static_cast<size_t>(F));
-  std::vector<int32_t> dt(static_cast<size_t>(F));
+  std::vector<RouteRule> dt(static_cast<size_t>(F));
   for (int64_t f = 0; f < F; ++f) {
     blk[f] = static_cast<uint64_t>(plan.features[f].block_size);
-    dt[f] = static_cast<int32_t>(plan.features[f].dist_type);
+    dt[f] = route_rule(plan.features[f].dist_type);
   }
   d_ids.upload(ids, s);
   d_lengths.upload(lengths, s);
@@ -413,12 +413,12 @@ BatchedBucketize::BatchedBucketize(const Plan& plan, const std::vector<const Kjt
 }
 
 void BatchedBucketize::enable_one_pass(cudaStream_t s) {
-  fused.max_rank_bags = max_rank_bags;
-  fused.scratch_bytes = bucketize_fused_scratch_bytes();
-  if (fused.scratch_bytes == 0) return;  // no cooperative launch on this device
-  d_fused_scratch.resize(static_cast<int64_t>(fused.scratch_bytes));
-  fused.scratch = d_fused_scratch.data();
-  bucketize_fused_scratch_init(fused.scratch, fused.scratch_bytes, s);
+  one_pass.max_rank_bags = max_rank_bags;
+  one_pass.scratch_bytes = bucketize_one_pass_scratch_bytes();
+  if (one_pass.scratch_bytes == 0) return;  // no cooperative launch on this device
+  d_one_pass_scratch.resize(static_cast<int64_t>(one_pass.scratch_bytes));
+  one_pass.scratch = d_one_pass_scratch.data();
+  bucketize_one_pass_scratch_init(one_pass.scratch, one_pass.scratch_bytes, s);
 }
 
 SeqDistDevice::SeqDistDevice(const SeqDistTables& t, cudaStream_t s)
@@ -439,7 +439,7 @@ SeqDistArgs SeqDistDevice::args(const Plan& plan, const float* local) const {
   SeqDistArgs a;
   a.world_size = world_size;
   a.dim = plan.seq_dim();
-  a.codec = static_cast<int>(plan.comm_precision);
+  a.codec = precision(plan.comm_precision);
   a.total_local_rows = total_local_rows;
   a.total_out_rows = total_out_rows;
   a.local = local;

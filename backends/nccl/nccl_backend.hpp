@@ -1,4 +1,4 @@
-// The NCCL backend (issue 10): W ranks hosted on G GPUs of one process (G divides W; GPU g
+// The NCCL backend: W ranks hosted on G GPUs of one process (G divides W; GPU g
 // hosts ranks [g*W/G, (g+1)*W/G)), one communicator (ncclCommInitAll) and one stream per
 // GPU. Blocks that cross GPUs move through NCCL (grouped ncclSend/ncclRecv, ncclReduceScatter);
 // blocks between ranks of one GPU are device copies. Index work (recat, unbucketize gather,

@@ -1,0 +1,93 @@
+// Backend selection by name. The #if's on the build's backends live here and nowhere above.
+#include "registry.hpp"
+
+#include <fmt/core.h>
+
+#include <vector>
+
+#include "common/error.hpp"
+#if defined(DYNEMB_HAVE_CUDA)
+#include "cuda/cuda_backend.hpp"
+#endif
+#if defined(DYNEMB_HAVE_NCCL)
+#include "nccl/nccl_backend.hpp"
+#endif
+
+namespace dynemb {
+
+const char* compiled_backends() {
+#if defined(DYNEMB_HAVE_NCCL)
+  return "cpu, cuda, nccl";
+#elif defined(DYNEMB_HAVE_CUDA)
+  return "cpu, cuda";
+#else
+  return "cpu";
+#endif
+}
+
+bool cuda_backend_usable() {
+#if defined(DYNEMB_HAVE_CUDA)
+  return cuda_device_available();
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+[[maybe_unused]] std::vector<int> parse_devices(const std::string& devices) {
+  std::vector<int> list;  // "0,1,3" -> {0, 1, 3}
+  for (size_t p = 0; p < devices.size();) {
+    size_t q = devices.find(',', p);
+    if (q == std::string::npos) q = devices.size();
+    const std::string item = devices.substr(p, q - p);
+    if (item.empty() || item.size() > 4 ||
+        item.find_first_not_of("0123456789") != std::string::npos)
+      throw UsageError(fmt::format(
+          "--devices {}: '{}' is not a CUDA device number (want e.g. 0,1,2,3)", devices, item));
+    list.push_back(std::stoi(item));
+    p = q + 1;
+  }
+  return list;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_backend(const std::string& name, const std::string& devices) {
+  if (!devices.empty() && name != "nccl")
+    throw UsageError("--devices applies to --backend nccl only");
+  if (name == "cpu") return make_cpu_backend();
+  if (name == "auto") {
+    // docs/cli.md: auto picks cuda when a GPU is present, else cpu. The CUDA backend matches
+    // the CPU reference bit for bit (tests/gpu/test_cuda_backend.cpp).
+#if defined(DYNEMB_HAVE_CUDA)
+    if (cuda_device_available()) return make_cuda_backend(0);
+#endif
+    return make_cpu_backend();
+  }
+  if (name == "cuda") {
+#if defined(DYNEMB_HAVE_CUDA)
+    return make_cuda_backend(0);
+#else
+    throw UsageError(
+        fmt::format("--backend cuda: this build has no CUDA backend (compiled "
+                    "backends: {}); rebuild with -DDYNEMB_CUDA=ON on a machine with "
+                    "nvcc, or use --backend cpu",
+                    compiled_backends()));
+#endif
+  }
+  if (name == "nccl") {
+#if defined(DYNEMB_HAVE_NCCL)
+    return make_nccl_backend(parse_devices(devices));  // DeviceError (exit 2) without a GPU
+#else
+    throw UsageError(
+        fmt::format("--backend nccl: this build has no NCCL backend (compiled backends: {}); "
+                    "rebuild with -DDYNEMB_CUDA=ON where nccl.h and libnccl are found, or use "
+                    "--backend cpu",
+                    compiled_backends()));
+#endif
+  }
+  throw UsageError(fmt::format("--backend {}: unknown backend (auto, cpu, cuda, nccl)", name));
+}
+
+}  // namespace dynemb

@@ -1,0 +1,29 @@
+// The one place that knows which backends this build has. Everything above backends/ (the
+// bench library, cli/) asks here by name and never sees a CUDA or NCCL type.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/backend.hpp"
+
+namespace dynemb {
+
+// The backends compiled into this build, e.g. "cpu, cuda, nccl".
+const char* compiled_backends();
+
+// True when this build has the CUDA backend and a CUDA device and driver are present; never
+// throws.
+bool cuda_backend_usable();
+
+// The backend called `name`:
+//   auto  the CUDA backend when cuda_backend_usable(), else the CPU reference;
+//   cpu   the CPU reference (lib/engine/cpu_backend.cpp);
+//   cuda  all W ranks on CUDA device 0 (backends/cuda/);
+//   nccl  W ranks on the GPUs listed in `devices` ("0,1,2,3"; empty: every visible GPU),
+//         exchanges through NCCL (backends/nccl/).
+// Throws UsageError for an unknown name, a backend this build lacks (naming the compiled ones)
+// or `devices` with a backend other than nccl; DeviceError when the device cannot be used.
+std::unique_ptr<Backend> make_backend(const std::string& name, const std::string& devices = "");
+
+}  // namespace dynemb

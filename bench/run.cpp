@@ -1,0 +1,86 @@
+// Workload loading and the choice of stages to run by backend.
+#include <fmt/core.h>
+
+#include "bench.hpp"
+#include "capture/capture.hpp"
+#include "capture/synth.hpp"
+#include "common/error.hpp"
+#include "engine/engine.hpp"
+#include "engine/ops.hpp"
+#include "registry.hpp"
+#include "stages.hpp"
+
+namespace dynemb::bench {
+
+int64_t Workload::num_ids() const {
+  int64_t n = 0;
+  for (const Kjt& k : kjts) n += k.num_ids();
+  return n;
+}
+
+Workload load_workload(const Options& o) {
+  Workload w;
+  if (!o.preset.empty()) {
+    w.name = o.preset;
+    w.plan = preset_plan(o.preset);
+    SynthOptions opt = preset_workload(o.preset);
+    for (int64_t& b : opt.batch_sizes) b *= o.scale;
+    opt.seed = o.seed;
+    check_synth_options(w.plan, opt);
+    w.kjts = synth_kjts(w.plan, opt, 0);
+    if (o.scale != 1) w.name += fmt::format(" x{}", o.scale);
+  } else {
+    CaptureReader cap(o.capture);
+    w.name = o.capture;
+    w.plan = capture_plan(cap);
+    if (cap.num_batches() < 1) throw CaptureError(o.capture, "/batches", "no batch to bench");
+    ReadParts parts;
+    parts.ctx = parts.local_embs = parts.output = false;
+    Batch b = cap.read_batch(w.plan, 0, parts);
+    for (RankBatch& rb : b.ranks) w.kjts.push_back(std::move(rb.kjt));
+  }
+  for (size_t r = 0; r < w.kjts.size(); ++r)
+    check_kjt(w.plan, w.kjts[r], fmt::format("{}: rank {}", w.name, r));
+  return w;
+}
+
+Result run(const Options& o, const Workload& w) {
+  if (o.iters < 1) throw UsageError("bench: --iters must be >= 1");
+  if (o.scale < 1) throw UsageError("bench: --scale must be >= 1");
+  std::string backend = o.backend;
+  if (backend == "auto") backend = cuda_backend_usable() ? "cuda" : "cpu";
+  if (backend == "cpu") return run_cpu_stages(o, w);
+  if (backend == "cuda") return run_cuda_stages(o, w);
+  throw UsageError("bench: --backend must be auto, cuda or cpu, got '" + o.backend + "'");
+}
+
+nlohmann::json json_report(const Options& o, const Workload& w, const Result& r) {
+  nlohmann::json js;
+  js["schema_version"] = "1.0.0";
+  js["tool"] = {{"name", "dynemb-dist"}, {"version", DYNEMB_VERSION}};
+  js["report"] = "bench";
+  js["workload"] = w.name;
+  js["preset"] = o.preset;
+  js["scale"] = o.scale;
+  js["queue_ahead_cycles"] = r.launch_latency_excluded ? o.queue_ahead : 0;
+  js["module"] = to_string(w.plan.module);
+  js["world_size"] = w.plan.world_size;
+  js["num_ids"] = w.num_ids();
+  js["backend"] = r.backend;
+  js["device"] = r.device;
+  js["iters"] = o.iters;
+  js["copy_gbps"] = r.copy_gbps > 0 ? nlohmann::json(r.copy_gbps) : nlohmann::json(nullptr);
+  js["stages"] = nlohmann::json::array();
+  for (const Stage& s : r.stages) {
+    nlohmann::json st = {{"name", s.name},  {"rows", s.rows},   {"dim", s.dim},  {"bytes", s.bytes},
+                         {"time_us", s.us}, {"gbps", s.gbps()}, {"note", s.note}};
+    st["pct_copy"] =
+        r.copy_gbps > 0 ? nlohmann::json(100.0 * s.gbps() / r.copy_gbps) : nlohmann::json(nullptr);
+    js["stages"].push_back(st);
+  }
+  js["checks"] = r.checks;
+  js["diagnostics"] = r.diagnostics;
+  return js;
+}
+
+}  // namespace dynemb::bench

@@ -1,0 +1,107 @@
+// The bucketize stage on the GPU (FBGEMM's block_bucketize_sparse_features for an RW sharded
+// KJT, docs/semantics.md §2): public arguments and the one launch. Plain C++ so host code
+// (backends/cuda, bench/, tests) can include it; every pointer is a device pointer, every
+// size int64. All W ranks of a batch live on one GPU: "rank buffers" are row ranges of one
+// concatenated buffer, described by prefix-offset arrays [R+1].
+//
+// Layout of the implementation (kernels/bucketize/):
+//   config.cuh      launch shapes and limits
+//   routing.cuh     an id's destination rank and local id (the bag's rule and block size)
+//   ranking.cuh     warp and block ranking primitives (slot of an id among its bucket's ids)
+//   placement.cuh   writing ranked ids at their bucketized positions
+//   three_pass.cuh  counts -> scan -> placement kernels (any batch)
+//   one_pass.cuh    the one-pass agent and kernel (a block per bag, one cooperative launch)
+// and kernels/bucketize.cu: the dispatch, which picks a path per launch.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dynemb::cuda {
+
+// A feature's routing rule (DynamicEmb's dist_type); the values of lib/plan's DistType.
+enum class RouteRule : int32_t { continuous = 0, roundrobin = 1, hash_roundrobin = 2 };
+
+// Mean bag length from which the three-pass path takes a block per bag (BagPath::automatic).
+constexpr int64_t kBlockPerBagMinAvg = 128;
+
+// Bucketizes R KJTs (R = 1 for one rank, R = W for a whole batch). Bags are numbered
+// globally, rank-major; rank q owns bags [rank_bag_off[q], rank_bag_off[q+1]).
+// new_lengths of rank q start at W*rank_bag_off[q] and are laid out [d][j] (bucket major),
+// so one exclusive scan over all of them gives every id's global bucketized position.
+struct BucketizeArgs {
+  int64_t num_ranks = 1;                  // R
+  int64_t world_size = 1;                 // W (buckets)
+  int64_t num_features = 0;               // F
+  int64_t total_bags = 0;                 // sum over ranks of their bags
+  int64_t total_ids = 0;                  // N
+  const int64_t* rank_bag_off = nullptr;  // [R+1]
+  const int64_t* feat_bag_off = nullptr;  // [R*(F+1)]: rank-local first bag of feature f
+  int64_t* bag_offsets = nullptr;         // [total_bags+1] global id offsets (written here)
+  const int64_t* ids = nullptr;           // [N]
+  const float* weights = nullptr;         // [N] or null
+  const uint64_t* block_sizes = nullptr;  // [F] block size of the feature's table
+  const RouteRule* dist_types = nullptr;  // [F]
+  bool ids_i32 = false;                   // route by u32(id) (int32 KJT values)
+  // >= every bag's length (the host knows it): picks threads per bag and the one-pass
+  // instance (bags of <= 2048 ids keep their ids on chip; a longer bag there traps).
+  int64_t max_bag_len = 0;
+  // Three-pass path with W <= 256: a warp per bag, or a 256-thread block per bag (2048-id
+  // chunks, coalesced placement through shared memory). automatic takes blocks only when
+  // bags hold >= kBlockPerBagMinAvg ids on average: with short bags most threads of a block
+  // would idle. Tests force either.
+  enum class BagPath { automatic, warp, block } bag_path = BagPath::automatic;
+  // Outputs.
+  int64_t* new_lengths = nullptr;  // [W*total_bags]
+  int64_t* new_offsets = nullptr;  // [W*total_bags] exclusive scan of new_lengths
+  int64_t* new_values = nullptr;   // [N] bucketized order (global positions)
+  float* new_weights = nullptr;    // [N] when weights
+  int64_t* perm = nullptr;         // [N] unbucketize_permute, rank-local positions
+  int64_t* dest_rank = nullptr;    // [N] or null
+  void* scan_temp = nullptr;       // cub scratch, bucketize_scan_temp_bytes()
+  size_t scan_temp_bytes = 0;
+};
+// Scratch bytes of the three-pass path's scans over n entries.
+size_t bucketize_scan_temp_bytes(int64_t n);
+
+// Workspace of the one-pass path, owned by the caller. Without scratch every launch takes
+// the three passes.
+struct BucketizeOnePass {
+  void* scratch = nullptr;  // bucketize_one_pass_scratch_bytes(), zeroed once before first use
+  size_t scratch_bytes = 0;
+  int64_t max_rank_bags = 0;  // max_q (rank_bag_off[q+1] - rank_bag_off[q]), host-known
+  uint32_t epoch = 0;         // one-pass launches so far on this scratch (its freshness tag)
+};
+// 0 when the device cannot launch the one-pass kernel (no cooperative launch). One scratch
+// serves one stream: launches on it must not overlap.
+size_t bucketize_one_pass_scratch_bytes();
+// Zeroes the scratch (epoch 0 = never written); do it once, with BucketizeOnePass::epoch = 0.
+void bucketize_one_pass_scratch_init(void* scratch, size_t bytes, cudaStream_t s);
+// Resident blocks of the one-pass kernel on the current device, at most 1024 (0: no
+// cooperative launch): the one-pass path needs total_bags <= this.
+int64_t bucketize_one_pass_capacity();
+
+// The path launch_bucketize takes for these arguments.
+enum class BucketizePath { one_pass, block_per_bag, warp_per_bag, thread_per_bag };
+struct BucketizeChoice {
+  BucketizePath path = BucketizePath::warp_per_bag;
+  int64_t grid = 0;         // one_pass: blocks (= bags)
+  int64_t capacity = 0;     // one_pass: resident blocks of the kernel on this device
+  bool ids_cached = false;  // one_pass: every bag <= 2048 ids, ids read once
+};
+BucketizeChoice bucketize_choice(const BucketizeArgs& a, const BucketizeOnePass& ws);
+const char* to_string(BucketizePath p);
+
+// The whole stage from `lengths` [total_bags]: writes a.bag_offsets, then bucketizes. A batch
+// with at most one bag per resident block (W <= 256, R <= 256, W x bags of one rank <= 65536,
+// fewer than 2^31 ids) and a workspace takes the one-pass kernel (cooperative launch, a block
+// per bag); everything else (or a cooperative launch refused for lack of room) takes the three
+// passes: bag offsets by a cub scan, per-(bag, bucket) counts, a cub scan of new_lengths,
+// placement. Same outputs, bit for bit, either way. Bumps ws.epoch when it takes the one-pass
+// kernel.
+void launch_bucketize(const BucketizeArgs& a, const int64_t* lengths, BucketizeOnePass& ws,
+                      cudaStream_t s);
+
+}  // namespace dynemb::cuda
