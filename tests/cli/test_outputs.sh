@@ -65,6 +65,12 @@ run bench_cap 2 bench c.h5 --backend cpu --iters 1 --json "$tmp/c.h5"
 has_text bench_cap.out "(--json) is the same file as the input c.h5 (capture)" bench_cap
 run bench_ok 0 bench c.h5 --backend cpu --iters 1 --json bench.json
 grep -q '"stages"' bench.json || fail "bench_ok: no JSON written"
+# bench --export DIR writes .npy files and meta.json: each is checked like any other output
+mkdir ex && ln -s ../c.h5 ex/meta.json
+run bench_export_cap 2 bench c.h5 --backend cpu --iters 1 --export ex
+has_text bench_export_cap.out "output ex/meta.json (--export meta.json) is the same file as the input c.h5 (capture)" bench_export_cap
+run bench_export_json 2 bench c.h5 --backend cpu --iters 1 --export ./ex2 --json ex2/bk_ids.npy
+has_text bench_export_json.out "is the same file as the output ex2/bk_ids.npy (--json)" bench_export_json
 
 # ---- two outputs on one file
 run replay_two 2 replay c.h5 --json x.out.json --junit ./x.out.json
