@@ -197,6 +197,49 @@ class Replayer {
   int64_t first_trouble_batch_ = -1;
   // Replays batch k; returns the outputs (when --write-output) in rank order.
   std::vector<std::optional<EmbTensor>> replay_batch(int64_t k, const Batch& batch);
+  // What the steps of one batch share: its inputs by rank, what was derived and chosen, and
+  // whether the checks so far found the context or the lookup wrong (the cause a later
+  // mismatch names).
+  struct BatchState {
+    BatchState(int64_t k, const Batch& batch, int64_t W);
+    int64_t k;
+    const Batch& batch;
+    int64_t W;
+    std::vector<const Kjt*> kjts;                  // [W]
+    std::vector<const ShardingContext*> cap_ctx;   // [W], null: no ctx/ captured
+    std::vector<const EmbTensor*> cap_local;       // [W], null: no local_embs captured
+    std::vector<const EmbTensor*> golden;          // [W], null: no output captured
+    DerivedBatch der;                              // the input dist, derived
+    std::vector<ShardingContext> used;             // [W] what the output dist gets
+    std::vector<const ShardingContext*> used_ptr;  // [W] -> used
+    std::vector<EmbTensor> derived_local;          // [W] or empty: lookups the dist runs on
+    std::vector<bool> got;                         // [W] the output dist handed rank r over
+    bool ctx_bad = false, lookup_bad = false;
+    std::string cause_before_output() const;  // "context", "lookup/local_embs" or ""
+  };
+  void derive_batch(BatchState& st);
+  void check_contexts(BatchState& st);
+  void choose_contexts(BatchState& st);
+  void check_lookup(BatchState& st);
+  std::vector<EmbTensor> lookup(const BatchState& st, int r);
+  std::vector<std::optional<EmbTensor>> run_output_dist(BatchState& st);
+  void check_output(BatchState& st, int r, EmbTensor&& out,
+                    std::vector<std::optional<EmbTensor>>& kept);
+  void skip_outputs(const BatchState& st, const std::string& why);
+  // The step of replay_batch running and its rank (-1: all ranks), for the trouble report.
+  struct Where {
+    const char* step = "replay";
+    int rank = -1;
+    // The report's stage of that step (docs/report-schema.md): the input dist derives the
+    // contexts, the unsharded reference and the output dist are checked as `output`.
+    std::string report_stage() const {
+      const std::string s = step;
+      if (s == "input dist" || s == "ctx") return "ctx";
+      if (s == "output dist" || s == "output" || s == "reference") return "output";
+      if (s == "lookup" || s == "module") return s;
+      return "replay";
+    }
+  } at_;
   TensorLayout output_layout(const Kjt& kjt, const EmbTensor& t) const;
 
   const ReplayOptions& opt_;
@@ -384,15 +427,17 @@ void Replayer::run() {
     }
     std::vector<std::optional<EmbTensor>> outputs;
     try {
+      at_ = {};
       outputs = replay_batch(k, batch);
     } catch (const Error& e) {
       record_trouble(k, -1, "replay", e.what());
       drop_writer();
       continue;
     } catch (const std::bad_alloc&) {
-      record_trouble(k, -1, "replay",
-                     fmt::format("{}:/batches/{}: {} while replaying this batch", opt_.capture_path,
-                                 k, out_of_memory_text()));
+      const std::string rank = at_.rank >= 0 ? fmt::format("rank {}", at_.rank) : "all ranks";
+      record_trouble(k, at_.rank, at_.report_stage(),
+                     fmt::format("{}:/batches/{}: {} in the {} step ({}) of this batch",
+                                 opt_.capture_path, k, out_of_memory_text(), at_.step, rank));
       drop_writer();
       continue;
     }
@@ -417,41 +462,65 @@ void Replayer::run() {
   if (writer) writer->commit();
 }
 
+// The steps of one batch, in the order a real job runs them: the input dist (derived from the
+// KJTs), the contexts checked, the contexts the output dist gets, the lookup checked, the output
+// dist run and each rank's output checked as it arrives. `at_` names the step and rank running,
+// so trouble (out of memory included) is reported where it happened.
 std::vector<std::optional<EmbTensor>> Replayer::replay_batch(int64_t k, const Batch& batch) {
-  const int64_t W = plan_.world_size;
-  const int64_t maxm = opt_.max_mismatches;
-  std::vector<const Kjt*> kjts(static_cast<size_t>(W));
-  for (int64_t r = 0; r < W; ++r) kjts[size_t(r)] = &batch.ranks[size_t(r)].kjt;
+  BatchState st(k, batch, plan_.world_size);
+  derive_batch(st);
+  check_contexts(st);
+  choose_contexts(st);
+  check_lookup(st);
+  return run_output_dist(st);
+}
 
-  DerivedBatch der;
-  try {
-    der = derive_input_dist(plan_, kjts, backend_);
-  } catch (const OutputDistFailure& e) {
-    throw Error(fmt::format("batch {}: input dist: {}", k, e.what()));
-  } catch (const CaptureError&) {
-    throw;
-  } catch (const Error& e) {
-    throw Error(fmt::format("{}:/batches/{}: {}", opt_.capture_path, k, e.what()));
-  }
-
-  // 1. Captured context vs derived, field by field, and the plan-free checks.
-  bool ctx_bad = false, lookup_bad = false;
-  for (const RankBatch& rb : batch.ranks) ctx_seen_ |= rb.ctx.has_value();
-  std::vector<int64_t> no_ctx;  // ranks of this batch without ctx/ while others have one
-  std::vector<const ShardingContext*> cap_ctx(size_t(W), nullptr);
-  std::vector<const EmbTensor*> cap_local(size_t(W), nullptr), golden(size_t(W), nullptr);
+Replayer::BatchState::BatchState(int64_t k_, const Batch& batch_, int64_t W_)
+    : k(k_),
+      batch(batch_),
+      W(W_),
+      kjts(size_t(W_)),
+      cap_ctx(size_t(W_), nullptr),
+      cap_local(size_t(W_), nullptr),
+      golden(size_t(W_), nullptr) {
   for (int64_t r = 0; r < W; ++r) {
     const RankBatch& rb = batch.ranks[size_t(r)];
+    kjts[size_t(r)] = &rb.kjt;
     if (rb.ctx) cap_ctx[size_t(r)] = &*rb.ctx;
     if (rb.local_embs) cap_local[size_t(r)] = &*rb.local_embs;
     if (rb.output) golden[size_t(r)] = &*rb.output;
+  }
+}
+
+// The input dist every rank ran: bucketize, the KJT all-to-all, the contexts.
+void Replayer::derive_batch(BatchState& st) {
+  at_ = {"input dist", -1};
+  try {
+    st.der = derive_input_dist(plan_, st.kjts, backend_);
+  } catch (const OutputDistFailure& e) {
+    throw Error(fmt::format("batch {}: input dist: {}", st.k, e.what()));
+  } catch (const CaptureError&) {
+    throw;
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}:/batches/{}: {}", opt_.capture_path, st.k, e.what()));
+  }
+}
+
+// 1. Captured context vs derived, field by field, and the plan-free checks.
+void Replayer::check_contexts(BatchState& st) {
+  const int64_t k = st.k, W = st.W;
+  for (const RankBatch& rb : st.batch.ranks) ctx_seen_ |= rb.ctx.has_value();
+  std::vector<int64_t> no_ctx;  // ranks of this batch without ctx/ while others have one
+  for (int64_t r = 0; r < W; ++r) {
+    at_ = {"ctx", int(r)};
+    const RankBatch& rb = st.batch.ranks[size_t(r)];
     if (!rb.ctx) {
       if (ctx_seen_) no_ctx.push_back(r);
       continue;
     }
-    for (CheckResult& c :
-         diff_context(plan_, k, int(r), rb.kjt, der.ranks[size_t(r)], *rb.ctx, maxm)) {
-      ctx_bad |= c.status == CheckStatus::fail;
+    for (CheckResult& c : diff_context(plan_, k, int(r), rb.kjt, st.der.ranks[size_t(r)], *rb.ctx,
+                                       opt_.max_mismatches)) {
+      st.ctx_bad |= c.status == CheckStatus::fail;
       emit(std::move(c));
     }
   }
@@ -466,109 +535,193 @@ std::vector<std::optional<EmbTensor>> Replayer::replay_batch(int64_t k, const Ba
                    "no ctx/ group in this rank-batch (other rank-batches have one): the captured "
                    "context cannot be compared"));
   }
-  for (CheckResult& c : consistency_checks(plan_, k, kjts, cap_ctx, cap_local, golden, maxm)) {
-    ctx_bad |= c.status == CheckStatus::fail;
+  at_ = {"ctx", -1};
+  for (CheckResult& c : consistency_checks(plan_, k, st.kjts, st.cap_ctx, st.cap_local, st.golden,
+                                           opt_.max_mismatches)) {
+    st.ctx_bad |= c.status == CheckStatus::fail;
     emit(std::move(c));
   }
+}
 
-  // 2. The context the output dist gets.
-  std::vector<ShardingContext> used(static_cast<size_t>(W));
-  std::vector<const ShardingContext*> used_ptr(static_cast<size_t>(W));
+// 2. The context the output dist gets (captured fields over derived ones in --ctx captured),
+// and the pooled module's variable-batch latch checked on it.
+void Replayer::choose_contexts(BatchState& st) {
+  const int64_t W = st.W;
+  st.used.resize(size_t(W));
+  st.used_ptr.resize(size_t(W));
   for (int64_t r = 0; r < W; ++r) {
-    const ShardingContext& d = der.ranks[size_t(r)].ctx;
-    used[size_t(r)] = use_captured_ && cap_ctx[size_t(r)] ? merge_ctx(*cap_ctx[size_t(r)], d) : d;
-    used_ptr[size_t(r)] = &used[size_t(r)];
+    const ShardingContext& d = st.der.ranks[size_t(r)].ctx;
+    st.used[size_t(r)] =
+        use_captured_ && st.cap_ctx[size_t(r)] ? merge_ctx(*st.cap_ctx[size_t(r)], d) : d;
+    st.used_ptr[size_t(r)] = &st.used[size_t(r)];
   }
-  if (pooled_dist_) {  // the latch, checked on the context the module sees
-    const std::optional<bool> latched = pooled_dist_->latched_variable_batch();
-    const bool mode = latched ? *latched : used[0].variable_batch_per_feature.value_or(false);
-    for (int64_t r = 0; r < W; ++r) {
-      CheckResult c =
-          latch_check(k, int(r), used[size_t(r)].variable_batch_per_feature.value_or(false), mode,
-                      latched_batch_.value_or(k));
-      ctx_bad |= c.status == CheckStatus::fail;
-      emit(std::move(c));
-    }
+  if (!pooled_dist_) return;
+  const std::optional<bool> latched = pooled_dist_->latched_variable_batch();
+  const bool mode = latched ? *latched : st.used[0].variable_batch_per_feature.value_or(false);
+  for (int64_t r = 0; r < W; ++r) {
+    CheckResult c =
+        latch_check(st.k, int(r), st.used[size_t(r)].variable_batch_per_feature.value_or(false),
+                    mode, latched_batch_.value_or(st.k));
+    st.ctx_bad |= c.status == CheckStatus::fail;
+    emit(std::move(c));
   }
+}
 
-  // 3. Lookup: captured local_embs vs the lookup derived from the embedding source.
-  std::vector<EmbTensor> derived_local;  // all ranks, when the output dist needs them
+// The lookup of rank r (all ranks when r < 0) from the embedding source, with the file and the
+// batch named on trouble (an out-of-table id gets the id, sample and routing).
+std::vector<EmbTensor> Replayer::lookup(const BatchState& st, int r) {
+  try {
+    if (r < 0) return derive_local_embs(plan_, st.der, *source_, backend_, st.k);
+    std::vector<EmbTensor> one;
+    one.push_back(backend_.lookup(plan_, r, st.der.ranks[size_t(r)].lookup_kjt, *source_));
+    return one;
+  } catch (const LookupBoundsError& e) {
+    throw Error(fmt::format("{}:/batches/{}: {}", opt_.capture_path, st.k,
+                            describe_lookup_bounds_error(plan_, st.kjts, st.der, e)));
+  } catch (const Error& e) {  // bounds_check=error: name the file and the batch
+    throw Error(fmt::format("{}:/batches/{}: {}", opt_.capture_path, st.k, e.what()));
+  }
+}
+
+// 3. Lookup: captured local_embs vs the lookup derived from the embedding source. When the
+// output dist needs derived lookups for some rank, all ranks are derived at once (they are kept
+// for step 4); otherwise rank by rank, so only one derived lookup is in memory.
+void Replayer::check_lookup(BatchState& st) {
+  const int64_t W = st.W;
   bool need_all_derived = false;
-  for (int64_t r = 0; r < W; ++r) need_all_derived |= !(use_captured_ && cap_local[size_t(r)]);
-  if (!source_) need_all_derived = false;
+  for (int64_t r = 0; r < W; ++r)
+    need_all_derived |= !(use_captured_ && st.cap_local[size_t(r)]);
+  if (!source_) return;  // no lookup to compare with (reported once in the warnings)
   if (need_all_derived) {
-    try {
-      derived_local = derive_local_embs(plan_, der, *source_, backend_, k);
-    } catch (const LookupBoundsError& e) {
-      throw Error(fmt::format("{}:/batches/{}: {}", opt_.capture_path, k,
-                              describe_lookup_bounds_error(plan_, kjts, der, e)));
-    } catch (const Error& e) {  // bounds_check=error: name the file and the batch
-      throw Error(fmt::format("{}:/batches/{}: {}", opt_.capture_path, k, e.what()));
-    }
+    at_ = {"lookup", -1};
+    st.derived_local = lookup(st, -1);
   }
   for (int64_t r = 0; r < W; ++r) {
-    if (!cap_local[size_t(r)]) continue;
-    if (!source_) continue;  // reported once in the warnings
-    EmbTensor one;
-    const EmbTensor* want = nullptr;
-    if (need_all_derived) {
-      want = &derived_local[size_t(r)];
-    } else {  // rank by rank, so only one derived lookup is in memory
-      try {
-        one = backend_.lookup(plan_, int(r), der.ranks[size_t(r)].lookup_kjt, *source_);
-      } catch (const LookupBoundsError& e) {
-        throw Error(fmt::format("{}:/batches/{}: {}", opt_.capture_path, k,
-                                describe_lookup_bounds_error(plan_, kjts, der, e)));
-      } catch (const Error& e) {
-        // Name the file and the batch like every other trouble ("<capture>:/batches/3: ...").
-        throw Error(fmt::format("{}:/batches/{}: {}", opt_.capture_path, k, e.what()));
-      }
-      want = &one;
-    }
-    const ShardingContext& dc = der.ranks[size_t(r)].ctx;
+    if (!st.cap_local[size_t(r)]) continue;
+    at_ = {"lookup", int(r)};
+    std::vector<EmbTensor> one;
+    if (!need_all_derived) one = lookup(st, int(r));
+    const EmbTensor& want = need_all_derived ? st.derived_local[size_t(r)] : one[0];
+    const ShardingContext& dc = st.der.ranks[size_t(r)].ctx;
     TensorLayout layout = TensorLayout::flat("local_embs");
     if (plan_.module == ModuleKind::sequence)
       layout = TensorLayout::sequence_local_embs(
-          plan_, der.ranks[size_t(r)].lookup_kjt.lengths,
+          plan_, st.der.ranks[size_t(r)].lookup_kjt.lengths,
           dc.batch_size_per_rank.value_or(std::vector<int64_t>{}));
     else if (dc.batch_size_per_rank_per_feature)
       layout = TensorLayout::pooled_vbe_local_embs(plan_, *dc.batch_size_per_rank_per_feature);
     else
       layout = TensorLayout::pooled_local_embs(
           plan_, dc.batch_size_per_rank.value_or(std::vector<int64_t>{}));
-    CheckResult c =
-        tensor_check(k, int(r), "lookup", "local_embs", "captured", "derived",
-                     diff_tensors(*cap_local[size_t(r)], *want, tol_, layout, maxm), tol_);
+    const EmbTensor& got = *st.cap_local[size_t(r)];
+    CheckResult c = tensor_check(st.k, int(r), "lookup", "local_embs", "captured", "derived",
+                                 diff_tensors(got, want, tol_, layout, opt_.max_mismatches), tol_);
     if (c.status == CheckStatus::fail && plan_.any_mean && plan_.module == ModuleKind::pooled)
-      diagnose_local_means(c, *cap_local[size_t(r)], *want, der.ranks[size_t(r)].lookup_kjt,
-                           layout);
-    lookup_bad |= c.status == CheckStatus::fail;
+      diagnose_local_means(c, got, want, st.der.ranks[size_t(r)].lookup_kjt, layout);
+    st.lookup_bad |= c.status == CheckStatus::fail;
     emit(std::move(c));
   }
+}
 
-  // 4. The output dist on the chosen inputs, and the output checks as each rank arrives.
+// The cause a failed check names, from the evidence of the batch so far.
+std::string Replayer::BatchState::cause_before_output() const {
+  return ctx_bad ? "context" : lookup_bad ? "lookup/local_embs" : "";
+}
+
+// 4a. Rank r's output as the output dist hands it over: vs golden, vs the unsharded reference,
+// and the module's output after the mean-pooling step.
+void Replayer::check_output(BatchState& st, int r, EmbTensor&& out,
+                            std::vector<std::optional<EmbTensor>>& kept) {
+  const int64_t k = st.k, maxm = opt_.max_mismatches;
+  at_ = {"output", r};
+  st.got[size_t(r)] = true;
+  const RankBatch& rb = st.batch.ranks[size_t(r)];
+  const TensorLayout layout = output_layout(rb.kjt, out);
+  std::optional<CheckResult> gold, ref;
+  if (rb.output)
+    gold = tensor_check(k, r, "output", "golden", "replayed", "golden",
+                        diff_tensors(out, *rb.output, tol_, layout, maxm), tol_);
+  if (source_) {
+    at_ = {"reference", r};
+    EmbTensor want;
+    try {
+      want = reference_output(plan_, r, rb.kjt, *source_, k);
+    } catch (const CaptureError&) {
+      throw;
+    } catch (const Error& e) {
+      throw Error(fmt::format("unsharded reference: {}", e.what()));
+    }
+    ref = tensor_check(k, r, "output", "reference", "replayed", "reference",
+                       diff_tensors(out, want, tol_, layout, maxm), tol_);
+  }
+  const std::string upstream = st.cause_before_output();
+  const bool ref_ok = ref && ref->status == CheckStatus::pass;
+  if (ref && ref->status == CheckStatus::fail)
+    ref->cause = !upstream.empty() ? upstream
+                                   : "engine (consistent context and lookup, yet the sharded "
+                                     "path differs from the unsharded reference)";
+  if (gold && gold->status == CheckStatus::fail) {
+    gold->cause = !upstream.empty() ? upstream
+                  : ref_ok          ? "data (golden output)"
+                  : ref             ? "undetermined (the replay differs from the reference too)"
+                                    : "undetermined (no embedding source for a reference)";
+    if (plan_.any_mean && plan_.module == ModuleKind::pooled)
+      diagnose_output_after_callback(*gold, out, *rb.output, rb.kjt, layout);
+  }
+  if (gold) emit(std::move(*gold));
+  if (ref) emit(std::move(*ref));
+  if (rb.module_output) {
+    at_ = {"module", r};
+    CheckResult m;
+    try {
+      const EmbTensor mo =
+          module_output(plan_, rb.kjt, out, rb.inverse_indices ? &*rb.inverse_indices : nullptr);
+      m = tensor_check(
+          k, r, "module", "module_output", "replayed", "captured",
+          diff_tensors(mo, *rb.module_output, tol_, TensorLayout::pooled_output(plan_), maxm),
+          tol_);
+    } catch (const Error& e) {
+      m = skipped(k, r, "module", "module_output", e.what());
+    }
+    if (m.status == CheckStatus::fail)
+      m.cause = !upstream.empty() ? upstream
+                : gold && gold->status == CheckStatus::fail
+                    ? "the dist's output already differs"
+                    : "data (module output: the mean-pooling step after the dist)";
+    emit(std::move(m));
+  }
+  if (!opt_.write_output.empty()) kept[size_t(r)] = std::move(out);
+}
+
+// Every output check of the ranks the output dist has not handed over, skipped with `why`.
+void Replayer::skip_outputs(const BatchState& st, const std::string& why) {
+  for (int64_t r = 0; r < st.W; ++r) {
+    if (st.got[size_t(r)]) continue;
+    if (st.golden[size_t(r)]) emit(skipped(st.k, int(r), "output", "golden", why));
+    if (source_) emit(skipped(st.k, int(r), "output", "reference", why));
+    if (st.batch.ranks[size_t(r)].module_output)
+      emit(skipped(st.k, int(r), "module", "module_output", why));
+  }
+}
+
+// 4. The output dist on the chosen inputs (captured local_embs in --ctx captured, else the
+// derived lookups), each rank's output checked as it arrives. Returns the outputs for
+// --write-output (rank order), nullopt where the dist did not run.
+std::vector<std::optional<EmbTensor>> Replayer::run_output_dist(BatchState& st) {
+  const int64_t W = st.W;
   std::vector<const EmbTensor*> local(size_t(W), nullptr);
   bool runnable = true;
   for (int64_t r = 0; r < W; ++r) {
-    if (use_captured_ && cap_local[size_t(r)])
-      local[size_t(r)] = cap_local[size_t(r)];
-    else if (!derived_local.empty())
-      local[size_t(r)] = &derived_local[size_t(r)];
-    else if (cap_local[size_t(r)])  // --ctx derived without an embedding source
-      local[size_t(r)] = cap_local[size_t(r)];
+    if (use_captured_ && st.cap_local[size_t(r)])
+      local[size_t(r)] = st.cap_local[size_t(r)];
+    else if (!st.derived_local.empty())
+      local[size_t(r)] = &st.derived_local[size_t(r)];
+    else if (st.cap_local[size_t(r)])  // --ctx derived without an embedding source
+      local[size_t(r)] = st.cap_local[size_t(r)];
     runnable &= local[size_t(r)] != nullptr;
   }
   std::vector<std::optional<EmbTensor>> kept(static_cast<size_t>(W));
-  std::vector<bool> got(size_t(W), false);
-  auto skip_outputs = [&](const std::string& why) {
-    for (int64_t r = 0; r < W; ++r) {
-      if (got[size_t(r)]) continue;
-      if (golden[size_t(r)]) emit(skipped(k, int(r), "output", "golden", why));
-      if (source_) emit(skipped(k, int(r), "output", "reference", why));
-      if (batch.ranks[size_t(r)].module_output)
-        emit(skipped(k, int(r), "module", "module_output", why));
-    }
-  };
+  st.got.assign(size_t(W), false);
   if (!runnable) {
     if (!warned_no_local_)
       warn(
@@ -576,82 +729,25 @@ std::vector<std::optional<EmbTensor>> Replayer::replay_batch(int64_t k, const Ba
           "their output dist is not run; synth or capture with --store local_embs, or add /oracle "
           "or /tables/<name>/weight to the capture");
     warned_no_local_ = true;
-    skip_outputs("no local_embs captured and no embedding source to derive them");
+    skip_outputs(st, "no local_embs captured and no embedding source to derive them");
     return kept;
   }
-
+  at_ = {"output dist", -1};
   auto sink = [&](int r, EmbTensor&& out) {
-    got[size_t(r)] = true;
-    const RankBatch& rb = batch.ranks[size_t(r)];
-    const TensorLayout layout = output_layout(rb.kjt, out);
-    std::optional<CheckResult> gold, ref;
-    if (rb.output)
-      gold = tensor_check(k, r, "output", "golden", "replayed", "golden",
-                          diff_tensors(out, *rb.output, tol_, layout, maxm), tol_);
-    if (source_) {
-      EmbTensor want;
-      try {
-        want = reference_output(plan_, r, rb.kjt, *source_, k);
-      } catch (const CaptureError&) {
-        throw;
-      } catch (const Error& e) {
-        throw Error(fmt::format("unsharded reference: {}", e.what()));
-      }
-      ref = tensor_check(k, r, "output", "reference", "replayed", "reference",
-                         diff_tensors(out, want, tol_, layout, maxm), tol_);
-    }
-    // The verdict on the cause, from the evidence of this batch.
-    const bool ref_ok = ref && ref->status == CheckStatus::pass;
-    if (ref && ref->status == CheckStatus::fail) {
-      ref->cause = ctx_bad      ? "context"
-                   : lookup_bad ? "lookup/local_embs"
-                                : "engine (consistent context and lookup, yet the sharded "
-                                  "path differs from the unsharded reference)";
-    }
-    if (gold && gold->status == CheckStatus::fail) {
-      gold->cause = ctx_bad      ? "context"
-                    : lookup_bad ? "lookup/local_embs"
-                    : ref_ok     ? "data (golden output)"
-                    : ref        ? "undetermined (the replay differs from the reference too)"
-                                 : "undetermined (no embedding source for a reference)";
-      if (plan_.any_mean && plan_.module == ModuleKind::pooled)
-        diagnose_output_after_callback(*gold, out, *rb.output, rb.kjt, layout);
-    }
-    if (gold) emit(std::move(*gold));
-    if (ref) emit(std::move(*ref));
-    if (rb.module_output) {
-      CheckResult m;
-      try {
-        const EmbTensor mo =
-            module_output(plan_, rb.kjt, out, rb.inverse_indices ? &*rb.inverse_indices : nullptr);
-        m = tensor_check(
-            k, r, "module", "module_output", "replayed", "captured",
-            diff_tensors(mo, *rb.module_output, tol_, TensorLayout::pooled_output(plan_), maxm),
-            tol_);
-      } catch (const Error& e) {
-        m = skipped(k, r, "module", "module_output", e.what());
-      }
-      if (m.status == CheckStatus::fail)
-        m.cause = ctx_bad      ? "context"
-                  : lookup_bad ? "lookup/local_embs"
-                  : gold && gold->status == CheckStatus::fail
-                      ? "the dist's output already differs"
-                      : "data (module output: the mean-pooling step after the dist)";
-      emit(std::move(m));
-    }
-    if (!opt_.write_output.empty()) kept[size_t(r)] = std::move(out);
+    check_output(st, r, std::move(out), kept);
+    at_ = {"output dist", -1};
   };
   try {
     if (seq_dist_) {
-      seq_dist_->forward(local, used_ptr, sink);
+      seq_dist_->forward(local, st.used_ptr, sink);
     } else {
-      pooled_dist_->forward(k, local, used_ptr, sink);
-      if (!latched_batch_ && pooled_dist_->latched_variable_batch()) latched_batch_ = k;
+      pooled_dist_->forward(st.k, local, st.used_ptr, sink);
+      if (!latched_batch_ && pooled_dist_->latched_variable_batch()) latched_batch_ = st.k;
     }
   } catch (const OutputDistFailure& e) {
     // The crash a real rank would have had: a context mismatch finding, not trouble.
     CheckResult c;
-    c.batch = k;
+    c.batch = st.k;
     c.rank = e.rank();
     c.stage = "ctx";
     c.check = "output_dist";
@@ -661,7 +757,7 @@ std::vector<std::optional<EmbTensor>> Replayer::replay_batch(int64_t k, const Ba
     c.message = fmt::format("the output dist cannot run with this context (field {}): {}",
                             e.field(), e.what());
     emit(std::move(c));
-    skip_outputs(fmt::format("the output dist failed on rank {} ({})", e.rank(), e.field()));
+    skip_outputs(st, fmt::format("the output dist failed on rank {} ({})", e.rank(), e.field()));
   }
   return kept;
 }

@@ -132,7 +132,7 @@ if [[ $asan -eq 0 ]]; then
   rc=$?
   expect_rc oom 2 $rc
   has_text oom.out "big.h5:/batches/0: out of memory (a request for" oom
-  has_text oom.out "failed) while replaying this batch" oom
+  has_text oom.out "failed) in the lookup step (all ranks) of this batch" oom
   has_text oom.out "big.h5:/batches/1: out of memory" oom
   has_text oom.out "result: ERROR (exit 2)" oom
   "$DYNEMB_PYTHON" - oom.json <<'EOF' || fail "oom: the JSON report does not list the out-of-memory trouble per batch"
@@ -141,7 +141,17 @@ r = json.load(open(sys.argv[1]))
 errs = [c for c in r["checks"] if c["status"] == "error"]
 assert r["summary"]["exit_code"] == 2, r["summary"]
 assert sorted(c["batch"] for c in errs) == [0, 1], errs
-assert all(c["stage"] == "replay" and "out of memory (a request for" in c["message"] for c in errs), errs
+# where it happened: the step (and its report stage) and the rank or "all ranks"
+import re
+for c in errs:
+    m = re.search(r"out of memory \(a request for [0-9.]+ [KMG]?i?B failed\) in the "
+                  r"(input dist|ctx|lookup|output dist|output|reference|module) step "
+                  r"\((rank ([0-9]+)|all ranks)\) of this batch", c["message"])
+    assert m, c["message"]
+    assert c["stage"] == {"input dist": "ctx", "ctx": "ctx", "lookup": "lookup",
+                          "output dist": "output", "output": "output",
+                          "reference": "output", "module": "module"}[m.group(1)], c
+    assert c["rank"] == (int(m.group(3)) if m.group(3) else None), c
 EOF
   grep -q '<error type="trouble" message="[^"]*out of memory' oom.xml || fail "oom: no out-of-memory <error> in the JUnit report"
   [[ "$(sha big.h5)" == "$big_sha" ]] || fail "oom: the capture was changed"
