@@ -15,6 +15,7 @@
 #include "commands.hpp"
 #include "common/error.hpp"
 #include "common/memory.hpp"
+#include "progress.hpp"
 #include "common/output_file.hpp"
 #include "engine/backend.hpp"
 #include "registry.hpp"
@@ -36,6 +37,8 @@ struct ReplayCliOptions {
   std::string annotations;  // "", "github", "none" ("": github under GITHUB_ACTIONS=true)
   bool quiet = false;
   bool fail_fast = false;
+  std::string max_memory;
+  int read_ahead = 1;
 };
 
 // GitHub annotations for the failing checks, the warnings and the trouble. A capture has no
@@ -97,6 +100,13 @@ int run_replay_cli(const ReplayCliOptions& o) {
   opt.write_output = o.write_output;
   opt.argv = process_argv();
   opt.fail_fast = o.fail_fast;
+  if (!o.max_memory.empty()) {
+    opt.max_memory = parse_size(o.max_memory);
+    if (opt.max_memory == 0)
+      throw UsageError(fmt::format("--max-memory '{}': not a size (e.g. 2G, 512M, 1.5GiB)",
+                                   o.max_memory));
+  }
+  opt.read_ahead = o.read_ahead;
   // Before any work: no output is an input or another output (by device and inode, whatever
   // the spelling), and every output's temporary exists, so a long run never ends in "cannot
   // write the report".
@@ -115,8 +125,7 @@ int run_replay_cli(const ReplayCliOptions& o) {
 
   const char* no_color = std::getenv("NO_COLOR");
   const bool colour = ::isatty(STDOUT_FILENO) && !(no_color && *no_color);
-  const bool progress = !o.quiet && ::isatty(STDERR_FILENO);
-  bool progress_shown = false;
+  ProgressLine progress("replay", !o.quiet);
 
   ReplayCallbacks cb;
   cb.on_start = [&](const Report& r) {
@@ -125,23 +134,24 @@ int run_replay_cli(const ReplayCliOptions& o) {
   };
   cb.on_check = [&](const CheckResult& c) {
     if (o.quiet || c.status == CheckStatus::pass || c.status == CheckStatus::skipped) return;
-    if (progress_shown) {
-      std::fputs("\r\x1b[K", stderr);  // clear the progress line first
-      progress_shown = false;
-    }
+    progress.clear();
     std::fputs(text_check_line(c, colour).c_str(), stdout);
     std::fflush(stdout);
   };
-  if (progress) {
-    cb.on_progress = [&](int64_t done, int64_t total) {
-      fmt::print(stderr, "\rreplay: {}/{} batches done", done, total);
-      std::fflush(stderr);
-      progress_shown = true;
+  if (progress.active()) {
+    cb.on_progress = [&](const ReplayProgress& p) {
+      const double f = p.rank_batches_total > 0
+                           ? double(p.rank_batches_done) / double(p.rank_batches_total)
+                           : 0.0;
+      progress.update(f,
+                      fmt::format("{}/{} batches, {}/{} rank-batches", p.batches_done,
+                                  p.batches_total, p.rank_batches_done, p.rank_batches_total),
+                      p.bytes_done, p.bytes_total, p.batches_done == p.batches_total);
     };
   }
 
   Report report = run_replay(opt, *backend, cb);
-  if (progress_shown) std::fputs("\r\x1b[K", stderr);
+  progress.clear();
   // The files first, so that a failure to write them (a full disk) is in the text summary and
   // the exit status; both are complete in their temporaries before either is renamed.
   try {
@@ -212,7 +222,7 @@ void setup_replay(CLI::App& app, RunFn& run) {
   sub->add_option("--max-mismatches", o->max_mismatches,
                   "Differences listed per check, with coordinates (all are counted)")
       ->check(CLI::NonNegativeNumber);
-  sub->add_option("--json", o->json, "Write a JSON report (docs/report-schema.md, 1.0.0)");
+  sub->add_option("--json", o->json, "Write a JSON report (docs/report-schema.md, schema 1.1.0)");
   sub->add_option("--junit", o->junit, "Write a JUnit XML report: one testcase per check");
   sub->add_option("--write-output", o->write_output,
                   "Write a copy of the capture whose output datasets hold this replay's "
@@ -227,6 +237,16 @@ void setup_replay(CLI::App& app, RunFn& run) {
   sub->add_flag("--fail-fast", o->fail_fast,
                 "Stop at the first trouble (an unreadable dataset, a bounds error, out of "
                 "memory) instead of reporting it for its batch and rank and going on");
+  sub->add_option("--max-memory", o->max_memory,
+                  "Memory the replay may plan for, e.g. 4G (default: the machine's, or its "
+                  "cgroup's limit): a batch that cannot fit is refused before any work, and "
+                  "batches are read ahead only while two fit in three quarters of it")
+      ->type_name("SIZE");
+  sub->add_option("--read-ahead", o->read_ahead,
+                  "Batches read and decompressed on another thread while one is replayed: 1 "
+                  "(default) or 0 (read, then replay, in turn)")
+      ->check(CLI::IsMember({0, 1}))
+      ->capture_default_str();
   sub->add_flag("--quiet,-q", o->quiet,
                 "No progress and no per-check lines; header and summary "
                 "only");

@@ -10,6 +10,7 @@
 
 #include "capture/synth.hpp"
 #include "commands.hpp"
+#include "progress.hpp"
 #include "common/error.hpp"
 #include "common/memory.hpp"
 #include "common/output_file.hpp"
@@ -173,13 +174,13 @@ int run_synth(const SynthArgs& a) {
   check_output_clashes(inputs, {{"-o", a.out}});
   auto out = std::make_shared<OutputFile>(a.out, a.force, "use --force to replace it");
 
-  // Progress only when a person is watching: stderr on a terminal.
-  const bool tty = ::isatty(::fileno(stderr)) == 1;
+  ProgressLine line("synth", true);  // only when a person is watching: stderr on a terminal
   auto progress = [&](int64_t k) {
-    if (tty) fmt::print(stderr, "\rsynth: batch {}/{}", k + 1, o.batches);
+    line.update(double(k + 1) / double(std::max<int64_t>(1, o.batches)),
+                fmt::format("{}/{} batches", k + 1, o.batches), 0, 0, k + 1 == o.batches);
   };
   synth_capture(plan, o, std::move(out), progress);
-  if (tty) fmt::print(stderr, "\n");
+  line.clear();
   std::vector<std::string> parts;
   if (o.store_ctx) parts.emplace_back("ctx");
   if (o.store_local_embs) parts.emplace_back("local_embs");

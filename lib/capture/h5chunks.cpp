@@ -131,7 +131,8 @@ bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads) {
   }
   if (numel * es != bytes || numel == 0) return false;
   hsize_t stored = 0;
-  if (H5Dget_num_chunks(dset, H5S_ALL, &stored) < 0 || stored != nchunks) return false;
+  // The dataset's own file space: libhdf5 1.10 refuses H5S_ALL here.
+  if (H5Dget_num_chunks(dset, sp, &stored) < 0 || stored != nchunks) return false;
 
   // The stored bytes of every chunk, read here (libhdf5 on one thread), in grid order. Their
   // total is what the file stores for the dataset, which the reader has already bounded

@@ -45,26 +45,6 @@ uint64_t physical_memory_bytes() {
 }
 
 namespace {
-// "123", "4G", "512M": bytes; 0 when not a size.
-uint64_t parse_size(const std::string& text) {
-  if (text.empty()) return 0;
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || v <= 0) return 0;
-  const std::string unit = end;
-  double mult = 1;
-  if (unit == "K" || unit == "k" || unit == "KiB")
-    mult = 1024.0;
-  else if (unit == "M" || unit == "MiB")
-    mult = 1024.0 * 1024;
-  else if (unit == "G" || unit == "GiB")
-    mult = 1024.0 * 1024 * 1024;
-  else if (unit == "T" || unit == "TiB")
-    mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (!unit.empty())
-    return 0;
-  return static_cast<uint64_t>(v * mult);
-}
 
 uint64_t cgroup_limit() {
   for (const char* path :
@@ -87,6 +67,26 @@ uint64_t usable_memory_bytes() {
   if (a == 0) return b;
   if (b == 0) return a;
   return a < b ? a : b;
+}
+
+uint64_t parse_size(const std::string& text) {
+  if (text.empty()) return 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || v <= 0) return 0;
+  const std::string unit = end;
+  double mult = 1;
+  if (unit == "K" || unit == "k" || unit == "KiB")
+    mult = 1024.0;
+  else if (unit == "M" || unit == "MiB")
+    mult = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "T" || unit == "TiB")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (!unit.empty())
+    return 0;
+  return static_cast<uint64_t>(v * mult);
 }
 
 }  // namespace dynemb

@@ -28,4 +28,7 @@ uint64_t physical_memory_bytes();
 // happens.
 uint64_t usable_memory_bytes();
 
+// "123", "4G", "512M", "1.5GiB" (K/M/G/T, binary): bytes; 0 when the text is not a size.
+uint64_t parse_size(const std::string& text);
+
 }  // namespace dynemb

@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <fstream>
+#include <future>
+#include <map>
 #include <memory>
 #include <set>
 #include <sstream>
 
 #include "capture/capture.hpp"
+#include "capture/h5util.hpp"
 #include "common/error.hpp"
 #include "common/input_file.hpp"
 #include "common/memory.hpp"
@@ -188,7 +191,11 @@ class Replayer {
   void setup_replan(const CaptureReader& reader);
   // Size up front: refuses (Error) a replay whose first batch cannot fit in this machine's
   // memory, with the estimate (engine/memory_estimate.hpp).
-  void check_memory(const CaptureReader& reader) const;
+  void check_memory(const CaptureReader& reader);
+  uint64_t memory_budget() const {
+    return opt_.max_memory > 0 ? opt_.max_memory : usable_memory_bytes();
+  }
+  uint64_t batch_bytes_ = 0;  // check_memory's estimate of one batch's replay
   bool rebase_batch(int64_t k, Batch& batch, bool selected);
   const Plan& read_plan() const { return replan_ ? cap_plan_ : plan_; }
   bool replan_ = false;
@@ -226,6 +233,14 @@ class Replayer {
   void check_output(BatchState& st, int r, EmbTensor&& out,
                     std::vector<std::optional<EmbTensor>>& kept);
   void skip_outputs(const BatchState& st, const std::string& why);
+  // Progress: the logical bytes of each selected batch, read from the file's metadata up front
+  // (only when someone shows progress), then advanced as each rank's output is checked.
+  void measure_progress(const CaptureReader& reader);
+  void progress_rank_done(int64_t k);
+  void progress_batch_done(int64_t k);
+  ReplayProgress progress_;
+  std::map<int64_t, double> batch_bytes_of_;
+  int64_t ranks_done_in_batch_ = 0;
   // The step of replay_batch running and its rank (-1: all ranks), for the trouble report.
   struct Where {
     const char* step = "replay";
@@ -386,7 +401,7 @@ void Replayer::run() {
     for (int64_t k = 0; k < reader.num_batches(); ++k) order.push_back(k);
   }
   bool started = false;
-  int64_t done = 0;
+  if (cb_.on_progress) measure_progress(reader);
   // Trouble in a batch: --write-output is then incomplete, so it is not written at all.
   auto drop_writer = [&]() {
     if (!writer) return;
@@ -396,66 +411,92 @@ void Replayer::run() {
                     "existed, is unchanged",
                     opt_.write_output, first_trouble_batch_));
   };
-  for (int64_t k : order) {
-    std::optional<Batch> read = read_batch_keeping_going(reader, k);
-    if (!read) {
-      drop_writer();
-      continue;
-    }
-    Batch& batch = *read;
-    if (replan_ && !rebase_batch(k, batch, selected.count(k) > 0)) {
-      if (writer) writer->write_batch(batch);
-      continue;
-    }
-    if (!selected.count(k)) {
-      writer->write_batch(batch);
-      continue;
-    }
-    if (!started) {  // the first replayed batch decides --ctx automatic
-      bool any_ctx = false;
-      for (const RankBatch& rb : batch.ranks) any_ctx |= rb.ctx.has_value();
-      use_captured_ =
-          opt_.ctx_mode == CtxMode::captured || (opt_.ctx_mode == CtxMode::automatic && any_ctx);
-      if (opt_.ctx_mode == CtxMode::captured && !any_ctx)
-        warn(
-            fmt::format("--ctx captured: batch {} has no ctx/ group; the derived context is "
-                        "used where none was captured (--ctx derived says so explicitly)",
-                        k));
-      info.ctx_mode = use_captured_ ? "captured" : "derived";
-      start();
-      started = true;
-    }
-    std::vector<std::optional<EmbTensor>> outputs;
-    try {
-      at_ = {};
-      outputs = replay_batch(k, batch);
-    } catch (const Error& e) {
-      record_trouble(k, -1, "replay", e.what());
-      drop_writer();
-      continue;
-    } catch (const std::bad_alloc&) {
-      const std::string rank = at_.rank >= 0 ? fmt::format("rank {}", at_.rank) : "all ranks";
-      record_trouble(k, at_.rank, at_.report_stage(),
-                     fmt::format("{}:/batches/{}: {} in the {} step ({}) of this batch",
-                                 opt_.capture_path, k, out_of_memory_text(), at_.step, rank));
-      drop_writer();
-      continue;
-    }
-    if (writer) {
-      for (size_t r = 0; r < batch.ranks.size(); ++r) {
-        if (outputs[r]) {
-          batch.ranks[r].output = std::move(*outputs[r]);
-        } else if (batch.ranks[r].output) {
-          warn(
-              fmt::format("--write-output: batch {} rank {}: the output dist did not run; the "
-                          "captured output is copied unchanged",
-                          k, r));
-        }
+  // One batch ahead: batch k+1 is read (and inflated, h5chunks.hpp) on another thread while
+  // batch k is replayed, so reading and replaying overlap. libhdf5 is not thread-safe: while a
+  // read is in flight no other thread calls it, so with --write-output (the writer calls libhdf5)
+  // the loop stays sequential. Two batches must fit in memory. A read that fails is redone on
+  // this thread by read_batch_keeping_going, which records the trouble rank by rank.
+  const bool prefetch = opt_.read_ahead > 0 && !writer && order.size() > 1 &&
+                        2 * batch_bytes_ <= memory_budget() / 4 * 3;
+  std::future<std::optional<Batch>> ahead;
+  auto read_ahead = [&](int64_t k) {
+    return std::async(std::launch::async, [this, &reader, k]() -> std::optional<Batch> {
+      h5::quiet();  // libhdf5's error printing is per thread: errors are reported, not dumped
+      try {
+        return reader.read_batch(read_plan(), k);
+      } catch (...) {  // Error, bad_alloc: read again on the replay's thread
+        return std::nullopt;
       }
-      writer->write_batch(batch);
-    }
-    ++done;
-    if (cb_.on_progress) cb_.on_progress(done, int64_t(info.batches.size()));
+    });
+  };
+  // Batch k once read (nullopt: unreadable, its trouble recorded): checked, or only copied
+  // to --write-output when not selected.
+  auto replay_read = [&](int64_t k, std::optional<Batch>& read) {
+      if (!read) {
+        drop_writer();
+        return;
+      }
+      Batch& batch = *read;
+      if (replan_ && !rebase_batch(k, batch, selected.count(k) > 0)) {
+        if (writer) writer->write_batch(batch);
+        return;
+      }
+      if (!selected.count(k)) {
+        writer->write_batch(batch);
+        return;
+      }
+      if (!started) {  // the first replayed batch decides --ctx automatic
+        bool any_ctx = false;
+        for (const RankBatch& rb : batch.ranks) any_ctx |= rb.ctx.has_value();
+        use_captured_ =
+            opt_.ctx_mode == CtxMode::captured || (opt_.ctx_mode == CtxMode::automatic && any_ctx);
+        if (opt_.ctx_mode == CtxMode::captured && !any_ctx)
+          warn(
+              fmt::format("--ctx captured: batch {} has no ctx/ group; the derived context is "
+                          "used where none was captured (--ctx derived says so explicitly)",
+                          k));
+        info.ctx_mode = use_captured_ ? "captured" : "derived";
+        start();
+        started = true;
+      }
+      std::vector<std::optional<EmbTensor>> outputs;
+      try {
+        at_ = {};
+        outputs = replay_batch(k, batch);
+      } catch (const Error& e) {
+        record_trouble(k, -1, "replay", e.what());
+        drop_writer();
+        return;
+      } catch (const std::bad_alloc&) {
+        const std::string rank = at_.rank >= 0 ? fmt::format("rank {}", at_.rank) : "all ranks";
+        record_trouble(k, at_.rank, at_.report_stage(),
+                       fmt::format("{}:/batches/{}: {} in the {} step ({}) of this batch",
+                                   opt_.capture_path, k, out_of_memory_text(), at_.step, rank));
+        drop_writer();
+        return;
+      }
+      if (writer) {
+        for (size_t r = 0; r < batch.ranks.size(); ++r) {
+          if (outputs[r]) {
+            batch.ranks[r].output = std::move(*outputs[r]);
+          } else if (batch.ranks[r].output) {
+            warn(
+                fmt::format("--write-output: batch {} rank {}: the output dist did not run; the "
+                            "captured output is copied unchanged",
+                            k, r));
+          }
+        }
+        writer->write_batch(batch);
+      }
+  };
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int64_t k = order[i];
+    std::optional<Batch> read;
+    if (ahead.valid()) read = ahead.get();
+    if (!read) read = read_batch_keeping_going(reader, k);
+    if (prefetch && i + 1 < order.size()) ahead = read_ahead(order[i + 1]);
+    replay_read(k, read);
+    if (selected.count(k)) progress_batch_done(k);
   }
   start();  // when every batch was trouble
   if (writer && troubles_ > 0) drop_writer();
@@ -691,6 +732,39 @@ void Replayer::check_output(BatchState& st, int r, EmbTensor&& out,
     emit(std::move(m));
   }
   if (!opt_.write_output.empty()) kept[size_t(r)] = std::move(out);
+  progress_rank_done(k);
+}
+
+void Replayer::measure_progress(const CaptureReader& reader) {
+  progress_.batches_total = int64_t(rep_.info.batches.size());
+  progress_.rank_batches_total = progress_.batches_total * plan_.world_size;
+  for (int64_t k : rep_.info.batches) {
+    double bytes = 0;
+    for (const DatasetStat& d : reader.dataset_stats(k)) bytes += double(d.logical_bytes);
+    batch_bytes_of_[k] = bytes;
+    progress_.bytes_total += bytes;
+  }
+}
+
+void Replayer::progress_rank_done(int64_t k) {
+  if (!cb_.on_progress) return;
+  const int64_t W = std::max<int64_t>(1, plan_.world_size);
+  if (ranks_done_in_batch_ >= W) return;
+  ++ranks_done_in_batch_;
+  ++progress_.rank_batches_done;
+  progress_.bytes_done += batch_bytes_of_[k] / double(W);
+  cb_.on_progress(progress_);
+}
+
+// The rest of batch k (ranks whose output dist did not run, or trouble) counts as done.
+void Replayer::progress_batch_done(int64_t k) {
+  if (!cb_.on_progress) return;
+  const int64_t W = std::max<int64_t>(1, plan_.world_size);
+  progress_.rank_batches_done += W - ranks_done_in_batch_;
+  progress_.bytes_done += batch_bytes_of_[k] * double(W - ranks_done_in_batch_) / double(W);
+  ranks_done_in_batch_ = 0;
+  ++progress_.batches_done;
+  cb_.on_progress(progress_);
 }
 
 // Every output check of the ranks the output dist has not handed over, skipped with `why`.
@@ -869,8 +943,8 @@ void Replayer::setup_replan(const CaptureReader& reader) {
                "skipped");
 }
 
-void Replayer::check_memory(const CaptureReader& reader) const {
-  const uint64_t have = usable_memory_bytes();
+void Replayer::check_memory(const CaptureReader& reader) {
+  const uint64_t have = memory_budget();
   if (have == 0 || rep_.info.batches.empty()) return;
   const int64_t k = rep_.info.batches.front();
   int64_t ids = 0, bags = 0;
@@ -893,12 +967,16 @@ void Replayer::check_memory(const CaptureReader& reader) const {
   const MemoryEstimate m = estimate_batch_memory(plan_, b, len);
   // The derived context and lookup, the replayed outputs, and what the capture holds.
   const double need = m.ids + 2 * m.context + m.lookup + m.output + captured_floats;
+  batch_bytes_ = uint64_t(need);
   if (need > double(have))
     throw Error(fmt::format(
-        "{}: replaying batch {} needs about {}, more than the {} this machine has (physical "
-        "memory, cgroup limit or DYNEMB_MEMORY_LIMIT); W = {}, captured local_embs and output "
-        "{}; {}",
-        opt_.capture_path, k, human_bytes(need), human_bytes(double(have)), W,
+        "{}: replaying batch {} needs about {}, more than the {} {}; W = {}, captured "
+        "local_embs and output {}; {}",
+        opt_.capture_path, k, human_bytes(need), human_bytes(double(have)),
+        opt_.max_memory > 0 ? "--max-memory allows"
+                            : "this machine has (physical memory, cgroup limit or "
+                              "DYNEMB_MEMORY_LIMIT)",
+        W,
         human_bytes(captured_floats), m.summary()));
 }
 

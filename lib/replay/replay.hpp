@@ -37,13 +37,27 @@ struct ReplayOptions {
   // Stop at the first trouble (the run's trouble, exit 2) instead of recording it as an error
   // check of its batch (or rank) and going on with the others.
   bool fail_fast = false;
+  // --max-memory: the memory the replay may plan for, bytes (0: what the machine or its cgroup
+  // allows, common/memory.hpp). A batch that cannot fit is refused up front; batches are read
+  // ahead only while two fit in three quarters of it.
+  uint64_t max_memory = 0;
+  // --read-ahead: batches read (and inflated) on another thread while one is replayed, 0 or 1.
+  int read_ahead = 1;
   std::vector<std::string> argv;
+};
+
+// Where a replay stands, after each rank-batch: rank-batches and the capture's logical bytes
+// (uncompressed, every dataset of the batches replayed) done and in all.
+struct ReplayProgress {
+  int64_t rank_batches_done = 0, rank_batches_total = 0;
+  int64_t batches_done = 0, batches_total = 0;
+  double bytes_done = 0, bytes_total = 0;
 };
 
 struct ReplayCallbacks {
   std::function<void(const Report&)> on_start;                   // header info known
   std::function<void(const CheckResult&)> on_check;              // every check, as it is decided
-  std::function<void(int64_t done, int64_t total)> on_progress;  // after each batch
+  std::function<void(const ReplayProgress&)> on_progress;  // after each rank-batch
 };
 
 // "0-3,7" -> {0,1,2,3,7}: sorted, unique, each < num_batches. Empty text: all batches.

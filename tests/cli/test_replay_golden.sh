@@ -133,12 +133,13 @@ hasnt ulp $'\x1b'
 if command -v script >/dev/null; then
   env -u NO_COLOR script -qec "'$DYNEMB' replay '$tmp/ulp.h5'" /dev/null >"$tmp/tty.out" 2>&1
   has tty $'\x1b\\[31;1mFAIL'
-  has tty "replay: 3/3 batches done"
+  has tty "replay \\[#+\\] 100%  3/3 batches, 6/6 rank-batches"
+  has tty $'rank-batches[^\r]*\r\x1b\\[K'  # erased once the work is done
   NO_COLOR=1 script -qec "'$DYNEMB' replay '$tmp/ulp.h5'" /dev/null >"$tmp/tty_nc.out" 2>&1
   hasnt tty_nc $'\x1b\\[3'
-  has tty_nc "replay: 3/3 batches done"
+  has tty_nc "100%  3/3 batches, 6/6 rank-batches"
   env -u NO_COLOR script -qec "'$DYNEMB' replay '$tmp/ulp.h5' --quiet" /dev/null >"$tmp/tty_q.out" 2>&1
-  hasnt tty_q "batches done"
+  hasnt tty_q "rank-batches"
   hasnt tty_q "^FAIL"
 fi
 
