@@ -132,7 +132,8 @@ if [[ $asan -eq 0 ]]; then
   rc=$?
   expect_rc oom 2 $rc
   has_text oom.out "big.h5:/batches/0: out of memory (a request for" oom
-  has_text oom.out "failed) in the lookup step (all ranks) of this batch" oom
+  grep -qE "failed\) in the (input dist|ctx|lookup|output dist|output|reference|module) step \((all ranks|rank [0-9]+)\) of this batch" oom.out ||
+    fail "oom: the message does not name the step and the rank: $(grep 'out of memory' oom.out | head -2)"
   has_text oom.out "big.h5:/batches/1: out of memory" oom
   has_text oom.out "result: ERROR (exit 2)" oom
   "$DYNEMB_PYTHON" - oom.json <<'EOF' || fail "oom: the JSON report does not list the out-of-memory trouble per batch"
