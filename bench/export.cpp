@@ -10,7 +10,9 @@
 namespace dynemb::bench {
 namespace {
 
-std::string path_of(const Options& o, const std::string& file) { return o.export_dir + "/" + file; }
+std::string path_of(const Options& o, const std::string& file) {
+  return o.export_dir + "/" + file;
+}
 
 void write_file(const std::string& path, const std::string& bytes) {
   OutputFile out(path);
@@ -21,9 +23,9 @@ void write_file(const std::string& path, const std::string& bytes) {
 }  // namespace
 
 std::vector<std::string> export_file_names() {
-  return {"bk_ids.npy",          "bk_lengths.npy",     "bk_bag_blk.npy", "bk_rank_bag_off.npy",
-          "bk_perm.npy",         "seq_perm_global.npy", "seq_recat_rows.npy",
-          "seq_slices.npy",      "meta.json"};
+  return {"bk_ids.npy",          "bk_lengths.npy", "bk_bag_blk.npy",
+          "bk_rank_bag_off.npy", "bk_perm.npy",    "seq_perm_global.npy",
+          "seq_recat_rows.npy",  "seq_slices.npy", "meta.json"};
 }
 
 void check_export_outputs(const Options& o) {
@@ -33,8 +35,8 @@ void check_export_outputs(const Options& o) {
   if (!o.export_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(o.export_dir, ec);
-    if (ec) throw Error(fmt::format("bench --export: cannot create {}: {}", o.export_dir,
-                                    ec.message()));
+    if (ec)
+      throw Error(fmt::format("bench --export: cannot create {}: {}", o.export_dir, ec.message()));
     for (const std::string& f : export_file_names())
       outputs.push_back({"--export " + f, path_of(o, f)});
   }

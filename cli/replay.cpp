@@ -15,9 +15,9 @@
 #include "commands.hpp"
 #include "common/error.hpp"
 #include "common/memory.hpp"
-#include "progress.hpp"
 #include "common/output_file.hpp"
 #include "engine/backend.hpp"
+#include "progress.hpp"
 #include "registry.hpp"
 #include "replay/replay.hpp"
 #include "replay/tolerance.hpp"
@@ -103,8 +103,8 @@ int run_replay_cli(const ReplayCliOptions& o) {
   if (!o.max_memory.empty()) {
     opt.max_memory = parse_size(o.max_memory);
     if (opt.max_memory == 0)
-      throw UsageError(fmt::format("--max-memory '{}': not a size (e.g. 2G, 512M, 1.5GiB)",
-                                   o.max_memory));
+      throw UsageError(
+          fmt::format("--max-memory '{}': not a size (e.g. 2G, 512M, 1.5GiB)", o.max_memory));
   }
   opt.read_ahead = o.read_ahead;
   // Before any work: no output is an input or another output (by device and inode, whatever

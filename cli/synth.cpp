@@ -10,11 +10,11 @@
 
 #include "capture/synth.hpp"
 #include "commands.hpp"
-#include "progress.hpp"
 #include "common/error.hpp"
 #include "common/memory.hpp"
 #include "common/output_file.hpp"
 #include "engine/memory_estimate.hpp"
+#include "progress.hpp"
 
 namespace dynemb::cli {
 

@@ -432,62 +432,62 @@ void Replayer::run() {
   // Batch k once read (nullopt: unreadable, its trouble recorded): checked, or only copied
   // to --write-output when not selected.
   auto replay_read = [&](int64_t k, std::optional<Batch>& read) {
-      if (!read) {
-        drop_writer();
-        return;
-      }
-      Batch& batch = *read;
-      if (replan_ && !rebase_batch(k, batch, selected.count(k) > 0)) {
-        if (writer) writer->write_batch(batch);
-        return;
-      }
-      if (!selected.count(k)) {
-        writer->write_batch(batch);
-        return;
-      }
-      if (!started) {  // the first replayed batch decides --ctx automatic
-        bool any_ctx = false;
-        for (const RankBatch& rb : batch.ranks) any_ctx |= rb.ctx.has_value();
-        use_captured_ =
-            opt_.ctx_mode == CtxMode::captured || (opt_.ctx_mode == CtxMode::automatic && any_ctx);
-        if (opt_.ctx_mode == CtxMode::captured && !any_ctx)
+    if (!read) {
+      drop_writer();
+      return;
+    }
+    Batch& batch = *read;
+    if (replan_ && !rebase_batch(k, batch, selected.count(k) > 0)) {
+      if (writer) writer->write_batch(batch);
+      return;
+    }
+    if (!selected.count(k)) {
+      writer->write_batch(batch);
+      return;
+    }
+    if (!started) {  // the first replayed batch decides --ctx automatic
+      bool any_ctx = false;
+      for (const RankBatch& rb : batch.ranks) any_ctx |= rb.ctx.has_value();
+      use_captured_ =
+          opt_.ctx_mode == CtxMode::captured || (opt_.ctx_mode == CtxMode::automatic && any_ctx);
+      if (opt_.ctx_mode == CtxMode::captured && !any_ctx)
+        warn(
+            fmt::format("--ctx captured: batch {} has no ctx/ group; the derived context is "
+                        "used where none was captured (--ctx derived says so explicitly)",
+                        k));
+      info.ctx_mode = use_captured_ ? "captured" : "derived";
+      start();
+      started = true;
+    }
+    std::vector<std::optional<EmbTensor>> outputs;
+    try {
+      at_ = {};
+      outputs = replay_batch(k, batch);
+    } catch (const Error& e) {
+      record_trouble(k, -1, "replay", e.what());
+      drop_writer();
+      return;
+    } catch (const std::bad_alloc&) {
+      const std::string rank = at_.rank >= 0 ? fmt::format("rank {}", at_.rank) : "all ranks";
+      record_trouble(k, at_.rank, at_.report_stage(),
+                     fmt::format("{}:/batches/{}: {} in the {} step ({}) of this batch",
+                                 opt_.capture_path, k, out_of_memory_text(), at_.step, rank));
+      drop_writer();
+      return;
+    }
+    if (writer) {
+      for (size_t r = 0; r < batch.ranks.size(); ++r) {
+        if (outputs[r]) {
+          batch.ranks[r].output = std::move(*outputs[r]);
+        } else if (batch.ranks[r].output) {
           warn(
-              fmt::format("--ctx captured: batch {} has no ctx/ group; the derived context is "
-                          "used where none was captured (--ctx derived says so explicitly)",
-                          k));
-        info.ctx_mode = use_captured_ ? "captured" : "derived";
-        start();
-        started = true;
-      }
-      std::vector<std::optional<EmbTensor>> outputs;
-      try {
-        at_ = {};
-        outputs = replay_batch(k, batch);
-      } catch (const Error& e) {
-        record_trouble(k, -1, "replay", e.what());
-        drop_writer();
-        return;
-      } catch (const std::bad_alloc&) {
-        const std::string rank = at_.rank >= 0 ? fmt::format("rank {}", at_.rank) : "all ranks";
-        record_trouble(k, at_.rank, at_.report_stage(),
-                       fmt::format("{}:/batches/{}: {} in the {} step ({}) of this batch",
-                                   opt_.capture_path, k, out_of_memory_text(), at_.step, rank));
-        drop_writer();
-        return;
-      }
-      if (writer) {
-        for (size_t r = 0; r < batch.ranks.size(); ++r) {
-          if (outputs[r]) {
-            batch.ranks[r].output = std::move(*outputs[r]);
-          } else if (batch.ranks[r].output) {
-            warn(
-                fmt::format("--write-output: batch {} rank {}: the output dist did not run; the "
-                            "captured output is copied unchanged",
-                            k, r));
-          }
+              fmt::format("--write-output: batch {} rank {}: the output dist did not run; the "
+                          "captured output is copied unchanged",
+                          k, r));
         }
-        writer->write_batch(batch);
       }
+      writer->write_batch(batch);
+    }
   };
   for (size_t i = 0; i < order.size(); ++i) {
     const int64_t k = order[i];
@@ -630,8 +630,7 @@ std::vector<EmbTensor> Replayer::lookup(const BatchState& st, int r) {
 void Replayer::check_lookup(BatchState& st) {
   const int64_t W = st.W;
   bool need_all_derived = false;
-  for (int64_t r = 0; r < W; ++r)
-    need_all_derived |= !(use_captured_ && st.cap_local[size_t(r)]);
+  for (int64_t r = 0; r < W; ++r) need_all_derived |= !(use_captured_ && st.cap_local[size_t(r)]);
   if (!source_) return;  // no lookup to compare with (reported once in the warnings)
   if (need_all_derived) {
     at_ = {"lookup", -1};
@@ -969,15 +968,14 @@ void Replayer::check_memory(const CaptureReader& reader) {
   const double need = m.ids + 2 * m.context + m.lookup + m.output + captured_floats;
   batch_bytes_ = uint64_t(need);
   if (need > double(have))
-    throw Error(fmt::format(
-        "{}: replaying batch {} needs about {}, more than the {} {}; W = {}, captured "
-        "local_embs and output {}; {}",
-        opt_.capture_path, k, human_bytes(need), human_bytes(double(have)),
-        opt_.max_memory > 0 ? "--max-memory allows"
-                            : "this machine has (physical memory, cgroup limit or "
-                              "DYNEMB_MEMORY_LIMIT)",
-        W,
-        human_bytes(captured_floats), m.summary()));
+    throw Error(
+        fmt::format("{}: replaying batch {} needs about {}, more than the {} {}; W = {}, captured "
+                    "local_embs and output {}; {}",
+                    opt_.capture_path, k, human_bytes(need), human_bytes(double(have)),
+                    opt_.max_memory > 0 ? "--max-memory allows"
+                                        : "this machine has (physical memory, cgroup limit or "
+                                          "DYNEMB_MEMORY_LIMIT)",
+                    W, human_bytes(captured_floats), m.summary()));
 }
 
 bool Replayer::rebase_batch(int64_t k, Batch& batch, bool selected) {

@@ -55,8 +55,8 @@ struct ReplayProgress {
 };
 
 struct ReplayCallbacks {
-  std::function<void(const Report&)> on_start;                   // header info known
-  std::function<void(const CheckResult&)> on_check;              // every check, as it is decided
+  std::function<void(const Report&)> on_start;             // header info known
+  std::function<void(const CheckResult&)> on_check;        // every check, as it is decided
   std::function<void(const ReplayProgress&)> on_progress;  // after each rank-batch
 };
 
