@@ -3,6 +3,9 @@
 
     bench/sass_compare.py [BEFORE [AFTER]]      (defaults: HEAD~1 and the working tree's HEAD)
 
+BEFORE and AFTER are git revisions, or directories of .cubin files (a SASS_CACHE entry, e.g.
+to disassemble on a machine that has cuobjdump but not the repository's history).
+
 Each revision's kernels/**/*.cu is compiled to a cubin with the project's device flags
 (nvcc -cubin -arch=sm_XX -O3 -DNDEBUG --expt-relaxed-constexpr -std=c++17). Kernels are
 matched by name with the anonymous-namespace tag and the parameter list removed, after
@@ -63,7 +66,11 @@ def export(rev, dest):
 
 
 def cubins_of(rev, tmp, label):
-    """The cubins of `rev`, built in tmp or taken from the cache of an earlier run."""
+    """The cubins of `rev`, built in tmp or taken from the cache of an earlier run. A `rev`
+    that is a directory holding .cubin files (such a cache entry, copied to a machine without
+    the git history) is used as it is."""
+    if os.path.isdir(rev) and any(f.endswith(".cubin") for f in os.listdir(rev)):
+        return sorted(os.path.join(rev, f) for f in os.listdir(rev) if f.endswith(".cubin"))
     sha = None
     if rev != ".":
         sha = sh(["git", "rev-parse", rev + "^{commit}"]).strip()
