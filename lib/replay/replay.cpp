@@ -171,12 +171,24 @@ class Replayer {
   // before the first replayed one).
   void start() {
     if (header_shown_) return;
+    take_capture_sha();
     header_shown_ = true;
     if (cb_.on_start) cb_.on_start(rep_);
     if (cb_.on_check)
       for (const CheckResult& c : rep_.checks) cb_.on_check(c);
   }
   bool header_shown_ = false;
+
+ public:
+  // The capture's SHA-256 is computed on another thread while the plan and the first batch are
+  // read (the file is in the page cache for both); the header waits for it. Rethrows a read
+  // error of the hash.
+  void take_capture_sha() {
+    if (capture_sha_.valid()) rep_.info.capture.sha256 = capture_sha_.get();
+  }
+
+ private:
+  std::future<std::string> capture_sha_;
   void warn(const std::string& w) { rep_.warnings.push_back(w); }
   // Trouble in one batch (or one rank of it): an error check, and the run goes on
   // (--fail-fast: thrown, the run stops). replay_keep_going.cpp.
@@ -348,7 +360,8 @@ void Replayer::run() {
                     "never modifies; choose another file",
                     opt_.write_output));
   CaptureReader reader(opt_.capture_path);
-  info.capture.sha256 = sha256_file(opt_.capture_path);
+  capture_sha_ =
+      std::async(std::launch::async, [path = opt_.capture_path] { return sha256_file(path); });
   if (!opt_.plan_path.empty()) {
     const std::string text = read_text_file(opt_.plan_path);
     const Plan override_plan = load_plan_or_throw(text, opt_.plan_path);
@@ -1051,6 +1064,12 @@ Report run_replay(const ReplayOptions& opt, Backend& backend, const ReplayCallba
         "{}: {} (opening the capture, reading its plan or tables, or "
         "writing --write-output)",
         opt.capture_path, out_of_memory_text());
+  }
+  try {  // when the run stopped before its header (the hash's own trouble is the run's)
+    rp.take_capture_sha();
+  } catch (const Error& e) {
+    if (rep.trouble.empty()) rep.trouble = e.what();
+  } catch (const std::bad_alloc&) {
   }
   return rep;
 }
