@@ -203,7 +203,7 @@ void setup_synth(CLI::App& app, RunFn& run) {
       "and renamed when complete.");
   sub->add_option("plan", args->plan_path, "Plan file (plan-format.md); or use --preset");
   sub->add_option("--preset", args->preset,
-                  "Preset plan + workload (guides/workloads.md): unit-seq-w2, unit-seq-w8, "
+                  "Preset plan + workload (plans/README.md): unit-seq-w2, unit-seq-w8, "
                   "unit-pooled-w8, odd-dims, odd-dims-d15, ec-bench-criteo, hstu-e2e, or any "
                   "other shipped plans/<name>.yaml (B=8, lengths U[0,8])");
   sub->add_option("-o,--output", args->out,

@@ -36,7 +36,7 @@ std::string read_string_attr_or(hid_t obj, const char* name, const h5::RawFile& 
   return h5::read_string_attr(obj, name, raw, s, why) ? s : dflt;  // false when missing
 }
 
-// Element type of a float dataset as the spec encodes it; nullopt when it is none of them.
+// Element type of a float dataset as docs/capture-format.md encodes it; nullopt for any other.
 std::optional<DType> float_dtype_of(hid_t dset, hid_t type, const h5::RawFile& raw) {
   const H5T_class_t cls = H5Tget_class(type);
   const size_t size = H5Tget_size(type);
@@ -208,7 +208,8 @@ struct CaptureReader::Impl {
     return std::move(*ds);
   }
 
-  // Signed integer of one of the given byte sizes (spec: "int32|int64", "int64", "int32").
+  // Signed integer of one of the given byte sizes ("int32|int64", "int64", "int32" in
+  // docs/capture-format.md).
   void expect_int(const Ds& ds, std::initializer_list<size_t> sizes, const char* want) const {
     const bool ok_class = H5Tget_class(ds.t) == H5T_INTEGER && H5Tget_sign(ds.t) == H5T_SGN_2;
     bool ok_size = false;
@@ -884,7 +885,7 @@ std::vector<int64_t> routed_id_counts(const Plan& plan, const Kjt& kjt) {
     const int64_t b0 = kjt_bag_begin(kjt, f);
     for (int64_t b = 0; b < kjt_batch_size(kjt, f); ++b) n += kjt.lengths[b0 + b];
     for (int64_t i = pos; i < pos + n; ++i) {
-      // u64 of the id in its index dtype (rw-semantics.md §0, §10.2).
+      // u64 of the id in its index dtype (docs/semantics.md §0, §10.2).
       const uint64_t x = i32 ? static_cast<uint64_t>(static_cast<uint32_t>(kjt.values[i]))
                              : static_cast<uint64_t>(kjt.values[i]);
       uint64_t d = 0;
