@@ -1,5 +1,6 @@
-// HDF5 capture format v1 (docs/capture-format.md): reader, writer and the whole-file
-// check behind `validate --capture`.
+// HDF5 capture format v1 (docs/capture-format.md): reader (capture_reader.cpp), writer
+// (capture_writer.cpp) and the whole-file check behind `validate --capture` (capture_plan.cpp);
+// the open watchdog and the name of the capture being read live in watchdog.cpp.
 //
 //   /  attrs format="dynemb-dist-capture", format_version=1, world_size=W, num_batches=nb
 //   /plan                          the plan YAML (scalar string, fixed- or variable-length)
