@@ -67,12 +67,9 @@ Plan load_plan(const std::string& path) {
   return std::move(*r.plan);
 }
 
-int run_synth(const SynthArgs& a) {
-  if (a.plan_path.empty() == a.preset.empty())
-    throw UsageError("synth: give either a PLAN.yaml or --preset NAME (presets: " +
-                     fmt::format("{}", fmt::join(preset_names(), ", ")) + ")");
-  Plan plan = a.preset.empty() ? load_plan(a.plan_path) : preset_plan(a.preset);
-  // A preset brings its workload; a plan file gets B = 8, bag lengths U[0,8].
+// The workload of `synth`: the preset's (a plan file gets B = 8, bag lengths U[0,8]) with the
+// options given on the command line over it; throws UsageError for a malformed option.
+SynthOptions synth_options(const SynthArgs& a) {
   SynthOptions o = preset_workload(a.preset);
   if (a.batches) o.batches = *a.batches;
   if (a.batch_size) o.batch_sizes = {*a.batch_size};
@@ -147,27 +144,39 @@ int run_synth(const SynthArgs& a) {
   else if (!a.plant.empty())
     throw UsageError("--plant: want output-after-callback or local-embs-means, got '" + a.plant +
                      "'");
+  return o;
+}
+
+// Size up front: one batch of every rank is in memory at once (W^2 context terms); throws
+// Error when that is more than this machine has.
+void check_synth_memory(const Plan& plan, const SynthOptions& o) {
+  int64_t b = 0;
+  for (int64_t x : o.batch_sizes) b = std::max(b, x);
+  double len = 0;
+  for (const Hotness& h : o.hotness) len += mean_length(h);
+  len /= double(std::max<size_t>(1, o.hotness.size()));
+  MemoryEstimate m = estimate_batch_memory(plan, b, len);
+  const bool engine = o.store_ctx || o.store_local_embs || o.store_output;
+  const double need = !engine                                  ? m.ids
+                      : (o.store_local_embs || o.store_output) ? m.synth
+                                                               : m.ids + m.context;
+  const uint64_t have = usable_memory_bytes();
+  if (have > 0 && need > double(have))
+    throw Error(fmt::format(
+        "synth: one batch needs about {}, more than the {} this machine has (physical memory, "
+        "cgroup limit or DYNEMB_MEMORY_LIMIT); W = {}: {}. Lower --batch-size, --hotness or "
+        "--store",
+        human_bytes(need), human_bytes(double(have)), plan.world_size, m.summary()));
+}
+
+int run_synth(const SynthArgs& a) {
+  if (a.plan_path.empty() == a.preset.empty())
+    throw UsageError("synth: give either a PLAN.yaml or --preset NAME (presets: " +
+                     fmt::format("{}", fmt::join(preset_names(), ", ")) + ")");
+  Plan plan = a.preset.empty() ? load_plan(a.plan_path) : preset_plan(a.preset);
+  const SynthOptions o = synth_options(a);
   check_synth_options(plan, o);
-  // Size up front: one batch of every rank is in memory at once (W^2 context terms).
-  {
-    int64_t b = 0;
-    for (int64_t x : o.batch_sizes) b = std::max(b, x);
-    double len = 0;
-    for (const Hotness& h : o.hotness) len += mean_length(h);
-    len /= double(std::max<size_t>(1, o.hotness.size()));
-    MemoryEstimate m = estimate_batch_memory(plan, b, len);
-    const bool engine = o.store_ctx || o.store_local_embs || o.store_output;
-    const double need = !engine                                  ? m.ids
-                        : (o.store_local_embs || o.store_output) ? m.synth
-                                                                 : m.ids + m.context;
-    const uint64_t have = usable_memory_bytes();
-    if (have > 0 && need > double(have))
-      throw Error(fmt::format(
-          "synth: one batch needs about {}, more than the {} this machine has (physical memory, "
-          "cgroup limit or DYNEMB_MEMORY_LIMIT); W = {}: {}. Lower --batch-size, --hotness or "
-          "--store",
-          human_bytes(need), human_bytes(double(have)), plan.world_size, m.summary()));
-  }
+  check_synth_memory(plan, o);
   // Before any work: -o is not the plan file (by identity), and its temporary can be made.
   std::vector<NamedPath> inputs;
   if (!a.plan_path.empty()) inputs.push_back({"plan", a.plan_path});
@@ -204,7 +213,7 @@ void setup_synth(CLI::App& app, RunFn& run) {
       "and renamed when complete.");
   sub->add_option("plan", args->plan_path, "Plan file (plan-format.md); or use --preset");
   sub->add_option("--preset", args->preset,
-                  "Preset plan + workload (guides/workloads.md): unit-seq-w2, unit-seq-w8, "
+                  "Preset plan + workload (plans/README.md): unit-seq-w2, unit-seq-w8, "
                   "unit-pooled-w8, odd-dims, odd-dims-d15, ec-bench-criteo, hstu-e2e, or any "
                   "other shipped plans/<name>.yaml (B=8, lengths U[0,8])");
   sub->add_option("-o,--output", args->out,

@@ -148,7 +148,7 @@ void print_text(const std::string& plan_path, const Plan* plan, int64_t mem_batc
         p.world_size, to_string(p.module), to_string(p.comm_precision), to_string(p.bounds_check),
         to_string(p.data_type()), p.module == ModuleKind::sequence ? "D" : "sum_D", p.sum_dim);
 
-    // Features in sharding order with their block size (rw-semantics.md §2.2).
+    // Features in sharding order with their block size (docs/semantics.md §2).
     size_t wf = 7, wt = 5;
     for (const FeatureInfo& f : p.features) {
       wf = std::max(wf, f.name.size());

@@ -448,7 +448,7 @@ TEST_CASE("shards: the ceil rule, with which rank gets which ids") {
   REQUIRE(at(r, 10, 40).size() == 1);
   CHECK(at(r, 10, 40)[0].str() ==
         "plan.yaml:10:40: error: tables[0].shards[0].rows: training routes ids [0,3) to rank 0 "
-        "(blk=3), but shards give rank 0 rows [0,4); the ceil rule (rw-semantics.md 2.2) gives "
+        "(blk=3), but shards give rank 0 rows [0,4); the ceil rule (docs/semantics.md §2) gives "
         "rows per rank [3,3]");
   REQUIRE(at(r, 11, 40).size() == 1);
   CHECK(at(r, 11, 40)[0].message ==
@@ -469,7 +469,7 @@ TEST_CASE("shards: the ceil rule, with which rank gets which ids") {
   REQUIRE(at(r4, 11, 40).size() == 1);
   CHECK(at(r4, 11, 40)[0].message ==
         "training routes ids [2,4) to rank 1 (blk=2), but shards give rank 1 rows [2,3); the "
-        "ceil rule (rw-semantics.md 2.2) gives rows per rank [2,2,1,0]");
+        "ceil rule (docs/semantics.md §2) gives rows per rank [2,2,1,0]");
   REQUIRE(at(r4, 13, 40).size() == 1);
   CHECK(at(r4, 13, 40)[0].message ==
         "training routes no ids to rank 3 (blk=2), but shards give rank 3 rows [4,5)");

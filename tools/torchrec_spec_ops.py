@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Runs the real FBGEMM CPU ops on the worked examples of docs/semantics.md and checks the
-spec's numbers (§3.2 routing incl. out-of-range and negative ids, §3.4 bucketize, §3.5 VBE
+page's numbers (§3.2 routing incl. out-of-range and negative ids, §3.4 bucketize, §3.5 VBE
 bucketize, §4.3 recat and its per-bag expansion). Exit 0 when every number agrees.
 Needs the venv of tools/requirements-torchrec.txt:
   /opt/torchrec-venv/bin/python tools/torchrec_spec_ops.py
@@ -58,11 +58,11 @@ check(list(zip(ids, dest, [local[j] for j in range(len(ids))])),
       [(10, 3, 1), (11, 3, 2), (12, 0, 3), (13, 1, 3), (-1, 3, 4611686018427387903),
        (-2, 2, 4611686018427387903)], "§3.2 (id, dest, local) for N=10 W=4")
 
-# §7.2 / §3.5 VBE bucketize: r0 batch_size_per_feature=[2,1], r1 [3,1], blk [5,3], W=2
+# §3.5 VBE bucketize: r0 batch_size_per_feature=[2,1], r1 [3,1], blk [5,3], W=2
 nl, nv, _ = bucketize([1, 1, 1], [1, 6, 4], [5, 3], 2, sequence=False, bpf=[2, 1])
-check((nl, nv), ([1, 0, 0, 0, 1, 1], [1, 1, 1]), "§7.2 VBE bucketize r0")
+check((nl, nv), ([1, 0, 0, 0, 1, 1], [1, 1, 1]), "§3.5 VBE bucketize r0")
 nl, nv, _ = bucketize([1, 0, 1, 2], [0, 8, 2, 3], [5, 3], 2, sequence=False, bpf=[3, 1])
-check((nl, nv), ([1, 0, 0, 1, 0, 0, 1, 1], [0, 2, 3, 0]), "§7.2 VBE bucketize r1")
+check((nl, nv), ([1, 0, 0, 1, 0, 0, 1, 1], [0, 2, 3, 0]), "§3.5 VBE bucketize r1")
 
 # §4.3 recat
 check(_get_recat(2, 2, stagger=1).tolist(), [0, 2, 1, 3], "§4.3 recat F=2 W=2")

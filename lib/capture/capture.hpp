@@ -1,5 +1,6 @@
-// HDF5 capture format v1 (shared/spec/capture-format.md): reader, writer and the whole-file
-// check behind `validate --capture`.
+// HDF5 capture format v1 (docs/capture-format.md): reader (capture_reader.cpp), writer
+// (capture_writer.cpp) and the whole-file check behind `validate --capture` (capture_plan.cpp);
+// the open watchdog and the name of the capture being read live in watchdog.cpp.
 //
 //   /  attrs format="dynemb-dist-capture", format_version=1, world_size=W, num_batches=nb
 //   /plan                          the plan YAML (scalar string, fixed- or variable-length)
@@ -182,7 +183,7 @@ class CaptureWriter {
   std::unique_ptr<Impl> impl_;
 };
 
-// Destination rank of every id of `kjt` (rw-semantics.md §3.2, §10.2), no bucketize needed:
+// Destination rank of every id of `kjt` (docs/semantics.md §3.2, §10.2), no bucketize needed:
 // counts[d] = ids routed to rank d. Used for the shape of sequence local_embs and by inspect.
 std::vector<int64_t> routed_id_counts(const Plan& plan, const Kjt& kjt);
 

@@ -122,7 +122,7 @@ struct PresetWorkload {
 };
 
 const std::vector<PresetWorkload>& presets() {
-  // guides/workloads.md, "Presets".
+  // The workloads of the presets of plans/README.md.
   static const std::vector<PresetWorkload> p = {
       {"unit-seq-w2", 8, {uniform(16), uniform(8), uniform(20), uniform(1)}, false},
       {"unit-seq-w8", 128, {uniform(16), uniform(8), uniform(20), uniform(1)}, false},

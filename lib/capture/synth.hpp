@@ -65,7 +65,7 @@ struct SynthOptions {
   Plant plant = Plant::none;
 };
 
-// Preset names with a workload (guides/workloads.md), in table order.
+// Preset names with a workload (plans/README.md), in table order.
 std::vector<std::string> preset_names();
 // The preset's plan (plans/<name>.yaml, embedded) and its workload; throws UsageError.
 Plan preset_plan(const std::string& name);

@@ -65,7 +65,7 @@ inline float round_to(DType t, float x) {
   return x;
 }
 
-// Codec encode of rw-semantics.md §8: clamp to the finite range, then round (NaN passes).
+// Codec encode of docs/semantics.md §8: clamp to the finite range, then round (NaN passes).
 float codec_encode(DType t, float x);
 
 }  // namespace dynemb

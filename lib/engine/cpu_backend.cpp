@@ -1,4 +1,4 @@
-// The CPU backend: the bit-exact reference of every seam of backend.hpp (rw-semantics.md
+// The CPU backend: the bit-exact reference of every seam of backend.hpp (docs/semantics.md
 // §3-§8). Memory: the output dists compute one destination rank at a time from index maps
 // (int64 per row) instead of materializing W send/receive buffers; only one output tensor
 // is alive at a time besides the caller's local_embs.

@@ -11,7 +11,7 @@
 
 namespace dynemb {
 
-// RwSequenceEmbeddingDist, sender side of rank s (rw-semantics.md §6).
+// RwSequenceEmbeddingDist, sender side of rank s (docs/semantics.md §6).
 struct SequenceSendPlan {
   int64_t rows = 0;  // rows of local_embs[s]
   // The forward recat as a segment permute of local_embs rows: send segment k is input

@@ -1,5 +1,5 @@
 // The reference engine's high-level entry points: everything a replay or `synth --store`
-// derives for one batch from the plan and the W local KJTs (rw-semantics.md §3-§7).
+// derives for one batch from the plan and the W local KJTs (docs/semantics.md §3-§7).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // CPU reference versions of the FBGEMM / TorchRec ops of the RW data path, one function per
-// op and named after it (rw-semantics.md §3, §4, §10.2). Each is testable on its own; the
+// op and named after it (docs/semantics.md §3, §4, §10.2). Each is testable on its own; the
 // CPU backend and the context derivation are built from them.
 //
 // Ops throw dynemb::Error on inputs they cannot process (a permute index out of range, sizes

@@ -1,4 +1,4 @@
-// The two RW output dist modules, built like TorchRec's (rw-semantics.md §6, §7): thin
+// The two RW output dist modules, built like TorchRec's (docs/semantics.md §6, §7): thin
 // modules over the Backend seams, holding the state the real modules hold.
 #pragma once
 

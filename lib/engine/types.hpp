@@ -1,9 +1,9 @@
-// Data model of one batch of the RW data path (rw-semantics.md §1, §3, §4.4, §5).
+// Data model of one batch of the RW data path (docs/semantics.md §1, §3, §4.4, §5).
 // Names follow TorchRec: a reader who knows TorchRec should recognise every field.
 //
 // Ids and lengths are held as int64 whatever their dtype on disk; `values_type` /
 // `lengths_type` remember it, because routing uses the unsigned value *of the index dtype*
-// (u64(id) for int64, u32(id) for int32, rw-semantics.md §0 and §10.2).
+// (u64(id) for int64, u32(id) for int32, docs/semantics.md §0 and §10.2).
 #pragma once
 
 #include <cstdint>

@@ -37,7 +37,7 @@ int64_t rw_block_size(int64_t num_embeddings, int64_t world_size) {
 }
 
 std::vector<int64_t> rw_even_shard_rows(int64_t num_embeddings, int64_t world_size) {
-  // rw-semantics.md §2.2: ranks below last_rank get blk rows, last_rank the remainder.
+  // docs/semantics.md §2: ranks below last_rank get blk rows, last_rank the remainder.
   std::vector<int64_t> rows(static_cast<size_t>(world_size), 0);
   const int64_t blk = rw_block_size(num_embeddings, world_size);
   if (blk == 0) return rows;

@@ -1,4 +1,4 @@
-// The sharding plan (spec: shared/spec/plan-format.md): one row-wise sharding group.
+// The sharding plan (docs/plan-format.md): one row-wise sharding group.
 //
 // Feature order = tables in file order, inside a table its `features` in list order. It
 // fixes the KJT key order, the block-size vector, pooled column order and F everywhere.
@@ -16,7 +16,7 @@ namespace dynemb {
 
 enum class ModuleKind : uint8_t { sequence, pooled };
 enum class PoolingMode : uint8_t { sum, mean };
-// rw-semantics.md §3.2 / §10.2: 0 continuous, 1 roundrobin, 2 hash_roundrobin.
+// docs/semantics.md §3.2 / §10.2: 0 continuous, 1 roundrobin, 2 hash_roundrobin.
 enum class DistType : uint8_t { continuous = 0, roundrobin = 1, hash_roundrobin = 2 };
 enum class BoundsCheck : uint8_t { error, warn_zero_row, ignore };
 
@@ -82,7 +82,7 @@ struct Plan {
   void finalize();
 };
 
-// Even RW split of rw-semantics.md §2.2: blk = ceil(N/W), ranks below N/blk get blk rows.
+// Even RW split of docs/semantics.md §2: blk = ceil(N/W), ranks below N/blk get blk rows.
 int64_t rw_block_size(int64_t num_embeddings, int64_t world_size);
 std::vector<int64_t> rw_even_shard_rows(int64_t num_embeddings, int64_t world_size);
 // Rows each rank holds of table `t` ([W]): its explicit `shards` by rank, else the even split.

@@ -1,4 +1,4 @@
-// Plan loader and static checks (spec: shared/spec/plan-format.md, "What validate must check").
+// Plan loader and static checks (docs/plan-format.md).
 //
 // yaml-cpp's node API keeps no duplicate keys and loses marks of map keys, so the YAML is read
 // through YAML::Parser events into a small tree of our own that keeps, for every node and
@@ -555,7 +555,7 @@ void check_shards(Checker& c, const TableConfig& t, const TableLocs& L, const st
   }
 
   // The training input dist routes by blk = ceil(N/W) and never reads the spec
-  // (rw-semantics.md §2.2): a different split sends ids to ranks that lack their rows.
+  // (docs/semantics.md §2): a different split sends ids to ranks that lack their rows.
   const std::vector<int64_t> even = rw_even_shard_rows(t.num_embeddings, W);
   const int64_t blk = rw_block_size(t.num_embeddings, W);
   std::vector<int64_t> even_off(static_cast<size_t>(W), 0), differ;
@@ -580,7 +580,7 @@ void check_shards(Checker& c, const TableConfig& t, const TableLocs& L, const st
     if (k == 0 && W <= 32) {
       std::vector<std::string> ev;
       for (int64_t x : even) ev.push_back(std::to_string(x));
-      msg += "; the ceil rule (rw-semantics.md 2.2) gives rows per rank [" + join(ev, ",") + "]";
+      msg += "; the ceil rule (docs/semantics.md §2) gives rows per rank [" + join(ev, ",") + "]";
     }
     if (k + 1 == kMaxReported && differ.size() > kMaxReported)
       msg += " (and " + std::to_string(differ.size() - kMaxReported) + " more ranks differ)";

@@ -47,7 +47,7 @@ struct TensorLayout {
   static TensorLayout pooled_output(const Plan& plan);
   static TensorLayout pooled_vbe_output(const Plan& plan,
                                         const std::vector<int64_t>& batch_per_feature);
-  // Lookup outputs of rank r (rw-semantics.md §5). For sequence: `lengths` in (f, s, b)
+  // Lookup outputs of rank r (docs/semantics.md §5). For sequence: `lengths` in (f, s, b)
   // order and `batch_size_per_rank` B_s; for pooled VBE: B_{s,f} as [W][F].
   static TensorLayout sequence_local_embs(const Plan& plan, const std::vector<int64_t>& lengths,
                                           const std::vector<int64_t>& batch_size_per_rank);

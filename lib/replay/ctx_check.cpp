@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <functional>
 #include <numeric>
+#include <optional>
 
 namespace dynemb {
 namespace {
@@ -131,14 +132,14 @@ int64_t own_batch_size(const Kjt& kjt) {
 
 }  // namespace
 
-std::vector<CheckResult> diff_context(const Plan& plan, int64_t batch, int rank, const Kjt& kjt,
-                                      const DerivedRank& derived, const ShardingContext& captured,
-                                      int64_t max_report) {
-  std::vector<CheckResult> out;
-  const ShardingContext& want = derived.ctx;
-  const int64_t W = plan.world_size, F = plan.num_features();
-  const bool vbe = want.variable_batch_per_feature.value_or(false);
+namespace {
 
+// diff_context of the splits and the batch sizes (input_splits, output_splits,
+// batch_size_per_rank, batch_size_per_rank_per_feature), appended to `out`.
+void diff_splits_and_batch_sizes(const Plan& plan, int64_t batch, int rank,
+                                 const ShardingContext& want, const ShardingContext& captured,
+                                 int64_t max_report, std::vector<CheckResult>& out) {
+  const int64_t F = plan.num_features();
   if (captured.input_splits) {
     if (!want.input_splits) {
       out.push_back(unexpected(batch, rank, "input_splits", "the module does not set it"));
@@ -196,6 +197,15 @@ std::vector<CheckResult> diff_context(const Plan& plan, int64_t batch, int rank,
           max_report));
     }
   }
+}
+
+// diff_context of the layout of the lookup KJT (sparse_features_recat, unbucketize_permute,
+// lengths_after_input_dist), appended to `out`.
+void diff_lookup_layout(const Plan& plan, int64_t batch, int rank, const Kjt& kjt,
+                        const DerivedRank& derived, const ShardingContext& captured,
+                        int64_t max_report, std::vector<CheckResult>& out) {
+  const ShardingContext& want = derived.ctx;
+  const int64_t W = plan.world_size, F = plan.num_features();
   if (captured.sparse_features_recat) {
     if (!want.sparse_features_recat) {
       out.push_back(unexpected(batch, rank, "sparse_features_recat", "the module does not set it"));
@@ -265,6 +275,18 @@ std::vector<CheckResult> diff_context(const Plan& plan, int64_t batch, int rank,
           max_report));
     }
   }
+}
+
+}  // namespace
+
+std::vector<CheckResult> diff_context(const Plan& plan, int64_t batch, int rank, const Kjt& kjt,
+                                      const DerivedRank& derived, const ShardingContext& captured,
+                                      int64_t max_report) {
+  std::vector<CheckResult> out;
+  const ShardingContext& want = derived.ctx;
+  const bool vbe = want.variable_batch_per_feature.value_or(false);
+  diff_splits_and_batch_sizes(plan, batch, rank, want, captured, max_report, out);
+  diff_lookup_layout(plan, batch, rank, kjt, derived, captured, max_report, out);
   if (captured.batch_size_per_feature_pre_a2a && want.batch_size_per_feature_pre_a2a) {
     const auto& w = *want.batch_size_per_feature_pre_a2a;
     out.push_back(diff_vector<int64_t>(
@@ -286,6 +308,98 @@ std::vector<CheckResult> diff_context(const Plan& plan, int64_t batch, int rank,
   return out;
 }
 
+namespace {
+
+// Element r of a per-rank vector of pointers, nullptr past its end.
+template <class T>
+const T* at(const std::vector<const T*>& v, int64_t r) {
+  return r < int64_t(v.size()) ? v[size_t(r)] : nullptr;
+}
+
+// unbucketize_permute `p` of a rank with N ids is a bijection of [0, N) (output index i reads
+// recv row p[i]).
+CheckResult check_bijection(int64_t batch, int rank, const std::vector<int64_t>& p, int64_t N,
+                            int64_t max_report) {
+  CheckResult cr = make(batch, rank, "unbucketize_permute.bijection");
+  cr.compared = int64_t(p.size());
+  cr.got_label = "value";
+  cr.want_label = "expected";
+  std::vector<int64_t> first_use(size_t(std::max<int64_t>(N, 0)), -1);
+  for (int64_t i = 0; i < int64_t(p.size()); ++i) {
+    const int64_t v = p[size_t(i)];
+    std::string why;
+    if (v < 0 || v >= N) {
+      why = fmt::format("out of range [0, {})", N);
+    } else if (first_use[size_t(v)] >= 0) {
+      why = fmt::format("duplicate of index {}", first_use[size_t(v)]);
+    } else {
+      first_use[size_t(v)] = i;
+      continue;
+    }
+    ++cr.mismatches;
+    if (int64_t(cr.details.size()) < max_report)
+      cr.details.push_back(
+          {{{"index", i, ""}}, std::to_string(v), "a bucketized position used once", why});
+  }
+  if (int64_t(p.size()) != N) ++cr.mismatches;
+  if (cr.mismatches == 0) {
+    cr.message = fmt::format("a permutation of [0, {})", N);
+  } else {
+    cr.status = CheckStatus::fail;
+    if (int64_t(p.size()) != N)
+      cr.message = fmt::format("length {} but rank {} has {} ids; ", p.size(), rank, N);
+    if (!cr.details.empty()) {
+      const Detail& d = cr.details.front();
+      cr.message += fmt::format("not a bijection: {} bad entries, first at {}: value {} {}",
+                                cr.mismatches, to_string(d.where), d.got, d.note);
+    }
+  }
+  return cr;
+}
+
+// input_splits of rank r to d == output_splits of rank d from r, for every d (W ranks);
+// nullopt unless every rank's context has output_splits.
+std::optional<CheckResult> check_split_symmetry(int64_t batch, int64_t r, int64_t W,
+                                                const std::vector<const ShardingContext*>& ctx,
+                                                int64_t max_report) {
+  const ShardingContext* c = at(ctx, r);
+  const int rank = int(r);
+  bool all = true;
+  for (int64_t d = 0; d < W; ++d) all &= at(ctx, d) && at(ctx, d)->output_splits;
+  if (!all) return std::nullopt;
+  CheckResult cr = make(batch, rank, "input_splits.symmetry");
+  cr.got_label = "input_splits";
+  cr.want_label = "peer output_splits";
+  const auto& in = *c->input_splits;
+  for (int64_t d = 0; d < W && d < int64_t(in.size()); ++d) {
+    const auto& peer = *at(ctx, d)->output_splits;
+    if (r >= int64_t(peer.size())) continue;
+    ++cr.compared;
+    if (in[size_t(d)] == peer[size_t(r)]) continue;
+    ++cr.mismatches;
+    if (int64_t(cr.details.size()) < max_report)
+      cr.details.push_back({{{"index", d, ""}},
+                            std::to_string(in[size_t(d)]),
+                            std::to_string(peer[size_t(r)]),
+                            fmt::format("rank {} sends {} ids to rank {}, which expects {} (its "
+                                        "output_splits[{}])",
+                                        rank, in[size_t(d)], d, peer[size_t(r)], rank)});
+  }
+  if (cr.mismatches) {
+    cr.status = CheckStatus::fail;
+    const Detail& d = cr.details.front();
+    cr.message = fmt::format(
+        "{} of {} differ; first at {}: input_splits {} vs output_splits "
+        "of the peer {} — {}",
+        cr.mismatches, cr.compared, to_string(d.where), d.got, d.want, d.note);
+  } else {
+    cr.message = "input_splits[d] == output_splits[d][rank] for every d";
+  }
+  return cr;
+}
+
+}  // namespace
+
 std::vector<CheckResult> consistency_checks(const Plan& plan, int64_t batch,
                                             const std::vector<const Kjt*>& kjts,
                                             const std::vector<const ShardingContext*>& ctx,
@@ -294,7 +408,6 @@ std::vector<CheckResult> consistency_checks(const Plan& plan, int64_t batch,
                                             int64_t max_report) {
   std::vector<CheckResult> out;
   const int64_t W = int64_t(kjts.size());
-  auto at = [](const auto& v, int64_t r) { return r < int64_t(v.size()) ? v[size_t(r)] : nullptr; };
   const bool sequence = plan.module == ModuleKind::sequence;
 
   for (int64_t r = 0; r < W; ++r) {
@@ -305,82 +418,14 @@ std::vector<CheckResult> consistency_checks(const Plan& plan, int64_t batch,
     const int rank = int(r);
     const int64_t N = int64_t(kjt.values.size());
 
-    // unbucketize_permute: a bijection of [0, N_r) (output index i reads recv row perm[i]).
-    if (c && c->unbucketize_permute) {
-      const auto& p = *c->unbucketize_permute;
-      CheckResult cr = make(batch, rank, "unbucketize_permute.bijection");
-      cr.compared = int64_t(p.size());
-      cr.got_label = "value";
-      cr.want_label = "expected";
-      std::vector<int64_t> first_use(size_t(std::max<int64_t>(N, 0)), -1);
-      for (int64_t i = 0; i < int64_t(p.size()); ++i) {
-        const int64_t v = p[size_t(i)];
-        std::string why;
-        if (v < 0 || v >= N) {
-          why = fmt::format("out of range [0, {})", N);
-        } else if (first_use[size_t(v)] >= 0) {
-          why = fmt::format("duplicate of index {}", first_use[size_t(v)]);
-        } else {
-          first_use[size_t(v)] = i;
-          continue;
-        }
-        ++cr.mismatches;
-        if (int64_t(cr.details.size()) < max_report)
-          cr.details.push_back(
-              {{{"index", i, ""}}, std::to_string(v), "a bucketized position used once", why});
-      }
-      if (int64_t(p.size()) != N) ++cr.mismatches;
-      if (cr.mismatches == 0) {
-        cr.message = fmt::format("a permutation of [0, {})", N);
-      } else {
-        cr.status = CheckStatus::fail;
-        if (int64_t(p.size()) != N)
-          cr.message = fmt::format("length {} but rank {} has {} ids; ", p.size(), rank, N);
-        if (!cr.details.empty()) {
-          const Detail& d = cr.details.front();
-          cr.message += fmt::format("not a bijection: {} bad entries, first at {}: value {} {}",
-                                    cr.mismatches, to_string(d.where), d.got, d.note);
-        }
-      }
-      out.push_back(std::move(cr));
-    }
+    // unbucketize_permute: a bijection of [0, N_r).
+    if (c && c->unbucketize_permute)
+      out.push_back(check_bijection(batch, rank, *c->unbucketize_permute, N, max_report));
 
     // input_splits of rank r to d == output_splits of rank d from r.
     if (c && c->input_splits) {
-      bool all = true;
-      for (int64_t d = 0; d < W; ++d) all &= at(ctx, d) && at(ctx, d)->output_splits;
-      if (all) {
-        CheckResult cr = make(batch, rank, "input_splits.symmetry");
-        cr.got_label = "input_splits";
-        cr.want_label = "peer output_splits";
-        const auto& in = *c->input_splits;
-        for (int64_t d = 0; d < W && d < int64_t(in.size()); ++d) {
-          const auto& peer = *at(ctx, d)->output_splits;
-          if (r >= int64_t(peer.size())) continue;
-          ++cr.compared;
-          if (in[size_t(d)] == peer[size_t(r)]) continue;
-          ++cr.mismatches;
-          if (int64_t(cr.details.size()) < max_report)
-            cr.details.push_back(
-                {{{"index", d, ""}},
-                 std::to_string(in[size_t(d)]),
-                 std::to_string(peer[size_t(r)]),
-                 fmt::format("rank {} sends {} ids to rank {}, which expects {} (its "
-                             "output_splits[{}])",
-                             rank, in[size_t(d)], d, peer[size_t(r)], rank)});
-        }
-        if (cr.mismatches) {
-          cr.status = CheckStatus::fail;
-          const Detail& d = cr.details.front();
-          cr.message = fmt::format(
-              "{} of {} differ; first at {}: input_splits {} vs output_splits "
-              "of the peer {} — {}",
-              cr.mismatches, cr.compared, to_string(d.where), d.got, d.want, d.note);
-        } else {
-          cr.message = "input_splits[d] == output_splits[d][rank] for every d";
-        }
-        out.push_back(std::move(cr));
-      }
+      if (auto cr = check_split_symmetry(batch, r, W, ctx, max_report))
+        out.push_back(std::move(*cr));
       // The ids a rank sends are all its ids.
       out.push_back(scalar_equal(
           batch, rank, "input_splits.sum", "sum(input_splits)",

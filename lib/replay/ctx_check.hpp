@@ -1,4 +1,4 @@
-// Context checks of a replay (cli.md `replay`, issue 5 item 2):
+// Context checks of a replay (docs/cli.md `replay`):
 //   diff_context      every captured ctx field vs the one derived from the plan and the KJTs,
 //                     each differing element named by index with what the plan implies;
 //   consistency_checks checks that need no plan: unbucketize_permute is a bijection of

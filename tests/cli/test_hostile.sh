@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Hostile inputs: every broken capture or plan gives exit 2 with a message naming the
-# file and the place (HDF5 path and index, or file:line:col), or, where the spec calls it a
-# mismatch (a context field of the right shape with wrong values, cli.md), exit 1 with a FAIL
+# file and the place (HDF5 path and index, or file:line:col), or, where docs/cli.md calls it a
+# mismatch (a context field of the right shape with wrong values), exit 1 with a FAIL
 # line; never an exit by signal, a hang or an allocation sized by what a file merely claims.
 # Under the ASan+UBSan build (DYNEMB_SANITIZE=ON) a sanitizer report is an exit by abort.
 # Env (tests/CMakeLists.txt): DYNEMB (binary), DYNEMB_SRC, DYNEMB_PYTHON (python3 + h5py).

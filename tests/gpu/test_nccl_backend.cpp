@@ -251,7 +251,7 @@ TEST_CASE("W = 1 through a 1-rank NCCL communicator, and W = 16 on the visible G
     }
 }
 
-TEST_CASE("spec worked example §6.1 through the NCCL backend") {
+TEST_CASE("docs/semantics.md worked example §6.1 through the NCCL backend") {
   require_gpu();
   Plan p;
   p.world_size = 2;
@@ -287,7 +287,8 @@ TEST_CASE("spec worked example §6.1 through the NCCL backend") {
   }
 }
 
-TEST_CASE("spec worked example §7.1 (pooled, equal batches) through the NCCL backend") {
+TEST_CASE(
+    "docs/semantics.md worked example §7.1 (pooled, equal batches) through the NCCL backend") {
   require_gpu();
   Plan p;
   p.world_size = 2;

@@ -5,7 +5,7 @@
 The simulation is the worked example of docs/semantics.md §3.4 / §4.3 / §6.1 (sequence) and
 §7.1 (pooled): W=2, F=2, B=2, f0 -> t0 (10 rows), f1 -> t1 (6 rows), D=2. Each rank's KJT,
 context, local_embs and output are computed here by a small numpy model of the RW path and
-asserted against the numbers printed in the spec before they are written.
+asserted against the numbers printed in docs/semantics.md before they are written.
 Env (tests/CMakeLists.txt): DYNEMB (binary), DYNEMB_SRC (source root); cwd = build/tests.
 """
 

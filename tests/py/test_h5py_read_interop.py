@@ -1,7 +1,7 @@
 """Reads a capture written by `dynemb-dist synth` with h5py + numpy only (no project code) and
 recomputes output rows from the hash64 oracle formula of capture-format.md: sequence output
 row i of rank r is the oracle row of id values[i] of its feature's table, bit-exact in fp32;
-pooled output rows are exact sums of such rows. Also checks the layout the spec promises."""
+pooled output rows are exact sums of such rows. Also checks the layout capture-format.md promises."""
 import os
 import subprocess
 import sys

@@ -1,58 +1,42 @@
-// Capture format v1 reader and writer (capture-format.md) over the HDF5 C API.
+// Capture format v1 reader (docs/capture-format.md) over the HDF5 C API: the file's root,
+// /tables and one batch at a time, every shape checked against the plan before anything is
+// allocated from it.
 #include "capture/capture.hpp"
 
 #include <fmt/format.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <mutex>
 #include <thread>
 
+#include "capture/capture_internal.hpp"
 #include "capture/h5chunks.hpp"
 #include "capture/h5string.hpp"
 #include "capture/h5util.hpp"
+#include "capture/watchdog.hpp"
 #include "common/hash.hpp"
 #include "engine/ops.hpp"
 
 namespace dynemb {
 
+using capture_detail::dtype_h5_name;
+using capture_detail::shape_str;
 using h5::Hid;
 
 namespace {
 
-std::string shape_str(const std::vector<int64_t>& dims) {
-  return "[" + fmt::format("{}", fmt::join(dims, ", ")) + "]";
-}
-
-const char* dtype_h5_name(DType t) {
-  switch (t) {
-    case DType::f32:
-      return "float32";
-    case DType::f16:
-      return "float16";
-    case DType::bf16:
-      return "bfloat16";
-  }
-  return "?";
-}
-
-// Strings (fixed or variable length) are read by h5string.cpp, never by libhdf5's
-// variable-length path; `raw` is the file's bytes for that.
 std::string read_string_attr_or(hid_t obj, const char* name, const h5::RawFile& raw,
                                 const std::string& dflt) {
   std::string s, why;
   return h5::read_string_attr(obj, name, raw, s, why) ? s : dflt;  // false when missing
 }
 
-// Element type of a float dataset as the spec encodes it; nullopt when it is none of them.
+// Element type of a float dataset as docs/capture-format.md encodes it; nullopt for any other.
 std::optional<DType> float_dtype_of(hid_t dset, hid_t type, const h5::RawFile& raw) {
   const H5T_class_t cls = H5Tget_class(type);
   const size_t size = H5Tget_size(type);
@@ -91,6 +75,24 @@ int64_t kjt_bag_begin(const Kjt& k, int64_t f) {
 }  // namespace
 
 // ------------------------------------------------------------------------------- reader
+
+namespace capture_detail {
+
+// The shapes of a batch's optional parts that depend on every rank's KJT (sum_s B_s, the
+// routing of the ids), and the float dtypes they must have.
+struct BatchGeometry {
+  bool sequence = false;
+  bool pooled_vbe = false;
+  int64_t sum_b = 0;            // sum_s B_s (sequence pads VBE to max_f B_f)
+  int64_t sum_bags = 0;         // sum_s sum_f B_{s,f}
+  int64_t vbe_local = 0;        // pooled VBE local_embs elements: sum_s sum_f B_{s,f} D_f
+  std::vector<int64_t> routed;  // [W] ids each rank looks up (sequence only)
+  DType data_type = DType::f32;
+  DType out_type = DType::f32;
+};
+
+}  // namespace capture_detail
+using capture_detail::BatchGeometry;
 
 struct CaptureReader::Impl {
   std::string file;
@@ -206,7 +208,8 @@ struct CaptureReader::Impl {
     return std::move(*ds);
   }
 
-  // Signed integer of one of the given byte sizes (spec: "int32|int64", "int64", "int32").
+  // Signed integer of one of the given byte sizes ("int32|int64", "int64", "int32" in
+  // docs/capture-format.md).
   void expect_int(const Ds& ds, std::initializer_list<size_t> sizes, const char* want) const {
     const bool ok_class = H5Tget_class(ds.t) == H5T_INTEGER && H5Tget_sign(ds.t) == H5T_SGN_2;
     bool ok_size = false;
@@ -294,89 +297,22 @@ struct CaptureReader::Impl {
   }
 
   void read_kjt(const Plan& plan, const std::string& rp, Kjt& kjt) const;
+  std::optional<ShardingContext> read_ctx(const Plan& plan, const std::string& rp,
+                                          const BatchGeometry& g, int64_t n_r) const;
+  std::optional<EmbTensor> read_emb_tensor(const std::string& rp, const char* name,
+                                           std::vector<int64_t> want, const std::string& why,
+                                           DType want_type, const std::string& type_why,
+                                           const ReadParts& parts) const;
+  void read_dist_tensors(const Plan& plan, const std::string& rp, const ReadParts& parts,
+                         const BatchGeometry& g, int64_t r, RankBatch& rb) const;
+  void read_keys(const Plan& plan, const std::string& rp, RankBatch& rb) const;
   void read_module_output(const Plan& plan, const std::string& rp, const ReadParts& parts,
                           RankBatch& rb) const;
 };
 
-namespace {
-
-struct WatchdogConfig {
-  std::mutex m;
-  double seconds = 0;
-  std::function<void(const std::string&)> on_timeout;
-};
-WatchdogConfig& watchdog_config() {
-  static WatchdogConfig c;
-  return c;
-}
-
-// Lives for the duration of one capture open; calls the armed callback if that open is
-// still running after the configured time.
-class OpenWatchdog {
- public:
-  explicit OpenWatchdog(const std::string& path) {
-    WatchdogConfig& c = watchdog_config();
-    std::function<void(const std::string&)> cb;
-    double secs = 0;
-    {
-      std::lock_guard<std::mutex> lk(c.m);
-      secs = c.seconds;
-      cb = c.on_timeout;
-    }
-    if (secs <= 0 || !cb) return;
-    thread_ = std::thread([this, path, secs, cb] {
-      std::unique_lock<std::mutex> lk(m_);
-      if (!cv_.wait_for(lk, std::chrono::duration<double>(secs), [this] { return done_; })) {
-        lk.unlock();
-        cb(path);
-      }
-    });
-  }
-  ~OpenWatchdog() {
-    if (!thread_.joinable()) return;
-    {
-      std::lock_guard<std::mutex> lk(m_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  OpenWatchdog(const OpenWatchdog&) = delete;
-  OpenWatchdog& operator=(const OpenWatchdog&) = delete;
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;  // last: started once the members above exist
-};
-
-}  // namespace
-
-namespace {
-char g_capture_being_read[4096];  // written outside signal handlers only
-void note_capture_open(const std::string& path) {
-  const size_t n = std::min(path.size(), sizeof g_capture_being_read - 1);
-  std::memcpy(g_capture_being_read, path.data(), n);
-  g_capture_being_read[n] = '\0';
-}
-}  // namespace
-
-const char* capture_being_read() noexcept {
-  return g_capture_being_read;
-}
-
-void set_capture_open_watchdog(double seconds,
-                               std::function<void(const std::string& path)> on_timeout) {
-  WatchdogConfig& c = watchdog_config();
-  std::lock_guard<std::mutex> lk(c.m);
-  c.seconds = seconds;
-  c.on_timeout = std::move(on_timeout);
-}
-
 CaptureReader::CaptureReader(const std::string& path) try : path_(path), impl_(new Impl) {
-  note_capture_open(path);
-  const OpenWatchdog watchdog(path);
+  capture_detail::note_capture_open(path);
+  const capture_detail::OpenWatchdog watchdog(path);
   h5::quiet();
   Impl& I = *impl_;
   I.file = path;
@@ -400,7 +336,7 @@ CaptureReader::CaptureReader(const std::string& path) try : path_(path), impl_(n
   I.raw = h5::RawFile::open_path(path);
   read_root();
 } catch (...) {
-  g_capture_being_read[0] = '\0';  // no reader of it is left
+  capture_detail::clear_capture_being_read();  // no reader of it is left
 }
 
 CaptureReader::CaptureReader(const std::string& name, const void* image, size_t size)
@@ -505,7 +441,7 @@ void CaptureReader::read_root() {
 }
 
 CaptureReader::~CaptureReader() {
-  if (path_ == g_capture_being_read) g_capture_being_read[0] = '\0';
+  capture_detail::note_capture_closed(path_);
 }
 
 namespace {
@@ -689,10 +625,172 @@ void check_kjt_keys(const Plan& plan, const std::vector<std::string>& keys, cons
   throw CaptureError(file, path, msg);
 }
 
+namespace {
+
+BatchGeometry batch_geometry(const Plan& plan, const Batch& batch) {
+  const int64_t W = plan.world_size;
+  const int64_t F = plan.num_features();
+  BatchGeometry g;
+  g.sequence = plan.module == ModuleKind::sequence;
+  bool any_vbe = false;
+  for (const RankBatch& rb : batch.ranks) {
+    any_vbe |= rb.kjt.is_vbe();
+    g.sum_b += kjt_stride(rb.kjt);
+    g.sum_bags += rb.kjt.num_bags();
+    for (int64_t f = 0; f < F; ++f) g.vbe_local += kjt_batch_size(rb.kjt, f) * plan.features[f].dim;
+  }
+  g.routed.assign(static_cast<size_t>(W), 0);
+  if (g.sequence)
+    for (const RankBatch& rb : batch.ranks) {
+      auto c = routed_id_counts(plan, rb.kjt);
+      for (int64_t d = 0; d < W; ++d) g.routed[d] += c[d];
+    }
+  g.pooled_vbe = !g.sequence && any_vbe;
+  g.data_type = plan.data_type();
+  // The engine's rule: a codec decodes to fp32, else the TBE dtype (MEAN tables too: the
+  // dist carries their sums).
+  g.out_type = output_dist_dtype(plan);
+  return g;
+}
+
+}  // namespace
+
+// <rp>/ctx of one rank-batch, nullopt when the group is absent; n_r = len(values) of the rank.
+std::optional<ShardingContext> CaptureReader::Impl::read_ctx(const Plan& plan,
+                                                             const std::string& rp,
+                                                             const BatchGeometry& g,
+                                                             int64_t n_r) const {
+  const Impl& I = *this;
+  const int64_t W = plan.world_size;
+  const int64_t F = plan.num_features();
+  const std::string cp = rp + "/ctx";
+  if (!h5::exists(I.fid, cp)) return std::nullopt;
+  ShardingContext c;
+  auto vec = [&](const char* name, int64_t want,
+                 const char* why) -> std::optional<std::vector<int64_t>> {
+    auto ds = I.try_open(cp + "/" + name);
+    if (!ds) return std::nullopt;
+    I.expect_int(*ds, {8}, "int64");
+    I.expect_shape(*ds, {want}, why);
+    return I.read_ints(*ds);
+  };
+  c.input_splits = vec("input_splits", W, "W");
+  c.output_splits = vec("output_splits", W, "W");
+  c.batch_size_per_rank = vec("batch_size_per_rank", W, "W");
+  if (auto ds = I.try_open(cp + "/batch_size_per_rank_per_feature")) {
+    I.expect_int(*ds, {8}, "int64");
+    I.expect_shape(*ds, {W, F}, "W, F");
+    auto flat = I.read_ints(*ds);
+    std::vector<std::vector<int64_t>> m(static_cast<size_t>(W));
+    for (int64_t s = 0; s < W; ++s) m[s].assign(flat.begin() + s * F, flat.begin() + (s + 1) * F);
+    c.batch_size_per_rank_per_feature = std::move(m);
+  }
+  if (auto ds = I.try_open(cp + "/sparse_features_recat")) {
+    I.expect_int(*ds, {4}, "int32");
+    I.expect_1d(*ds);
+    // [F*W], or expanded per bag when the B_s differ (docs/semantics.md §4.3): F * sum_s B_s
+    // bags.
+    const int64_t n = ds->dims[0];
+    if (n != F * W && n != F * g.sum_b && n != g.sum_bags)
+      I.fail(ds->path, fmt::format("shape [{}], want [{}] (F*W) or [{}] (expanded per bag, "
+                                   "F * sum_s B_s)",
+                                   n, F * W, F * g.sum_b));
+    c.sparse_features_recat = I.read_i32(*ds);
+  }
+  c.unbucketize_permute = vec("unbucketize_permute", n_r, "N_r = len(values)");
+  if (auto ds = I.try_open(cp + "/lengths_after_input_dist")) {
+    I.expect_int(*ds, {8}, "int64");
+    I.expect_shape(*ds, {F, g.sum_b}, "F, sum_s B_s");
+    c.lengths_after_input_dist = I.read_ints(*ds);
+    c.lengths_after_input_dist_cols = g.sum_b;
+  }
+  Hid grp = h5::group_id(H5Gopen2(I.fid, cp.c_str(), H5P_DEFAULT));
+  if (!grp.valid()) I.fail(cp, "not a group");
+  if (h5::has_attr(grp, "variable_batch_per_feature")) {
+    const int64_t v = I.int_attr(grp, cp, "variable_batch_per_feature");
+    if (v != 0 && v != 1)
+      I.fail(cp, fmt::format("attribute variable_batch_per_feature = {}, want 0 or 1", v));
+    c.variable_batch_per_feature = v == 1;
+  }
+  return c;
+}
+
+// <rp>/<name>, a float tensor of shape `want` and dtype `want_type` (`why` and `type_why`
+// explain them in messages); nullopt when absent, no data unless parts.float_data.
+std::optional<EmbTensor> CaptureReader::Impl::read_emb_tensor(
+    const std::string& rp, const char* name, std::vector<int64_t> want, const std::string& why,
+    DType want_type, const std::string& type_why, const ReadParts& parts) const {
+  auto ds = try_open(rp + "/" + name);
+  if (!ds) return std::nullopt;
+  const DType t = float_type(*ds);
+  if (t != want_type)
+    fail(ds->path, fmt::format("dtype {}, want {} ({})", dtype_h5_name(t), dtype_h5_name(want_type),
+                               type_why));
+  expect_shape(*ds, want, why);
+  EmbTensor e;
+  e.dtype = t;
+  e.shape = std::move(want);
+  if (parts.float_data) e.data = read_floats(*ds, t);
+  return e;
+}
+
+// local_embs and output of rank r (when `parts` asks for them), shaped by the batch geometry.
+void CaptureReader::Impl::read_dist_tensors(const Plan& plan, const std::string& rp,
+                                            const ReadParts& parts, const BatchGeometry& g,
+                                            int64_t r, RankBatch& rb) const {
+  const int64_t F = plan.num_features();
+  const int64_t n_r = rb.kjt.num_ids();
+  auto tensor = [&](const char* name, std::vector<int64_t> want, const std::string& why,
+                    DType want_type, const std::string& type_why) {
+    return read_emb_tensor(rp, name, std::move(want), why, want_type, type_why, parts);
+  };
+  const std::string dt_why = fmt::format("plan data_type {}", to_string(g.data_type));
+  const std::string out_why = plan.comm_precision != DType::f32
+                                  ? fmt::format("comm_precision {}: the codec decodes to float32",
+                                                to_string(plan.comm_precision))
+                                  : dt_why + ", no codec";
+  if (parts.local_embs) {
+    if (g.sequence)
+      rb.local_embs = tensor("local_embs", {g.routed[r], plan.seq_dim()},
+                             "ids routed to this rank, D", g.data_type, dt_why);
+    else if (g.pooled_vbe)
+      rb.local_embs =
+          tensor("local_embs", {g.vbe_local}, "sum_s sum_f B_{s,f} * D_f", g.data_type, dt_why);
+    else
+      rb.local_embs =
+          tensor("local_embs", {g.sum_b, plan.sum_dim}, "sum_s B_s, sum_D", g.data_type, dt_why);
+  }
+  if (parts.output) {
+    if (g.sequence) {
+      rb.output =
+          tensor("output", {n_r, plan.seq_dim()}, "N_r = len(values), D", g.out_type, out_why);
+    } else if (g.pooled_vbe) {
+      int64_t n = 0;
+      for (int64_t f = 0; f < F; ++f) n += kjt_batch_size(rb.kjt, f) * plan.features[f].dim;
+      rb.output = tensor("output", {n}, "sum_f B_{r,f} * D_f", g.out_type, out_why);
+    } else {
+      rb.output =
+          tensor("output", {kjt_stride(rb.kjt), plan.sum_dim}, "B_r, sum_D", g.out_type, out_why);
+    }
+  }
+}
+
+// <rp>/keys when present, checked against the plan's feature order.
+void CaptureReader::Impl::read_keys(const Plan& plan, const std::string& rp, RankBatch& rb) const {
+  auto ds = try_open(rp + "/keys");
+  if (!ds) return;
+  std::vector<std::string> keys;
+  std::string why;
+  if (H5Tget_class(ds->t) != H5T_STRING ||
+      !h5::read_string_list_dataset(ds->d, raw, kMaxKeys, keys, why))
+    fail(ds->path, why.empty() ? "want a 1-D list of strings" : why);
+  check_kjt_keys(plan, keys, file, ds->path);
+  rb.keys = std::move(keys);
+}
+
 Batch CaptureReader::read_batch(const Plan& plan, int64_t k, const ReadParts& parts) const {
   const Impl& I = *impl_;
   const int64_t W = world_size_;
-  const int64_t F = plan.num_features();
   if (plan.world_size != W)
     I.fail("/",
            fmt::format("world_size {} != plan world_size {} ({})", W, plan.world_size, plan.path));
@@ -708,141 +806,16 @@ Batch CaptureReader::read_batch(const Plan& plan, int64_t k, const ReadParts& pa
   // Pass 1: every rank's KJT; the other shapes depend on all of them (sum_s B_s, routing).
   for (int64_t r = 0; r < W; ++r)
     I.read_kjt(plan, fmt::format("{}/rank{}", bp, r), batch.ranks[r].kjt);
-
-  const bool sequence = plan.module == ModuleKind::sequence;
-  bool any_vbe = false;
-  int64_t sum_b = 0;      // sum_s B_s (sequence pads VBE to max_f B_f)
-  int64_t sum_bags = 0;   // sum_s sum_f B_{s,f}
-  int64_t vbe_local = 0;  // pooled VBE local_embs elements: sum_s sum_f B_{s,f} D_f
-  for (const RankBatch& rb : batch.ranks) {
-    any_vbe |= rb.kjt.is_vbe();
-    sum_b += kjt_stride(rb.kjt);
-    sum_bags += rb.kjt.num_bags();
-    for (int64_t f = 0; f < F; ++f) vbe_local += kjt_batch_size(rb.kjt, f) * plan.features[f].dim;
-  }
-  std::vector<int64_t> routed(static_cast<size_t>(W), 0);  // ids each rank looks up
-  if (sequence)
-    for (const RankBatch& rb : batch.ranks) {
-      auto c = routed_id_counts(plan, rb.kjt);
-      for (int64_t d = 0; d < W; ++d) routed[d] += c[d];
-    }
-  const bool pooled_vbe = !sequence && any_vbe;
-  const DType data_type = plan.data_type();
-  // The engine's rule: a codec decodes to fp32, else the TBE dtype (MEAN tables too: the
-  // dist carries their sums).
-  const DType out_type = output_dist_dtype(plan);
+  const BatchGeometry g = batch_geometry(plan, batch);
 
   // Pass 2: the optional parts, rank by rank.
   for (int64_t r = 0; r < W; ++r) {
     if (!parts.ranks.empty() && (r >= int64_t(parts.ranks.size()) || !parts.ranks[r])) continue;
     const std::string rp = fmt::format("{}/rank{}", bp, r);
     RankBatch& rb = batch.ranks[r];
-    const int64_t n_r = rb.kjt.num_ids();
-    if (parts.ctx && h5::exists(I.fid, rp + "/ctx")) {
-      const std::string cp = rp + "/ctx";
-      ShardingContext c;
-      auto vec = [&](const char* name, int64_t want,
-                     const char* why) -> std::optional<std::vector<int64_t>> {
-        auto ds = I.try_open(cp + "/" + name);
-        if (!ds) return std::nullopt;
-        I.expect_int(*ds, {8}, "int64");
-        I.expect_shape(*ds, {want}, why);
-        return I.read_ints(*ds);
-      };
-      c.input_splits = vec("input_splits", W, "W");
-      c.output_splits = vec("output_splits", W, "W");
-      c.batch_size_per_rank = vec("batch_size_per_rank", W, "W");
-      if (auto ds = I.try_open(cp + "/batch_size_per_rank_per_feature")) {
-        I.expect_int(*ds, {8}, "int64");
-        I.expect_shape(*ds, {W, F}, "W, F");
-        auto flat = I.read_ints(*ds);
-        std::vector<std::vector<int64_t>> m(static_cast<size_t>(W));
-        for (int64_t s = 0; s < W; ++s)
-          m[s].assign(flat.begin() + s * F, flat.begin() + (s + 1) * F);
-        c.batch_size_per_rank_per_feature = std::move(m);
-      }
-      if (auto ds = I.try_open(cp + "/sparse_features_recat")) {
-        I.expect_int(*ds, {4}, "int32");
-        I.expect_1d(*ds);
-        // [F*W], or expanded per bag when the B_s differ (§4.3): F * sum_s B_s bags.
-        const int64_t n = ds->dims[0];
-        if (n != F * W && n != F * sum_b && n != sum_bags)
-          I.fail(ds->path, fmt::format("shape [{}], want [{}] (F*W) or [{}] (expanded per bag, "
-                                       "F * sum_s B_s)",
-                                       n, F * W, F * sum_b));
-        c.sparse_features_recat = I.read_i32(*ds);
-      }
-      c.unbucketize_permute = vec("unbucketize_permute", n_r, "N_r = len(values)");
-      if (auto ds = I.try_open(cp + "/lengths_after_input_dist")) {
-        I.expect_int(*ds, {8}, "int64");
-        I.expect_shape(*ds, {F, sum_b}, "F, sum_s B_s");
-        c.lengths_after_input_dist = I.read_ints(*ds);
-        c.lengths_after_input_dist_cols = sum_b;
-      }
-      Hid g = h5::group_id(H5Gopen2(I.fid, cp.c_str(), H5P_DEFAULT));
-      if (!g.valid()) I.fail(cp, "not a group");
-      if (h5::has_attr(g, "variable_batch_per_feature")) {
-        const int64_t v = I.int_attr(g, cp, "variable_batch_per_feature");
-        if (v != 0 && v != 1)
-          I.fail(cp, fmt::format("attribute variable_batch_per_feature = {}, want 0 or 1", v));
-        c.variable_batch_per_feature = v == 1;
-      }
-      rb.ctx = std::move(c);
-    }
-
-    auto tensor = [&](const char* name, std::vector<int64_t> want, const std::string& why,
-                      DType want_type, const std::string& type_why) -> std::optional<EmbTensor> {
-      auto ds = I.try_open(rp + "/" + name);
-      if (!ds) return std::nullopt;
-      const DType t = I.float_type(*ds);
-      if (t != want_type)
-        I.fail(ds->path, fmt::format("dtype {}, want {} ({})", dtype_h5_name(t),
-                                     dtype_h5_name(want_type), type_why));
-      I.expect_shape(*ds, want, why);
-      EmbTensor e;
-      e.dtype = t;
-      e.shape = std::move(want);
-      if (parts.float_data) e.data = I.read_floats(*ds, t);
-      return e;
-    };
-    const std::string dt_why = fmt::format("plan data_type {}", to_string(data_type));
-    const std::string out_why = plan.comm_precision != DType::f32
-                                    ? fmt::format("comm_precision {}: the codec decodes to float32",
-                                                  to_string(plan.comm_precision))
-                                    : dt_why + ", no codec";
-    if (parts.local_embs) {
-      if (sequence)
-        rb.local_embs = tensor("local_embs", {routed[r], plan.seq_dim()},
-                               "ids routed to this rank, D", data_type, dt_why);
-      else if (pooled_vbe)
-        rb.local_embs =
-            tensor("local_embs", {vbe_local}, "sum_s sum_f B_{s,f} * D_f", data_type, dt_why);
-      else
-        rb.local_embs =
-            tensor("local_embs", {sum_b, plan.sum_dim}, "sum_s B_s, sum_D", data_type, dt_why);
-    }
-    if (parts.output) {
-      if (sequence) {
-        rb.output =
-            tensor("output", {n_r, plan.seq_dim()}, "N_r = len(values), D", out_type, out_why);
-      } else if (pooled_vbe) {
-        int64_t n = 0;
-        for (int64_t f = 0; f < F; ++f) n += kjt_batch_size(rb.kjt, f) * plan.features[f].dim;
-        rb.output = tensor("output", {n}, "sum_f B_{r,f} * D_f", out_type, out_why);
-      } else {
-        rb.output =
-            tensor("output", {kjt_stride(rb.kjt), plan.sum_dim}, "B_r, sum_D", out_type, out_why);
-      }
-    }
-    if (auto ds = I.try_open(rp + "/keys")) {
-      std::vector<std::string> keys;
-      std::string why;
-      if (H5Tget_class(ds->t) != H5T_STRING ||
-          !h5::read_string_list_dataset(ds->d, I.raw, kMaxKeys, keys, why))
-        I.fail(ds->path, why.empty() ? "want a 1-D list of strings" : why);
-      check_kjt_keys(plan, keys, path_, ds->path);
-      rb.keys = std::move(keys);
-    }
+    if (parts.ctx) rb.ctx = I.read_ctx(plan, rp, g, rb.kjt.num_ids());
+    I.read_dist_tensors(plan, rp, parts, g, r, rb);
+    I.read_keys(plan, rp, rb);
     I.read_module_output(plan, rp, parts, rb);
   }
   return batch;
@@ -912,7 +885,7 @@ std::vector<int64_t> routed_id_counts(const Plan& plan, const Kjt& kjt) {
     const int64_t b0 = kjt_bag_begin(kjt, f);
     for (int64_t b = 0; b < kjt_batch_size(kjt, f); ++b) n += kjt.lengths[b0 + b];
     for (int64_t i = pos; i < pos + n; ++i) {
-      // u64 of the id in its index dtype (rw-semantics.md §0, §10.2).
+      // u64 of the id in its index dtype (docs/semantics.md §0, §10.2).
       const uint64_t x = i32 ? static_cast<uint64_t>(static_cast<uint32_t>(kjt.values[i]))
                              : static_cast<uint64_t>(kjt.values[i]);
       uint64_t d = 0;
@@ -936,310 +909,4 @@ std::vector<int64_t> routed_id_counts(const Plan& plan, const Kjt& kjt) {
   }
   return counts;
 }
-
-// ------------------------------------------------------------------------------- writer
-
-struct CaptureWriter::Impl {
-  std::string target;
-  WriterOptions opt;
-  Hid fid, batches, half;
-
-  [[noreturn]] void fail(const std::string& path, const std::string& msg) const {
-    throw CaptureError(target, path, "cannot write: " + msg);
-  }
-
-  // A 1-D or 2-D dataset; large ones chunked (<= 1 MiB) with shuffle + deflate.
-  void dataset(hid_t loc, const std::string& where, const char* name, hid_t file_type,
-               hid_t mem_type, const std::vector<int64_t>& dims, const void* data) {
-    std::vector<hsize_t> hd(dims.begin(), dims.end());
-    Hid sp = h5::space_id(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr));
-    int64_t numel = 1;
-    for (int64_t d : dims) numel *= d;
-    const int64_t es = static_cast<int64_t>(H5Tget_size(file_type));
-    Hid dcpl = h5::plist_id(H5Pcreate(H5P_DATASET_CREATE));
-    H5Pset_obj_track_times(dcpl, false);  // no timestamps: same input, same bytes
-    if (numel > 0 && numel * es >= opt.chunk_threshold_bytes) {
-      constexpr int64_t kChunkBytes = 1 << 20;
-      std::vector<hsize_t> chunk(hd.size());
-      if (hd.size() == 1) {
-        chunk[0] = static_cast<hsize_t>(std::min(numel, kChunkBytes / es));
-      } else {
-        const int64_t cols = dims[1];
-        const int64_t ccols = std::min(cols, kChunkBytes / es);
-        chunk[1] = static_cast<hsize_t>(std::max<int64_t>(1, ccols));
-        chunk[0] = static_cast<hsize_t>(std::max<int64_t>(
-            1, std::min(dims[0], kChunkBytes / (es * std::max<int64_t>(1, ccols)))));
-      }
-      H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data());
-      H5Pset_shuffle(dcpl);
-      H5Pset_deflate(dcpl, static_cast<unsigned>(opt.deflate_level));
-    }
-    const std::string path = where + "/" + name;
-    Hid d = h5::dset_id(H5Dcreate2(loc, name, file_type, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT));
-    if (!d.valid()) fail(path, h5::last_error());
-    if (numel > 0 && H5Dwrite(d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
-      fail(path, h5::last_error());
-  }
-
-  void ints(hid_t loc, const std::string& where, const char* name, const std::vector<int64_t>& v,
-            IndexType t, std::vector<int64_t> dims = {}) {
-    if (dims.empty()) dims = {static_cast<int64_t>(v.size())};
-    if (t == IndexType::i64) {
-      dataset(loc, where, name, H5T_STD_I64LE, H5T_NATIVE_INT64, dims, v.data());
-      return;
-    }
-    std::vector<int32_t> n(v.size());
-    for (size_t i = 0; i < v.size(); ++i) {
-      if (v[i] < std::numeric_limits<int32_t>::min() || v[i] > std::numeric_limits<int32_t>::max())
-        fail(where + "/" + name, fmt::format("[{}] = {} does not fit int32", i, v[i]));
-      n[i] = static_cast<int32_t>(v[i]);
-    }
-    dataset(loc, where, name, H5T_STD_I32LE, H5T_NATIVE_INT32, dims, n.data());
-  }
-
-  void floats(hid_t loc, const std::string& where, const char* name, const EmbTensor& e) {
-    if (static_cast<int64_t>(e.data.size()) != e.numel())
-      fail(where + "/" + name,
-           fmt::format("tensor shape {} but {} values", shape_str(e.shape), e.data.size()));
-    if (e.dtype == DType::f32) {
-      dataset(loc, where, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, e.shape, e.data.data());
-      return;
-    }
-    std::vector<uint16_t> bits(e.data.size());
-    for (size_t i = 0; i < bits.size(); ++i)
-      bits[i] = e.dtype == DType::f16 ? f32_to_f16_bits(e.data[i]) : f32_to_bf16_bits(e.data[i]);
-    if (e.dtype == DType::f16) {
-      dataset(loc, where, name, half, half, e.shape, bits.data());
-    } else {
-      dataset(loc, where, name, H5T_STD_U16LE, H5T_NATIVE_UINT16, e.shape, bits.data());
-      Hid d = h5::dset_id(H5Dopen2(loc, name, H5P_DEFAULT));
-      str_attr(d, where + "/" + name, "dtype", "bfloat16");
-    }
-  }
-
-  void str_attr(hid_t obj, const std::string& where, const char* name, const std::string& value) {
-    Hid t = h5::type_id(H5Tcopy(H5T_C_S1));
-    H5Tset_cset(t, H5T_CSET_UTF8);
-    Hid sp = h5::space_id(H5Screate(H5S_SCALAR));
-    if (opt.fixed_length_strings) {
-      H5Tset_size(t, std::max<size_t>(1, value.size()));
-      H5Tset_strpad(t, H5T_STR_NULLPAD);
-      Hid a = h5::attr_id(H5Acreate2(obj, name, t, sp, H5P_DEFAULT, H5P_DEFAULT));
-      std::vector<char> buf(std::max<size_t>(1, value.size()), '\0');
-      std::copy(value.begin(), value.end(), buf.begin());
-      if (!a.valid() || H5Awrite(a, t, buf.data()) < 0) fail(where, h5::last_error());
-    } else {
-      H5Tset_size(t, H5T_VARIABLE);
-      Hid a = h5::attr_id(H5Acreate2(obj, name, t, sp, H5P_DEFAULT, H5P_DEFAULT));
-      const char* p = value.c_str();
-      if (!a.valid() || H5Awrite(a, t, &p) < 0) fail(where, h5::last_error());
-    }
-  }
-
-  // A 1-D dataset of fixed-length, NUL-padded UTF-8 strings (no global heap).
-  void strings(hid_t loc, const std::string& where, const char* name,
-               const std::vector<std::string>& v) {
-    size_t width = 1;
-    for (const std::string& x : v) width = std::max(width, x.size());
-    std::vector<char> buf(width * v.size(), '\0');
-    for (size_t i = 0; i < v.size(); ++i) std::copy(v[i].begin(), v[i].end(), &buf[i * width]);
-    Hid t = h5::type_id(H5Tcopy(H5T_C_S1));
-    H5Tset_cset(t, H5T_CSET_UTF8);
-    H5Tset_size(t, width);
-    H5Tset_strpad(t, H5T_STR_NULLPAD);
-    dataset(loc, where, name, t, t, {static_cast<int64_t>(v.size())}, buf.data());
-  }
-
-  void int_attr(hid_t obj, const std::string& where, const char* name, int64_t v) {
-    Hid sp = h5::space_id(H5Screate(H5S_SCALAR));
-    Hid a = h5::attr_id(H5Acreate2(obj, name, H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT));
-    if (!a.valid() || H5Awrite(a, H5T_NATIVE_INT64, &v) < 0) fail(where, h5::last_error());
-  }
-
-  Hid group(hid_t loc, const std::string& path, const char* name) {
-    Hid gcpl = h5::plist_id(H5Pcreate(H5P_GROUP_CREATE));
-    H5Pset_obj_track_times(gcpl, false);
-    Hid g = h5::group_id(H5Gcreate2(loc, name, H5P_DEFAULT, gcpl, H5P_DEFAULT));
-    if (!g.valid()) fail(path, h5::last_error());
-    return g;
-  }
-};
-
-CaptureWriter::CaptureWriter(const std::string& target, const Plan& plan,
-                             std::optional<uint64_t> oracle_seed, const WriterOptions& options)
-    : CaptureWriter(std::make_shared<OutputFile>(target), plan, oracle_seed, options) {}
-
-CaptureWriter::CaptureWriter(std::shared_ptr<OutputFile> out, const Plan& plan,
-                             std::optional<uint64_t> oracle_seed, const WriterOptions& options)
-    : target_(out->target()),
-      temp_(out->temp_path()),
-      world_size_(plan.world_size),
-      out_(std::move(out)),
-      impl_(new Impl) {
-  const std::string& target = target_;
-  h5::quiet();
-  Impl& I = *impl_;
-  I.target = target;
-  I.opt = options;
-  I.half = h5::make_f16_type();
-  I.fid = h5::file_id(H5Fcreate(temp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
-  if (!I.fid.valid())
-    throw CaptureError(target, "/",
-                       "cannot create temporary file " + temp_ + ": " + h5::last_error());
-  Hid root = h5::group_id(H5Gopen2(I.fid, "/", H5P_DEFAULT));
-  I.str_attr(root, "/", "format", kCaptureFormat);
-  I.int_attr(root, "/", "format_version", kCaptureFormatVersion);
-  I.int_attr(root, "/", "world_size", plan.world_size);
-
-  // /plan: the plan text, a scalar string.
-  {
-    Hid t = h5::type_id(H5Tcopy(H5T_C_S1));
-    H5Tset_cset(t, H5T_CSET_UTF8);
-    Hid sp = h5::space_id(H5Screate(H5S_SCALAR));
-    const std::string& text = plan.source_text;
-    if (options.fixed_length_strings) {
-      H5Tset_size(t, std::max<size_t>(1, text.size()));
-      H5Tset_strpad(t, H5T_STR_NULLPAD);
-    } else {
-      H5Tset_size(t, H5T_VARIABLE);
-    }
-    Hid dcpl = h5::plist_id(H5Pcreate(H5P_DATASET_CREATE));
-    H5Pset_obj_track_times(dcpl, false);
-    Hid d = h5::dset_id(H5Dcreate2(I.fid, "plan", t, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT));
-    std::vector<char> buf(std::max<size_t>(1, text.size()) + 1, '\0');
-    std::copy(text.begin(), text.end(), buf.begin());
-    const char* p = buf.data();
-    const void* src = options.fixed_length_strings ? static_cast<const void*>(buf.data())
-                                                   : static_cast<const void*>(&p);
-    if (!d.valid() || H5Dwrite(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, src) < 0)
-      I.fail("/plan", h5::last_error());
-  }
-  if (oracle_seed) {
-    Hid og = I.group(I.fid, "/oracle", "oracle");
-    I.str_attr(og, "/oracle", "kind", "hash64");
-    Hid sp = h5::space_id(H5Screate(H5S_SCALAR));
-    Hid a = h5::attr_id(H5Acreate2(og, "seed", H5T_STD_U64LE, sp, H5P_DEFAULT, H5P_DEFAULT));
-    const uint64_t s = *oracle_seed;
-    if (!a.valid() || H5Awrite(a, H5T_NATIVE_UINT64, &s) < 0) I.fail("/oracle", h5::last_error());
-  }
-  I.batches = I.group(I.fid, "/batches", "batches");
-}
-
-CaptureWriter::~CaptureWriter() {
-  if (committed_) return;
-  // Close every handle before removing the half-written temp (the OutputFile removes it).
-  impl_->batches.reset();
-  impl_->half.reset();
-  impl_->fid.reset();
-  out_->discard();
-}
-
-void CaptureWriter::write_table_weight(const std::string& table, DType dtype, int64_t rows,
-                                       int64_t dim, const std::vector<float>& data) {
-  Impl& I = *impl_;
-  if (!h5::exists(I.fid, "/tables")) I.group(I.fid, "/tables", "tables");
-  Hid tg = h5::group_id(H5Gopen2(I.fid, "/tables", H5P_DEFAULT));
-  Hid g = I.group(tg, "/tables/" + table, table.c_str());
-  EmbTensor e;
-  e.dtype = dtype;
-  e.shape = {rows, dim};
-  e.data = data;
-  I.floats(g, "/tables/" + table, "weight", e);
-}
-
-void CaptureWriter::write_batch(const Batch& batch) {
-  Impl& I = *impl_;
-  const std::string bp = fmt::format("/batches/{}", batches_);
-  if (batch.index != batches_)
-    I.fail(bp, fmt::format("batch {} written out of order", batch.index));
-  if (static_cast<int64_t>(batch.ranks.size()) != world_size_)
-    I.fail(bp, fmt::format("{} ranks, want world_size {}", batch.ranks.size(), world_size_));
-  Hid bg = I.group(I.batches, bp, std::to_string(batches_).c_str());
-  for (int64_t r = 0; r < world_size_; ++r) {
-    const RankBatch& rb = batch.ranks[r];
-    const Kjt& kjt = rb.kjt;
-    const std::string rp = fmt::format("{}/rank{}", bp, r);
-    Hid rg = I.group(bg, rp, fmt::format("rank{}", r).c_str());
-    I.ints(rg, rp, "lengths", kjt.lengths, kjt.lengths_type);
-    I.ints(rg, rp, "values", kjt.values, kjt.values_type);
-    if (kjt.weighted) {
-      EmbTensor w;
-      w.shape = {static_cast<int64_t>(kjt.weights.size())};
-      w.data = kjt.weights;
-      I.floats(rg, rp, "weights", w);
-    }
-    if (kjt.is_vbe()) I.ints(rg, rp, "stride_per_feature", kjt.stride_per_feature, IndexType::i64);
-    if (rb.ctx) {
-      const ShardingContext& c = *rb.ctx;
-      const std::string cp = rp + "/ctx";
-      Hid cg = I.group(rg, cp, "ctx");
-      auto vec = [&](const char* name, const std::optional<std::vector<int64_t>>& v) {
-        if (v) I.ints(cg, cp, name, *v, IndexType::i64);
-      };
-      vec("input_splits", c.input_splits);
-      vec("output_splits", c.output_splits);
-      vec("batch_size_per_rank", c.batch_size_per_rank);
-      if (c.batch_size_per_rank_per_feature) {
-        const auto& m = *c.batch_size_per_rank_per_feature;
-        std::vector<int64_t> flat;
-        const int64_t cols = m.empty() ? 0 : static_cast<int64_t>(m[0].size());
-        for (const auto& row : m) {
-          if (static_cast<int64_t>(row.size()) != cols)
-            I.fail(cp + "/batch_size_per_rank_per_feature", "ragged rows");
-          flat.insert(flat.end(), row.begin(), row.end());
-        }
-        I.ints(cg, cp, "batch_size_per_rank_per_feature", flat, IndexType::i64,
-               {static_cast<int64_t>(m.size()), cols});
-      }
-      if (c.sparse_features_recat) {
-        const auto& v = *c.sparse_features_recat;
-        I.dataset(cg, cp, "sparse_features_recat", H5T_STD_I32LE, H5T_NATIVE_INT32,
-                  {static_cast<int64_t>(v.size())}, v.data());
-      }
-      vec("unbucketize_permute", c.unbucketize_permute);
-      if (c.lengths_after_input_dist) {
-        const auto& v = *c.lengths_after_input_dist;
-        const int64_t cols = c.lengths_after_input_dist_cols;
-        const int64_t rows = cols > 0 ? static_cast<int64_t>(v.size()) / cols : kjt.num_features;
-        if (rows * cols != static_cast<int64_t>(v.size()))
-          I.fail(cp + "/lengths_after_input_dist",
-                 fmt::format("{} values do not fill {} columns", v.size(), cols));
-        I.ints(cg, cp, "lengths_after_input_dist", v, IndexType::i64, {rows, cols});
-      }
-      if (c.variable_batch_per_feature)
-        I.int_attr(cg, cp, "variable_batch_per_feature", *c.variable_batch_per_feature ? 1 : 0);
-    }
-    if (rb.keys) I.strings(rg, rp, "keys", *rb.keys);
-    if (rb.local_embs) I.floats(rg, rp, "local_embs", *rb.local_embs);
-    if (rb.output) I.floats(rg, rp, "output", *rb.output);
-    if (rb.inverse_indices) {
-      const int64_t F = kjt.num_features, n = static_cast<int64_t>(rb.inverse_indices->size());
-      if (F <= 0 || n % F != 0)
-        I.fail(rp + "/inverse_indices", fmt::format("{} values do not fill {} rows", n, F));
-      I.ints(rg, rp, "inverse_indices", *rb.inverse_indices, IndexType::i64, {F, n / F});
-    }
-    if (rb.module_output) I.floats(rg, rp, "module_output", *rb.module_output);
-  }
-  ++batches_;
-}
-
-void CaptureWriter::commit() {
-  Impl& I = *impl_;
-  {
-    Hid root = h5::group_id(H5Gopen2(I.fid, "/", H5P_DEFAULT));
-    I.int_attr(root, "/", "num_batches", batches_);
-  }
-  I.batches.reset();
-  I.half.reset();
-  if (H5Fflush(I.fid, H5F_SCOPE_GLOBAL) < 0) I.fail("/", h5::last_error());
-  // A close that fails (the last metadata write on a full disk) is an error, not a success.
-  if (H5Fclose(I.fid.release()) < 0) I.fail("/", h5::last_error());
-  try {
-    out_->commit();
-  } catch (const Error& e) {
-    throw CaptureError(target_, "/", e.what());
-  }
-  committed_ = true;
-}
-
 }  // namespace dynemb
