@@ -84,7 +84,8 @@ PartitionPlan partition_plan(const BucketizeArgs& a, const BucketizeOnePass& ws)
       a.max_bag_len >= (int64_t{1} << 31))
     return pp;
   const int64_t mean = std::max<int64_t>(1, a.total_ids / a.total_bags);
-  int64_t nb = std::clamp<int64_t>(kPartTileIds / mean, 1,
+  const int64_t by_ids = std::min(kPartTileIds / mean, a.total_bags / kPartMinTiles);
+  int64_t nb = std::clamp<int64_t>(std::max<int64_t>(kChunk / mean, by_ids), 1,
                                    std::min<int64_t>(kPartMaxTileBags, kPartMaxCells / W));
   // Tile-relative id offsets are int32: a tile holds < 2^31 ids.
   nb = std::min<int64_t>(nb, ((int64_t{1} << 31) - 1) / std::max<int64_t>(1, a.max_bag_len));

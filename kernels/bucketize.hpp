@@ -62,11 +62,11 @@ struct BucketizeArgs {
   // [W*total_bags] scratch, not an output: the three passes leave the exclusive scan of
   // new_lengths there, the partition its tile counts, the one-pass kernel nothing.
   int64_t* new_offsets = nullptr;
-  int64_t* new_values = nullptr;   // [N] bucketized order (global positions)
-  float* new_weights = nullptr;    // [N] when weights
-  int64_t* perm = nullptr;         // [N] unbucketize_permute, rank-local positions
-  int64_t* dest_rank = nullptr;    // [N] or null
-  void* scan_temp = nullptr;       // cub scratch, bucketize_scan_temp_bytes()
+  int64_t* new_values = nullptr;  // [N] bucketized order (global positions)
+  float* new_weights = nullptr;   // [N] when weights
+  int64_t* perm = nullptr;        // [N] unbucketize_permute, rank-local positions
+  int64_t* dest_rank = nullptr;   // [N] or null
+  void* scan_temp = nullptr;      // cub scratch, bucketize_scan_temp_bytes()
   size_t scan_temp_bytes = 0;
 };
 // Scratch bytes of the three-pass path's scans over n entries.
@@ -80,7 +80,7 @@ struct BucketizeOnePass {
   // max_q (rank_bag_off[q+1] - rank_bag_off[q]), host-known; also sizes the partition's
   // tiles (0: no partition path), so it is set with or without scratch.
   int64_t max_rank_bags = 0;
-  uint32_t epoch = 0;         // one-pass launches so far on this scratch (its freshness tag)
+  uint32_t epoch = 0;  // one-pass launches so far on this scratch (its freshness tag)
 };
 // 0 when the device cannot launch the one-pass kernel (no cooperative launch). One scratch
 // serves one stream: launches on it must not overlap.

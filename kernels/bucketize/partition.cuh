@@ -42,9 +42,11 @@ namespace dynemb::cuda::bucketize {
 constexpr int kPartMaxTileBags = 384;
 // W x (bags of a tile) at most: the count kernel's shared count matrix.
 constexpr int kPartMaxCells = 4096;
-// Ids a tile aims at (bags of a tile = this / mean bag length, within the two limits above):
-// a few chunks per block, enough tiles to fill the GPU.
+// Bags of a tile (bucketize.cu, within the two limits above): at most kPartTileIds ids (four
+// chunks) on average, fewer while that leaves under kPartMinTiles tiles (a few resident blocks
+// per SM), but never under one chunk's worth (a block's chunk mostly empty).
 constexpr int64_t kPartTileIds = 8192;
+constexpr int64_t kPartMinTiles = 1024;
 
 struct PartitionArgs {
   BucketizeArgs a;
@@ -57,13 +59,13 @@ struct PartitionArgs {
 
 // The block's tile, the same in all its threads.
 struct PartitionTile {
-  int64_t q, kt;          // rank, tile index in the rank
-  int64_t first;          // the rank's first (global) bag
-  int64_t rank_bags;      // bags of the rank: new_lengths stride per bucket
-  int64_t j0;             // the tile's first bag, rank-local
-  int nb;                 // bags in this tile (0: past the rank's last bag)
-  int64_t id0;            // global index of the tile's first id
-  int64_t rank_id_base;   // global index of the rank's first id (perm is rank-local)
+  int64_t q, kt;         // rank, tile index in the rank
+  int64_t first;         // the rank's first (global) bag
+  int64_t rank_bags;     // bags of the rank: new_lengths stride per bucket
+  int64_t j0;            // the tile's first bag, rank-local
+  int nb;                // bags in this tile (0: past the rank's last bag)
+  int64_t id0;           // global index of the tile's first id
+  int64_t rank_id_base;  // global index of the rank's first id (perm is rank-local)
 };
 
 // Reads the tile's geometry; when it has bags, off[k] = first id of its bag k relative to id0
