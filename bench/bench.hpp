@@ -24,6 +24,7 @@ struct Options {
   int64_t scale = 1;             // multiplies the preset's local batch
   uint64_t seed = 1;
   bool diagnostics = false;  // floors, the one-pass trace, the bucketize path taken
+  bool sweep = false;        // CUDA: only the bucketize, at B = 512 ... 65536 per rank
 };
 
 // The batch benched: a preset's (generated in memory) or batch 0 of a capture.

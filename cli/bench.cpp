@@ -91,6 +91,9 @@ void setup_bench(CLI::App& app, RunFn& run) {
                   "4,8,16,32,64,128 (same permutation)");
   sub->add_option("--export", o->export_dir,
                   "Write the index data as .npy files for bench/peer_torch.py");
+  sub->add_flag("--sweep", o->sweep,
+                "CUDA, with --preset: time only the bucketize, at B = 512, 1024, ... 65536 per "
+                "rank (the preset's plan and hotness), each row naming the path taken");
   sub->add_flag("--diagnostics", o->diagnostics,
                 "CUDA: also print the bucketize path taken, its floors and the one-pass "
                 "kernel's step trace (bench/README.md)");
