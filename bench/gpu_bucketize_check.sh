@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The bucketize alone on the GPU machine, in one short call (a ~6-minute limit): build
+# dynemb-dist and the CUDA test, the bucketize test cases, bench rows with their floors and
+# path (--diagnostics), bench --sweep over B per rank, compute-sanitizer memcheck and racecheck
+# on the partition case, the torch peer on ec-bench-criteo; a summary printed last.
+#   OUT=/tmp/out bash bench/gpu_bucketize_check.sh
+# Each step runs under `timeout` and is skipped when the budget (BUDGET seconds, default 330)
+# cannot hold it; the summary says what ran. Logs: $OUT/*.log, $OUT/*.json.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/dynemb-bucketize-out}
+mkdir -p "$OUT"
+B=build-gpu
+PY=${PYTHON:-python3}
+BUDGET=${BUDGET:-330}
+ITERS=${ITERS:-20}
+EXP=/tmp/dynemb-bucketize-export
+rm -rf "$EXP"; mkdir -p "$EXP"
+t0=$(date +%s)
+SUMMARY="$OUT/summary.txt"; : > "$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+left() { echo $(( BUDGET - ($(date +%s) - t0) )); }
+# step NAME NEED_S LIMIT_S cmd...: runs cmd (log $OUT/NAME.log) when NEED_S seconds are left.
+step() {
+  local name=$1 need=$2 limit=$3; shift 3
+  if [ "$(left)" -lt "$need" ]; then note "SKIP  $name (budget: $(left) s left)"; return 0; fi
+  local s=$(date +%s)
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  note "$( [ $rc -eq 0 ] && echo 'ok   ' || echo "rc=$rc" ) $name ($(( $(date +%s) - s )) s)"
+  return $rc
+}
+
+export PATH=/usr/local/cuda/bin:$PATH
+step build 0 280 bash -c "cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DDYNEMB_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build $B -j 16 --target dynemb-dist gpu_test_cuda_backend"
+if [ ! -x $B/dynemb-dist ] || [ ! -x $B/tests/gpu_test_cuda_backend ]; then
+  grep -E "error|warning" "$OUT/build.log" | head -20; tail -20 "$OUT/build.log"; exit 1
+fi
+grep -E "warning" "$OUT/build.log" | grep -v "^ninja" | head -5 | tee -a "$SUMMARY"
+T=$B/tests/gpu_test_cuda_backend
+D=$B/dynemb-dist
+step gpu-test-bucketize 20 90 $T '-tc=batched bucketize*' -s=false
+tail -3 "$OUT/gpu-test-bucketize.log" | tee -a "$SUMMARY"
+
+bench() {  # name, bench args...
+  local name=$1; shift
+  step "bench-$name" 15 60 $D bench "$@" --diagnostics --iters $ITERS --json "$OUT/bench-$name.json"
+}
+bench criteo --preset ec-bench-criteo --export $EXP/criteo
+bench hstu --preset hstu-e2e
+bench hstu16 --preset hstu-e2e --scale 16
+bench pooled --preset unit-pooled-w8
+bench pooled16 --preset unit-pooled-w8 --scale 16
+bench pooled64 --preset unit-pooled-w8 --scale 64
+step sweep-criteo 40 90 $D bench --preset ec-bench-criteo --sweep --diagnostics --iters 10 \
+  --json "$OUT/sweep-criteo.json"
+export DYNEMB_GPU_CASES=40
+step memcheck 30 80 compute-sanitizer --tool memcheck --error-exitcode 9 $T '-tc=*partition path*'
+step racecheck 30 80 compute-sanitizer --tool racecheck --error-exitcode 9 $T '-tc=*partition path*'
+unset DYNEMB_GPU_CASES
+step sweep-pooled 30 60 $D bench --preset unit-pooled-w8 --sweep --iters 10 \
+  --json "$OUT/sweep-pooled.json"
+[ -f $EXP/criteo/meta.json ] && step peer-criteo 20 60 $PY bench/peer_torch.py $EXP/criteo \
+  --iters 10 --json "$OUT/peer-criteo.json"
+
+# The rows that matter, from the JSON: time, % of copy, the path (diagnostics) and floors.
+$PY - "$OUT" <<'PYEOF' | tee -a "$SUMMARY"
+import glob, json, os, sys
+d = sys.argv[1]
+for p in sorted(glob.glob(d + "/bench-*.json")) + sorted(glob.glob(d + "/sweep-*.json")):
+    try:
+        js = json.load(open(p))
+    except Exception as e:
+        print(f"{os.path.basename(p)}: unreadable ({e})"); continue
+    print(f"# {js.get('workload')}")
+    for st in js.get("stages", []):
+        if "bucketize" in st["name"] or "pipeline" in st["name"] or "fused" in st["name"]:
+            pc = st.get("pct_copy")
+            print(f"  {st['name']:<48} {st['time_us']:>10.1f} us  "
+                  f"{(pc if pc is not None else float('nan')):6.1f} % of copy  {st.get('note','')}")
+    for line in js.get("diagnostics", []):
+        if "path" in line or "floors" in line:
+            print(f"  # {line}")
+PYEOF
+[ -f "$OUT/peer-criteo.log" ] && grep -E "^#|bucketize|sequence|dist" "$OUT/peer-criteo.log" \
+  | head -14 | tee -a "$SUMMARY"
+grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" 2>/dev/null \
+  | tee -a "$SUMMARY"
+note "total $(( $(date +%s) - t0 )) s"
+echo "=== summary ==="; cat "$SUMMARY"
