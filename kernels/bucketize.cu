@@ -87,8 +87,9 @@ PartitionPlan partition_plan(const BucketizeArgs& a, const BucketizeOnePass& ws)
   const int64_t by_ids = std::min(kPartTileIds / mean, a.total_bags / kPartMinTiles);
   int64_t nb = std::clamp<int64_t>(std::max<int64_t>(kChunk / mean, by_ids), 1,
                                    std::min<int64_t>(kPartMaxTileBags, kPartMaxCells / W));
-  // Tile-relative id offsets are int32: a tile holds < 2^31 ids.
-  nb = std::min<int64_t>(nb, ((int64_t{1} << 31) - 1) / std::max<int64_t>(1, a.max_bag_len));
+  // Tile-relative id indices are int32: a tile's ids plus one chunk stay below 2^31.
+  nb = std::min<int64_t>(nb,
+                         ((int64_t{1} << 31) - 1 - kChunk) / std::max<int64_t>(1, a.max_bag_len));
   if (nb < 1) return pp;
   const int64_t tpr = (M + nb - 1) / nb;
   const int64_t tiles = a.num_ranks * tpr, entries = tiles * W;

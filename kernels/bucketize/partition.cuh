@@ -69,7 +69,7 @@ struct PartitionTile {
 };
 
 // Reads the tile's geometry; when it has bags, off[k] = first id of its bag k relative to id0
-// (k <= nb; the host keeps nb x max_bag_len < 2^31) and feat[k] = bag k's feature. Ends with a
+// (k <= nb; the host keeps nb x max_bag_len + kChunk < 2^31) and feat[k] = bag k's feature. Ends with a
 // barrier (off and feat are read by every thread afterwards).
 __device__ __forceinline__ PartitionTile load_tile(const PartitionArgs& p, int* off, int* feat) {
   const BucketizeArgs& a = p.a;
