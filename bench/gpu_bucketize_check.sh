@@ -4,7 +4,7 @@
 # path (--diagnostics), bench --sweep over B per rank, compute-sanitizer memcheck and racecheck
 # on the partition case, the torch peer on ec-bench-criteo; a summary printed last.
 #   OUT=/tmp/out bash bench/gpu_bucketize_check.sh
-# Each step runs under `timeout` and is skipped when the budget (BUDGET seconds, default 330)
+# Each step runs under `timeout` and is skipped when the budget (BUDGET seconds, default 340)
 # cannot hold it; the summary says what ran. Logs: $OUT/*.log, $OUT/*.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ OUT=${OUT:-/tmp/dynemb-bucketize-out}
 mkdir -p "$OUT"
 B=build-gpu
 PY=${PYTHON:-python3}
-BUDGET=${BUDGET:-330}
+BUDGET=${BUDGET:-340}
 ITERS=${ITERS:-20}
 EXP=/tmp/dynemb-bucketize-export
 rm -rf "$EXP"; mkdir -p "$EXP"
@@ -33,7 +33,7 @@ step() {
 
 export PATH=/usr/local/cuda/bin:$PATH
 step build 0 280 bash -c "cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DDYNEMB_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build $B -j 16 --target dynemb-dist gpu_test_cuda_backend"
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DDYNEMB_PYTHON=$(command -v $PY) && cmake --build $B -j 16 --target dynemb-dist gpu_test_cuda_backend"
 if [ ! -x $B/dynemb-dist ] || [ ! -x $B/tests/gpu_test_cuda_backend ]; then
   grep -E "error|warning" "$OUT/build.log" | head -20; tail -20 "$OUT/build.log"; exit 1
 fi
@@ -45,21 +45,22 @@ tail -3 "$OUT/gpu-test-bucketize.log" | tee -a "$SUMMARY"
 
 bench() {  # name, bench args...
   local name=$1; shift
-  step "bench-$name" 15 60 $D bench "$@" --diagnostics --iters $ITERS --json "$OUT/bench-$name.json"
+  step "bench-$name" 10 45 $D bench "$@" --diagnostics --iters $ITERS --json "$OUT/bench-$name.json"
 }
+# The acceptance rows first, then the sweep, the sanitizers, the rest.
 bench criteo --preset ec-bench-criteo --export $EXP/criteo
-bench hstu --preset hstu-e2e
-bench hstu16 --preset hstu-e2e --scale 16
-bench pooled --preset unit-pooled-w8
 bench pooled16 --preset unit-pooled-w8 --scale 16
 bench pooled64 --preset unit-pooled-w8 --scale 64
-step sweep-criteo 40 90 $D bench --preset ec-bench-criteo --sweep --diagnostics --iters 10 \
+bench hstu --preset hstu-e2e
+bench hstu16 --preset hstu-e2e --scale 16
+step sweep-criteo 30 90 $D bench --preset ec-bench-criteo --sweep --diagnostics --iters 10 \
   --json "$OUT/sweep-criteo.json"
 export DYNEMB_GPU_CASES=40
-step memcheck 30 80 compute-sanitizer --tool memcheck --error-exitcode 9 $T '-tc=*partition path*'
-step racecheck 30 80 compute-sanitizer --tool racecheck --error-exitcode 9 $T '-tc=*partition path*'
+step memcheck 25 80 compute-sanitizer --tool memcheck --error-exitcode 9 $T '-tc=*partition path*'
+step racecheck 25 80 compute-sanitizer --tool racecheck --error-exitcode 9 $T '-tc=*partition path*'
 unset DYNEMB_GPU_CASES
-step sweep-pooled 30 60 $D bench --preset unit-pooled-w8 --sweep --iters 10 \
+bench pooled --preset unit-pooled-w8
+step sweep-pooled 25 60 $D bench --preset unit-pooled-w8 --sweep --iters 10 \
   --json "$OUT/sweep-pooled.json"
 [ -f $EXP/criteo/meta.json ] && step peer-criteo 20 60 $PY bench/peer_torch.py $EXP/criteo \
   --iters 10 --json "$OUT/peer-criteo.json"
