@@ -62,7 +62,7 @@ for n, o in ours.items():
         lo = min(sw, key=lambda s: s["pct_copy"])
         print(f"#  bucketize sweep {o['workload']}: lowest {lo['pct_copy']:.1f} % of copy at {lo['name'][10:]} ({lo['note']}) (target >= 30 %) {verdict(lo['pct_copy'] >= 30)}")
 # The GPU pipeline of ec-bench-criteo against torch's composition of the same steps.
-g = stage("criteo", "GPU pipeline: bucketize + fused sequence dist")
+g = stage("criteo", "pipeline (bucketize + fused)")
 pb = {s["name"]: s for s in peer.get("criteo", {}).get("stages", [])}
 tb, t3 = pb.get("bucketize (all ranks)"), pb.get("sequence dist (torch 3 steps)")
 if g and tb and t3:

@@ -5,7 +5,8 @@
 # on the partition case, the torch peer on ec-bench-criteo; a summary printed last.
 #   OUT=/tmp/out bash bench/gpu_bucketize_check.sh
 # Each step runs under `timeout` and is skipped when the budget (BUDGET seconds, default 340)
-# cannot hold it; the summary says what ran. Logs: $OUT/*.log, $OUT/*.json.
+# cannot hold it; the summary says what ran, the rows, and bench/compare.py's targets.
+# Logs: $OUT/*.log, $OUT/ours-*.json (bench), $OUT/peer-criteo.json (torch).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/dynemb-bucketize-out}
@@ -45,7 +46,7 @@ tail -3 "$OUT/gpu-test-bucketize.log" | tee -a "$SUMMARY"
 
 bench() {  # name, bench args...
   local name=$1; shift
-  step "bench-$name" 10 45 $D bench "$@" --diagnostics --iters $ITERS --json "$OUT/bench-$name.json"
+  step "bench-$name" 10 45 $D bench "$@" --diagnostics --iters $ITERS --json "$OUT/ours-$name.json"
 }
 # The acceptance rows first, then the sweep, the sanitizers, the rest.
 bench criteo --preset ec-bench-criteo --export $EXP/criteo
@@ -54,14 +55,14 @@ bench pooled64 --preset unit-pooled-w8 --scale 64
 bench hstu --preset hstu-e2e
 bench hstu16 --preset hstu-e2e --scale 16
 step sweep-criteo 30 90 $D bench --preset ec-bench-criteo --sweep --diagnostics --iters 10 \
-  --json "$OUT/sweep-criteo.json"
+  --json "$OUT/ours-sweep-criteo.json"
 export DYNEMB_GPU_CASES=40
 step memcheck 25 80 compute-sanitizer --tool memcheck --error-exitcode 9 $T '-tc=*partition path*'
 step racecheck 25 80 compute-sanitizer --tool racecheck --error-exitcode 9 $T '-tc=*partition path*'
 unset DYNEMB_GPU_CASES
 bench pooled --preset unit-pooled-w8
 step sweep-pooled 25 60 $D bench --preset unit-pooled-w8 --sweep --iters 10 \
-  --json "$OUT/sweep-pooled.json"
+  --json "$OUT/ours-sweep-pooled.json"
 [ -f $EXP/criteo/meta.json ] && step peer-criteo 20 60 $PY bench/peer_torch.py $EXP/criteo \
   --iters 10 --json "$OUT/peer-criteo.json"
 
@@ -69,7 +70,7 @@ step sweep-pooled 25 60 $D bench --preset unit-pooled-w8 --sweep --iters 10 \
 $PY - "$OUT" <<'PYEOF' | tee -a "$SUMMARY"
 import glob, json, os, sys
 d = sys.argv[1]
-for p in sorted(glob.glob(d + "/bench-*.json")) + sorted(glob.glob(d + "/sweep-*.json")):
+for p in sorted(glob.glob(d + "/ours-*.json")):
     try:
         js = json.load(open(p))
     except Exception as e:
@@ -86,6 +87,7 @@ for p in sorted(glob.glob(d + "/bench-*.json")) + sorted(glob.glob(d + "/sweep-*
 PYEOF
 [ -f "$OUT/peer-criteo.log" ] && grep -E "^#|bucketize|sequence|dist" "$OUT/peer-criteo.log" \
   | head -14 | tee -a "$SUMMARY"
+$PY bench/compare.py "$OUT" 2>&1 | grep "^#  " | tee -a "$SUMMARY"  # the targets, PASS/MISS
 grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" 2>/dev/null \
   | tee -a "$SUMMARY"
 note "total $(( $(date +%s) - t0 )) s"

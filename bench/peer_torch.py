@@ -159,7 +159,7 @@ def main():
         ]
         bk = [s_ for s_ in stages if s_["name"] == "bucketize (all ranks)"]
         if bk:  # torch's composition of the whole GPU side: its bucketize, then its 3 steps
-            stages.append({"name": "GPU pipeline: bucketize + fused sequence dist",
+            stages.append({"name": "pipeline (bucketize + fused)",
                            "time_us": bk[0]["time_us"] + t_three,
                            "bytes": bk[0]["bytes"] + 2 * row * Ro + 8.0 * Ro,
                            "note": "torch: bucketize + 3 steps"})

@@ -276,9 +276,8 @@ class CudaStages {
     time_rows(fused);
     // The whole GPU side of the sequence input -> output dist: the stage above plus the fused
     // dist (bench/peer_torch.py times torch's composition of the same steps).
-    r_.stages.push_back({"GPU pipeline: bucketize + fused sequence dist", Ro, D,
-                         bucketize_bytes_ + out_bytes, bucketize_us_ + fused[0].stage.us,
-                         "sum of the two rows"});
+    r_.stages.push_back({"pipeline (bucketize + fused)", Ro, D, bucketize_bytes_ + out_bytes,
+                         bucketize_us_ + fused[0].stage.us, "sum of the two rows"});
     check("fused == recat+exchange+unbucketize (bitwise)",
           device_equal(out.data(), out2.data(), Ro * D),
           "the fused sequence dist disagrees with the 3 steps");
