@@ -12,17 +12,18 @@
 //
 // Tiles: rank q's bags [kt*nb, (kt+1)*nb) form tile (q, kt), kt < tiles_per_rank (tiles past
 // a rank's last bag are empty and count zero). Three launches after the bag offsets:
-//   partition_count_kernel  per tile: each id's bag (binary search in the tile's offsets in
-//                           shared memory) and bucket; the W x nb counts in shared memory
+//   partition_count_kernel  per tile: each id's bag (the tile's offsets in shared memory)
+//                           and bucket; the W x nb counts in shared memory
 //                           become new_lengths (the tile's nb entries of each bucket row are
 //                           consecutive) and the tile's total per bucket, tile_cnt[q][d][kt];
 //   cub exclusive scan      of tile_cnt in (q, d, kt) order: tile_base[q][d][kt] is the global
 //                           position of the tile's first bucket-d id (ids of earlier ranks,
 //                           then rank q's earlier buckets, then bucket d of earlier tiles);
 //   partition_place_kernel  per tile, 2048-id chunks in input order, ranked as the block-per-
-//                           bag path ranks a bag's chunk (ranking.cuh, stable), routed per id
-//                           by its bag's feature, placed through shared memory (placement.cuh)
-//                           from run[d] = tile_base, advanced by each chunk's counts.
+//                           bag path ranks a bag's chunk (ranking.cuh, stable; routed per id by
+//                           its bag's feature when the tile spans two features), placed through
+//                           shared memory (placement.cuh) from run[d] = tile_base, advanced by
+//                           each chunk's counts.
 // Ids are read twice (count, place); new_lengths written once; new_offsets is not produced:
 // its buffer holds tile_cnt and tile_base (2 x R x W x tiles_per_rank <= W x total_bags, the
 // dispatch checks).
@@ -69,8 +70,8 @@ struct PartitionTile {
 };
 
 // Reads the tile's geometry; when it has bags, off[k] = first id of its bag k relative to id0
-// (k <= nb; the host keeps nb x max_bag_len + kChunk < 2^31) and feat[k] = bag k's feature. Ends with a
-// barrier (off and feat are read by every thread afterwards).
+// (k <= nb; the host keeps nb x max_bag_len + kChunk < 2^31) and feat[k] = bag k's feature. Ends
+// with a barrier (off and feat are read by every thread afterwards).
 __device__ __forceinline__ PartitionTile load_tile(const PartitionArgs& p, int* off, int* feat) {
   const BucketizeArgs& a = p.a;
   PartitionTile ti;
@@ -126,10 +127,11 @@ __device__ __forceinline__ int route_in_tile(const PartitionArgs& p, const int* 
   return static_cast<int>(d64);
 }
 
-// Launch 1: new_lengths of the tile's bags and tile_cnt. Counts are order-free, so ids are
-// taken in any order (thread t, ids k * kThreads + t of each chunk); lanes with the same
-// (bucket, bag) cell add once (__match_any_sync; every loop bound is uniform over the block,
-// so whole warps reach it).
+// Launch 1: new_lengths of the tile's bags and tile_cnt. Counts are order-free, so thread t
+// takes kIdsPerLane consecutive ids of each chunk: one bag search per thread and chunk, then a
+// walk forward over the tile's offsets (short bags: about one step per bag), the routing rule
+// reloaded only where the feature changes; one shared atomic per id into its (bucket, bag)
+// cell. Nothing below is warp-synchronous, so threads past the tile's ids just skip.
 __global__ void __launch_bounds__(kThreads) partition_count_kernel(PartitionArgs p) {
   __shared__ int s_off[kPartMaxTileBags + 1];
   __shared__ int s_feat[kPartMaxTileBags];
@@ -148,26 +150,32 @@ __global__ void __launch_bounds__(kThreads) partition_count_kernel(PartitionArgs
   __syncthreads();
   const int n = s_off[nb];
   const int64_t* ids = a.ids + ti.id0;
-  const unsigned lt = (1u << lane) - 1u;
   for (int c0 = 0; c0 < n; c0 += kChunk) {
+    const int i0 = c0 + kIdsPerLane * t;
+    if (i0 >= n) continue;
     int64_t x[kIdsPerLane];
 #pragma unroll
-    for (int k = 0; k < kIdsPerLane; ++k) {
-      const int i = c0 + k * kThreads + t;
-      x[k] = i < n ? ids[i] : 0;
-    }
+    for (int k = 0; k < kIdsPerLane; ++k) x[k] = i0 + k < n ? ids[i0 + k] : 0;
+    int kb = tile_bag(s_off, nb, i0);
+    int f = -1;
+    BagInfo rb{};
 #pragma unroll
     for (int k = 0; k < kIdsPerLane; ++k) {
-      const int i = c0 + k * kThreads + t;
-      int cell = -1;
+      const int i = i0 + k;
       if (i < n) {
-        int64_t local;
-        int kb;
-        const int d = route_in_tile(p, s_off, s_feat, nb, i, x[k], &local, &kb);
-        cell = d * nb + kb;
+        // off[nb] = n > i ends the walk at the last bag; empty bags (off[kb+1] == off[kb]) are
+        // stepped over.
+        while (s_off[kb + 1] <= i) ++kb;
+        const int fk = s_feat[kb];
+        if (fk != f) {
+          f = fk;
+          rb.blk = a.block_sizes[f];
+          rb.dist = static_cast<int32_t>(a.dist_types[f]);
+        }
+        int64_t d64, local;
+        route(x[k], rb, p.wd, a.ids_i32, &d64, &local);
+        atomicAdd(&s_cnt[static_cast<int>(d64) * nb + kb], 1);
       }
-      const unsigned same = __match_any_sync(0xffffffffu, cell);
-      if (cell >= 0 && (same & lt) == 0) atomicAdd(&s_cnt[cell], __popc(same));
     }
   }
   __syncthreads();
@@ -239,13 +247,22 @@ __global__ void __launch_bounds__(kThreads) partition_place_kernel(PartitionArgs
   const int64_t* tb = p.tile_base + ti.q * W * p.tiles_per_rank + ti.kt;
   for (int d = t; d < W; d += kThreads)
     s_run[d] = tb[d * p.tiles_per_rank];  // read after partition_rank_chunk's barriers
+  // Features are nondecreasing over a rank's bags: a tile whose first and last bag share one
+  // has a single routing rule, and takes the block-per-bag ranking as is (the rule resolved at
+  // compile time, no per-id bag search). Tiles across a feature boundary route per id.
+  const int f0 = s_feat[0];
+  const bool one_rule = f0 == s_feat[ti.nb - 1];
+  const uint64_t blk = a.block_sizes[f0];
+  const int dist = static_cast<int>(a.dist_types[f0]);
   int64_t value[kIdsPerLane];
   unsigned key[kIdsPerLane / 2];
   for (int c0 = 0; c0 < n; c0 += kChunk) {  // uniform over the block
     const int m = n - c0 < kChunk ? n - c0 : kChunk;
     const int64_t i0 = ti.id0 + c0;
-    partition_rank_chunk<Bits>(p, s_off, s_feat, ti.nb, c0, a.ids + i0, m, value, key, wc,
-                               s_cnt);  // ends with a barrier
+    if (one_rule)  // uniform over the block; both end with a barrier
+      rank_chunk_any<Bits>(a, p.wd, dist, a.ids + i0, m, blk, value, key, wc, s_cnt);
+    else
+      partition_rank_chunk<Bits>(p, s_off, s_feat, ti.nb, c0, a.ids + i0, m, value, key, wc, s_cnt);
     exclusive_scan_buckets(s_cnt, s_lex, W);
     __syncthreads();
     const ChunkOut<int64_t> o{a.weights ? a.weights + i0 : nullptr, a.perm + i0,
