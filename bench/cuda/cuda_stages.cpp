@@ -94,7 +94,8 @@ class CudaStages {
         timer_(stream_, o.iters, o.queue_ahead),
         cpu_(make_backend("cpu")) {
     for (const Kjt& k : w.kjts) kp_.push_back(&k);
-    derived_ = derive_input_dist(p_, kp_, *cpu_);  // CPU reference contexts
+    // CPU reference contexts (--sweep makes its own batches and checks none).
+    if (!o.sweep) derived_ = derive_input_dist(p_, kp_, *cpu_);
   }
 
   Result run() {
