@@ -11,7 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/dynemb-bucketize-out}
 mkdir -p "$OUT"
-B=build-gpu
+B=${BUILD_DIR:-build-gpu}
 PY=${PYTHON:-python3}
 BUDGET=${BUDGET:-340}
 ITERS=${ITERS:-20}
@@ -46,7 +46,7 @@ tail -3 "$OUT/gpu-test-bucketize.log" | tee -a "$SUMMARY"
 
 bench() {  # name, bench args...
   local name=$1; shift
-  step "bench-$name" 10 45 $D bench "$@" --diagnostics --iters $ITERS --json "$OUT/ours-$name.json"
+  step "bench-$name" 10 45 $D bench "$@" --backend cuda --diagnostics --iters $ITERS --json "$OUT/ours-$name.json"
 }
 # The acceptance rows first, then the sweep, the sanitizers, the rest.
 bench criteo --preset ec-bench-criteo --export $EXP/criteo
@@ -54,14 +54,14 @@ bench pooled16 --preset unit-pooled-w8 --scale 16
 bench pooled64 --preset unit-pooled-w8 --scale 64
 bench hstu --preset hstu-e2e
 bench hstu16 --preset hstu-e2e --scale 16
-step sweep-criteo 30 90 $D bench --preset ec-bench-criteo --sweep --diagnostics --iters 10 \
+step sweep-criteo 30 90 $D bench --backend cuda --preset ec-bench-criteo --sweep --diagnostics --iters 10 \
   --json "$OUT/ours-sweep-criteo.json"
 export DYNEMB_GPU_CASES=40
 step memcheck 25 80 compute-sanitizer --tool memcheck --error-exitcode 9 $T '-tc=*partition path*'
 step racecheck 25 80 compute-sanitizer --tool racecheck --error-exitcode 9 $T '-tc=*partition path*'
 unset DYNEMB_GPU_CASES
 bench pooled --preset unit-pooled-w8
-step sweep-pooled 25 60 $D bench --preset unit-pooled-w8 --sweep --iters 10 \
+step sweep-pooled 25 60 $D bench --backend cuda --preset unit-pooled-w8 --sweep --iters 10 \
   --json "$OUT/ours-sweep-pooled.json"
 [ -f $EXP/criteo/meta.json ] && step peer-criteo 20 60 $PY bench/peer_torch.py $EXP/criteo \
   --iters 10 --json "$OUT/peer-criteo.json"
