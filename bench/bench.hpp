@@ -18,7 +18,7 @@ struct Options {
   std::string backend = "auto";         // auto | cpu | cuda (auto: cuda when a GPU is present)
   std::string json, export_dir;         // --json FILE, --export DIR (.npy for bench/peer_torch.py)
   std::string dims;                     // sequence: extra unbucketize widths, "4,8,16"
-  std::string bucketize_path = "auto";  // auto | one-pass | three-pass
+  std::string bucketize_path = "auto";  // auto | one-pass | three-pass | partition
   int iters = 20;
   int64_t queue_ahead = 200000;  // SM cycles spun before each timed repeat (0: off)
   int64_t scale = 1;             // multiplies the preset's local batch

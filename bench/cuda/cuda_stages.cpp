@@ -136,13 +136,27 @@ class CudaStages {
     write_npy_i64(o_, name, v);
   }
 
+  // --bucketize-kernel: auto and one-pass give the one-pass kernel a workspace (taken where
+  // the batch fits it); three-pass takes the three passes as auto chose them before the
+  // partition existed (a block per bag for long bags, else a warp per bag); partition forces
+  // it. A forced path the batch does not fit falls back as auto would.
+  void force_path(cuda::BatchedBucketize& bb) const {
+    using P = cuda::BucketizeArgs::BagPath;
+    cuda::BucketizeArgs& a = bb.args;
+    if (o_.bucketize_path == "three-pass")
+      a.bag_path = a.total_ids >= cuda::kBlockPerBagMinAvg * a.total_bags ? P::block : P::warp;
+    else if (o_.bucketize_path == "partition")
+      a.bag_path = P::partition;
+    else
+      bb.enable_one_pass(stream_);
+  }
+
   // All W ranks in one launch (bags concatenated rank-major).
   void bucketize() {
     cuda::BatchedBucketize bb(p_, kp_, /*with_dest_rank=*/false, stream_);
     const cuda::BucketizeArgs& ba = bb.args;
     const int64_t N = ba.total_ids, L = ba.total_bags;
-    // auto and one-pass give the one-pass kernel a workspace (taken where the batch fits it).
-    if (o_.bucketize_path != "three-pass") bb.enable_one_pass(stream_);
+    force_path(bb);
     const cuda::BucketizeChoice choice = cuda::bucketize_choice(ba, bb.one_pass);
     const bool one_pass = choice.path == cuda::BucketizePath::one_pass;
     // ids in; new_values + unbucketize_permute out; lengths in; new_lengths out (+ weights).
@@ -214,7 +228,7 @@ class CudaStages {
       std::vector<const Kjt*> kp;
       for (const Kjt& k : kjts) kp.push_back(&k);
       cuda::BatchedBucketize bb(p_, kp, /*with_dest_rank=*/false, stream_);
-      if (o_.bucketize_path != "three-pass") bb.enable_one_pass(stream_);
+      force_path(bb);
       const cuda::BucketizeArgs& ba = bb.args;
       const int64_t N = ba.total_ids, L = ba.total_bags;
       const cuda::BucketizeChoice c = cuda::bucketize_choice(ba, bb.one_pass);
