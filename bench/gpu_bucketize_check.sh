@@ -63,6 +63,8 @@ unset DYNEMB_GPU_CASES
 bench pooled --preset unit-pooled-w8
 step sweep-pooled 25 60 $D bench --backend cuda --preset unit-pooled-w8 --sweep --iters 10 \
   --json "$OUT/ours-sweep-pooled.json"
+# The previous path on the same batch (a warp per bag), for the comparison in one run.
+bench criteo-3pass --preset ec-bench-criteo --bucketize-kernel three-pass
 [ -f $EXP/criteo/meta.json ] && step peer-criteo 20 60 $PY bench/peer_torch.py $EXP/criteo \
   --iters 10 --json "$OUT/peer-criteo.json"
 
