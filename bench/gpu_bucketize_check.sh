@@ -44,27 +44,27 @@ D=$B/dynemb-dist
 step gpu-test-bucketize 20 90 $T '-tc=batched bucketize*' -s=false
 tail -3 "$OUT/gpu-test-bucketize.log" | tee -a "$SUMMARY"
 
-bench() {  # name, bench args...
-  local name=$1; shift
-  step "bench-$name" 10 45 $D bench "$@" --backend cuda --diagnostics --iters $ITERS --json "$OUT/ours-$name.json"
+bench() {  # name, time limit (s), bench args...
+  local name=$1 limit=$2; shift 2
+  step "bench-$name" 10 "$limit" $D bench "$@" --backend cuda --diagnostics --iters $ITERS --json "$OUT/ours-$name.json"
 }
 # The acceptance rows first, then the sweep, the sanitizers, the rest.
-bench criteo --preset ec-bench-criteo --export $EXP/criteo
-bench pooled16 --preset unit-pooled-w8 --scale 16
-bench pooled64 --preset unit-pooled-w8 --scale 64
-bench hstu --preset hstu-e2e
-bench hstu16 --preset hstu-e2e --scale 16
+bench criteo 90 --preset ec-bench-criteo --export $EXP/criteo
+bench pooled16 45 --preset unit-pooled-w8 --scale 16
+bench pooled64 45 --preset unit-pooled-w8 --scale 64
+bench hstu 45 --preset hstu-e2e
+bench hstu16 60 --preset hstu-e2e --scale 16
 step sweep-criteo 30 90 $D bench --backend cuda --preset ec-bench-criteo --sweep --diagnostics --iters 10 \
   --json "$OUT/ours-sweep-criteo.json"
 export DYNEMB_GPU_CASES=40
 step memcheck 25 80 compute-sanitizer --tool memcheck --error-exitcode 9 $T '-tc=*partition path*'
 step racecheck 25 80 compute-sanitizer --tool racecheck --error-exitcode 9 $T '-tc=*partition path*'
 unset DYNEMB_GPU_CASES
-bench pooled --preset unit-pooled-w8
+bench pooled 30 --preset unit-pooled-w8
 step sweep-pooled 25 60 $D bench --backend cuda --preset unit-pooled-w8 --sweep --iters 10 \
   --json "$OUT/ours-sweep-pooled.json"
 # The previous path on the same batch (a warp per bag), for the comparison in one run.
-bench criteo-3pass --preset ec-bench-criteo --bucketize-kernel three-pass
+bench criteo-3pass 90 --preset ec-bench-criteo --bucketize-kernel three-pass
 [ -f $EXP/criteo/meta.json ] && step peer-criteo 20 60 $PY bench/peer_torch.py $EXP/criteo \
   --iters 10 --json "$OUT/peer-criteo.json"
 
