@@ -4,8 +4,9 @@
 # path (--diagnostics), bench --sweep over B per rank, compute-sanitizer memcheck and racecheck
 # on the partition case, the torch peer on ec-bench-criteo; a summary printed last.
 #   OUT=/tmp/out bash bench/gpu_bucketize_check.sh
-# Each step runs under `timeout` and is skipped when the budget (BUDGET seconds, default 340)
-# cannot hold it; the summary says what ran, the rows, and bench/compare.py's targets.
+# Each step runs under `timeout` and is skipped when the budget (BUDGET seconds, default 330)
+# cannot hold it; no step runs past the budget. The summary says what ran, the rows, and
+# bench/compare.py's targets. The build reuses $BUILD_DIR (default build-gpu) when present.
 # Logs: $OUT/*.log, $OUT/ours-*.json (bench), $OUT/peer-criteo.json (torch).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +14,7 @@ OUT=${OUT:-/tmp/dynemb-bucketize-out}
 mkdir -p "$OUT"
 B=${BUILD_DIR:-build-gpu}
 PY=${PYTHON:-python3}
-BUDGET=${BUDGET:-340}
+BUDGET=${BUDGET:-330}
 ITERS=${ITERS:-20}
 EXP=/tmp/dynemb-bucketize-export
 rm -rf "$EXP"; mkdir -p "$EXP"
@@ -24,7 +25,8 @@ left() { echo $(( BUDGET - ($(date +%s) - t0) )); }
 # step NAME NEED_S LIMIT_S cmd...: runs cmd (log $OUT/NAME.log) when NEED_S seconds are left.
 step() {
   local name=$1 need=$2 limit=$3; shift 3
-  if [ "$(left)" -lt "$need" ]; then note "SKIP  $name (budget: $(left) s left)"; return 0; fi
+  if [ "$(left)" -lt "$need" ] || [ "$(left)" -lt 1 ]; then note "SKIP  $name (budget: $(left) s left)"; return 0; fi
+  [ "$limit" -gt "$(left)" ] && limit=$(left)  # no step runs past the budget
   local s=$(date +%s)
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
