@@ -84,8 +84,14 @@ PartitionPlan partition_plan(const BucketizeArgs& a, const BucketizeOnePass& ws)
       a.max_bag_len >= (int64_t{1} << 31))
     return pp;
   const int64_t mean = std::max<int64_t>(1, a.total_ids / a.total_bags);
-  const int64_t by_ids = std::min(kPartTileIds / mean, a.total_bags / kPartMinTiles);
-  int64_t nb = std::clamp<int64_t>(std::max<int64_t>(kChunk / mean, by_ids), 1,
+  // Bags for one chunk's worth of ids up to kPartTileIds, fewer while that leaves under
+  // kPartMinTiles tiles; rounded to a whole number of chunks with 1/16 to spare, so that a
+  // tile of mean-length bags does not spill a few ids into one more (mostly idle) chunk.
+  const int64_t want = std::max<int64_t>(
+      kChunk / mean, std::min(kPartTileIds / mean, a.total_bags / kPartMinTiles));
+  const int64_t chunks =
+      std::clamp<int64_t>((want * mean + kChunk / 2) / kChunk, 1, kPartTileIds / kChunk);
+  int64_t nb = std::clamp<int64_t>(chunks * (kChunk - kChunk / 16) / mean, 1,
                                    std::min<int64_t>(kPartMaxTileBags, kPartMaxCells / W));
   // Tile-relative id indices are int32: a tile's ids plus one chunk stay below 2^31.
   nb = std::min<int64_t>(nb,

@@ -45,7 +45,8 @@ constexpr int kPartMaxTileBags = 384;
 constexpr int kPartMaxCells = 4096;
 // Bags of a tile (bucketize.cu, within the two limits above): at most kPartTileIds ids (four
 // chunks) on average, fewer while that leaves under kPartMinTiles tiles (a few resident blocks
-// per SM), but never under one chunk's worth (a block's chunk mostly empty).
+// per SM), but never under one chunk's worth (a block's chunk mostly empty); a whole number
+// of chunks with a little to spare.
 constexpr int64_t kPartTileIds = 8192;
 constexpr int64_t kPartMinTiles = 1024;
 
