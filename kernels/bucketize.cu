@@ -87,8 +87,8 @@ PartitionPlan partition_plan(const BucketizeArgs& a, const BucketizeOnePass& ws)
   // Bags for one chunk's worth of ids up to kPartTileIds, fewer while that leaves under
   // kPartMinTiles tiles; rounded to a whole number of chunks with 1/16 to spare, so that a
   // tile of mean-length bags does not spill a few ids into one more (mostly idle) chunk.
-  const int64_t want = std::max<int64_t>(
-      kChunk / mean, std::min(kPartTileIds / mean, a.total_bags / kPartMinTiles));
+  const int64_t want =
+      std::max<int64_t>(kChunk / mean, std::min(kPartTileIds / mean, a.total_bags / kPartMinTiles));
   const int64_t chunks =
       std::clamp<int64_t>((want * mean + kChunk / 2) / kChunk, 1, kPartTileIds / kChunk);
   int64_t nb = std::clamp<int64_t>(chunks * (kChunk - kChunk / 16) / mean, 1,
