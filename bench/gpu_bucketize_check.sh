@@ -2,12 +2,13 @@
 # The bucketize alone on the GPU machine, in one short call (a ~6-minute limit): build
 # dynemb-dist and the CUDA test, the bucketize test cases, bench rows with their floors and
 # path (--diagnostics), bench --sweep over B per rank, compute-sanitizer memcheck and racecheck
-# on the partition case, the torch peer on ec-bench-criteo; a summary printed last.
+# on the partition case, the torch peer on ec-bench-criteo and unit-pooled-w8 x64; a summary
+# printed last.
 #   OUT=/tmp/out bash bench/gpu_bucketize_check.sh
 # Each step runs under `timeout` and is skipped when the budget (BUDGET seconds, default 330)
 # cannot hold it; no step runs past the budget. The summary says what ran, the rows, and
 # bench/compare.py's targets. The build reuses $BUILD_DIR (default build-gpu) when present.
-# Logs: $OUT/*.log, $OUT/ours-*.json (bench), $OUT/peer-criteo.json (torch).
+# Logs: $OUT/*.log, $OUT/ours-*.json (bench), $OUT/peer-*.json (torch).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/dynemb-bucketize-out}
@@ -53,7 +54,7 @@ bench() {  # name, time limit (s), bench args...
 # The acceptance rows first, then the sweep, the sanitizers, the rest.
 bench criteo 90 --preset ec-bench-criteo --export $EXP/criteo
 bench pooled16 45 --preset unit-pooled-w8 --scale 16
-bench pooled64 45 --preset unit-pooled-w8 --scale 64
+bench pooled64 45 --preset unit-pooled-w8 --scale 64 --export $EXP/pooled64
 bench hstu 45 --preset hstu-e2e
 bench hstu16 60 --preset hstu-e2e --scale 16
 step sweep-criteo 30 90 $D bench --backend cuda --preset ec-bench-criteo --sweep --diagnostics --iters 10 \
@@ -67,8 +68,10 @@ step sweep-pooled 25 60 $D bench --backend cuda --preset unit-pooled-w8 --sweep 
   --json "$OUT/ours-sweep-pooled.json"
 # The previous path on the same batch (a warp per bag), for the comparison in one run.
 bench criteo-3pass 90 --preset ec-bench-criteo --bucketize-kernel three-pass
-[ -f $EXP/criteo/meta.json ] && step peer-criteo 20 60 $PY bench/peer_torch.py $EXP/criteo \
-  --iters 10 --json "$OUT/peer-criteo.json"
+for n in criteo pooled64; do  # torch's composition of the same steps on the same data
+  [ -f $EXP/$n/meta.json ] && step peer-$n 20 60 $PY bench/peer_torch.py $EXP/$n \
+    --iters 10 --json "$OUT/peer-$n.json"
+done
 
 # The rows that matter, from the JSON: time, % of copy, the path (diagnostics) and floors.
 $PY - "$OUT" <<'PYEOF' | tee -a "$SUMMARY"
@@ -89,8 +92,10 @@ for p in sorted(glob.glob(d + "/ours-*.json")):
         if "path" in line or "floors" in line:
             print(f"  # {line}")
 PYEOF
-[ -f "$OUT/peer-criteo.log" ] && grep -E "^#|bucketize|sequence|dist" "$OUT/peer-criteo.log" \
-  | head -14 | tee -a "$SUMMARY"
+for n in criteo pooled64; do
+  [ -f "$OUT/peer-$n.log" ] && grep -E "^#|bucketize|sequence|pipeline" "$OUT/peer-$n.log" \
+    | head -14 | tee -a "$SUMMARY"
+done
 $PY bench/compare.py "$OUT" 2>&1 | grep "^#  " | tee -a "$SUMMARY"  # the targets, PASS/MISS
 grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" 2>/dev/null \
   | tee -a "$SUMMARY"

@@ -21,7 +21,7 @@
 //                           then rank q's earlier buckets, then bucket d of earlier tiles);
 //   partition_place_kernel  per tile, 2048-id chunks in input order, ranked as the block-per-
 //                           bag path ranks a bag's chunk (ranking.cuh, stable; routed per id by
-//                           its bag's feature when the tile spans two features), placed through
+//                           its bag's feature when the tile spans features), placed through
 //                           shared memory (placement.cuh) from run[d] = tile_base, advanced by
 //                           each chunk's counts.
 // Ids are read twice (count, place); new_lengths written once; new_offsets is not produced:
