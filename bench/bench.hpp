@@ -18,12 +18,13 @@ struct Options {
   std::string backend = "auto";         // auto | cpu | cuda (auto: cuda when a GPU is present)
   std::string json, export_dir;         // --json FILE, --export DIR (.npy for bench/peer_torch.py)
   std::string dims;                     // sequence: extra unbucketize widths, "4,8,16"
-  std::string bucketize_path = "auto";  // auto | one-pass | three-pass
+  std::string bucketize_path = "auto";  // auto | one-pass | three-pass | partition
   int iters = 20;
   int64_t queue_ahead = 200000;  // SM cycles spun before each timed repeat (0: off)
   int64_t scale = 1;             // multiplies the preset's local batch
   uint64_t seed = 1;
   bool diagnostics = false;  // floors, the one-pass trace, the bucketize path taken
+  bool sweep = false;        // CUDA: only the bucketize, at B = 512 ... 65536 per rank
 };
 
 // The batch benched: a preset's (generated in memory) or batch 0 of a capture.

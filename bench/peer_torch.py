@@ -157,6 +157,12 @@ def main():
             {"name": "unbucketize", "time_us": t_unb, "bytes": 2 * row * Ro + 8.0 * Ro},
             {"name": "sequence dist (torch 3 steps)", "time_us": t_three, "bytes": 2 * row * Ro + 8.0 * Ro},
         ]
+        bk = [s_ for s_ in stages if s_["name"] == "bucketize (all ranks)"]
+        if bk:  # torch's composition of the whole GPU side: its bucketize, then its 3 steps
+            stages.append({"name": "pipeline (bucketize + fused)",
+                           "time_us": bk[0]["time_us"] + t_three,
+                           "bytes": bk[0]["bytes"] + 2 * row * Ro + 8.0 * Ro,
+                           "note": "torch: bucketize + 3 steps"})
         del local, send, recv
         for Dx in meta.get("dims", []):
             src = torch.randn(Ro, Dx, device=dev)

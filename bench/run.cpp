@@ -49,6 +49,7 @@ Result run(const Options& o, const Workload& w) {
   if (o.scale < 1) throw UsageError("bench: --scale must be >= 1");
   std::string backend = o.backend;
   if (backend == "auto") backend = cuda_backend_usable() ? "cuda" : "cpu";
+  if (o.sweep && backend != "cuda") throw UsageError("bench: --sweep needs the CUDA backend");
   if (backend == "cpu") return run_cpu_stages(o, w);
   if (backend == "cuda") return run_cuda_stages(o, w);
   throw UsageError("bench: --backend must be auto, cuda or cpu, got '" + o.backend + "'");

@@ -72,6 +72,9 @@ run hstu-launch --preset hstu-e2e --queue-ahead 0   # the same, launch latency i
 run hstu16 --preset hstu-e2e --scale 16 --export $EXP/hstu16
 if [ $QUICK = 0 ]; then
   run pooled64 --preset unit-pooled-w8 --scale 64 --export $EXP/pooled64
+  run pooled16 --preset unit-pooled-w8 --scale 16
+  run sweep-criteo --preset ec-bench-criteo --sweep
+  run sweep-pooled --preset unit-pooled-w8 --sweep
   run seqw2 --preset unit-seq-w2
   run seqw8 --preset unit-seq-w8
   run odd --preset odd-dims

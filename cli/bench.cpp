@@ -80,8 +80,9 @@ void setup_bench(CLI::App& app, RunFn& run) {
   sub->add_option("--bucketize-kernel", o->bucketize_path,
                   "CUDA: the bucketize path to time: auto (the fastest that fits the batch), "
                   "one-pass (a block per bag, cooperative launch), three-pass (counts, a scan, "
-                  "placement); a forced path the batch does not fit falls back as auto would")
-      ->check(CLI::IsMember({"auto", "one-pass", "three-pass"}))
+                  "placement, by a warp or a block per bag), partition (tiles of bags, large "
+                  "batches); a forced path the batch does not fit falls back as auto would")
+      ->check(CLI::IsMember({"auto", "one-pass", "three-pass", "partition"}))
       ->capture_default_str();
   sub->add_option("--json", o->json, "Write the results as JSON (schema_version 1.0.0)");
   sub->add_option("--scale", o->scale, "Multiply the preset's local batch size");
@@ -91,6 +92,9 @@ void setup_bench(CLI::App& app, RunFn& run) {
                   "4,8,16,32,64,128 (same permutation)");
   sub->add_option("--export", o->export_dir,
                   "Write the index data as .npy files for bench/peer_torch.py");
+  sub->add_flag("--sweep", o->sweep,
+                "CUDA, with --preset: time only the bucketize, at B = 512, 1024, ... 65536 per "
+                "rank (the preset's plan and hotness), each row naming the path taken");
   sub->add_flag("--diagnostics", o->diagnostics,
                 "CUDA: also print the bucketize path taken, its floors and the one-pass "
                 "kernel's step trace (bench/README.md)");

@@ -8,6 +8,7 @@
 #include "bucketize.hpp"
 #include "bucketize/config.cuh"
 #include "bucketize/one_pass.cuh"
+#include "bucketize/partition.cuh"
 #include "bucketize/three_pass.cuh"
 #include "cuda_check.hpp"
 #include "probes.hpp"
@@ -68,6 +69,56 @@ bool block_per_bag(const BucketizeArgs& a) {
           (a.bag_path == P::automatic && a.total_ids >= kBlockPerBagMinAvg * a.total_bags));
 }
 
+// The partition path's tiling (partition.cuh) for these arguments; tiles == 0: not possible.
+struct PartitionPlan {
+  int tile_bags = 0;
+  int64_t tiles_per_rank = 0, tiles = 0, entries = 0;  // entries: R x W x tiles_per_rank
+};
+
+PartitionPlan partition_plan(const BucketizeArgs& a, const BucketizeOnePass& ws) {
+  PartitionPlan pp;
+  const int64_t W = a.world_size, M = ws.max_rank_bags;
+  // W <= 256 (the 8-bit bucket of the ranking keys); the host must know the largest rank's
+  // bags (the tiles per rank); a bag < 2^31 ids (int32 per-bag counts).
+  if (a.total_bags == 0 || W > kMaxSharedW || M <= 0 || a.num_ranks <= 0 || !a.new_offsets ||
+      a.max_bag_len >= (int64_t{1} << 31))
+    return pp;
+  const int64_t mean = std::max<int64_t>(1, a.total_ids / a.total_bags);
+  // Bags for one chunk's worth of ids up to kPartTileIds, fewer while that leaves under
+  // kPartMinTiles tiles; rounded to a whole number of chunks with 1/16 to spare, so that a
+  // tile of mean-length bags does not spill a few ids into one more (mostly idle) chunk.
+  const int64_t want =
+      std::max<int64_t>(kChunk / mean, std::min(kPartTileIds / mean, a.total_bags / kPartMinTiles));
+  const int64_t chunks =
+      std::clamp<int64_t>((want * mean + kChunk / 2) / kChunk, 1, kPartTileIds / kChunk);
+  int64_t nb = std::clamp<int64_t>(chunks * (kChunk - kChunk / 16) / mean, 1,
+                                   std::min<int64_t>(kPartMaxTileBags, kPartMaxCells / W));
+  // Tile-relative id indices are int32: a tile's ids plus one chunk stay below 2^31.
+  nb = std::min<int64_t>(nb,
+                         ((int64_t{1} << 31) - 1 - kChunk) / std::max<int64_t>(1, a.max_bag_len));
+  if (nb < 1) return pp;
+  const int64_t tpr = (M + nb - 1) / nb;
+  const int64_t tiles = a.num_ranks * tpr, entries = tiles * W;
+  // tile_cnt and tile_base live in new_offsets (W x total_bags entries), the grid is one
+  // dimension of blocks, and the scan's scratch is the three passes' own.
+  if (2 * entries > W * a.total_bags || tiles > int64_t{0x7fffffff} ||
+      bucketize_scan_temp_bytes(entries) > a.scan_temp_bytes)
+    return pp;
+  pp.tile_bags = static_cast<int>(nb);
+  pp.tiles_per_rank = tpr;
+  pp.tiles = tiles;
+  pp.entries = entries;
+  return pp;
+}
+
+// Batches the partition takes: beyond the one-pass kernel (the dispatch asks that first), when
+// forced, or short bags with BagPath::automatic (long bags keep a block per bag, whose chunks
+// are full).
+bool partition_wanted(const BucketizeArgs& a) {
+  using P = BucketizeArgs::BagPath;
+  return a.bag_path == P::partition || (a.bag_path == P::automatic && !block_per_bag(a));
+}
+
 // offsets[0] = 0, offsets[i+1] = lengths[0] + ... + lengths[i].
 void offsets_from_lengths(const int64_t* lengths, int64_t n, int64_t* offsets, void* temp,
                           size_t temp_bytes, cudaStream_t s) {
@@ -112,14 +163,44 @@ void launch_three_passes(const BucketizeArgs& a, cudaStream_t s) {
   CUDA_CHECK_LAUNCH();
 }
 
+// The partition path (partition.cuh) over a.bag_offsets: tile counts and new_lengths, one cub
+// exclusive scan over the tile counts, the stable placement.
+void launch_partition(const BucketizeArgs& a, const PartitionPlan& pp, cudaStream_t s) {
+  PartitionArgs p;
+  p.a = a;
+  p.wd = FastDivU64::make(static_cast<uint64_t>(a.world_size));
+  p.tile_bags = pp.tile_bags;
+  p.tiles_per_rank = pp.tiles_per_rank;
+  p.tile_cnt = a.new_offsets;
+  p.tile_base = a.new_offsets + pp.entries;
+  const unsigned grid = static_cast<unsigned>(pp.tiles);
+  partition_count_kernel<<<grid, kThreads, 0, s>>>(p);
+  CUDA_CHECK_LAUNCH();
+  size_t tb = a.scan_temp_bytes;
+  CUDA_CHECK(
+      cub::DeviceScan::ExclusiveSum(a.scan_temp, tb, p.tile_cnt, p.tile_base, pp.entries, s));
+  if (a.total_ids == 0) return;
+  if (a.world_size <= kSmallW)
+    partition_place_kernel<4><<<grid, kThreads, 0, s>>>(p);
+  else
+    partition_place_kernel<8><<<grid, kThreads, 0, s>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
 // The dispatch. trace: null, or the one-pass kernel's step stamps (probes.hpp).
 void dispatch(const BucketizeArgs& a, const int64_t* lengths, BucketizeOnePass& ws,
               unsigned long long* trace, cudaStream_t s) {
-  const auto three_passes = [&] {
+  // Every path but the one-pass kernel: bag offsets by a cub scan, then the partition or the
+  // three passes.
+  const auto other_paths = [&] {
     offsets_from_lengths(lengths, a.total_bags, a.bag_offsets, a.scan_temp, a.scan_temp_bytes, s);
-    launch_three_passes(a, s);
+    const PartitionPlan pp = partition_wanted(a) ? partition_plan(a, ws) : PartitionPlan{};
+    if (pp.tiles > 0)
+      launch_partition(a, pp, s);
+    else
+      launch_three_passes(a, s);
   };
-  if (!one_pass_eligible(a, ws)) return three_passes();
+  if (!one_pass_eligible(a, ws)) return other_paths();
   if (++ws.epoch == 0) {  // 2^32 launches on this scratch: start over from zeroed words
     bucketize_one_pass_scratch_init(ws.scratch, ws.scratch_bytes, s);
     ws.epoch = 1;
@@ -140,9 +221,9 @@ void dispatch(const BucketizeArgs& a, const int64_t* lengths, BucketizeOnePass& 
       kernel, dim3(static_cast<unsigned>(a.total_bags)), dim3(kThreads), params, 0, s);
   if (err == cudaErrorCooperativeLaunchTooLarge) {
     // Fewer blocks fit than the occupancy query promised (SMs shared under MPS or a green
-    // context): the three passes need no co-residency.
+    // context): the other paths need no co-residency.
     (void)cudaGetLastError();
-    return three_passes();
+    return other_paths();
   }
   if (err != cudaSuccess)
     throw_cuda(err, "cudaLaunchCooperativeKernel(one_pass_kernel)", __FILE__, __LINE__);
@@ -177,6 +258,11 @@ BucketizeChoice bucketize_choice(const BucketizeArgs& a, const BucketizeOnePass&
     c.grid = a.total_bags;
     c.capacity = one_pass_capacity();
     c.ids_cached = a.max_bag_len <= kChunk;
+  } else if (partition_wanted(a) && partition_plan(a, ws).tiles > 0) {
+    const PartitionPlan pp = partition_plan(a, ws);
+    c.path = BucketizePath::partition;
+    c.grid = pp.tiles;
+    c.tile_bags = pp.tile_bags;
   } else if (a.world_size > kMaxSharedW) {
     c.path = BucketizePath::thread_per_bag;
   } else {
@@ -195,6 +281,8 @@ const char* to_string(BucketizePath p) {
       return "3 passes, warp per bag";
     case BucketizePath::thread_per_bag:
       return "3 passes, thread per bag";
+    case BucketizePath::partition:
+      return "partition by rank, tiles of bags";
   }
   return "?";
 }

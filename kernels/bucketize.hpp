@@ -10,6 +10,8 @@
 //   ranking.cuh     warp and block ranking primitives (slot of an id among its bucket's ids)
 //   placement.cuh   writing ranked ids at their bucketized positions
 //   three_pass.cuh  counts -> scan -> placement kernels (any batch)
+//   partition.cuh   large batches, W <= 256: a stable partition of each rank's ids by bucket
+//                   over tiles of bags (tile counts -> scan of the tile counts -> placement)
 //   one_pass.cuh    the one-pass agent and kernel (a block per bag, one cooperative launch)
 // and kernels/bucketize.cu: the dispatch, which picks a path per launch.
 #pragma once
@@ -48,19 +50,23 @@ struct BucketizeArgs {
   // >= every bag's length (the host knows it): picks threads per bag and the one-pass
   // instance (bags of <= 2048 ids keep their ids on chip; a longer bag there traps).
   int64_t max_bag_len = 0;
-  // Three-pass path with W <= 256: a warp per bag, or a 256-thread block per bag (2048-id
-  // chunks, coalesced placement through shared memory). automatic takes blocks only when
-  // bags hold >= kBlockPerBagMinAvg ids on average: with short bags most threads of a block
-  // would idle. Tests force either.
-  enum class BagPath { automatic, warp, block } bag_path = BagPath::automatic;
+  // Beyond the one-pass kernel, with W <= 256: the partition (tiles of bags), a warp per bag,
+  // or a 256-thread block per bag (2048-id chunks, coalesced placement through shared memory).
+  // automatic takes blocks when bags hold >= kBlockPerBagMinAvg ids on average (their chunks
+  // are full) and the partition otherwise (a warp per short bag idles most of its lanes); the
+  // warp per bag only when the partition's tiling does not fit (bucketize.cu). Tests force
+  // each.
+  enum class BagPath { automatic, warp, block, partition } bag_path = BagPath::automatic;
   // Outputs.
   int64_t* new_lengths = nullptr;  // [W*total_bags]
-  int64_t* new_offsets = nullptr;  // [W*total_bags] exclusive scan of new_lengths
-  int64_t* new_values = nullptr;   // [N] bucketized order (global positions)
-  float* new_weights = nullptr;    // [N] when weights
-  int64_t* perm = nullptr;         // [N] unbucketize_permute, rank-local positions
-  int64_t* dest_rank = nullptr;    // [N] or null
-  void* scan_temp = nullptr;       // cub scratch, bucketize_scan_temp_bytes()
+  // [W*total_bags] scratch, not an output: the three passes leave the exclusive scan of
+  // new_lengths there, the partition its tile counts, the one-pass kernel nothing.
+  int64_t* new_offsets = nullptr;
+  int64_t* new_values = nullptr;  // [N] bucketized order (global positions)
+  float* new_weights = nullptr;   // [N] when weights
+  int64_t* perm = nullptr;        // [N] unbucketize_permute, rank-local positions
+  int64_t* dest_rank = nullptr;   // [N] or null
+  void* scan_temp = nullptr;      // cub scratch, bucketize_scan_temp_bytes()
   size_t scan_temp_bytes = 0;
 };
 // Scratch bytes of the three-pass path's scans over n entries.
@@ -71,8 +77,10 @@ size_t bucketize_scan_temp_bytes(int64_t n);
 struct BucketizeOnePass {
   void* scratch = nullptr;  // bucketize_one_pass_scratch_bytes(), zeroed once before first use
   size_t scratch_bytes = 0;
-  int64_t max_rank_bags = 0;  // max_q (rank_bag_off[q+1] - rank_bag_off[q]), host-known
-  uint32_t epoch = 0;         // one-pass launches so far on this scratch (its freshness tag)
+  // max_q (rank_bag_off[q+1] - rank_bag_off[q]), host-known; also sizes the partition's
+  // tiles (0: no partition path), so it is set with or without scratch.
+  int64_t max_rank_bags = 0;
+  uint32_t epoch = 0;  // one-pass launches so far on this scratch (its freshness tag)
 };
 // 0 when the device cannot launch the one-pass kernel (no cooperative launch). One scratch
 // serves one stream: launches on it must not overlap.
@@ -84,10 +92,11 @@ void bucketize_one_pass_scratch_init(void* scratch, size_t bytes, cudaStream_t s
 int64_t bucketize_one_pass_capacity();
 
 // The path launch_bucketize takes for these arguments.
-enum class BucketizePath { one_pass, block_per_bag, warp_per_bag, thread_per_bag };
+enum class BucketizePath { one_pass, block_per_bag, warp_per_bag, thread_per_bag, partition };
 struct BucketizeChoice {
   BucketizePath path = BucketizePath::warp_per_bag;
-  int64_t grid = 0;         // one_pass: blocks (= bags)
+  int64_t grid = 0;         // one_pass: blocks (= bags); partition: tiles
+  int64_t tile_bags = 0;    // partition: bags of a tile
   int64_t capacity = 0;     // one_pass: resident blocks of the kernel on this device
   bool ids_cached = false;  // one_pass: every bag <= 2048 ids, ids read once
 };
@@ -97,9 +106,12 @@ const char* to_string(BucketizePath p);
 // The whole stage from `lengths` [total_bags]: writes a.bag_offsets, then bucketizes. A batch
 // with at most one bag per resident block (W <= 256, R <= 256, W x bags of one rank <= 65536,
 // fewer than 2^31 ids) and a workspace takes the one-pass kernel (cooperative launch, a block
-// per bag); everything else (or a cooperative launch refused for lack of room) takes the three
-// passes: bag offsets by a cub scan, per-(bag, bucket) counts, a cub scan of new_lengths,
-// placement. Same outputs, bit for bit, either way. Bumps ws.epoch when it takes the one-pass
+// per bag). Every other batch (or one whose cooperative launch is refused for lack of room)
+// starts with the bag offsets (a cub scan); then, with W <= 256, short bags take the partition
+// (tile counts and new_lengths, a cub scan of the tile counts, placement) and long bags the
+// three passes with a block per bag; W > 256 takes the three passes with a thread per bag
+// (per-(bag, bucket) counts, a cub scan of new_lengths, placement). Same outputs, bit for bit,
+// every way (new_offsets is scratch). Bumps ws.epoch when it takes the one-pass
 // kernel.
 void launch_bucketize(const BucketizeArgs& a, const int64_t* lengths, BucketizeOnePass& ws,
                       cudaStream_t s);

@@ -410,6 +410,7 @@ BatchedBucketize::BatchedBucketize(const Plan& plan, const std::vector<const Kjt
   args.dest_rank = with_dest_rank ? d_dest_rank.data() : nullptr;
   args.scan_temp = d_scan_temp.data();
   args.scan_temp_bytes = tb;
+  one_pass.max_rank_bags = max_rank_bags;  // the partition path's tiles need it too
 }
 
 void BatchedBucketize::enable_one_pass(cudaStream_t s) {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "capture/synth.hpp"
 #include "common/error.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "cuda/diagnostics.hpp"
@@ -93,7 +94,8 @@ class CudaStages {
         timer_(stream_, o.iters, o.queue_ahead),
         cpu_(make_backend("cpu")) {
     for (const Kjt& k : w.kjts) kp_.push_back(&k);
-    derived_ = derive_input_dist(p_, kp_, *cpu_);  // CPU reference contexts
+    // CPU reference contexts (--sweep makes its own batches and checks none).
+    if (!o.sweep) derived_ = derive_input_dist(p_, kp_, *cpu_);
   }
 
   Result run() {
@@ -101,6 +103,10 @@ class CudaStages {
     r_.device = make_backend("cuda")->device();
     r_.launch_latency_excluded = o_.queue_ahead > 0;
     r_.copy_gbps = copy_bandwidth(timer_, stream_);
+    if (o_.sweep) {
+      sweep();
+      return r_;
+    }
     bucketize();
     if (p_.module == ModuleKind::sequence)
       sequence();
@@ -130,13 +136,27 @@ class CudaStages {
     write_npy_i64(o_, name, v);
   }
 
+  // --bucketize-kernel: auto and one-pass give the one-pass kernel a workspace (taken where
+  // the batch fits it); three-pass takes the three passes as auto chose them before the
+  // partition existed (a block per bag for long bags, else a warp per bag); partition forces
+  // it. A forced path the batch does not fit falls back as auto would.
+  void force_path(cuda::BatchedBucketize& bb) const {
+    using P = cuda::BucketizeArgs::BagPath;
+    cuda::BucketizeArgs& a = bb.args;
+    if (o_.bucketize_path == "three-pass")
+      a.bag_path = a.total_ids >= cuda::kBlockPerBagMinAvg * a.total_bags ? P::block : P::warp;
+    else if (o_.bucketize_path == "partition")
+      a.bag_path = P::partition;
+    else
+      bb.enable_one_pass(stream_);
+  }
+
   // All W ranks in one launch (bags concatenated rank-major).
   void bucketize() {
     cuda::BatchedBucketize bb(p_, kp_, /*with_dest_rank=*/false, stream_);
     const cuda::BucketizeArgs& ba = bb.args;
     const int64_t N = ba.total_ids, L = ba.total_bags;
-    // auto and one-pass give the one-pass kernel a workspace (taken where the batch fits it).
-    if (o_.bucketize_path != "three-pass") bb.enable_one_pass(stream_);
+    force_path(bb);
     const cuda::BucketizeChoice choice = cuda::bucketize_choice(ba, bb.one_pass);
     const bool one_pass = choice.path == cuda::BucketizePath::one_pass;
     // ids in; new_values + unbucketize_permute out; lengths in; new_lengths out (+ weights).
@@ -144,13 +164,18 @@ class CudaStages {
                                  8.0 * (3 * N + L + W_ * L) + (ba.weights ? 8.0 * N : 0.0), 0, ""},
                                 [&] { bb.launch(stream_); }}};
     time_rows(rows);
+    bucketize_us_ = rows[0].stage.us;
+    bucketize_bytes_ = rows[0].stage.bytes;
     if (o_.diagnostics) {
       r_.diagnostics.push_back(
           one_pass ? fmt::format("bucketize path: one pass (1 kernel, a block per bag), {} blocks "
                                  "(of {} resident){}",
                                  choice.grid, choice.capacity,
                                  choice.ids_cached ? ", ids read once" : "")
-                   : fmt::format("bucketize path: {}", cuda::to_string(choice.path)));
+          : choice.path == cuda::BucketizePath::partition
+              ? fmt::format("bucketize path: {} ({} tiles of <= {} bags)",
+                            cuda::to_string(choice.path), choice.grid, choice.tile_bags)
+              : fmt::format("bucketize path: {}", cuda::to_string(choice.path)));
       r_.diagnostics.push_back(bucketize_floors(bb, one_pass, timer_, r_.copy_gbps, stream_));
       if (one_pass)
         for (std::string& line : one_pass_trace(bb, stream_)) r_.diagnostics.push_back(line);
@@ -186,6 +211,39 @@ class CudaStages {
       for (const FeatureInfo& fi : p_.features)
         uniform = uniform && fi.dist_type == p_.features[0].dist_type;
       meta_["dist_type_uniform"] = uniform;
+    }
+  }
+
+  // --sweep: the bucketize alone at B = 512 ... 65536 per rank (the preset's plan and
+  // hotness), each row naming the path taken, so that no batch size falls off a cliff unseen.
+  // Timing only: the GPU tests check every path against the CPU reference.
+  void sweep() {
+    if (o_.preset.empty()) throw UsageError("bench --sweep needs --preset");
+    for (int64_t B = 512; B <= 65536; B *= 2) {
+      SynthOptions opt = preset_workload(o_.preset);
+      for (int64_t& b : opt.batch_sizes) b = B;
+      opt.seed = o_.seed;
+      check_synth_options(p_, opt);
+      const std::vector<Kjt> kjts = synth_kjts(p_, opt, 0);
+      std::vector<const Kjt*> kp;
+      for (const Kjt& k : kjts) kp.push_back(&k);
+      cuda::BatchedBucketize bb(p_, kp, /*with_dest_rank=*/false, stream_);
+      force_path(bb);
+      const cuda::BucketizeArgs& ba = bb.args;
+      const int64_t N = ba.total_ids, L = ba.total_bags;
+      const cuda::BucketizeChoice c = cuda::bucketize_choice(ba, bb.one_pass);
+      const bool one_pass = c.path == cuda::BucketizePath::one_pass;
+      std::vector<StageRow> rows{{{fmt::format("bucketize B={} per rank", B), N, 0,
+                                   8.0 * (3 * N + L + W_ * L) + (ba.weights ? 8.0 * N : 0.0), 0,
+                                   c.path == cuda::BucketizePath::partition
+                                       ? fmt::format("{} ({} tiles of <= {} bags)",
+                                                     cuda::to_string(c.path), c.grid, c.tile_bags)
+                                       : std::string(cuda::to_string(c.path))},
+                                  [&] { bb.launch(stream_); }}};
+      time_rows(rows);
+      if (o_.diagnostics)
+        r_.diagnostics.push_back(fmt::format(
+            "B={}: {}", B, bucketize_floors(bb, one_pass, timer_, r_.copy_gbps, stream_)));
     }
   }
 
@@ -231,6 +289,10 @@ class CudaStages {
     std::vector<StageRow> fused{{{"sequence dist (fused)", Ro, D, out_bytes, 0, ""},
                                  [&] { cuda::launch_seq_fused(sa, out2.data(), s); }}};
     time_rows(fused);
+    // The whole GPU side of the sequence input -> output dist: the stage above plus the fused
+    // dist (bench/peer_torch.py times torch's composition of the same steps).
+    r_.stages.push_back({"pipeline (bucketize + fused)", Ro, D, bucketize_bytes_ + out_bytes,
+                         bucketize_us_ + fused[0].stage.us, "sum of the two rows"});
     check("fused == recat+exchange+unbucketize (bitwise)",
           device_equal(out.data(), out2.data(), Ro * D),
           "the fused sequence dist disagrees with the 3 steps");
@@ -315,6 +377,7 @@ class CudaStages {
   std::unique_ptr<Backend> cpu_;
   std::vector<const Kjt*> kp_;
   DerivedBatch derived_;
+  double bucketize_us_ = 0, bucketize_bytes_ = 0;  // the bucketize row, for the pipeline row
   Result r_;
   nlohmann::json meta_;
 };

@@ -478,6 +478,124 @@ TEST_CASE("batched bucketize: every one-pass instance == cpu") {
     }
 }
 
+// Batches past the one-pass kernel's capacity (thousands to a million bags): the partition
+// path (W <= 256, tiles of bags) against the CPU reference, every output bit for bit, with the
+// shapes it was built for and its edges: B = 8192-65536 bags per feature on a rank, W = 1, 5,
+// 8, 17, 256 (4-bit and 8-bit buckets, W not a power of two), bags of 0-20 ids and long bags
+// (forced: automatic gives those a block per bag), empty bags and empty ranks, ids negative,
+// past the table and raw 63-bit keys, int32 and int64, weights, each dist_type (one table of
+// each). W = 300 has no partition (8-bit bucket keys): it must take a thread per bag.
+// DYNEMB_GPU_CASES (set for compute-sanitizer) shrinks the batches.
+TEST_CASE("batched bucketize: the partition path (large batches) == cpu") {
+  require_gpu();
+  const bool small = std::getenv("DYNEMB_GPU_CASES") != nullptr;
+  std::mt19937_64 rng(27);
+  auto U = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  struct Shape {
+    int64_t W, B, B_small, min_len, max_len;         // B_small: under DYNEMB_GPU_CASES
+    bool force, i32, weighted, with_dest, lopsided;  // lopsided: rank 0 holds most bags
+  };
+  // Every shape keeps more bags than the one-pass kernel's capacity (<= 1024) in both sizes.
+  const std::vector<Shape> shapes = {
+      {8, 8192, 512, 0, 20, false, false, false, false, false},  // ec-bench-criteo's shape
+      {8, 8192, 512, 0, 20, false, true, true, true, false},
+      {8, 65536, 2048, 0, 4, false, false, true, true, true},
+      {1, 8192, 512, 0, 20, false, true, false, true, false},
+      {5, 4096, 256, 0, 30, false, false, true, true, false},
+      {17, 1024, 128, 0, 60, false, true, true, true, false},
+      {256, 16, 16, 0, 20, false, false, true, true, false},
+      {16, 64, 24, 100, 3000, true, false, true, true, false},  // long bags, forced
+      {8, 2048, 64, 0, 300, true, true, false, true, false},
+      {300, 256, 32, 0, 20, false, false, true, true, false},  // thread per bag
+  };
+  for (const Shape& sh : shapes) {
+    const Plan p = bucketize_plan(sh.W);
+    const int64_t W = sh.W, F = p.num_features();
+    std::vector<Kjt> kjts(static_cast<size_t>(W));
+    for (int64_t r = 0; r < W; ++r) {
+      Kjt& k = kjts[r];
+      k.num_features = F;
+      k.weighted = sh.weighted;
+      k.values_type = sh.i32 ? IndexType::i32 : IndexType::i64;
+      // W > 16: bags on every 4th rank only (new_lengths is W x bags); lopsided: rank 0
+      // holds B bags per feature, the others B / 64; rank 1 none, rank 2 only empty bags
+      // (tiles with bags but no ids).
+      const int64_t Bs = small ? sh.B_small : sh.B;
+      int64_t B = Bs;
+      if (W > 16 && r % 4 != 0) B = 0;
+      if (sh.lopsided && r > 0) B = r == 1 ? 0 : std::max<int64_t>(1, Bs / 64);
+      for (int64_t f = 0; f < F; ++f)
+        for (int64_t b = 0; b < B; ++b) {
+          const int64_t len =
+              U(0, 9) == 0 || (sh.lopsided && r == 2)
+                  ? 0
+                  : U(sh.min_len, small ? std::min<int64_t>(sh.max_len, 400) : sh.max_len);
+          k.lengths.push_back(len);
+          for (int64_t i = 0; i < len; ++i) {
+            const int64_t kind = U(0, 19);
+            int64_t id = kind == 0   ? -U(1, 5)
+                         : kind == 1 ? p.features[f].hash_size + U(0, 3 * W)
+                         : kind == 2 ? static_cast<int64_t>(rng() >> 1)
+                                     : U(0, p.features[f].hash_size - 1);
+            if (sh.i32) id = static_cast<int64_t>(static_cast<int32_t>(id));
+            k.values.push_back(id);
+            if (sh.weighted) k.weights.push_back(static_cast<float>(U(-8, 8)) / 4.0f);
+          }
+        }
+    }
+    std::vector<const Kjt*> kp;
+    for (const Kjt& k : kjts) kp.push_back(&k);
+    cudaStream_t s = nullptr;
+    cuda::BatchedBucketize bb(p, kp, sh.with_dest, s);
+    bb.enable_one_pass(s);
+    if (sh.force) bb.args.bag_path = cuda::BucketizeArgs::BagPath::partition;
+    const cuda::BucketizeArgs& ba = bb.args;
+    const cuda::BucketizeChoice c = cuda::bucketize_choice(ba, bb.one_pass);
+    INFO("W=" << W << " B=" << (small ? sh.B_small : sh.B) << " bags of " << sh.min_len << ".."
+              << sh.max_len << " ids, L=" << ba.total_bags << " N=" << ba.total_ids << " int32="
+              << sh.i32 << " weighted=" << sh.weighted << " path " << cuda::to_string(c.path));
+    CHECK(c.path ==
+          (W > 256 ? cuda::BucketizePath::thread_per_bag : cuda::BucketizePath::partition));
+    // First on other ids (same lengths), then on the real ones: new_offsets (the tile counts)
+    // and every output then hold an earlier launch's values, which must all be replaced.
+    DeviceBuffer<int64_t> d_other;
+    std::vector<int64_t> other(static_cast<size_t>(ba.total_ids));
+    for (int64_t& x : other) x = static_cast<int64_t>(rng() >> 1);
+    d_other.upload(other, s);
+    cuda::BucketizeArgs warm = ba;
+    warm.ids = d_other.data();
+    cuda::launch_bucketize(warm, bb.d_lengths.data(), bb.one_pass, s);
+    bb.launch(s);
+    std::vector<int64_t> ref_off{0};
+    for (const Kjt& k : kjts)
+      for (int64_t l : k.lengths) ref_off.push_back(ref_off.back() + l);
+    CHECK(bb.d_bag_offsets.download(s) == ref_off);
+    const std::vector<int64_t> nl = bb.d_new_lengths.download(s), nv = bb.d_new_values.download(s),
+                               perm = bb.d_perm.download(s),
+                               dest = sh.with_dest ? bb.d_dest_rank.download(s)
+                                                   : std::vector<int64_t>{};
+    const std::vector<float> nw = ba.weights ? bb.d_new_weights.download(s) : std::vector<float>{};
+    size_t o = 0, ol = 0;
+    for (int64_t r = 0; r < W; ++r) {
+      const BucketizedKjt ref = cpu().bucketize(p, kjts[r]);
+      const size_t n = ref.new_values.size(), nlr = ref.new_lengths.size();
+      INFO("rank " << r);
+      CHECK(std::vector<int64_t>(nl.begin() + ol, nl.begin() + ol + nlr) == ref.new_lengths);
+      CHECK(std::vector<int64_t>(nv.begin() + o, nv.begin() + o + n) == ref.new_values);
+      CHECK(std::vector<int64_t>(perm.begin() + o, perm.begin() + o + n) ==
+            ref.unbucketize_permute);
+      if (sh.with_dest)
+        CHECK(std::vector<int64_t>(dest.begin() + o, dest.begin() + o + n) == ref.dest_rank);
+      if (ba.weights)
+        CHECK(same_bits(std::vector<float>(nw.begin() + o, nw.begin() + o + n), ref.new_weights));
+      o += n;
+      ol += nlr;
+    }
+  }
+}
+
 TEST_CASE("worked example (docs/semantics.md §6.1) on the GPU") {
   require_gpu();
   // §3.4 / §6.1: W=2, f0 (10 rows, blk 5), f1 (6 rows, blk 3), D = 2 rows E_f(g).

@@ -1,0 +1,278 @@
+// The large-batch path (W <= 256, any number of bags): the bucketize as a device-wide stable
+// partition of each rank's ids by destination bucket, over tiles of consecutive bags.
+//
+// Why it is a partition: rank q's outputs are bucket-major, then bag order, then id order
+// inside a bag (docs/semantics.md §3.3). A rank's bags are consecutive in the input and its
+// ids are in bag order, so "bag order, then id order" is input order, and an id's global
+// position is
+//   (ids of ranks < q) + (rank q's ids of buckets < d) + (rank q's bucket-d ids before it),
+// where d is its bucket: a stable partition of the rank's ids by d, shifted to the rank's
+// first output. The bag an id belongs to matters only for its routing rule (the bag's
+// feature) and for new_lengths, never for its position.
+//
+// Tiles: rank q's bags [kt*nb, (kt+1)*nb) form tile (q, kt), kt < tiles_per_rank (tiles past
+// a rank's last bag are empty and count zero). Three launches after the bag offsets:
+//   partition_count_kernel  per tile: each id's bag (the tile's offsets in shared memory)
+//                           and bucket; the W x nb counts in shared memory
+//                           become new_lengths (the tile's nb entries of each bucket row are
+//                           consecutive) and the tile's total per bucket, tile_cnt[q][d][kt];
+//   cub exclusive scan      of tile_cnt in (q, d, kt) order: tile_base[q][d][kt] is the global
+//                           position of the tile's first bucket-d id (ids of earlier ranks,
+//                           then rank q's earlier buckets, then bucket d of earlier tiles);
+//   partition_place_kernel  per tile, 2048-id chunks in input order, ranked as the block-per-
+//                           bag path ranks a bag's chunk (ranking.cuh, stable; routed per id by
+//                           its bag's feature when the tile spans features), placed through
+//                           shared memory (placement.cuh) from run[d] = tile_base, advanced by
+//                           each chunk's counts.
+// Ids are read twice (count, place); new_lengths written once; new_offsets is not produced:
+// its buffer holds tile_cnt and tile_base (2 x R x W x tiles_per_rank <= W x total_bags, the
+// dispatch checks).
+#pragma once
+
+#include <cstdint>
+
+#include "bucketize/config.cuh"
+#include "bucketize/placement.cuh"
+#include "bucketize/ranking.cuh"
+#include "bucketize/routing.cuh"
+
+namespace dynemb::cuda::bucketize {
+
+// Bags of a tile at most (the tile's offsets and features live in shared memory; the place
+// kernel's static shared memory stays under 48 KB with this many).
+constexpr int kPartMaxTileBags = 384;
+// W x (bags of a tile) at most: the count kernel's shared count matrix.
+constexpr int kPartMaxCells = 4096;
+// Bags of a tile (bucketize.cu, within the two limits above): at most kPartTileIds ids (four
+// chunks) on average, fewer while that leaves under kPartMinTiles tiles (a few resident blocks
+// per SM), but never under one chunk's worth (a block's chunk mostly empty); a whole number
+// of chunks with a little to spare.
+constexpr int64_t kPartTileIds = 8192;
+constexpr int64_t kPartMinTiles = 1024;
+
+struct PartitionArgs {
+  BucketizeArgs a;
+  FastDivU64 wd;           // divides by W
+  int tile_bags;           // nb, 1 <= nb <= kPartMaxTileBags, W * nb <= kPartMaxCells
+  int64_t tiles_per_rank;  // ceil(max bags of a rank / nb)
+  int64_t* tile_cnt;       // [R][W][tiles_per_rank]
+  int64_t* tile_base;      // [R][W][tiles_per_rank], exclusive scan of tile_cnt
+};
+
+// The block's tile, the same in all its threads.
+struct PartitionTile {
+  int64_t q, kt;         // rank, tile index in the rank
+  int64_t first;         // the rank's first (global) bag
+  int64_t rank_bags;     // bags of the rank: new_lengths stride per bucket
+  int64_t j0;            // the tile's first bag, rank-local
+  int nb;                // bags in this tile (0: past the rank's last bag)
+  int64_t id0;           // global index of the tile's first id
+  int64_t rank_id_base;  // global index of the rank's first id (perm is rank-local)
+};
+
+// Reads the tile's geometry; when it has bags, off[k] = first id of its bag k relative to id0
+// (k <= nb; the host keeps nb x max_bag_len + kChunk < 2^31) and feat[k] = bag k's feature. Ends
+// with a barrier (off and feat are read by every thread afterwards).
+__device__ __forceinline__ PartitionTile load_tile(const PartitionArgs& p, int* off, int* feat) {
+  const BucketizeArgs& a = p.a;
+  PartitionTile ti;
+  ti.q = static_cast<int64_t>(blockIdx.x) / p.tiles_per_rank;
+  ti.kt = static_cast<int64_t>(blockIdx.x) - ti.q * p.tiles_per_rank;
+  ti.first = a.rank_bag_off[ti.q];
+  ti.rank_bags = a.rank_bag_off[ti.q + 1] - ti.first;
+  ti.j0 = ti.kt * p.tile_bags;
+  const int64_t left = ti.rank_bags - ti.j0;
+  ti.nb = left <= 0 ? 0 : static_cast<int>(left < p.tile_bags ? left : p.tile_bags);
+  ti.id0 = 0;
+  ti.rank_id_base = 0;
+  if (ti.nb > 0) {
+    const int64_t g0 = ti.first + ti.j0;
+    ti.id0 = a.bag_offsets[g0];
+    ti.rank_id_base = a.bag_offsets[ti.first];
+    const int64_t* fbo = a.feat_bag_off + ti.q * (a.num_features + 1);
+    for (int k = threadIdx.x; k <= ti.nb; k += kThreads) {
+      off[k] = static_cast<int>(a.bag_offsets[g0 + k] - ti.id0);
+      if (k < ti.nb) feat[k] = static_cast<int>(d_upper_bound_m1(fbo, a.num_features, ti.j0 + k));
+    }
+  }
+  __syncthreads();
+  return ti;
+}
+
+// The tile's bag holding tile-relative id i: the last k < nb with off[k] <= i (empty bags
+// have off[k] == off[k + 1], so the last such k is the bag that holds i). off[0] = 0 <= i.
+__device__ __forceinline__ int tile_bag(const int* off, int nb, int i) {
+  int lo = 0, hi = nb;  // invariant: off[lo] <= i, answer in [lo, hi)
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (off[mid] <= i)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// Bucket and local id of tile-relative id i (value x), by the rule of its bag's feature.
+__device__ __forceinline__ int route_in_tile(const PartitionArgs& p, const int* off,
+                                             const int* feat, int nb, int i, int64_t x,
+                                             int64_t* local, int* bag) {
+  const int kb = tile_bag(off, nb, i);
+  const int f = feat[kb];
+  BagInfo rb{};
+  rb.blk = p.a.block_sizes[f];
+  rb.dist = static_cast<int32_t>(p.a.dist_types[f]);
+  int64_t d64;
+  route(x, rb, p.wd, p.a.ids_i32, &d64, local);
+  *bag = kb;
+  return static_cast<int>(d64);
+}
+
+// Launch 1: new_lengths of the tile's bags and tile_cnt. Counts are order-free, so thread t
+// takes kIdsPerLane consecutive ids of each chunk: one bag search per thread and chunk, then a
+// walk forward over the tile's offsets (short bags: about one step per bag), the routing rule
+// reloaded only where the feature changes; one shared atomic per id into its (bucket, bag)
+// cell. Nothing below is warp-synchronous, so threads past the tile's ids just skip.
+__global__ void __launch_bounds__(kThreads) partition_count_kernel(PartitionArgs p) {
+  __shared__ int s_off[kPartMaxTileBags + 1];
+  __shared__ int s_feat[kPartMaxTileBags];
+  __shared__ int s_cnt[kPartMaxCells];  // [d][k]: bucket-d ids of the tile's bag k
+  const BucketizeArgs& a = p.a;
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  const int W = static_cast<int>(a.world_size);
+  const PartitionTile ti = load_tile(p, s_off, s_feat);
+  int64_t* tc = p.tile_cnt + ti.q * W * p.tiles_per_rank + ti.kt;  // + d * tiles_per_rank
+  if (ti.nb == 0) {  // uniform: past the rank's last bag, nothing of it in the scan
+    for (int d = t; d < W; d += kThreads) tc[d * p.tiles_per_rank] = 0;
+    return;
+  }
+  const int nb = ti.nb, cells = W * nb;
+  for (int e = t; e < cells; e += kThreads) s_cnt[e] = 0;
+  __syncthreads();
+  const int n = s_off[nb];
+  const int64_t* ids = a.ids + ti.id0;
+  for (int c0 = 0; c0 < n; c0 += kChunk) {
+    const int i0 = c0 + kIdsPerLane * t;
+    if (i0 >= n) continue;
+    int64_t x[kIdsPerLane];
+#pragma unroll
+    for (int k = 0; k < kIdsPerLane; ++k) x[k] = i0 + k < n ? ids[i0 + k] : 0;
+    int kb = tile_bag(s_off, nb, i0);
+    int f = -1;
+    BagInfo rb{};
+#pragma unroll
+    for (int k = 0; k < kIdsPerLane; ++k) {
+      const int i = i0 + k;
+      if (i < n) {
+        // off[nb] = n > i ends the walk at the last bag; empty bags (off[kb+1] == off[kb]) are
+        // stepped over.
+        while (s_off[kb + 1] <= i) ++kb;
+        const int fk = s_feat[kb];
+        if (fk != f) {
+          f = fk;
+          rb.blk = a.block_sizes[f];
+          rb.dist = static_cast<int32_t>(a.dist_types[f]);
+        }
+        int64_t d64, local;
+        route(x[k], rb, p.wd, a.ids_i32, &d64, &local);
+        atomicAdd(&s_cnt[static_cast<int>(d64) * nb + kb], 1);
+      }
+    }
+  }
+  __syncthreads();
+  // new_lengths of rank q start at W * first, entry (d, j) at d * rank_bags + j: row d of the
+  // tile is nb consecutive entries.
+  int64_t* nl = a.new_lengths + W * ti.first + ti.j0;
+  for (int e = t; e < cells; e += kThreads) {
+    const int d = e / nb, k = e - d * nb;
+    nl[d * ti.rank_bags + k] = s_cnt[e];
+  }
+  for (int d = warp; d < W; d += kWarps) {  // a warp per bucket row: the tile's total
+    int64_t sum = 0;
+    for (int k = lane; k < nb; k += 32) sum += s_cnt[d * nb + k];
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) tc[d * p.tiles_per_rank] = sum;
+  }
+}
+
+// One chunk of the tile (its n <= kChunk ids start at tile-relative id c0, at `ids`): as
+// rank_chunk (ranking.cuh), but each id routed by its own bag's feature. On return, after a
+// barrier: value[k] = local ids, key[] = bucket | slot << 8 (slot among the same-bucket ids
+// of its warp, in input order), wc[w][d] = bucket d's ids in warps < w, chunk_tot[d] = its ids
+// in the chunk.
+template <int Bits>
+__device__ __forceinline__ void partition_rank_chunk(const PartitionArgs& p, const int* off,
+                                                     const int* feat, int nb, int c0,
+                                                     const int64_t* ids, int n,
+                                                     int64_t (&value)[kIdsPerLane],
+                                                     unsigned (&key)[kIdsPerLane / 2],
+                                                     int (*wc)[kMaxSharedW], int* chunk_tot) {
+  const int t = threadIdx.x, w = t / 32, lane = t % 32;
+  const int W = static_cast<int>(p.a.world_size);
+  load_chunk_ids(ids, n, value);  // replaced by their local ids below
+  __syncthreads();                // wc of the previous chunk is no longer read
+  for (int d = lane; d < W; d += 32) wc[w][d] = 0;
+  __syncwarp();
+  const unsigned lt = (1u << lane) - 1u;
+#pragma unroll
+  for (int k = 0; k < kIdsPerLane; ++k) {
+    const int o = w * kWarpIds + k * 32 + lane;
+    int dest = -1;
+    if (o < n) {
+      int kb;
+      dest = route_in_tile(p, off, feat, nb, c0 + o, value[k], &value[k], &kb);
+    }
+    rank_tile<Bits>(dest, k, lt, wc[w], key);
+  }
+  warp_counts_to_offsets(wc, chunk_tot, W);
+}
+
+// Launch 3: the tile's ids at their global positions (values, perm, weights, dest_rank).
+// Bits: 4 for W <= kSmallW, else 8 (peers()).
+template <int Bits>
+__global__ void __launch_bounds__(kThreads) partition_place_kernel(PartitionArgs p) {
+  __shared__ int s_off[kPartMaxTileBags + 1];
+  __shared__ int s_feat[kPartMaxTileBags];
+  __shared__ int wc[kWarps][kMaxSharedW];
+  __shared__ int s_cnt[kMaxSharedW], s_lex[kMaxSharedW];
+  __shared__ int64_t s_run[kMaxSharedW];  // bucket d's next global position in this tile
+  __shared__ int64_t s_stage[kChunk], s_stage_pos[kChunk];
+  const BucketizeArgs& a = p.a;
+  const int t = threadIdx.x;
+  const int W = static_cast<int>(a.world_size);
+  const PartitionTile ti = load_tile(p, s_off, s_feat);
+  if (ti.nb == 0) return;  // uniform
+  const int n = s_off[ti.nb];
+  if (n == 0) return;  // uniform: only empty bags
+  const int64_t* tb = p.tile_base + ti.q * W * p.tiles_per_rank + ti.kt;
+  for (int d = t; d < W; d += kThreads)
+    s_run[d] = tb[d * p.tiles_per_rank];  // read after partition_rank_chunk's barriers
+  // Features are nondecreasing over a rank's bags: a tile whose first and last bag share one
+  // has a single routing rule, and takes the block-per-bag ranking as is (the rule resolved at
+  // compile time, no per-id bag search). Tiles across a feature boundary route per id.
+  const int f0 = s_feat[0];
+  const bool one_rule = f0 == s_feat[ti.nb - 1];
+  const uint64_t blk = a.block_sizes[f0];
+  const int dist = static_cast<int>(a.dist_types[f0]);
+  int64_t value[kIdsPerLane];
+  unsigned key[kIdsPerLane / 2];
+  for (int c0 = 0; c0 < n; c0 += kChunk) {  // uniform over the block
+    const int m = n - c0 < kChunk ? n - c0 : kChunk;
+    const int64_t i0 = ti.id0 + c0;
+    if (one_rule)  // uniform over the block; both end with a barrier
+      rank_chunk_any<Bits>(a, p.wd, dist, a.ids + i0, m, blk, value, key, wc, s_cnt);
+    else
+      partition_rank_chunk<Bits>(p, s_off, s_feat, ti.nb, c0, a.ids + i0, m, value, key, wc, s_cnt);
+    exclusive_scan_buckets(s_cnt, s_lex, W);
+    __syncthreads();
+    const ChunkOut<int64_t> o{a.weights ? a.weights + i0 : nullptr, a.perm + i0,
+                              a.dest_rank ? a.dest_rank + i0 : nullptr, ti.rank_id_base};
+    place_chunk_staged(a, o, m, value, key, wc, s_run, s_lex, s_stage, s_stage_pos);
+    __syncthreads();  // s_run, s_lex and the stage read above
+    // s_cnt is next written after the first barrier of the next chunk's ranking.
+    for (int d = t; d < W; d += kThreads) s_run[d] += s_cnt[d];
+  }
+}
+
+}  // namespace dynemb::cuda::bucketize
