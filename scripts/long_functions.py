@@ -24,8 +24,6 @@ EXTS = (".cpp", ".hpp", ".h", ".cc", ".cu", ".cuh")
 # "path:function" -> why it is allowed until then. An entry that is no longer long is
 # reported, so that it can be removed.
 ALLOW = {
-    "lib/replay/replay.cpp:Replayer::run": "being split with the rest of replay.cpp",
-    "lib/replay/replay.cpp:Replayer::replay_batch": "being split with the rest of replay.cpp",
 }
 
 

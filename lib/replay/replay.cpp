@@ -67,7 +67,7 @@ std::vector<int64_t> parse_batch_range(const std::string& text, int64_t num_batc
 namespace {
 
 // The context fed to the output dist in --ctx captured mode: the captured fields, and the
-// derived ones for fields the capture does not carry (optional in capture-format.md).
+// derived ones for fields the capture does not carry (optional in docs/capture-format.md).
 ShardingContext merge_ctx(const ShardingContext& cap, const ShardingContext& der) {
   ShardingContext m = der;
   if (cap.input_splits) m.input_splits = cap.input_splits;
@@ -214,6 +214,15 @@ class Replayer {
   Plan cap_plan_;
   int64_t troubles_ = 0;
   int64_t first_trouble_batch_ = -1;
+  void open_plan(const CaptureReader& reader);
+  void open_source_and_dist(const CaptureReader& reader);
+  void open_writer(const CaptureReader& reader);
+  void drop_writer();
+  void begin(int64_t k, const Batch& batch);
+  void replay_read(int64_t k, std::optional<Batch>& read);
+  std::unique_ptr<CaptureWriter> writer_;  // --write-output; reset on trouble
+  std::set<int64_t> selected_;             // the batches replayed (--batches)
+  bool started_ = false;                   // the first replayed batch has begun
   // Replays batch k; returns the outputs (when --write-output) in rank order.
   std::vector<std::optional<EmbTensor>> replay_batch(int64_t k, const Batch& batch);
   // What the steps of one batch share: its inputs by rank, what was derived and chosen, and
@@ -353,7 +362,6 @@ TensorLayout Replayer::output_layout(const Kjt& kjt, const EmbTensor& t) const {
 }
 
 void Replayer::run() {
-  ReportInfo& info = rep_.info;
   if (!opt_.write_output.empty() && same_file(opt_.write_output, opt_.capture_path))
     throw UsageError(
         fmt::format("--write-output {}: that is the input capture, which replay "
@@ -362,6 +370,55 @@ void Replayer::run() {
   CaptureReader reader(opt_.capture_path);
   capture_sha_ =
       std::async(std::launch::async, [path = opt_.capture_path] { return sha256_file(path); });
+  open_plan(reader);
+  check_memory(reader);
+  open_source_and_dist(reader);
+  open_writer(reader);
+
+  const std::vector<int64_t>& batches = rep_.info.batches;
+  selected_ = std::set<int64_t>(batches.begin(), batches.end());
+  // --write-output copies every batch, replayed or not; otherwise read only the selected.
+  std::vector<int64_t> order = batches;
+  if (writer_) {
+    order.clear();
+    for (int64_t k = 0; k < reader.num_batches(); ++k) order.push_back(k);
+  }
+  if (cb_.on_progress) measure_progress(reader);
+  // One batch ahead: batch k+1 is read (and inflated, h5chunks.hpp) on another thread while
+  // batch k is replayed, so reading and replaying overlap. libhdf5 is not thread-safe: while a
+  // read is in flight no other thread calls it, so with --write-output (the writer calls libhdf5)
+  // the loop stays sequential. Two batches must fit in memory. A read that fails is redone on
+  // this thread by read_batch_keeping_going, which records the trouble rank by rank.
+  const bool prefetch = opt_.read_ahead > 0 && !writer_ && order.size() > 1 &&
+                        2 * batch_bytes_ <= memory_budget() / 4 * 3;
+  std::future<std::optional<Batch>> ahead;
+  auto read_ahead = [&](int64_t k) {
+    return std::async(std::launch::async, [this, &reader, k]() -> std::optional<Batch> {
+      h5::quiet();  // libhdf5's error printing is per thread: errors are reported, not dumped
+      try {
+        return reader.read_batch(read_plan(), k);
+      } catch (...) {  // Error, bad_alloc: read again on the replay's thread
+        return std::nullopt;
+      }
+    });
+  };
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int64_t k = order[i];
+    std::optional<Batch> read;
+    if (ahead.valid()) read = ahead.get();
+    if (!read) read = read_batch_keeping_going(reader, k);
+    if (prefetch && i + 1 < order.size()) ahead = read_ahead(order[i + 1]);
+    replay_read(k, read);
+    if (selected_.count(k)) progress_batch_done(k);
+  }
+  start();  // when every batch was trouble
+  if (writer_ && troubles_ > 0) drop_writer();
+  if (writer_) writer_->commit();
+}
+
+// The plan (the capture's, or --plan's with what differs), the tolerance and the batches.
+void Replayer::open_plan(const CaptureReader& reader) {
+  ReportInfo& info = rep_.info;
   if (!opt_.plan_path.empty()) {
     const std::string text = read_text_file(opt_.plan_path);
     const Plan override_plan = load_plan_or_throw(text, opt_.plan_path);
@@ -378,142 +435,114 @@ void Replayer::run() {
   tol_ = opt_.tolerance ? *opt_.tolerance : default_tolerance(plan_);
   info.tolerance = tol_.str();
   info.batches = parse_batch_range(opt_.batches, reader.num_batches());
-  check_memory(reader);
+}
+
+// The embedding source (oracle or weights) and the output dist, built once and latched across
+// batches like the real module.
+void Replayer::open_source_and_dist(const CaptureReader& reader) {
   source_ = open_embedding_source(reader, plan_);
   if (!source_)
     warn(
         "the capture has no /oracle and no /tables weights: the lookup check and the unsharded "
         "reference are skipped; the output dist runs on the captured local_embs (add /oracle or "
         "/tables/<name>/weight for them)");
-
   if (plan_.module == ModuleKind::sequence)
     seq_dist_ = std::make_unique<RwSequenceEmbeddingDist>(plan_, backend_);
   else
     pooled_dist_ = std::make_unique<RwPooledEmbeddingDist>(plan_, backend_);
+}
 
-  std::unique_ptr<CaptureWriter> writer;
-  if (opt_.write_output_file || !opt_.write_output.empty()) {
-    std::shared_ptr<OutputFile> out = opt_.write_output_file
-                                          ? opt_.write_output_file
-                                          : std::make_shared<OutputFile>(opt_.write_output);
-    writer = std::make_unique<CaptureWriter>(out, plan_, reader.oracle_seed());
-    for (const std::string& name : reader.weight_tables()) {
-      const auto t = std::find_if(plan_.tables.begin(), plan_.tables.end(),
-                                  [&](const TableConfig& tc) { return tc.name == name; });
-      if (t == plan_.tables.end()) continue;  // a table the plan does not use: not copied
-      writer->write_table_weight(name, t->data_type, t->num_embeddings, t->embedding_dim,
-                                 reader.read_table_weight(*t));
-    }
+// --write-output: the copy of the capture (its table weights first) whose outputs are replaced.
+void Replayer::open_writer(const CaptureReader& reader) {
+  if (!opt_.write_output_file && opt_.write_output.empty()) return;
+  std::shared_ptr<OutputFile> out = opt_.write_output_file
+                                        ? opt_.write_output_file
+                                        : std::make_shared<OutputFile>(opt_.write_output);
+  writer_ = std::make_unique<CaptureWriter>(out, plan_, reader.oracle_seed());
+  for (const std::string& name : reader.weight_tables()) {
+    const auto t = std::find_if(plan_.tables.begin(), plan_.tables.end(),
+                                [&](const TableConfig& tc) { return tc.name == name; });
+    if (t == plan_.tables.end()) continue;  // a table the plan does not use: not copied
+    writer_->write_table_weight(name, t->data_type, t->num_embeddings, t->embedding_dim,
+                                reader.read_table_weight(*t));
   }
+}
 
-  const std::set<int64_t> selected(info.batches.begin(), info.batches.end());
-  // --write-output copies every batch, replayed or not; otherwise read only the selected.
-  std::vector<int64_t> order = info.batches;
-  if (writer) {
-    order.clear();
-    for (int64_t k = 0; k < reader.num_batches(); ++k) order.push_back(k);
-  }
-  bool started = false;
-  if (cb_.on_progress) measure_progress(reader);
-  // Trouble in a batch: --write-output is then incomplete, so it is not written at all.
-  auto drop_writer = [&]() {
-    if (!writer) return;
-    writer.reset();  // every handle closed, the temporary removed, the target untouched
+// Trouble in a batch: --write-output is then incomplete, so it is not written at all.
+void Replayer::drop_writer() {
+  if (!writer_) return;
+  writer_.reset();  // every handle closed, the temporary removed, the target untouched
+  warn(
+      fmt::format("--write-output {}: not written (trouble in batch {}); the file, if it "
+                  "existed, is unchanged",
+                  opt_.write_output, first_trouble_batch_));
+}
+
+// The first replayed batch decides --ctx automatic (captured when it has a ctx/ group), and
+// the header is shown.
+void Replayer::begin(int64_t k, const Batch& batch) {
+  if (started_) return;
+  bool any_ctx = false;
+  for (const RankBatch& rb : batch.ranks) any_ctx |= rb.ctx.has_value();
+  use_captured_ =
+      opt_.ctx_mode == CtxMode::captured || (opt_.ctx_mode == CtxMode::automatic && any_ctx);
+  if (opt_.ctx_mode == CtxMode::captured && !any_ctx)
     warn(
-        fmt::format("--write-output {}: not written (trouble in batch {}); the file, if it "
-                    "existed, is unchanged",
-                    opt_.write_output, first_trouble_batch_));
-  };
-  // One batch ahead: batch k+1 is read (and inflated, h5chunks.hpp) on another thread while
-  // batch k is replayed, so reading and replaying overlap. libhdf5 is not thread-safe: while a
-  // read is in flight no other thread calls it, so with --write-output (the writer calls libhdf5)
-  // the loop stays sequential. Two batches must fit in memory. A read that fails is redone on
-  // this thread by read_batch_keeping_going, which records the trouble rank by rank.
-  const bool prefetch = opt_.read_ahead > 0 && !writer && order.size() > 1 &&
-                        2 * batch_bytes_ <= memory_budget() / 4 * 3;
-  std::future<std::optional<Batch>> ahead;
-  auto read_ahead = [&](int64_t k) {
-    return std::async(std::launch::async, [this, &reader, k]() -> std::optional<Batch> {
-      h5::quiet();  // libhdf5's error printing is per thread: errors are reported, not dumped
-      try {
-        return reader.read_batch(read_plan(), k);
-      } catch (...) {  // Error, bad_alloc: read again on the replay's thread
-        return std::nullopt;
-      }
-    });
-  };
-  // Batch k once read (nullopt: unreadable, its trouble recorded): checked, or only copied
-  // to --write-output when not selected.
-  auto replay_read = [&](int64_t k, std::optional<Batch>& read) {
-    if (!read) {
-      drop_writer();
-      return;
-    }
-    Batch& batch = *read;
-    if (replan_ && !rebase_batch(k, batch, selected.count(k) > 0)) {
-      if (writer) writer->write_batch(batch);
-      return;
-    }
-    if (!selected.count(k)) {
-      writer->write_batch(batch);
-      return;
-    }
-    if (!started) {  // the first replayed batch decides --ctx automatic
-      bool any_ctx = false;
-      for (const RankBatch& rb : batch.ranks) any_ctx |= rb.ctx.has_value();
-      use_captured_ =
-          opt_.ctx_mode == CtxMode::captured || (opt_.ctx_mode == CtxMode::automatic && any_ctx);
-      if (opt_.ctx_mode == CtxMode::captured && !any_ctx)
-        warn(
-            fmt::format("--ctx captured: batch {} has no ctx/ group; the derived context is "
-                        "used where none was captured (--ctx derived says so explicitly)",
-                        k));
-      info.ctx_mode = use_captured_ ? "captured" : "derived";
-      start();
-      started = true;
-    }
-    std::vector<std::optional<EmbTensor>> outputs;
-    try {
-      at_ = {};
-      outputs = replay_batch(k, batch);
-    } catch (const Error& e) {
-      record_trouble(k, -1, "replay", e.what());
-      drop_writer();
-      return;
-    } catch (const std::bad_alloc&) {
-      const std::string rank = at_.rank >= 0 ? fmt::format("rank {}", at_.rank) : "all ranks";
-      record_trouble(k, at_.rank, at_.report_stage(),
-                     fmt::format("{}:/batches/{}: {} in the {} step ({}) of this batch",
-                                 opt_.capture_path, k, out_of_memory_text(), at_.step, rank));
-      drop_writer();
-      return;
-    }
-    if (writer) {
-      for (size_t r = 0; r < batch.ranks.size(); ++r) {
-        if (outputs[r]) {
-          batch.ranks[r].output = std::move(*outputs[r]);
-        } else if (batch.ranks[r].output) {
-          warn(
-              fmt::format("--write-output: batch {} rank {}: the output dist did not run; the "
-                          "captured output is copied unchanged",
-                          k, r));
-        }
-      }
-      writer->write_batch(batch);
-    }
-  };
-  for (size_t i = 0; i < order.size(); ++i) {
-    const int64_t k = order[i];
-    std::optional<Batch> read;
-    if (ahead.valid()) read = ahead.get();
-    if (!read) read = read_batch_keeping_going(reader, k);
-    if (prefetch && i + 1 < order.size()) ahead = read_ahead(order[i + 1]);
-    replay_read(k, read);
-    if (selected.count(k)) progress_batch_done(k);
+        fmt::format("--ctx captured: batch {} has no ctx/ group; the derived context is "
+                    "used where none was captured (--ctx derived says so explicitly)",
+                    k));
+  rep_.info.ctx_mode = use_captured_ ? "captured" : "derived";
+  start();
+  started_ = true;
+}
+
+// Batch k once read (nullopt: unreadable, its trouble recorded): checked, or only copied to
+// --write-output when not selected; with --write-output, the replayed outputs replace the
+// captured ones in the copy.
+void Replayer::replay_read(int64_t k, std::optional<Batch>& read) {
+  if (!read) {
+    drop_writer();
+    return;
   }
-  start();  // when every batch was trouble
-  if (writer && troubles_ > 0) drop_writer();
-  if (writer) writer->commit();
+  Batch& batch = *read;
+  const bool selected = selected_.count(k) > 0;
+  if (replan_ && !rebase_batch(k, batch, selected)) {
+    if (writer_) writer_->write_batch(batch);
+    return;
+  }
+  if (!selected) {
+    writer_->write_batch(batch);
+    return;
+  }
+  begin(k, batch);
+  std::vector<std::optional<EmbTensor>> outputs;
+  try {
+    at_ = {};
+    outputs = replay_batch(k, batch);
+  } catch (const Error& e) {
+    record_trouble(k, -1, "replay", e.what());
+    drop_writer();
+    return;
+  } catch (const std::bad_alloc&) {
+    const std::string rank = at_.rank >= 0 ? fmt::format("rank {}", at_.rank) : "all ranks";
+    record_trouble(k, at_.rank, at_.report_stage(),
+                   fmt::format("{}:/batches/{}: {} in the {} step ({}) of this batch",
+                               opt_.capture_path, k, out_of_memory_text(), at_.step, rank));
+    drop_writer();
+    return;
+  }
+  if (!writer_) return;
+  for (size_t r = 0; r < batch.ranks.size(); ++r) {
+    if (outputs[r]) {
+      batch.ranks[r].output = std::move(*outputs[r]);
+    } else if (batch.ranks[r].output) {
+      warn(
+          fmt::format("--write-output: batch {} rank {}: the output dist did not run; the "
+                      "captured output is copied unchanged",
+                      k, r));
+    }
+  }
+  writer_->write_batch(batch);
 }
 
 // The steps of one batch, in the order a real job runs them: the input dist (derived from the

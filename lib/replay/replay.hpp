@@ -1,4 +1,4 @@
-// `dynemb-dist replay` (cli.md): for every batch and rank, derive the input dist and the
+// `dynemb-dist replay` (docs/cli.md): for every batch and rank, derive the input dist and the
 // context from the plan and the KJTs, diff it with the captured ctx/, run the output dist
 // (built once and latched across batches, like the real module) on the chosen backend, and
 // diff the result with the golden `output` and the unsharded reference.
