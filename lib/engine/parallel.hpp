@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <exception>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -22,16 +23,25 @@ void parallel_for(int threads, int64_t n, Fn&& fn, int64_t grain = 4096) {
   }
   std::vector<std::exception_ptr> errs(static_cast<size_t>(t));
   std::vector<std::thread> pool;
-  for (int64_t i = 0; i < t; ++i) {
-    const int64_t b = n * i / t, e = n * (i + 1) / t;
-    pool.emplace_back([&, i, b, e] {
-      try {
-        fn(b, e);
-      } catch (...) {
-        errs[static_cast<size_t>(i)] = std::current_exception();
-      }
-    });
+  pool.reserve(static_cast<size_t>(t));
+  auto chunk = [&](int64_t i) {
+    try {
+      fn(n * i / t, n * (i + 1) / t);
+    } catch (...) {
+      errs[static_cast<size_t>(i)] = std::current_exception();
+    }
+  };
+  // A thread that cannot be started (no memory for its stack, a process limit) leaves its
+  // chunk and the rest to the calling thread: the work is done, only with fewer threads.
+  int64_t started = 0;
+  for (; started < t; ++started) {
+    try {
+      pool.emplace_back(chunk, started);
+    } catch (const std::system_error&) {
+      break;
+    }
   }
+  for (int64_t i = started; i < t; ++i) chunk(i);
   for (auto& th : pool) th.join();
   for (auto& e : errs)
     if (e) std::rethrow_exception(e);

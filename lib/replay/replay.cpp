@@ -155,6 +155,16 @@ std::string read_text_file(const std::string& path) {
   return read_input_text(path, "plan file");  // errno's reason; a FIFO times out
 }
 
+// The capture's SHA-256 on another thread (read while the plan and the first batch are read);
+// on this thread when no thread can be started.
+std::future<std::string> start_capture_sha(const std::string& path) {
+  try {
+    return std::async(std::launch::async, [path] { return sha256_file(path); });
+  } catch (const std::system_error&) {
+    return std::async(std::launch::deferred, [path] { return sha256_file(path); });
+  }
+}
+
 class Replayer {
  public:
   Replayer(const ReplayOptions& opt, Backend& backend, const ReplayCallbacks& cb, Report& rep)
@@ -368,8 +378,7 @@ void Replayer::run() {
                     "never modifies; choose another file",
                     opt_.write_output));
   CaptureReader reader(opt_.capture_path);
-  capture_sha_ =
-      std::async(std::launch::async, [path = opt_.capture_path] { return sha256_file(path); });
+  capture_sha_ = start_capture_sha(opt_.capture_path);
   open_plan(reader);
   check_memory(reader);
   open_source_and_dist(reader);
@@ -392,15 +401,19 @@ void Replayer::run() {
   const bool prefetch = opt_.read_ahead > 0 && !writer_ && order.size() > 1 &&
                         2 * batch_bytes_ <= memory_budget() / 4 * 3;
   std::future<std::optional<Batch>> ahead;
-  auto read_ahead = [&](int64_t k) {
-    return std::async(std::launch::async, [this, &reader, k]() -> std::optional<Batch> {
-      h5::quiet();  // libhdf5's error printing is per thread: errors are reported, not dumped
-      try {
-        return reader.read_batch(read_plan(), k);
-      } catch (...) {  // Error, bad_alloc: read again on the replay's thread
-        return std::nullopt;
-      }
-    });
+  auto read_ahead = [&](int64_t k) -> std::future<std::optional<Batch>> {
+    try {
+      return std::async(std::launch::async, [this, &reader, k]() -> std::optional<Batch> {
+        h5::quiet();  // libhdf5's error printing is per thread: errors are reported, not dumped
+        try {
+          return reader.read_batch(read_plan(), k);
+        } catch (...) {  // Error, bad_alloc: read again on the replay's thread
+          return std::nullopt;
+        }
+      });
+    } catch (const std::system_error&) {  // no thread to be had: batch k is read in turn
+      return {};
+    }
   };
   for (size_t i = 0; i < order.size(); ++i) {
     const int64_t k = order[i];
