@@ -1,5 +1,5 @@
 // `dynemb-dist merge rank*.h5 -o capture.h5`: assembles one capture (capture-format.md) from
-// the per-rank files that python/dynemb_capture.py writes in a live job.
+// the per-rank files that the dynemb_capture package (python/) writes in a live job.
 //
 // A per-rank file is a v1 capture plus the root attribute `rank` = r, holding only
 // /batches/<k>/rank<r>. The merge checks that the files agree on format, world size, number
@@ -176,7 +176,7 @@ RankFile open_rank_file(const std::string& path) {
   auto rank = int_attr(f, "rank");
   if (!rank)
     throw CaptureError(path, "/",
-                       "attribute rank: missing (not a per-rank file from dynemb_capture.py?)");
+                       "attribute rank: missing (not a per-rank file from the dynemb_capture package?)");
   if (*rank < 0 || *rank >= rf.world_size)
     throw CaptureError(path, "/",
                        fmt::format("attribute rank: {} not in [0, {})", *rank, rf.world_size));
@@ -360,7 +360,7 @@ void setup_merge(CLI::App& app, RunFn& run) {
   auto opt = std::make_shared<MergeOptions>();
   auto* sub = app.add_subcommand(
       "merge",
-      "Assemble one capture from per-rank files (python/dynemb_capture.py): checks that the "
+      "Assemble one capture from per-rank files (the dynemb_capture Python package): checks that the "
       "ranks agree on plan, world size and batches and that every rank 0..W-1 appears once");
   sub->add_option("inputs", opt->inputs, "Per-rank capture files (root attribute `rank`)")
       ->required()

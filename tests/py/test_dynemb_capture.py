@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""python/dynemb_capture.py in a simulated two-rank loop (numpy only, no torch), then
+"""The dynemb_capture package (python/) in a simulated two-rank loop (numpy only, no torch), then
 `dynemb-dist merge`, `replay` and `inspect` on the result.
 
 The simulation is the worked example of docs/semantics.md §3.4 / §4.3 / §6.1 (sequence) and
