@@ -22,18 +22,9 @@
 #include "common/error.hpp"
 #include "common/memory.hpp"
 #include "common/output_file.hpp"
+#include "registry.hpp"
 
 namespace dynemb::cli {
-
-const char* compiled_backends() {
-#if defined(DYNEMB_HAVE_NCCL)
-  return "cpu, cuda, nccl";
-#elif defined(DYNEMB_HAVE_CUDA)
-  return "cpu, cuda";
-#else
-  return "cpu";
-#endif
-}
 
 namespace {
 

@@ -19,9 +19,6 @@ void setup_replay(CLI::App& app, RunFn& run);
 void setup_bench(CLI::App& app, RunFn& run);
 void setup_merge(CLI::App& app, RunFn& run);
 
-// "cpu", "cpu, cuda", "cpu, cuda, nccl": the backends compiled into this build.
-const char* compiled_backends();
-
 // What the process is doing inside libhdf5 that libhdf5 1.10 may crash on (a write that fails
 // inside H5Ocopy); "" clears it. While set, the crash handler removes the temporaries, prints
 // "dynemb-dist: error: NOTE: ..." and exits 2 (app.cpp; not under ASan).

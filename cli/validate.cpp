@@ -19,6 +19,7 @@
 #include "common/memory.hpp"
 #include "engine/memory_estimate.hpp"
 #include "plan/plan.hpp"
+#include "registry.hpp"
 #include "replay/sha256.hpp"
 
 namespace dynemb::cli {
