@@ -1,10 +1,19 @@
 #include "capture/h5chunks.hpp"
 
 #include <zlib.h>
+#if defined(DYNEMB_HAVE_LIBDEFLATE)
+#include <libdeflate.h>
+#endif
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -17,25 +26,162 @@ namespace {
 // The filters of a dataset we can undo: shuffle (optional) then deflate (optional).
 struct Pipeline {
   int shuffle_at = -1, deflate_at = -1;  // filter index in the pipeline, -1: absent
+  int level = -1;                        // deflate's level (its cd_values[0])
 };
 
 bool pipeline_of(hid_t dcpl, Pipeline& p) {
   const int n = H5Pget_nfilters(dcpl);
   if (n < 0 || n > 2) return false;
   for (int i = 0; i < n; ++i) {
-    unsigned flags = 0, conf = 0;
-    size_t nelem = 0;
+    unsigned flags = 0, conf = 0, cd[4] = {0, 0, 0, 0};
+    size_t nelem = 4;
     const H5Z_filter_t id =
-        H5Pget_filter2(dcpl, static_cast<unsigned>(i), &flags, &nelem, nullptr, 0, nullptr, &conf);
-    if (id == H5Z_FILTER_SHUFFLE && p.shuffle_at < 0 && p.deflate_at < 0)
+        H5Pget_filter2(dcpl, static_cast<unsigned>(i), &flags, &nelem, cd, 0, nullptr, &conf);
+    if (id == H5Z_FILTER_SHUFFLE && p.shuffle_at < 0 && p.deflate_at < 0) {
       p.shuffle_at = i;
-    else if (id == H5Z_FILTER_DEFLATE && p.deflate_at < 0)
+    } else if (id == H5Z_FILTER_DEFLATE && p.deflate_at < 0) {
       p.deflate_at = i;
-    else
+      if (nelem >= 1 && cd[0] <= 9) p.level = static_cast<int>(cd[0]);
+    } else {
       return false;
+    }
   }
   return true;
 }
+
+// What both directions need to know of a dataset taken by the chunk path.
+struct Layout {
+  Hid dcpl, type;
+  Pipeline pipe;
+  size_t es = 0;                     // element size in bytes
+  std::vector<hsize_t> dims, chunk;  // extent and chunk shape, rank 1..8
+  uint64_t numel = 1, chunk_elems = 1, nchunks = 1;
+  uint64_t chunk_bytes() const { return chunk_elems * es; }
+
+  // The grid coordinates of chunk i (grid order: last dimension fastest) as a dataset offset.
+  void offset_of(uint64_t i, std::vector<hsize_t>& off) const {
+    off.resize(dims.size());
+    for (size_t d = dims.size(); d-- > 0;) {
+      const uint64_t per = (dims[d] + chunk[d] - 1) / chunk[d];
+      off[d] = (i % per) * chunk[d];
+      i /= per;
+    }
+  }
+};
+
+// Chunked, a pipeline of shuffle/deflate, rank 1..8, a non-empty extent of `bytes`.
+bool layout_of(hid_t dset, uint64_t bytes, Layout& L) {
+  L.dcpl = plist_id(H5Dget_create_plist(dset));
+  if (!L.dcpl.valid() || H5Pget_layout(L.dcpl) != H5D_CHUNKED) return false;
+  if (!pipeline_of(L.dcpl, L.pipe)) return false;
+  L.type = type_id(H5Dget_type(dset));
+  if (!L.type.valid()) return false;
+  L.es = H5Tget_size(L.type);
+  if (L.es == 0) return false;
+  Hid sp = space_id(H5Dget_space(dset));
+  const int rank = H5Sget_simple_extent_ndims(sp);
+  if (rank < 1 || rank > 8) return false;
+  L.dims.assign(size_t(rank), 0);
+  L.chunk.assign(size_t(rank), 0);
+  H5Sget_simple_extent_dims(sp, L.dims.data(), nullptr);
+  if (H5Pget_chunk(L.dcpl, rank, L.chunk.data()) != rank) return false;
+  for (int d = 0; d < rank; ++d) {
+    if (L.chunk[size_t(d)] == 0) return false;
+    L.numel *= L.dims[size_t(d)];
+    L.chunk_elems *= L.chunk[size_t(d)];
+    L.nchunks *= (L.dims[size_t(d)] + L.chunk[size_t(d)] - 1) / L.chunk[size_t(d)];
+  }
+  return L.numel > 0 && L.numel * L.es == bytes;
+}
+
+// Calls run(src, dst, n) for each row of the chunk at `offset` that lies inside the extent:
+// element src of the chunk (row-major in the chunk shape) and element dst of the dataset
+// (row-major in the extent) start a run of n elements along the last dimension.
+template <class Fn>
+void for_each_row(const Layout& L, const std::vector<hsize_t>& offset, Fn&& run) {
+  const size_t rank = L.dims.size();
+  std::vector<hsize_t> idx(rank, 0);
+  const size_t last = rank - 1;
+  const hsize_t n = std::min(L.chunk[last], L.dims[last] - offset[last]);
+  while (true) {  // rows of the chunk (all dims but the last) walked as a counter
+    bool inside = true;
+    size_t src = 0, dst = 0;
+    for (size_t d = 0; d < rank; ++d) {
+      const hsize_t x = offset[d] + idx[d];
+      if (x >= L.dims[d]) inside = false;
+      src = src * L.chunk[d] + idx[d];
+      dst = dst * L.dims[d] + x;
+    }
+    if (inside) run(src, dst, size_t(n));
+    if (rank == 1) return;
+    size_t d = rank - 2;  // next row
+    while (true) {
+      if (++idx[d] < L.chunk[d]) break;
+      idx[d] = 0;
+      if (d == 0) return;
+      --d;
+    }
+  }
+}
+
+bool is_edge(const Layout& L, const std::vector<hsize_t>& offset) {
+  for (size_t d = 0; d < L.dims.size(); ++d)
+    if (offset[d] + L.chunk[d] > L.dims[d]) return true;
+  return false;
+}
+
+// HDF5's shuffle filter: byte b of element i goes to b * elems + i; nothing is moved for
+// 1-byte elements or a chunk of one element, and a tail that is not a whole element stays.
+bool shuffles(const Pipeline& p, unsigned mask, size_t es, size_t n) {
+  return p.shuffle_at >= 0 && !(mask & (1u << p.shuffle_at)) && es > 1 && n / es > 1;
+}
+void shuffle(const unsigned char* in, size_t n, size_t es, unsigned char* out) {
+  const size_t elems = n / es;
+  for (size_t b = 0; b < es; ++b) {
+    unsigned char* dst = out + b * elems;
+    for (size_t i = 0; i < elems; ++i) dst[i] = in[i * es + b];
+  }
+  std::memcpy(out + elems * es, in + elems * es, n - elems * es);
+}
+void unshuffle(const unsigned char* in, size_t n, size_t es, unsigned char* out) {
+  const size_t elems = n / es;
+  for (size_t b = 0; b < es; ++b) {
+    const unsigned char* src = in + b * elems;
+    for (size_t i = 0; i < elems; ++i) out[i * es + b] = src[i];
+  }
+  std::memcpy(out + elems * es, in + elems * es, n - elems * es);
+}
+
+// Undoes deflate's zlib stream into exactly `n` bytes; false for anything else. One per
+// worker thread (libdeflate's decompressor holds its tables).
+#if defined(DYNEMB_HAVE_LIBDEFLATE)
+class Inflater {
+ public:
+  Inflater() : d_(libdeflate_alloc_decompressor()) {}
+  ~Inflater() {
+    if (d_) libdeflate_free_decompressor(d_);
+  }
+  Inflater(const Inflater&) = delete;
+  Inflater& operator=(const Inflater&) = delete;
+  // libdeflate checks the adler32 of the stream as zlib does.
+  bool operator()(const unsigned char* in, size_t in_n, unsigned char* out, size_t n) {
+    size_t got = 0;
+    return d_ && libdeflate_zlib_decompress(d_, in, in_n, out, n, &got) == LIBDEFLATE_SUCCESS &&
+           got == n;
+  }
+
+ private:
+  libdeflate_decompressor* d_;
+};
+#else
+class Inflater {
+ public:
+  bool operator()(const unsigned char* in, size_t in_n, unsigned char* out, size_t n) {
+    uLongf got = static_cast<uLongf>(n);
+    return ::uncompress(out, &got, in, static_cast<uLong>(in_n)) == Z_OK && got == n;
+  }
+};
+#endif
 
 // One stored chunk: where it sits in the dataset and its bytes as stored.
 struct RawChunk {
@@ -46,103 +192,62 @@ struct RawChunk {
 
 // Undoes the filters of `c` into `plain` (chunk_bytes long); false when it does not decode to
 // exactly that size.
-bool decode(const RawChunk& c, const Pipeline& p, size_t es, std::vector<unsigned char>& plain,
-            std::vector<unsigned char>& tmp) {
+bool decode(const RawChunk& c, const Pipeline& p, size_t es, Inflater& inflater,
+            std::vector<unsigned char>& plain, std::vector<unsigned char>& tmp) {
   const size_t n = plain.size();
   const bool inflate = p.deflate_at >= 0 && !(c.mask & (1u << p.deflate_at));
-  const bool unshuffle = p.shuffle_at >= 0 && !(c.mask & (1u << p.shuffle_at)) && es > 1;
-  std::vector<unsigned char>& stage = unshuffle ? tmp : plain;
+  const bool unshuf = shuffles(p, c.mask, es, n);
+  std::vector<unsigned char>& stage = unshuf ? tmp : plain;
   stage.resize(n);
   if (inflate) {
-    uLongf got = static_cast<uLongf>(n);
-    if (::uncompress(stage.data(), &got, c.bytes.data(), static_cast<uLong>(c.bytes.size())) !=
-            Z_OK ||
-        got != n)
-      return false;
+    if (!inflater(c.bytes.data(), c.bytes.size(), stage.data(), n)) return false;
   } else {
     if (c.bytes.size() != n) return false;
     std::memcpy(stage.data(), c.bytes.data(), n);
   }
-  if (unshuffle) {  // byte b of element i was stored at b * (n / es) + i
-    const size_t elems = n / es;
-    for (size_t b = 0; b < es; ++b) {
-      const unsigned char* src = &tmp[b * elems];
-      for (size_t i = 0; i < elems; ++i) plain[i * es + b] = src[i];
-    }
-    // HDF5 leaves a tail that is not a whole element unshuffled.
-    std::memcpy(&plain[elems * es], &tmp[elems * es], n - elems * es);
-  }
+  if (unshuf) unshuffle(tmp.data(), n, es, plain.data());
   return true;
 }
 
-// Copies a decoded chunk into the row-major dataset buffer (edge chunks are clipped).
-void place(const std::vector<unsigned char>& plain, const std::vector<hsize_t>& offset,
-           const std::vector<hsize_t>& chunk, const std::vector<hsize_t>& dims, size_t es,
-           unsigned char* out) {
-  const size_t rank = dims.size();
-  // Rows of the chunk (all dims but the last) walked as a counter; the last dim is one memcpy.
-  std::vector<hsize_t> idx(rank, 0);
-  const hsize_t last = rank - 1;
-  const hsize_t run = std::min(chunk[last], dims[last] - offset[last]);
-  while (true) {
-    bool inside = true;
-    size_t src = 0, dst = 0;
-    for (size_t d = 0; d < rank; ++d) {
-      const hsize_t x = offset[d] + idx[d];
-      if (x >= dims[d]) inside = false;
-      src = src * chunk[d] + idx[d];
-      dst = dst * dims[d] + x;
-    }
-    if (inside) std::memcpy(out + dst * es, plain.data() + src * es, run * es);
-    if (rank == 1) return;
-    size_t d = rank - 2;  // next row
-    while (true) {
-      if (++idx[d] < chunk[d]) break;
-      idx[d] = 0;
-      if (d == 0) return;
-      --d;
-    }
-  }
+bool serial_write_forced() {
+  const char* e = std::getenv("DYNEMB_H5_SERIAL_WRITE");
+  return e && *e && std::strcmp(e, "0") != 0;
+}
+
+std::string offset_str(const std::vector<hsize_t>& off) {
+  return fmt::format("[{}]", fmt::join(off, ", "));
 }
 
 }  // namespace
 
+std::string inflate_library() {
+#if defined(DYNEMB_HAVE_LIBDEFLATE)
+  return std::string("libdeflate ") + LIBDEFLATE_VERSION_STRING;
+#else
+  return std::string("zlib ") + zlibVersion();
+#endif
+}
+
 bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads) {
-  Hid dcpl = plist_id(H5Dget_create_plist(dset));
-  if (!dcpl.valid() || H5Pget_layout(dcpl) != H5D_CHUNKED) return false;
-  Pipeline pipe;
-  if (!pipeline_of(dcpl, pipe)) return false;
-  Hid t = type_id(H5Dget_type(dset));
-  const H5T_class_t cls = H5Tget_class(t);
-  if ((cls != H5T_INTEGER && cls != H5T_FLOAT) || H5Tget_order(t) != H5T_ORDER_LE) return false;
-  const size_t es = H5Tget_size(t);
-  Hid sp = space_id(H5Dget_space(dset));
-  const int rank = H5Sget_simple_extent_ndims(sp);
-  if (rank < 1 || rank > 8) return false;
-  std::vector<hsize_t> dims(static_cast<size_t>(rank)), chunk(static_cast<size_t>(rank));
-  H5Sget_simple_extent_dims(sp, dims.data(), nullptr);
-  if (H5Pget_chunk(dcpl, rank, chunk.data()) != rank) return false;
-  uint64_t numel = 1, chunk_elems = 1, nchunks = 1;
-  for (int d = 0; d < rank; ++d) {
-    if (chunk[d] == 0) return false;
-    numel *= dims[d];
-    chunk_elems *= chunk[d];
-    nchunks *= (dims[d] + chunk[d] - 1) / chunk[d];
-  }
-  if (numel * es != bytes || numel == 0) return false;
+  Layout L;
+  if (!layout_of(dset, bytes, L)) return false;
+  const H5T_class_t cls = H5Tget_class(L.type);
+  if ((cls != H5T_INTEGER && cls != H5T_FLOAT) || H5Tget_order(L.type) != H5T_ORDER_LE)
+    return false;
+  // Every chunk written. The dataset's own dataspace, not H5S_ALL: libhdf5 1.10 refuses
+  // H5S_ALL here ("invalid dataspace identifier"), which would send every read to H5Dread.
+  Hid fsp = space_id(H5Dget_space(dset));
   hsize_t stored = 0;
-  // The dataset's own file space: libhdf5 1.10 refuses H5S_ALL here.
-  if (H5Dget_num_chunks(dset, sp, &stored) < 0 || stored != nchunks) return false;
+  if (H5Dget_num_chunks(dset, fsp, &stored) < 0 || stored != L.nchunks) return false;
 
   // The stored bytes of every chunk, read here (libhdf5 on one thread), in grid order. Their
   // total is what the file stores for the dataset, which the reader has already bounded
   // against the extent; a chunk claiming more than deflate could ever produce is refused.
-  const uint64_t chunk_bytes = chunk_elems * es;
-  std::vector<RawChunk> raw(static_cast<size_t>(nchunks));
-  std::vector<hsize_t> at(size_t(rank), 0);
-  for (hsize_t i = 0; i < nchunks; ++i) {
+  const uint64_t chunk_bytes = L.chunk_bytes();
+  std::vector<RawChunk> raw(static_cast<size_t>(L.nchunks));
+  for (uint64_t i = 0; i < L.nchunks; ++i) {
     RawChunk& c = raw[size_t(i)];
-    c.offset = at;
+    L.offset_of(i, c.offset);
     hsize_t size = 0;
     if (H5Dget_chunk_storage_size(dset, c.offset.data(), &size) < 0 || size == 0 ||
         size > chunk_bytes + (chunk_bytes >> 3) + 4096)
@@ -151,27 +256,182 @@ bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads) {
     uint32_t mask = 0;
     if (H5Dread_chunk(dset, H5P_DEFAULT, c.offset.data(), &mask, c.bytes.data()) < 0) return false;
     c.mask = mask;
-    for (int d = rank - 1; d >= 0; --d) {  // next chunk of the grid, last dim fastest
-      at[size_t(d)] += chunk[size_t(d)];
-      if (at[size_t(d)] < dims[size_t(d)]) break;
-      at[size_t(d)] = 0;
-    }
   }
   std::atomic<bool> ok{true};
+  unsigned char* dst = static_cast<unsigned char*>(out);
+  const size_t es = L.es;
   parallel_for(
-      threads, static_cast<int64_t>(nchunks),
+      threads, static_cast<int64_t>(L.nchunks),
       [&](int64_t b, int64_t e) {
-        std::vector<unsigned char> plain(size_t(chunk_elems * es)), tmp;
+        Inflater inflater;
+        std::vector<unsigned char> plain(static_cast<size_t>(chunk_bytes)), tmp;
         for (int64_t i = b; i < e && ok.load(std::memory_order_relaxed); ++i) {
-          if (!decode(raw[size_t(i)], pipe, es, plain, tmp)) {
+          const RawChunk& c = raw[size_t(i)];
+          if (!decode(c, L.pipe, es, inflater, plain, tmp)) {
             ok = false;
             return;
           }
-          place(plain, raw[size_t(i)].offset, chunk, dims, es, static_cast<unsigned char*>(out));
+          for_each_row(L, c.offset, [&](size_t src, size_t at, size_t n) {
+            std::memcpy(dst + at * es, plain.data() + src * es, n * es);
+          });
         }
       },
       /*grain=*/2);
   return ok;
+}
+
+ChunkWrite write_chunks_parallel(hid_t dset, hid_t mem_type, const void* data, uint64_t bytes,
+                                 int threads, std::string& error) {
+  if (serial_write_forced()) return ChunkWrite::declined;
+  Layout L;
+  if (!layout_of(dset, bytes, L)) return ChunkWrite::declined;
+  // Deflate is what makes this worth it, and compress2 at the filter's level is what makes
+  // the bytes H5Dwrite's.
+  if (L.pipe.deflate_at < 0 || L.pipe.level < 0) return ChunkWrite::declined;
+  const H5T_class_t cls = H5Tget_class(L.type);
+  if (cls != H5T_INTEGER && cls != H5T_FLOAT && cls != H5T_STRING) return ChunkWrite::declined;
+  if (H5Tis_variable_str(L.type) != 0 || H5Tequal(L.type, mem_type) <= 0)
+    return ChunkWrite::declined;
+  // H5Dwrite fills what an edge chunk holds outside the extent with the fill value: zeros
+  // unless one was set.
+  H5D_fill_value_t fill = H5D_FILL_VALUE_ERROR;
+  if (H5Pfill_value_defined(L.dcpl, &fill) < 0 || fill == H5D_FILL_VALUE_USER_DEFINED)
+    return ChunkWrite::declined;
+  // H5Dwrite leaves chunks in HDF5's chunk cache and allocates their file space when the
+  // cache lets them go, preferring chunks written whole over partial edge chunks: with several
+  // chunks in the cache at once, the file order is the cache's. One chunk, or chunks larger
+  // than half the cache (our writer's, of ~1 MiB, with the default 1 MiB cache), leave it in
+  // grid order; anything else is declined.
+  {
+    Hid dapl = plist_id(H5Dget_access_plist(dset));
+    size_t slots = 0, cache_bytes = 0;
+    double w0 = 0;
+    if (!dapl.valid() || H5Pget_chunk_cache(dapl, &slots, &cache_bytes, &w0) < 0)
+      return ChunkWrite::declined;
+    if (L.nchunks > 1 && 2 * L.chunk_bytes() <= cache_bytes) return ChunkWrite::declined;
+  }
+  // A chunk already written would have H5Dwrite merge into it: only fresh datasets (no
+  // storage yet; H5Dget_num_chunks fails on those).
+  if (H5Dget_storage_size(dset) != 0) return ChunkWrite::declined;
+
+  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  const size_t chunk_bytes = size_t(L.chunk_bytes());
+  const uLong bound = compressBound(static_cast<uLong>(chunk_bytes));
+  const size_t es = L.es;
+  const auto* src = static_cast<const unsigned char*>(data);
+
+  // A ring of `window` compressed chunks: chunk i is compressed into slot i % window once
+  // chunk i - window has been written, so at most `window` wait for the caller's writes.
+  const uint64_t window = uint64_t(2 * threads);
+  struct Slot {
+    std::vector<unsigned char> z;
+    size_t n = 0;
+    bool ready = false;
+  };
+  std::vector<Slot> slots(size_t(std::min<uint64_t>(window, L.nchunks)));
+  std::mutex m;
+  std::condition_variable cv_ready, cv_free;
+  uint64_t written = 0;  // chunks the caller has written, under m
+  bool stop = false;     // a failure: everyone leaves, under m
+  std::string why;       // the first failure, under m
+  std::atomic<uint64_t> next{0};
+
+  auto fail = [&](std::string msg) {
+    std::lock_guard<std::mutex> lk(m);
+    if (!stop) why = std::move(msg);
+    stop = true;
+  };
+  auto worker = [&] {
+    try {
+      std::vector<unsigned char> plain(chunk_bytes), shuf;
+      std::vector<hsize_t> off;
+      while (true) {
+        const uint64_t i = next.fetch_add(1);
+        if (i >= L.nchunks) return;
+        {
+          std::unique_lock<std::mutex> lk(m);
+          cv_free.wait(lk, [&] { return stop || i < written + window; });
+          if (stop) return;
+        }
+        L.offset_of(i, off);
+        if (is_edge(L, off)) std::memset(plain.data(), 0, chunk_bytes);
+        for_each_row(L, off, [&](size_t at_chunk, size_t at, size_t n) {
+          std::memcpy(plain.data() + at_chunk * es, src + at * es, n * es);
+        });
+        const unsigned char* in = plain.data();
+        if (shuffles(L.pipe, 0, es, chunk_bytes)) {
+          shuf.resize(chunk_bytes);
+          shuffle(plain.data(), chunk_bytes, es, shuf.data());
+          in = shuf.data();
+        }
+        Slot& s = slots[size_t(i % slots.size())];  // free: chunk i - window is written
+        s.z.resize(bound);
+        uLongf n = bound;
+        const int rc = compress2(s.z.data(), &n, in, static_cast<uLong>(chunk_bytes), L.pipe.level);
+        if (rc != Z_OK) {
+          fail(fmt::format("chunk at {}: zlib compress2 failed ({})", offset_str(off), rc));
+          cv_ready.notify_all();
+          return;
+        }
+        {
+          std::lock_guard<std::mutex> lk(m);
+          s.n = size_t(n);
+          s.ready = true;
+        }
+        cv_ready.notify_all();
+      }
+    } catch (const std::exception& e) {
+      fail(fmt::format("compressing chunks: {}", e.what()));
+      cv_ready.notify_all();
+    }
+  };
+
+  std::vector<std::thread> pool;
+  auto join_all = [&] {
+    {
+      std::lock_guard<std::mutex> lk(m);
+      if (written < L.nchunks) stop = true;
+    }
+    cv_free.notify_all();
+    for (std::thread& t : pool) t.join();
+    pool.clear();
+  };
+  try {
+    const uint64_t nworkers = std::min<uint64_t>(uint64_t(threads), L.nchunks);
+    for (uint64_t w = 0; w < nworkers; ++w) pool.emplace_back(worker);
+  } catch (const std::exception& e) {
+    fail(fmt::format("starting compression threads: {}", e.what()));
+    join_all();
+    error = why;
+    return ChunkWrite::failed;
+  }
+
+  // libhdf5 on this thread only, in grid order.
+  std::vector<hsize_t> off;
+  for (uint64_t i = 0; i < L.nchunks; ++i) {
+    Slot& s = slots[size_t(i % slots.size())];
+    {
+      std::unique_lock<std::mutex> lk(m);
+      cv_ready.wait(lk, [&] { return stop || s.ready; });
+      if (stop) break;
+    }
+    L.offset_of(i, off);
+    if (H5Dwrite_chunk(dset, H5P_DEFAULT, 0, off.data(), s.n, s.z.data()) < 0) {
+      fail(fmt::format("chunk at {}: {}", offset_str(off), last_error()));
+      break;
+    }
+    {
+      std::lock_guard<std::mutex> lk(m);
+      s.ready = false;
+      written = i + 1;
+    }
+    cv_free.notify_all();
+  }
+  join_all();
+  if (written == L.nchunks) return ChunkWrite::written;
+  std::lock_guard<std::mutex> lk(m);
+  error = why.empty() ? std::string("chunked write stopped early") : why;
+  return ChunkWrite::failed;
 }
 
 }  // namespace dynemb::h5

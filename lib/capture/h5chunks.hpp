@@ -1,22 +1,49 @@
-// Reading a chunked dataset by its raw chunks, with decompression on every core.
+// Reading and writing a chunked dataset by its raw chunks, with (de)compression on every core.
 //
-// libhdf5 is not thread-safe, and its own H5Dread inflates every chunk on the calling thread.
-// Here libhdf5 only hands over each chunk's stored bytes (H5Dread_chunk, on the caller's
-// thread); undoing deflate and shuffle and placing the chunk into the dataset's row-major
-// buffer runs on `threads` workers. Only the layout our writers and h5py's
-// `compression="gzip", shuffle=True` produce is taken: chunked, filters among shuffle and
-// deflate (shuffle first), every chunk written, a little-endian fixed-size element. Anything
-// else, and any chunk that does not decode to exactly its size, returns false with nothing
-// promised about `out`: the caller then reads with H5Dread, whose checks and messages apply.
+// libhdf5 is not thread-safe, and its own H5Dread / H5Dwrite run every chunk through the
+// filter pipeline on the calling thread. Here libhdf5 only moves each chunk's stored bytes
+// (H5Dread_chunk / H5Dwrite_chunk, on the caller's thread); deflate and shuffle, and moving a
+// chunk between the dataset's row-major buffer and the chunk, run on `threads` workers.
+// Only the layout our writers and h5py's `compression="gzip", shuffle=True` produce is taken:
+// chunked, filters among shuffle and deflate (shuffle first), a fixed-size element (reading:
+// every chunk written, a little-endian integer or float). Anything else is declined and the
+// caller uses H5Dread / H5Dwrite, whose checks and messages apply.
 #pragma once
 
 #include <hdf5.h>
 
 #include <cstdint>
+#include <string>
 
 namespace dynemb::h5 {
 
-// `out`: the whole dataset in the file's element type, row-major, `bytes` long.
+// `out`: the whole dataset in the file's element type, row-major, `bytes` long. False when the
+// layout is not taken or a chunk does not decode to exactly its size, with nothing promised
+// about `out`: the caller then reads with H5Dread.
 bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads);
+
+enum class ChunkWrite {
+  declined,  // not this layout (or DYNEMB_H5_SERIAL_WRITE is set): nothing was written
+  written,   // every chunk is in the file
+  failed,    // some chunks may be in the file; `error` says what failed
+};
+
+// `data`: the whole dataset, row-major, `bytes` long, in `mem_type`, which must be the
+// dataset's own element type (no conversion). The file gets the bytes H5Dwrite would store:
+// each chunk padded to its full size with zeros (a dataset with a user-defined fill value is
+// declined), shuffled, compressed with compress2 at the level of the deflate filter, and
+// written in the order of the chunk grid (last dimension fastest), which is the order HDF5's
+// chunk cache flushes them in when at most one chunk fits in it (chunks larger than half the
+// cache, as our writer's ~1 MiB ones) or there is one chunk: other layouts are declined.
+// Memory: at most 2 x `threads` compressed chunks wait to be written.
+// The environment variable DYNEMB_H5_SERIAL_WRITE=1 declines every dataset (the H5Dwrite
+// path, for comparing the two). `threads` <= 0: one per core.
+ChunkWrite write_chunks_parallel(hid_t dset, hid_t mem_type, const void* data, uint64_t bytes,
+                                 int threads, std::string& error);
+
+// The library that undoes deflate on the read path, with its version ("libdeflate 1.14",
+// "zlib 1.2.13"): libdeflate when the build found it (DYNEMB_LIBDEFLATE), zlib otherwise.
+// Compression always uses zlib: its output is what HDF5's deflate filter stores.
+std::string inflate_library();
 
 }  // namespace dynemb::h5

@@ -1,0 +1,237 @@
+// The chunk path of lib/capture/h5chunks: reading a shuffle+deflate dataset by raw chunks gives
+// H5Dread's bytes, and writing one by raw chunks gives the very file H5Dwrite gives (edge
+// chunks, 1-D and 2-D grids, several element sizes), and declines what it cannot reproduce.
+#include <doctest/doctest.h>
+#include <hdf5.h>
+
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "capture/h5chunks.hpp"
+#include "capture/h5util.hpp"
+#include "test_capture_util.hpp"
+
+using namespace dynemb;
+using dynemb::testcap::Lcg;
+using dynemb::testcap::TempDir;
+
+namespace {
+
+struct Case {
+  const char* name;
+  hid_t file_type, mem_type;  // the same type, as the writer passes them
+  size_t es;
+  std::vector<hsize_t> dims, chunk;
+  int level;
+};
+
+// Half the bytes small numbers (deflate shrinks them), half random (stored blocks).
+std::vector<unsigned char> sample(size_t bytes, uint64_t seed) {
+  Lcg g{seed};
+  std::vector<unsigned char> v(bytes);
+  for (size_t i = 0; i < bytes; ++i)
+    v[i] =
+        (i / 4096) % 2 ? static_cast<unsigned char>(g.next()) : static_cast<unsigned char>(i % 7);
+  return v;
+}
+
+size_t numel(const std::vector<hsize_t>& dims) {
+  size_t n = 1;
+  for (hsize_t d : dims) n *= size_t(d);
+  return n;
+}
+
+// A file with one dataset "/x" of `c`'s layout, written with H5Dwrite (serial = true) or the
+// chunk path; returns what write_chunks_parallel said (declined for the H5Dwrite file).
+h5::ChunkWrite make_file(const std::string& path, const Case& c,
+                         const std::vector<unsigned char>& data, bool serial, int threads = 3,
+                         bool user_fill = false) {
+  h5::quiet();
+  h5::Hid f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  REQUIRE(f.valid());
+  h5::Hid sp(H5Screate_simple(int(c.dims.size()), c.dims.data(), nullptr), H5Sclose);
+  h5::Hid dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_obj_track_times(dcpl, false);
+  H5Pset_chunk(dcpl, int(c.chunk.size()), c.chunk.data());
+  H5Pset_shuffle(dcpl);
+  H5Pset_deflate(dcpl, unsigned(c.level));
+  if (user_fill) {
+    const std::vector<unsigned char> fill(c.es, 0x5a);
+    H5Pset_fill_value(dcpl, c.file_type, fill.data());
+  }
+  h5::Hid d(H5Dcreate2(f, "x", c.file_type, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose);
+  REQUIRE(d.valid());
+  h5::ChunkWrite w = h5::ChunkWrite::declined;
+  if (!serial) {
+    std::string why;
+    w = h5::write_chunks_parallel(d, c.mem_type, data.data(), data.size(), threads, why);
+    CHECK_MESSAGE(w != h5::ChunkWrite::failed, why);
+  }
+  if (w == h5::ChunkWrite::declined)
+    REQUIRE(H5Dwrite(d, c.mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) >= 0);
+  return w;
+}
+
+std::vector<char> slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+}
+
+// The layouts our writer makes (capture.cpp): chunks of ~1 MiB, so that at most one is in
+// HDF5's chunk cache (1 MiB by default) at a time, or one chunk for the whole dataset.
+const std::vector<Case>& cases() {
+  static const std::vector<Case> v = {
+      // 1-D, 1 MiB chunks, a partial last chunk
+      {"i64 1-D edge", H5T_STD_I64LE, H5T_NATIVE_INT64, 8, {300001}, {131072}, 4},
+      // 2-D, the chunk spans all columns (2730 rows of 96 floats), a partial last chunk
+      {"f32 2-D rows edge", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 4, {6000, 96}, {2730, 96}, 4},
+      // 2-D, rows longer than a chunk: 1 x 512 Ki chunks, a partial last column of chunks
+      {"u16 2-D column edge", H5T_STD_U16LE, H5T_NATIVE_UINT16, 2, {3, 600000}, {1, 524288}, 1},
+      // one chunk, exactly the extent; level 9
+      {"i32 1-D one chunk", H5T_STD_I32LE, H5T_NATIVE_INT32, 4, {65536}, {65536}, 9},
+      // 1-byte elements: shuffle moves nothing
+      {"u8 1-D edge", H5T_STD_U8LE, H5T_NATIVE_UINT8, 1, {2500000}, {1048576}, 4},
+  };
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("h5chunks: the chunk write gives H5Dwrite's file, byte for byte") {
+  TempDir tmp;
+  uint64_t seed = 1;
+  for (const Case& c : cases()) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    const std::vector<unsigned char> data = sample(numel(c.dims) * c.es, seed++);
+    const std::string a = tmp.file("serial.h5"), b = tmp.file("chunks.h5");
+    make_file(a, c, data, /*serial=*/true);
+    for (int threads : {1, 3, 8}) {
+      CAPTURE(threads);
+      CHECK(make_file(b, c, data, /*serial=*/false, threads) == h5::ChunkWrite::written);
+      const std::vector<char> fa = slurp(a), fb = slurp(b);
+      CHECK(fa.size() > 0);
+      CHECK(fa.size() == fb.size());
+      CHECK(fa == fb);
+    }
+  }
+}
+
+TEST_CASE("h5chunks: the chunk read gives H5Dread's bytes") {
+  TempDir tmp;
+  uint64_t seed = 100;
+  for (const Case& c : cases()) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    const std::vector<unsigned char> data = sample(numel(c.dims) * c.es, seed++);
+    const std::string path = tmp.file("r.h5");
+    make_file(path, c, data, /*serial=*/true);
+    h5::Hid f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    h5::Hid d(H5Dopen2(f, "x", H5P_DEFAULT), H5Dclose);
+    REQUIRE(d.valid());
+    std::vector<unsigned char> via_read(data.size(), 0xee), via_chunks(data.size(), 0xee);
+    REQUIRE(H5Dread(d, c.mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, via_read.data()) >= 0);
+    for (int threads : {1, 4}) {
+      CAPTURE(threads);
+      std::fill(via_chunks.begin(), via_chunks.end(), 0xee);
+      CHECK(h5::read_chunks_parallel(d, via_chunks.data(), data.size(), threads));
+      CHECK(via_chunks == via_read);
+      CHECK(via_chunks == data);
+    }
+    // A wrong size is declined before anything is read.
+    CHECK_FALSE(h5::read_chunks_parallel(d, via_chunks.data(), data.size() - c.es, 2));
+  }
+}
+
+TEST_CASE("h5chunks: a file the chunk write made reads back through both paths") {
+  TempDir tmp;
+  const Case& c = cases()[2];  // a column of edge chunks
+  const std::vector<unsigned char> data = sample(numel(c.dims) * c.es, 7);
+  const std::string path = tmp.file("w.h5");
+  REQUIRE(make_file(path, c, data, /*serial=*/false) == h5::ChunkWrite::written);
+  h5::Hid f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  h5::Hid d(H5Dopen2(f, "x", H5P_DEFAULT), H5Dclose);
+  std::vector<unsigned char> a(data.size()), b(data.size());
+  REQUIRE(H5Dread(d, c.mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, a.data()) >= 0);
+  CHECK(a == data);
+  CHECK(h5::read_chunks_parallel(d, b.data(), b.size(), 4));
+  CHECK(b == data);
+  // Every stored chunk is deflated (no filter skipped), the grid is full: 3 x 2 chunks.
+  hsize_t n = 0;
+  h5::Hid fsp(H5Dget_space(d), H5Sclose);
+  REQUIRE(H5Dget_num_chunks(d, fsp, &n) >= 0);
+  CHECK(n == 6);
+  hsize_t off[2] = {2, 524288}, size = 0;  // the last chunk: 75712 of its 524288 inside
+  unsigned mask = 7;
+  REQUIRE(H5Dget_chunk_storage_size(d, off, &size) >= 0);
+  std::vector<unsigned char> raw(static_cast<size_t>(size));
+  REQUIRE(H5Dread_chunk(d, H5P_DEFAULT, off, &mask, raw.data()) >= 0);
+  CHECK(mask == 0);
+  CHECK(int(raw[0]) == 0x78);  // a zlib stream header
+}
+
+TEST_CASE("h5chunks: the chunk write declines what it cannot reproduce") {
+  TempDir tmp;
+  const Case& c = cases()[0];
+  const std::vector<unsigned char> data = sample(numel(c.dims) * c.es, 3);
+  // A user-defined fill value: H5Dwrite pads edge chunks with it.
+  CHECK(make_file(tmp.file("fill.h5"), c, data, false, 2, /*user_fill=*/true) ==
+        h5::ChunkWrite::declined);
+  // Chunks of 128 KiB, 8 in the 1 MiB chunk cache: H5Dwrite's file order would be the
+  // cache's (it keeps partial edge chunks longer), not the grid's.
+  {
+    const Case small{
+        "u16 small chunks", H5T_STD_U16LE, H5T_NATIVE_UINT16, 2, {517, 1100}, {128, 512}, 4};
+    const std::vector<unsigned char> d2 = sample(numel(small.dims) * small.es, 4);
+    CHECK(make_file(tmp.file("small.h5"), small, d2, false) == h5::ChunkWrite::declined);
+  }
+
+  h5::Hid f(H5Fcreate(tmp.file("d.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  h5::Hid sp(H5Screate_simple(1, c.dims.data(), nullptr), H5Sclose);
+  std::string why;
+  {  // contiguous
+    h5::Hid d(H5Dcreate2(f, "contig", c.file_type, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+              H5Dclose);
+    CHECK(h5::write_chunks_parallel(d, c.mem_type, data.data(), data.size(), 2, why) ==
+          h5::ChunkWrite::declined);
+  }
+  h5::Hid dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_chunk(dcpl, 1, c.chunk.data());
+  {  // chunked without deflate
+    h5::Hid d(H5Dcreate2(f, "plain", c.file_type, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose);
+    CHECK(h5::write_chunks_parallel(d, c.mem_type, data.data(), data.size(), 2, why) ==
+          h5::ChunkWrite::declined);
+  }
+  H5Pset_shuffle(dcpl);
+  H5Pset_deflate(dcpl, 4);
+  {  // a conversion (int32 in memory), a wrong size, a dataset already written
+    h5::Hid d(H5Dcreate2(f, "z", c.file_type, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose);
+    CHECK(h5::write_chunks_parallel(d, H5T_NATIVE_INT32, data.data(), data.size() / 2, 2, why) ==
+          h5::ChunkWrite::declined);
+    CHECK(h5::write_chunks_parallel(d, c.mem_type, data.data(), data.size() - 8, 2, why) ==
+          h5::ChunkWrite::declined);
+    REQUIRE(H5Dwrite(d, c.mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) >= 0);
+    CHECK(h5::write_chunks_parallel(d, c.mem_type, data.data(), data.size(), 2, why) ==
+          h5::ChunkWrite::declined);
+  }
+  // DYNEMB_H5_SERIAL_WRITE forces H5Dwrite.
+  ::setenv("DYNEMB_H5_SERIAL_WRITE", "1", 1);
+  const auto w = make_file(tmp.file("env.h5"), c, data, false);
+  ::unsetenv("DYNEMB_H5_SERIAL_WRITE");
+  CHECK(w == h5::ChunkWrite::declined);
+  CHECK(make_file(tmp.file("env.h5"), c, data, false) == h5::ChunkWrite::written);
+}
+
+TEST_CASE("h5chunks: the inflate library names itself and its version") {
+  const std::string lib = h5::inflate_library();
+#if defined(DYNEMB_HAVE_LIBDEFLATE)
+  CHECK(lib.rfind("libdeflate 1.", 0) == 0);
+#else
+  CHECK(lib.rfind("zlib 1.", 0) == 0);
+#endif
+  CHECK(lib.size() > std::string("zlib 1.").size());
+}
