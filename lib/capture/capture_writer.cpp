@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "capture/capture_internal.hpp"
+#include "capture/h5chunks.hpp"
 #include "capture/h5util.hpp"
 
 namespace dynemb {
@@ -53,7 +54,14 @@ struct CaptureWriter::Impl {
     const std::string path = where + "/" + name;
     Hid d = h5::dset_id(H5Dcreate2(loc, name, file_type, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT));
     if (!d.valid()) fail(path, h5::last_error());
-    if (numel > 0 && H5Dwrite(d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+    // Chunked ones are compressed on every core, to the bytes H5Dwrite stores (h5chunks.hpp).
+    std::string why;
+    const h5::ChunkWrite w =
+        numel > 0 ? h5::write_chunks_parallel(d, mem_type, data, uint64_t(numel * es), 0, why)
+                  : h5::ChunkWrite::declined;
+    if (w == h5::ChunkWrite::failed) fail(path, why);
+    if (numel > 0 && w == h5::ChunkWrite::declined &&
+        H5Dwrite(d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
       fail(path, h5::last_error());
   }
 
