@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "capture/capture.hpp"
+#include "capture/h5chunks.hpp"
 #include "commands.hpp"
 #include "common/error.hpp"
 #include "common/memory.hpp"
@@ -197,8 +198,9 @@ int main_entry(int argc, char** argv) {
       "dynemb-dist"};
   app.set_version_flag(
       "--version",
-      fmt::format("dynemb-dist {} (backends: {})", DYNEMB_VERSION, compiled_backends()),
-      "Print the version and the backends of this build, then exit");
+      fmt::format("dynemb-dist {} (backends: {}; inflate: {})", DYNEMB_VERSION, compiled_backends(),
+                  h5::inflate_library()),
+      "Print the version, the backends and the inflate library of this build, then exit");
   app.require_subcommand(0, 1);
   app.fallthrough(false);
 
