@@ -240,44 +240,51 @@ bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads) {
   hsize_t stored = 0;
   if (H5Dget_num_chunks(dset, fsp, &stored) < 0 || stored != L.nchunks) return false;
 
-  // The stored bytes of every chunk, read here (libhdf5 on one thread), in grid order. Their
-  // total is what the file stores for the dataset, which the reader has already bounded
-  // against the extent; a chunk claiming more than deflate could ever produce is refused.
+  // The stored bytes of a window of chunks, read here (libhdf5 on one thread) in grid order,
+  // then decoded on the workers; memory beyond `out` is one window of stored chunks, not the
+  // dataset's. A chunk claiming more than deflate could ever produce is refused.
   const uint64_t chunk_bytes = L.chunk_bytes();
-  std::vector<RawChunk> raw(static_cast<size_t>(L.nchunks));
-  for (uint64_t i = 0; i < L.nchunks; ++i) {
-    RawChunk& c = raw[size_t(i)];
-    L.offset_of(i, c.offset);
-    hsize_t size = 0;
-    if (H5Dget_chunk_storage_size(dset, c.offset.data(), &size) < 0 || size == 0 ||
-        size > chunk_bytes + (chunk_bytes >> 3) + 4096)
-      return false;
-    c.bytes.resize(size_t(size));
-    uint32_t mask = 0;
-    if (H5Dread_chunk(dset, H5P_DEFAULT, c.offset.data(), &mask, c.bytes.data()) < 0) return false;
-    c.mask = mask;
-  }
-  std::atomic<bool> ok{true};
+  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  const uint64_t window = std::min<uint64_t>(L.nchunks, uint64_t(4 * threads));
+  std::vector<RawChunk> raw(static_cast<size_t>(window));
   unsigned char* dst = static_cast<unsigned char*>(out);
   const size_t es = L.es;
-  parallel_for(
-      threads, static_cast<int64_t>(L.nchunks),
-      [&](int64_t b, int64_t e) {
-        Inflater inflater;
-        std::vector<unsigned char> plain(static_cast<size_t>(chunk_bytes)), tmp;
-        for (int64_t i = b; i < e && ok.load(std::memory_order_relaxed); ++i) {
-          const RawChunk& c = raw[size_t(i)];
-          if (!decode(c, L.pipe, es, inflater, plain, tmp)) {
-            ok = false;
-            return;
+  for (uint64_t first = 0; first < L.nchunks; first += window) {
+    const uint64_t count = std::min(window, L.nchunks - first);
+    for (uint64_t i = 0; i < count; ++i) {
+      RawChunk& c = raw[size_t(i)];
+      L.offset_of(first + i, c.offset);
+      hsize_t size = 0;
+      if (H5Dget_chunk_storage_size(dset, c.offset.data(), &size) < 0 || size == 0 ||
+          size > chunk_bytes + (chunk_bytes >> 3) + 4096)
+        return false;
+      c.bytes.resize(size_t(size));
+      uint32_t mask = 0;
+      if (H5Dread_chunk(dset, H5P_DEFAULT, c.offset.data(), &mask, c.bytes.data()) < 0)
+        return false;
+      c.mask = mask;
+    }
+    std::atomic<bool> ok{true};
+    parallel_for(
+        threads, static_cast<int64_t>(count),
+        [&](int64_t b, int64_t e) {
+          Inflater inflater;
+          std::vector<unsigned char> plain(static_cast<size_t>(chunk_bytes)), tmp;
+          for (int64_t i = b; i < e && ok.load(std::memory_order_relaxed); ++i) {
+            const RawChunk& c = raw[size_t(i)];
+            if (!decode(c, L.pipe, es, inflater, plain, tmp)) {
+              ok = false;
+              return;
+            }
+            for_each_row(L, c.offset, [&](size_t src, size_t at, size_t n) {
+              std::memcpy(dst + at * es, plain.data() + src * es, n * es);
+            });
           }
-          for_each_row(L, c.offset, [&](size_t src, size_t at, size_t n) {
-            std::memcpy(dst + at * es, plain.data() + src * es, n * es);
-          });
-        }
-      },
-      /*grain=*/2);
-  return ok;
+        },
+        /*grain=*/2);
+    if (!ok) return false;
+  }
+  return true;
 }
 
 ChunkWrite write_chunks_parallel(hid_t dset, hid_t mem_type, const void* data, uint64_t bytes,
@@ -369,7 +376,7 @@ ChunkWrite write_chunks_parallel(hid_t dset, hid_t mem_type, const void* data, u
         uLongf n = bound;
         const int rc = compress2(s.z.data(), &n, in, static_cast<uLong>(chunk_bytes), L.pipe.level);
         if (rc != Z_OK) {
-          fail(fmt::format("chunk at {}: zlib compress2 failed ({})", offset_str(off), rc));
+          fail(fmt::format("zlib compress2 failed ({}) (the chunk at {})", rc, offset_str(off)));
           cv_ready.notify_all();
           return;
         }
@@ -417,7 +424,7 @@ ChunkWrite write_chunks_parallel(hid_t dset, hid_t mem_type, const void* data, u
     }
     L.offset_of(i, off);
     if (H5Dwrite_chunk(dset, H5P_DEFAULT, 0, off.data(), s.n, s.z.data()) < 0) {
-      fail(fmt::format("chunk at {}: {}", offset_str(off), last_error()));
+      fail(fmt::format("{} (the chunk at {})", last_error(), offset_str(off)));
       break;
     }
     {
