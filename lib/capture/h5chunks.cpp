@@ -135,21 +135,43 @@ bool is_edge(const Layout& L, const std::vector<hsize_t>& offset) {
 bool shuffles(const Pipeline& p, unsigned mask, size_t es, size_t n) {
   return p.shuffle_at >= 0 && !(mask & (1u << p.shuffle_at)) && es > 1 && n / es > 1;
 }
-void shuffle(const unsigned char* in, size_t n, size_t es, unsigned char* out) {
+// Byte b of element i <-> b * elems + i, for the element sizes our captures hold as constants
+// (the compiler unrolls the byte loop), any other size through the general loop.
+template <size_t ES, bool Forward>
+void transpose(const unsigned char* in, size_t elems, size_t es_dyn, unsigned char* out) {
+  const size_t es = ES ? ES : es_dyn;
+  for (size_t i = 0; i < elems; ++i)
+    for (size_t b = 0; b < es; ++b) {
+      if (Forward)
+        out[b * elems + i] = in[i * es + b];
+      else
+        out[i * es + b] = in[b * elems + i];
+    }
+}
+template <bool Forward>
+void transpose_any(const unsigned char* in, size_t n, size_t es, unsigned char* out) {
   const size_t elems = n / es;
-  for (size_t b = 0; b < es; ++b) {
-    unsigned char* dst = out + b * elems;
-    for (size_t i = 0; i < elems; ++i) dst[i] = in[i * es + b];
+  switch (es) {
+    case 2:
+      transpose<2, Forward>(in, elems, es, out);
+      break;
+    case 4:
+      transpose<4, Forward>(in, elems, es, out);
+      break;
+    case 8:
+      transpose<8, Forward>(in, elems, es, out);
+      break;
+    default:
+      transpose<0, Forward>(in, elems, es, out);
+      break;
   }
   std::memcpy(out + elems * es, in + elems * es, n - elems * es);
 }
+void shuffle(const unsigned char* in, size_t n, size_t es, unsigned char* out) {
+  transpose_any<true>(in, n, es, out);
+}
 void unshuffle(const unsigned char* in, size_t n, size_t es, unsigned char* out) {
-  const size_t elems = n / es;
-  for (size_t b = 0; b < es; ++b) {
-    const unsigned char* src = in + b * elems;
-    for (size_t i = 0; i < elems; ++i) out[i * es + b] = src[i];
-  }
-  std::memcpy(out + elems * es, in + elems * es, n - elems * es);
+  transpose_any<false>(in, n, es, out);
 }
 
 // Undoes deflate's zlib stream into exactly `n` bytes; false for anything else. One per
