@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -212,22 +213,21 @@ struct RawChunk {
   std::vector<unsigned char> bytes;
 };
 
-// Undoes the filters of `c` into `plain` (chunk_bytes long); false when it does not decode to
-// exactly that size.
+// Undoes the filters of `c` into `plain` (n bytes); false when it does not decode to exactly
+// that size. `tmp`: the shuffled bytes, when the chunk was shuffled.
 bool decode(const RawChunk& c, const Pipeline& p, size_t es, Inflater& inflater,
-            std::vector<unsigned char>& plain, std::vector<unsigned char>& tmp) {
-  const size_t n = plain.size();
+            unsigned char* plain, size_t n, std::vector<unsigned char>& tmp) {
   const bool inflate = p.deflate_at >= 0 && !(c.mask & (1u << p.deflate_at));
   const bool unshuf = shuffles(p, c.mask, es, n);
-  std::vector<unsigned char>& stage = unshuf ? tmp : plain;
-  stage.resize(n);
+  if (unshuf) tmp.resize(n);
+  unsigned char* stage = unshuf ? tmp.data() : plain;
   if (inflate) {
-    if (!inflater(c.bytes.data(), c.bytes.size(), stage.data(), n)) return false;
+    if (!inflater(c.bytes.data(), c.bytes.size(), stage, n)) return false;
   } else {
     if (c.bytes.size() != n) return false;
-    std::memcpy(stage.data(), c.bytes.data(), n);
+    std::memcpy(stage, c.bytes.data(), n);
   }
-  if (unshuf) unshuffle(tmp.data(), n, es, plain.data());
+  if (unshuf) unshuffle(tmp.data(), n, es, plain);
   return true;
 }
 
@@ -271,6 +271,22 @@ bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads) {
   std::vector<RawChunk> raw(static_cast<size_t>(window));
   unsigned char* dst = static_cast<unsigned char*>(out);
   const size_t es = L.es;
+  // A chunk inside the extent whose rows are whole dataset rows (every dimension but the first
+  // spanned) is one contiguous run of the output: decoded straight into it.
+  uint64_t row_elems = 1;
+  bool whole_rows = true;
+  for (size_t d = 1; d < L.dims.size(); ++d) {
+    row_elems *= L.dims[d];
+    whole_rows = whole_rows && L.chunk[d] == L.dims[d];
+  }
+  // Per worker: the inflater and the chunk buffers, kept across windows (a fresh 1 MiB buffer
+  // per window would be fresh pages to fault in).
+  struct Worker {
+    Inflater inflater;
+    std::vector<unsigned char> plain, tmp;
+  };
+  std::vector<std::unique_ptr<Worker>> workers(static_cast<size_t>(threads));
+  for (auto& w : workers) w = std::make_unique<Worker>();
   for (uint64_t first = 0; first < L.nchunks; first += window) {
     const uint64_t count = std::min(window, L.nchunks - first);
     for (uint64_t i = 0; i < count; ++i) {
@@ -287,19 +303,28 @@ bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads) {
       c.mask = mask;
     }
     std::atomic<bool> ok{true};
+    std::atomic<size_t> next_worker{0};
     parallel_for(
         threads, static_cast<int64_t>(count),
         [&](int64_t b, int64_t e) {
-          Inflater inflater;
-          std::vector<unsigned char> plain(static_cast<size_t>(chunk_bytes)), tmp;
+          Worker& w = *workers[next_worker.fetch_add(1) % workers.size()];
           for (int64_t i = b; i < e && ok.load(std::memory_order_relaxed); ++i) {
             const RawChunk& c = raw[size_t(i)];
-            if (!decode(c, L.pipe, es, inflater, plain, tmp)) {
+            if (whole_rows && !is_edge(L, c.offset)) {
+              unsigned char* at = dst + c.offset[0] * row_elems * es;
+              if (!decode(c, L.pipe, es, w.inflater, at, size_t(chunk_bytes), w.tmp)) {
+                ok = false;
+                return;
+              }
+              continue;
+            }
+            w.plain.resize(size_t(chunk_bytes));
+            if (!decode(c, L.pipe, es, w.inflater, w.plain.data(), size_t(chunk_bytes), w.tmp)) {
               ok = false;
               return;
             }
             for_each_row(L, c.offset, [&](size_t src, size_t at, size_t n) {
-              std::memcpy(dst + at * es, plain.data() + src * es, n * es);
+              std::memcpy(dst + at * es, w.plain.data() + src * es, n * es);
             });
           }
         },
