@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# End to end, capture data in and out: for each capture below, synth it, replay it (cuda when
+# this build has it and a GPU is present, then cpu) and read it with plain h5py; per step the
+# wall time, the cores kept busy ((user + sys) / wall), the peak RSS, and the logical GB/s
+# (the uncompressed bytes of every dataset, as bench/h5py_read.py counts them, per second).
+# One markdown table per run, with the targets and PASS/MISS, printed last and written to
+# $OUT/e2e.md when OUT is set (with each step's log).
+#
+#   bench/e2e.sh [--quick] [--only a,b,c] [--runs N]
+#
+# --quick: smaller batches (for a 2-core machine without a GPU); the time targets are then
+# not judged (n/a), the memory targets still are. --runs N: the whole table N times.
+# Env: DYNEMB (the binary; default build/dynemb-dist), PYTHON (python3 with h5py; default
+# /usr/bin/python3 when it has h5py, else python3), E2E_DIR (scratch for the captures;
+# default a temporary directory, removed at the end).
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+exe=${DYNEMB:-$here/../build/dynemb-dist}
+quick=0
+only=a,b,c
+runs=1
+while (($#)); do
+  case $1 in
+    --quick) quick=1 ;;
+    --only) only=$2; shift ;;
+    --runs) runs=$2; shift ;;
+    *) echo "usage: $0 [--quick] [--only a,b,c] [--runs N]" >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ -x $exe ]] || { echo "e2e: no dynemb-dist at $exe (set DYNEMB)" >&2; exit 2; }
+if [[ -z ${PYTHON:-} ]]; then
+  PYTHON=python3
+  /usr/bin/python3 -c 'import h5py' 2>/dev/null && PYTHON=/usr/bin/python3
+fi
+have_h5py=0
+$PYTHON -c 'import h5py' 2>/dev/null && have_h5py=1
+
+# ---- the captures: synth arguments, full size and --quick
+declare -A synth full_args quick_args
+full_args[a]="--preset unit-seq-w8 --batch-size 1024 --hotness 0..64 --batches 2"
+full_args[b]="--preset unit-pooled-w8 --batch-size 16384 --batches 2"
+full_args[c]="--preset ec-bench-criteo --store ctx"  # big: inputs and the context only
+quick_args[a]="--preset unit-seq-w8 --batch-size 256 --hotness 0..64 --batches 2"
+quick_args[b]="--preset unit-pooled-w8 --batch-size 4096 --batches 2"
+quick_args[c]="--preset ec-bench-criteo --store ctx --batch-size 1024 --batches 1"
+for k in a b c; do
+  if ((quick)); then synth[$k]=${quick_args[$k]}; else synth[$k]=${full_args[$k]}; fi
+done
+
+# ---- the targets (seconds; peak RSS in MB), per step and capture; none: "-"
+declare -A target
+target[synth.a]=4;        target[synth.b]=10
+target[replay-cuda.a]=1.5; target[replay-cuda.b]=3.0
+target[replay-cpu.a]=3;   target[replay-cpu.b]=6  # on the 16-core GPU machine
+target[rss.a]=1024;       target[rss.b]=1024;       target[rss.c]=2048
+
+# ---- what runs
+version=$("$exe" --version 2>&1 | head -1)
+inflate=$(sed -n 's/.*inflate: \([^)]*\)).*/\1/p' <<<"$version")
+backends=$(sed -n 's/.*backends: \([^;)]*\).*/\1/p' <<<"$version")
+cuda=0
+if [[ $backends == *cuda* ]] && command -v nvidia-smi >/dev/null 2>&1 &&
+   nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  cuda=1
+fi
+scratch=${E2E_DIR:-}
+if [[ -z $scratch ]]; then
+  scratch=$(mktemp -d)
+  trap 'rm -rf "$scratch"' EXIT
+fi
+mkdir -p "$scratch"
+logs=${OUT:+$OUT/e2e-logs}
+logs=${logs:-$scratch/logs}
+mkdir -p "$logs"
+
+# measure LOG CMD...: runs CMD (stdout and stderr to LOG), prints "wall user sys maxrss_kb rc"
+# from the child's own rusage.
+measure() {
+  python3 - "$@" <<'PY'
+import resource, subprocess, sys, time
+log, cmd = sys.argv[1], sys.argv[2:]
+with open(log, "w") as out:
+    t0 = time.monotonic()
+    rc = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT)
+    wall = time.monotonic() - t0
+ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(f"{wall:.3f} {ru.ru_utime:.3f} {ru.ru_stime:.3f} {ru.ru_maxrss} {rc}")
+PY
+}
+
+# judge VALUE TARGET: PASS / MISS against an upper bound, "-" without one, n/a for --quick
+# time targets.
+judge() {
+  local v=$1 t=$2 kind=$3
+  if [[ $t == - ]]; then echo "-"; return; fi
+  if ((quick)) && [[ $kind == time ]]; then echo "n/a (quick)"; return; fi
+  awk -v v="$v" -v t="$t" 'BEGIN { print (v <= t) ? "PASS" : "MISS" }'
+}
+
+echo "e2e: $version"
+echo "e2e: inflate library: ${inflate:-not reported by this build}"
+echo "e2e: $(nproc) cores, cuda replay: $([[ $cuda == 1 ]] && echo yes || echo "skipped (no CUDA backend or no GPU)")"
+echo "e2e: h5py: $([[ $have_h5py == 1 ]] && echo "$PYTHON" || echo "not found (no logical bytes, no h5py row)")"
+((quick)) && echo "e2e: --quick: smaller batches, time targets not judged"
+
+tables=()
+for ((run = 1; run <= runs; run++)); do
+  rows=()
+  for k in ${only//,/ }; do
+    [[ -n ${synth[$k]:-} ]] || { echo "e2e: no capture '$k'" >&2; exit 2; }
+    file=$scratch/$k.h5
+    rm -f "$file"
+    echo "e2e: run $run ($k) synth ${synth[$k]}" >&2
+    # shellcheck disable=SC2086  # the arguments split on purpose
+    read -r wall user sys rss rc < <(measure "$logs/$k-synth.log" "$exe" synth ${synth[$k]} -o "$file")
+    ((rc == 0)) || { echo "e2e: synth ($k) failed, see $logs/$k-synth.log" >&2; tail -5 "$logs/$k-synth.log" >&2; exit 1; }
+    bytes=0; h5row=""
+    if ((have_h5py)); then
+      read -r hwall huser hsys hrss hrc < <(measure "$logs/$k-h5py.log" "$PYTHON" "$here/h5py_read.py" "$file")
+      bytes=$(sed -n 's/.*bytes=\([0-9]*\).*/\1/p' "$logs/$k-h5py.log" | head -1)
+      hsec=$(sed -n 's/.*seconds=\([0-9.]*\).*/\1/p' "$logs/$k-h5py.log" | head -1)
+      # the read's own seconds (no interpreter start-up); cores busy over the whole process
+      hbusy=$(awk -v u="$huser" -v s="$hsys" -v w="$hwall" 'BEGIN { printf "%.2f", (u + s) / w }')
+      ((hrc == 0)) && h5row="h5py read (1 thread)|$hsec|$hbusy|$((hrss / 1024))|$hsec"
+    fi
+    gb=$(awk -v b="$bytes" 'BEGIN { printf "%.2f", b / 1e9 }')
+    row() {  # step wall user sys rss_kb rc target_key
+      local busy gbs t rsst
+      busy=$(awk -v u="$2" -v s="$3" -v w="$1" 'BEGIN { printf "%.2f", (u + s) / w }')
+      gbs=$(awk -v b="$bytes" -v w="$1" 'BEGIN { if (b > 0) printf "%.2f", b / 1e9 / w; else print "-" }')
+      t=${target[$6.$k]:--}
+      rsst=${target[rss.$k]:--}
+      rows+=("| ($k) | $6 | $1 | $busy | $(($4 / 1024)) | $gbs | $t | $(judge "$1" "$t" time) | $rsst | $(judge $(($4 / 1024)) "$rsst" mem) | $5 |")
+    }
+    row "$wall" "$user" "$sys" "$rss" "$rc" synth
+    if ((cuda)); then
+      read -r wall user sys rss rc < <(measure "$logs/$k-replay-cuda.log" "$exe" replay "$file" --backend cuda --quiet)
+      row "$wall" "$user" "$sys" "$rss" "$rc" replay-cuda
+    fi
+    read -r wall user sys rss rc < <(measure "$logs/$k-replay-cpu.log" "$exe" replay "$file" --backend cpu --quiet)
+    row "$wall" "$user" "$sys" "$rss" "$rc" replay-cpu
+    if [[ -n $h5row ]]; then
+      IFS='|' read -r step hsec busy hrss _ <<<"$h5row"
+      hgbs=$(awk -v b="$bytes" -v w="$hsec" 'BEGIN { printf "%.2f", b / 1e9 / w }')
+      rows+=("| ($k) | $step | $hsec | $busy | $hrss | $hgbs | - | - | - | - | 0 |")
+    fi
+    rows+=("| ($k) | logical size | $gb GB in $(stat -c %s "$file" | awk '{ printf "%.2f", $1 / 1e9 }') GB stored | | | | | | | | |")
+    rm -f "$file"
+  done
+  table="### e2e run $run: $version, $(nproc) cores$( ((quick)) && echo ", --quick")
+
+| capture | step | wall s | cores busy | peak RSS MB | logical GB/s | target s | time | target MB | memory | exit |
+| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: |"
+  for r in "${rows[@]}"; do table+=$'\n'"$r"; done
+  table+=$'\n\n'"inflate: ${inflate:-not reported}. Captures: $(for k in ${only//,/ }; do printf '(%s) synth %s; ' "$k" "${synth[$k]}"; done)"
+  tables+=("$table")
+done
+
+echo
+for t in "${tables[@]}"; do printf '%s\n\n' "$t"; done
+if [[ -n ${OUT:-} ]]; then
+  mkdir -p "$OUT"
+  for t in "${tables[@]}"; do printf '%s\n\n' "$t"; done >"$OUT/e2e.md"
+  echo "e2e: written $OUT/e2e.md, logs in $logs"
+fi
