@@ -85,7 +85,10 @@ with open(log, "w") as out:
     rc = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT)
     wall = time.monotonic() - t0
 ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(f"{wall:.3f} {ru.ru_utime:.3f} {ru.ru_stime:.3f} {ru.ru_maxrss} {rc}")
+line = f"{wall:.3f} {ru.ru_utime:.3f} {ru.ru_stime:.3f} {ru.ru_maxrss} {rc}"
+with open(log + ".time", "w") as t:  # wall user sys maxrss_kb rc, kept beside the log
+    t.write(line + "\n")
+print(line)
 PY
 }
 
@@ -148,7 +151,7 @@ for ((run = 1; run <= runs; run++)); do
     rows+=("| ($k) | logical size | $gb GB in $(stat -c %s "$file" | awk '{ printf "%.2f", $1 / 1e9 }') GB stored | | | | | | | | |")
     rm -f "$file"
   done
-  table="### e2e run $run: $version, $(nproc) cores$( ((quick)) && echo ", --quick")
+  table="### e2e run $run: $version, $(nproc) cores$( ((quick)) && echo ", --quick" || true)
 
 | capture | step | wall s | cores busy | peak RSS MB | logical GB/s | target s | time | target MB | memory | exit |
 | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: |"
