@@ -19,7 +19,8 @@ namespace dynemb::h5 {
 
 // `out`: the whole dataset in the file's element type, row-major, `bytes` long. False when the
 // layout is not taken or a chunk does not decode to exactly its size, with nothing promised
-// about `out`: the caller then reads with H5Dread.
+// about `out`: the caller then reads with H5Dread. Memory beyond `out`: a window of
+// 4 x `threads` stored chunks and a chunk buffer per worker. `threads` <= 0: one per core.
 bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads);
 
 enum class ChunkWrite {
