@@ -175,8 +175,9 @@ RankFile open_rank_file(const std::string& path) {
   rf.num_batches = *nb;
   auto rank = int_attr(f, "rank");
   if (!rank)
-    throw CaptureError(path, "/",
-                       "attribute rank: missing (not a per-rank file from the dynemb_capture package?)");
+    throw CaptureError(
+        path, "/",
+        "attribute rank: missing (not a per-rank file from the dynemb_capture package?)");
   if (*rank < 0 || *rank >= rf.world_size)
     throw CaptureError(path, "/",
                        fmt::format("attribute rank: {} not in [0, {})", *rank, rf.world_size));
@@ -360,7 +361,8 @@ void setup_merge(CLI::App& app, RunFn& run) {
   auto opt = std::make_shared<MergeOptions>();
   auto* sub = app.add_subcommand(
       "merge",
-      "Assemble one capture from per-rank files (the dynemb_capture Python package): checks that the "
+      "Assemble one capture from per-rank files (the dynemb_capture Python package): checks that "
+      "the "
       "ranks agree on plan, world size and batches and that every rank 0..W-1 appears once");
   sub->add_option("inputs", opt->inputs, "Per-rank capture files (root attribute `rank`)")
       ->required()

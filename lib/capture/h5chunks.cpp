@@ -15,6 +15,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -334,23 +335,22 @@ bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads) {
   return true;
 }
 
-ChunkWrite write_chunks_parallel(hid_t dset, hid_t mem_type, const void* data, uint64_t bytes,
-                                 int threads, std::string& error) {
-  if (serial_write_forced()) return ChunkWrite::declined;
-  Layout L;
-  if (!layout_of(dset, bytes, L)) return ChunkWrite::declined;
+namespace {
+
+// Whether chunk-by-chunk writing yields exactly H5Dwrite's file for this dataset; its layout
+// in L.
+bool parallel_write_applies(hid_t dset, hid_t mem_type, uint64_t bytes, Layout& L) {
+  if (!layout_of(dset, bytes, L)) return false;
   // Deflate is what makes this worth it, and compress2 at the filter's level is what makes
   // the bytes H5Dwrite's.
-  if (L.pipe.deflate_at < 0 || L.pipe.level < 0) return ChunkWrite::declined;
+  if (L.pipe.deflate_at < 0 || L.pipe.level < 0) return false;
   const H5T_class_t cls = H5Tget_class(L.type);
-  if (cls != H5T_INTEGER && cls != H5T_FLOAT && cls != H5T_STRING) return ChunkWrite::declined;
-  if (H5Tis_variable_str(L.type) != 0 || H5Tequal(L.type, mem_type) <= 0)
-    return ChunkWrite::declined;
+  if (cls != H5T_INTEGER && cls != H5T_FLOAT && cls != H5T_STRING) return false;
+  if (H5Tis_variable_str(L.type) != 0 || H5Tequal(L.type, mem_type) <= 0) return false;
   // H5Dwrite fills what an edge chunk holds outside the extent with the fill value: zeros
   // unless one was set.
   H5D_fill_value_t fill = H5D_FILL_VALUE_ERROR;
-  if (H5Pfill_value_defined(L.dcpl, &fill) < 0 || fill == H5D_FILL_VALUE_USER_DEFINED)
-    return ChunkWrite::declined;
+  if (H5Pfill_value_defined(L.dcpl, &fill) < 0 || fill == H5D_FILL_VALUE_USER_DEFINED) return false;
   // H5Dwrite leaves chunks in HDF5's chunk cache and allocates their file space when the
   // cache lets them go, preferring chunks written whole over partial edge chunks: with several
   // chunks in the cache at once, the file order is the cache's. One chunk, or chunks larger
@@ -360,14 +360,24 @@ ChunkWrite write_chunks_parallel(hid_t dset, hid_t mem_type, const void* data, u
     Hid dapl = plist_id(H5Dget_access_plist(dset));
     size_t slots = 0, cache_bytes = 0;
     double w0 = 0;
-    if (!dapl.valid() || H5Pget_chunk_cache(dapl, &slots, &cache_bytes, &w0) < 0)
-      return ChunkWrite::declined;
-    if (L.nchunks > 1 && 2 * L.chunk_bytes() <= cache_bytes) return ChunkWrite::declined;
+    if (!dapl.valid() || H5Pget_chunk_cache(dapl, &slots, &cache_bytes, &w0) < 0) return false;
+    if (L.nchunks > 1 && 2 * L.chunk_bytes() <= cache_bytes) return false;
   }
   // A chunk already written would have H5Dwrite merge into it: only fresh datasets (no
   // storage yet; H5Dget_num_chunks fails on those).
-  if (H5Dget_storage_size(dset) != 0) return ChunkWrite::declined;
+  if (H5Dget_storage_size(dset) != 0) return false;
+  return true;
+}
 
+}  // namespace
+
+// long: the compressing workers (a lambda) and the writing loop share one ring of slots, its
+// lock and its two conditions; read top to bottom they are one protocol.
+ChunkWrite write_chunks_parallel(hid_t dset, hid_t mem_type, const void* data, uint64_t bytes,
+                                 int threads, std::string& error) {
+  if (serial_write_forced()) return ChunkWrite::declined;
+  Layout L;
+  if (!parallel_write_applies(dset, mem_type, bytes, L)) return ChunkWrite::declined;
   if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
   const size_t chunk_bytes = size_t(L.chunk_bytes());
   const uLong bound = compressBound(static_cast<uLong>(chunk_bytes));
@@ -450,15 +460,17 @@ ChunkWrite write_chunks_parallel(hid_t dset, hid_t mem_type, const void* data, u
     for (std::thread& t : pool) t.join();
     pool.clear();
   };
-  try {
-    const uint64_t nworkers = std::min<uint64_t>(uint64_t(threads), L.nchunks);
-    for (uint64_t w = 0; w < nworkers; ++w) pool.emplace_back(worker);
-  } catch (const std::exception& e) {
-    fail(fmt::format("starting compression threads: {}", e.what()));
-    join_all();
-    error = why;
-    return ChunkWrite::failed;
+  // Threads that cannot be started (no memory for a stack) leave the work to the others; with
+  // none, H5Dwrite does it.
+  const uint64_t nworkers = std::min<uint64_t>(uint64_t(threads), L.nchunks);
+  for (uint64_t w = 0; w < nworkers; ++w) {
+    try {
+      pool.emplace_back(worker);
+    } catch (const std::system_error&) {
+      break;
+    }
   }
+  if (pool.empty()) return ChunkWrite::declined;
 
   // libhdf5 on this thread only, in grid order.
   std::vector<hsize_t> off;
