@@ -176,9 +176,13 @@ void launch_partition(const BucketizeArgs& a, const PartitionPlan& pp, cudaStrea
   const unsigned grid = static_cast<unsigned>(pp.tiles);
   partition_count_kernel<<<grid, kThreads, 0, s>>>(p);
   CUDA_CHECK_LAUNCH();
-  size_t tb = a.scan_temp_bytes;
-  CUDA_CHECK(
-      cub::DeviceScan::ExclusiveSum(a.scan_temp, tb, p.tile_cnt, p.tile_base, pp.entries, s));
+  if (a.world_size * pp.tiles_per_rank <= kPartDirectBaseEntries) {
+    p.tile_base = nullptr;  // the place kernel sums its rank's counts: no scan launches
+  } else {
+    size_t tb = a.scan_temp_bytes;
+    CUDA_CHECK(
+        cub::DeviceScan::ExclusiveSum(a.scan_temp, tb, p.tile_cnt, p.tile_base, pp.entries, s));
+  }
   if (a.total_ids == 0) return;
   if (a.world_size <= kSmallW)
     partition_place_kernel<4><<<grid, kThreads, 0, s>>>(p);
@@ -193,12 +197,19 @@ void dispatch(const BucketizeArgs& a, const int64_t* lengths, BucketizeOnePass& 
   // Every path but the one-pass kernel: bag offsets by a cub scan, then the partition or the
   // three passes.
   const auto other_paths = [&] {
-    offsets_from_lengths(lengths, a.total_bags, a.bag_offsets, a.scan_temp, a.scan_temp_bytes, s);
     const PartitionPlan pp = partition_wanted(a) ? partition_plan(a, ws) : PartitionPlan{};
-    if (pp.tiles > 0)
+    if (pp.tiles > 0) {
+      // Offsets 1..L only (total_bags > 0 here): the count kernel writes offset 0, one
+      // launch fewer than the memset.
+      size_t tb = a.scan_temp_bytes;
+      CUDA_CHECK(cub::DeviceScan::InclusiveSum(a.scan_temp, tb, lengths, a.bag_offsets + 1,
+                                               a.total_bags, s));
       launch_partition(a, pp, s);
-    else
+    } else {
+      offsets_from_lengths(lengths, a.total_bags, a.bag_offsets, a.scan_temp, a.scan_temp_bytes,
+                           s);
       launch_three_passes(a, s);
+    }
   };
   if (!one_pass_eligible(a, ws)) return other_paths();
   if (++ws.epoch == 0) {  // 2^32 launches on this scratch: start over from zeroed words

@@ -49,6 +49,10 @@ constexpr int kPartMaxCells = 4096;
 // of chunks with a little to spare.
 constexpr int64_t kPartTileIds = 8192;
 constexpr int64_t kPartMinTiles = 1024;
+// W x tiles_per_rank at most for the place kernel to sum its rank's tile counts itself
+// (tile_base == nullptr: no scan launches; a warp per bucket reads the rank's counts, 32 KB at
+// most per block); above it, a cub scan writes tile_base.
+constexpr int64_t kPartDirectBaseEntries = 4096;
 
 struct PartitionArgs {
   BucketizeArgs a;
@@ -56,7 +60,8 @@ struct PartitionArgs {
   int tile_bags;           // nb, 1 <= nb <= kPartMaxTileBags, W * nb <= kPartMaxCells
   int64_t tiles_per_rank;  // ceil(max bags of a rank / nb)
   int64_t* tile_cnt;       // [R][W][tiles_per_rank]
-  int64_t* tile_base;      // [R][W][tiles_per_rank], exclusive scan of tile_cnt
+  int64_t* tile_base;      // [R][W][tiles_per_rank], exclusive scan of tile_cnt; nullptr:
+                           // the place kernel sums tile_cnt of its rank itself
 };
 
 // The block's tile, the same in all its threads.
@@ -69,6 +74,12 @@ struct PartitionTile {
   int64_t id0;           // global index of the tile's first id
   int64_t rank_id_base;  // global index of the rank's first id (perm is rank-local)
 };
+
+// a.bag_offsets[g], with entry 0 taken as 0 without reading it: the partition path's bag
+// offsets scan writes entries 1..L only, and the count kernel's block 0 writes entry 0.
+__device__ __forceinline__ int64_t part_bag_off(const BucketizeArgs& a, int64_t g) {
+  return g == 0 ? 0 : a.bag_offsets[g];
+}
 
 // Reads the tile's geometry; when it has bags, off[k] = first id of its bag k relative to id0
 // (k <= nb; the host keeps nb x max_bag_len + kChunk < 2^31) and feat[k] = bag k's feature. Ends
@@ -87,11 +98,11 @@ __device__ __forceinline__ PartitionTile load_tile(const PartitionArgs& p, int* 
   ti.rank_id_base = 0;
   if (ti.nb > 0) {
     const int64_t g0 = ti.first + ti.j0;
-    ti.id0 = a.bag_offsets[g0];
-    ti.rank_id_base = a.bag_offsets[ti.first];
+    ti.id0 = part_bag_off(a, g0);
+    ti.rank_id_base = part_bag_off(a, ti.first);
     const int64_t* fbo = a.feat_bag_off + ti.q * (a.num_features + 1);
     for (int k = threadIdx.x; k <= ti.nb; k += kThreads) {
-      off[k] = static_cast<int>(a.bag_offsets[g0 + k] - ti.id0);
+      off[k] = static_cast<int>(part_bag_off(a, g0 + k) - ti.id0);
       if (k < ti.nb) feat[k] = static_cast<int>(d_upper_bound_m1(fbo, a.num_features, ti.j0 + k));
     }
   }
@@ -141,6 +152,9 @@ __global__ void __launch_bounds__(kThreads) partition_count_kernel(PartitionArgs
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   const int W = static_cast<int>(a.world_size);
   const PartitionTile ti = load_tile(p, s_off, s_feat);
+  // Bag offset 0, which no block of this kernel reads (part_bag_off); the place kernel and
+  // the caller read it after this launch.
+  if (blockIdx.x == 0 && t == 0) a.bag_offsets[0] = 0;
   int64_t* tc = p.tile_cnt + ti.q * W * p.tiles_per_rank + ti.kt;  // + d * tiles_per_rank
   if (ti.nb == 0) {  // uniform: past the rank's last bag, nothing of it in the scan
     for (int d = t; d < W; d += kThreads) tc[d * p.tiles_per_rank] = 0;
@@ -245,9 +259,45 @@ __global__ void __launch_bounds__(kThreads) partition_place_kernel(PartitionArgs
   if (ti.nb == 0) return;  // uniform
   const int n = s_off[ti.nb];
   if (n == 0) return;  // uniform: only empty bags
-  const int64_t* tb = p.tile_base + ti.q * W * p.tiles_per_rank + ti.kt;
-  for (int d = t; d < W; d += kThreads)
-    s_run[d] = tb[d * p.tiles_per_rank];  // read after partition_rank_chunk's barriers
+  if (p.tile_base) {
+    const int64_t* tb = p.tile_base + ti.q * W * p.tiles_per_rank + ti.kt;
+    for (int d = t; d < W; d += kThreads)
+      s_run[d] = tb[d * p.tiles_per_rank];  // read after partition_rank_chunk's barriers
+  } else {
+    // No scan: base[d] = (ids of ranks < q) + (rank q's ids of buckets < d) + (bucket-d ids
+    // of the rank's tiles < kt). Every id has one bucket, so the first term is the rank's
+    // first id. A warp per bucket sums row d of the rank's counts (tiles past its last bag
+    // count zero): the row's total into s_stage[d] (unused until the first chunk's placement,
+    // which follows at least two barriers), the tiles before kt into s_run[d].
+    const int warp = t / 32, lane = t % 32;
+    const int64_t tpr = p.tiles_per_rank;
+    const int64_t* rc = p.tile_cnt + ti.q * W * tpr;
+    for (int d = warp; d < W; d += kWarps) {
+      int64_t tot = 0, pre = 0;
+      for (int64_t k = lane; k < tpr; k += 32) {
+        const int64_t c = rc[d * tpr + k];
+        tot += c;
+        if (k < ti.kt) pre += c;
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) {
+        tot += __shfl_xor_sync(0xffffffffu, tot, o);
+        pre += __shfl_xor_sync(0xffffffffu, pre, o);
+      }
+      if (lane == 0) {
+        s_stage[d] = tot;
+        s_run[d] = pre;
+      }
+    }
+    __syncthreads();  // s_stage[0..W) and s_run[0..W) written above
+    for (int d = t; d < W; d += kThreads) {
+      int64_t below = ti.rank_id_base;
+      for (int e = 0; e < d; ++e) below += s_stage[e];  // same e across the warp: broadcast
+      s_run[d] += below;  // thread d alone writes s_run[d]; read after the ranking's barriers
+    }
+    // s_stage is next written in place_chunk_staged, after the ranking's closing barrier: every
+    // read of it above is done by then.
+  }
   // Features are nondecreasing over a rank's bags: a tile whose first and last bag share one
   // has a single routing rule, and takes the block-per-bag ranking as is (the rule resolved at
   // compile time, no per-id bag search). Tiles across a feature boundary route per id.
