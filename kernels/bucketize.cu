@@ -163,16 +163,25 @@ void launch_three_passes(const BucketizeArgs& a, cudaStream_t s) {
   CUDA_CHECK_LAUNCH();
 }
 
-// The partition path (partition.cuh) over a.bag_offsets: tile counts and new_lengths, one cub
-// exclusive scan over the tile counts, the stable placement.
-void launch_partition(const BucketizeArgs& a, const PartitionPlan& pp, cudaStream_t s) {
+// The partition path (partition.cuh) from the bag lengths: a memset of the look-back words;
+// the count kernel (bag offsets by a decoupled look-back, tile counts, new_lengths); a cub
+// exclusive scan over the tile counts only when a rank has more than kPartDirectBaseEntries
+// of them (else the place kernel sums them); the stable placement. Three launches for most
+// batches (the memset included), where there were seven.
+void launch_partition(const BucketizeArgs& a, const int64_t* lengths, const PartitionPlan& pp,
+                      cudaStream_t s) {
   PartitionArgs p;
   p.a = a;
+  p.lengths = lengths;
   p.wd = FastDivU64::make(static_cast<uint64_t>(a.world_size));
   p.tile_bags = pp.tile_bags;
   p.tiles_per_rank = pp.tiles_per_rank;
   p.tile_cnt = a.new_offsets;
   p.tile_base = a.new_offsets + pp.entries;
+  // The count kernel's look-back words in tile_base's place (tiles <= entries): the scan, when
+  // there is one, overwrites them after the count kernel.
+  p.status = reinterpret_cast<unsigned long long*>(p.tile_base);
+  CUDA_CHECK(cudaMemsetAsync(p.status, 0, sizeof(unsigned long long) * pp.tiles, s));
   const unsigned grid = static_cast<unsigned>(pp.tiles);
   partition_count_kernel<<<grid, kThreads, 0, s>>>(p);
   CUDA_CHECK_LAUNCH();
@@ -194,20 +203,14 @@ void launch_partition(const BucketizeArgs& a, const PartitionPlan& pp, cudaStrea
 // The dispatch. trace: null, or the one-pass kernel's step stamps (probes.hpp).
 void dispatch(const BucketizeArgs& a, const int64_t* lengths, BucketizeOnePass& ws,
               unsigned long long* trace, cudaStream_t s) {
-  // Every path but the one-pass kernel: bag offsets by a cub scan, then the partition or the
-  // three passes.
+  // Every path but the one-pass kernel: the partition (its count kernel writes the bag
+  // offsets), or bag offsets by a cub scan and the three passes.
   const auto other_paths = [&] {
     const PartitionPlan pp = partition_wanted(a) ? partition_plan(a, ws) : PartitionPlan{};
     if (pp.tiles > 0) {
-      // Offsets 1..L only (total_bags > 0 here): the count kernel writes offset 0, one
-      // launch fewer than the memset.
-      size_t tb = a.scan_temp_bytes;
-      CUDA_CHECK(cub::DeviceScan::InclusiveSum(a.scan_temp, tb, lengths, a.bag_offsets + 1,
-                                               a.total_bags, s));
-      launch_partition(a, pp, s);
+      launch_partition(a, lengths, pp, s);  // writes the bag offsets itself
     } else {
-      offsets_from_lengths(lengths, a.total_bags, a.bag_offsets, a.scan_temp, a.scan_temp_bytes,
-                           s);
+      offsets_from_lengths(lengths, a.total_bags, a.bag_offsets, a.scan_temp, a.scan_temp_bytes, s);
       launch_three_passes(a, s);
     }
   };

@@ -11,22 +11,27 @@
 // feature) and for new_lengths, never for its position.
 //
 // Tiles: rank q's bags [kt*nb, (kt+1)*nb) form tile (q, kt), kt < tiles_per_rank (tiles past
-// a rank's last bag are empty and count zero). Three launches after the bag offsets:
-//   partition_count_kernel  per tile: each id's bag (the tile's offsets in shared memory)
-//                           and bucket; the W x nb counts in shared memory
-//                           become new_lengths (the tile's nb entries of each bucket row are
-//                           consecutive) and the tile's total per bucket, tile_cnt[q][d][kt];
-//   cub exclusive scan      of tile_cnt in (q, d, kt) order: tile_base[q][d][kt] is the global
-//                           position of the tile's first bucket-d id (ids of earlier ranks,
-//                           then rank q's earlier buckets, then bucket d of earlier tiles);
+// a rank's last bag are empty and count zero). From the bag lengths, after a memset of the
+// tiles' look-back words:
+//   partition_count_kernel  per tile: the tile's bag offsets (a block scan of its lengths)
+//                           and its first id (a decoupled look-back over the tiles before it,
+//                           as CUB's single-pass scan): writes the bag offsets; each id's bag
+//                           and bucket; the W x nb counts in shared memory become new_lengths
+//                           (the tile's nb entries of each bucket row are consecutive) and the
+//                           tile's total per bucket, tile_cnt[q][d][kt];
+//   (cub exclusive scan     of tile_cnt in (q, d, kt) order, only when W x tiles_per_rank >
+//                           kPartDirectBaseEntries: tile_base[q][d][kt] is the global position
+//                           of the tile's first bucket-d id; else the place kernel sums its
+//                           rank's row of tile_cnt itself, the same value);
 //   partition_place_kernel  per tile, 2048-id chunks in input order, ranked as the block-per-
 //                           bag path ranks a bag's chunk (ranking.cuh, stable; routed per id by
 //                           its bag's feature when the tile spans features), placed through
 //                           shared memory (placement.cuh) from run[d] = tile_base, advanced by
 //                           each chunk's counts.
 // Ids are read twice (count, place); new_lengths written once; new_offsets is not produced:
-// its buffer holds tile_cnt and tile_base (2 x R x W x tiles_per_rank <= W x total_bags, the
-// dispatch checks).
+// its buffer holds tile_cnt, then the look-back words and tile_base in one region
+// (2 x R x W x tiles_per_rank <= W x total_bags, the dispatch checks; tiles <= R x W x
+// tiles_per_rank).
 #pragma once
 
 #include <cstdint>
@@ -54,14 +59,23 @@ constexpr int64_t kPartMinTiles = 1024;
 // most per block); above it, a cub scan writes tile_base.
 constexpr int64_t kPartDirectBaseEntries = 4096;
 
+// A tile's look-back status word (partition_count_kernel): 0 while unpublished, else the flag
+// in the top two bits over the tile's id count (aggregate) or the ids of every tile up to and
+// including it (inclusive). One 64-bit word: value and flag are seen together.
+constexpr unsigned long long kPartAgg = 1ull << 62, kPartInc = 2ull << 62;
+constexpr unsigned long long kPartValMask = (1ull << 62) - 1;
+static_assert(kPartMaxTileBags <= 2 * kThreads, "two bag lengths per thread");
+
 struct PartitionArgs {
   BucketizeArgs a;
-  FastDivU64 wd;           // divides by W
-  int tile_bags;           // nb, 1 <= nb <= kPartMaxTileBags, W * nb <= kPartMaxCells
-  int64_t tiles_per_rank;  // ceil(max bags of a rank / nb)
-  int64_t* tile_cnt;       // [R][W][tiles_per_rank]
-  int64_t* tile_base;      // [R][W][tiles_per_rank], exclusive scan of tile_cnt; nullptr:
-                           // the place kernel sums tile_cnt of its rank itself
+  const int64_t* lengths;      // [total_bags] bag lengths (the stage's input)
+  unsigned long long* status;  // [tiles] look-back words, zeroed before the count kernel
+  FastDivU64 wd;               // divides by W
+  int tile_bags;               // nb, 1 <= nb <= kPartMaxTileBags, W * nb <= kPartMaxCells
+  int64_t tiles_per_rank;      // ceil(max bags of a rank / nb)
+  int64_t* tile_cnt;           // [R][W][tiles_per_rank]
+  int64_t* tile_base;          // [R][W][tiles_per_rank], exclusive scan of tile_cnt; nullptr:
+                               // the place kernel sums tile_cnt of its rank itself
 };
 
 // The block's tile, the same in all its threads.
@@ -74,12 +88,6 @@ struct PartitionTile {
   int64_t id0;           // global index of the tile's first id
   int64_t rank_id_base;  // global index of the rank's first id (perm is rank-local)
 };
-
-// a.bag_offsets[g], with entry 0 taken as 0 without reading it: the partition path's bag
-// offsets scan writes entries 1..L only, and the count kernel's block 0 writes entry 0.
-__device__ __forceinline__ int64_t part_bag_off(const BucketizeArgs& a, int64_t g) {
-  return g == 0 ? 0 : a.bag_offsets[g];
-}
 
 // Reads the tile's geometry; when it has bags, off[k] = first id of its bag k relative to id0
 // (k <= nb; the host keeps nb x max_bag_len + kChunk < 2^31) and feat[k] = bag k's feature. Ends
@@ -98,15 +106,102 @@ __device__ __forceinline__ PartitionTile load_tile(const PartitionArgs& p, int* 
   ti.rank_id_base = 0;
   if (ti.nb > 0) {
     const int64_t g0 = ti.first + ti.j0;
-    ti.id0 = part_bag_off(a, g0);
-    ti.rank_id_base = part_bag_off(a, ti.first);
+    ti.id0 = a.bag_offsets[g0];
+    ti.rank_id_base = a.bag_offsets[ti.first];
     const int64_t* fbo = a.feat_bag_off + ti.q * (a.num_features + 1);
     for (int k = threadIdx.x; k <= ti.nb; k += kThreads) {
-      off[k] = static_cast<int>(part_bag_off(a, g0 + k) - ti.id0);
+      off[k] = static_cast<int>(a.bag_offsets[g0 + k] - ti.id0);
       if (k < ti.nb) feat[k] = static_cast<int>(d_upper_bound_m1(fbo, a.num_features, ti.j0 + k));
     }
   }
   __syncthreads();
+  return ti;
+}
+
+// The count kernel's tile: as load_tile, but the offsets come from the bag lengths (a block
+// scan of the tile's nb lengths) and id0 from a decoupled look-back over the tiles before it
+// in grid order (= bag order: rank-major, tiles of a rank in order, tiles past a rank's last
+// bag hold none), so no offsets scan runs before it. Every block publishes, also those with no
+// bags (their successors wait on them). rank_id_base is not set (0). Ends with a barrier.
+// wsum: kWarps ints; id0_out: one shared int64.
+__device__ __forceinline__ PartitionTile scan_tile(const PartitionArgs& p, int* off, int* feat,
+                                                   int* wsum, int64_t* id0_out) {
+  const BucketizeArgs& a = p.a;
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  PartitionTile ti;
+  ti.q = static_cast<int64_t>(blockIdx.x) / p.tiles_per_rank;
+  ti.kt = static_cast<int64_t>(blockIdx.x) - ti.q * p.tiles_per_rank;
+  ti.first = a.rank_bag_off[ti.q];
+  ti.rank_bags = a.rank_bag_off[ti.q + 1] - ti.first;
+  ti.j0 = ti.kt * p.tile_bags;
+  const int64_t left = ti.rank_bags - ti.j0;
+  ti.nb = left <= 0 ? 0 : static_cast<int>(left < p.tile_bags ? left : p.tile_bags);
+  ti.rank_id_base = 0;
+  const int64_t g0 = ti.first + ti.j0;
+  // Bags 2t and 2t+1 of the tile (nb <= 2 x kThreads); a bag and the tile hold < 2^31 ids
+  // (the host's bound on nb x max_bag_len).
+  const int k0 = 2 * t;
+  const int l0 = k0 < ti.nb ? static_cast<int>(p.lengths[g0 + k0]) : 0;
+  const int l1 = k0 + 1 < ti.nb ? static_cast<int>(p.lengths[g0 + k0 + 1]) : 0;
+  int x = l0 + l1;  // inclusive scan over the warp's threads
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) wsum[warp] = x;
+  if (ti.nb > 0) {  // uniform
+    const int64_t* fbo = a.feat_bag_off + ti.q * (a.num_features + 1);
+    for (int k = t; k < ti.nb; k += kThreads)
+      feat[k] = static_cast<int>(d_upper_bound_m1(fbo, a.num_features, ti.j0 + k));
+  }
+  __syncthreads();  // wsum written
+  int below = 0, total = 0;
+  for (int wi = 0; wi < kWarps; ++wi) {
+    total += wsum[wi];
+    if (wi < warp) below += wsum[wi];
+  }
+  const int incl = below + x;  // ids of the tile's bags 0 .. 2t+1
+  if (t == 0) off[0] = 0;
+  if (k0 < ti.nb) off[k0 + 1] = incl - l1;
+  if (k0 + 1 < ti.nb) off[k0 + 2] = incl;
+  if (warp == 0) {  // the look-back: the ids of every tile before this one
+    const int64_t b = blockIdx.x;
+    int64_t excl = 0;
+    if (b == 0) {
+      if (lane == 0) atomicExch(p.status, kPartInc | static_cast<unsigned long long>(total));
+    } else {
+      if (lane == 0) atomicExch(p.status + b, kPartAgg | static_cast<unsigned long long>(total));
+      // Lane l reads tile pred - l; the window ends at the nearest inclusive word (tiles
+      // before tile 0 read as an inclusive 0), else all 32 aggregates count and it moves on.
+      for (int64_t pred = b - 1;; pred -= 32) {
+        const int64_t idx = pred - lane;
+        unsigned long long word = kPartInc;
+        if (idx >= 0) {
+          const volatile unsigned long long* sw = p.status + idx;
+          do {
+            word = *sw;
+          } while (word == 0);
+        }
+        const unsigned inc = __ballot_sync(0xffffffffu, (word & ~kPartValMask) == kPartInc);
+        const int stop = inc ? __ffs(static_cast<int>(inc)) - 1 : 31;
+        int64_t v = lane <= stop ? static_cast<int64_t>(word & kPartValMask) : 0;
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+        excl += v;
+        if (inc) break;  // uniform: the ballot's
+      }
+      if (lane == 0)
+        atomicExch(p.status + b, kPartInc | static_cast<unsigned long long>(excl + total));
+    }
+    if (lane == 0) *id0_out = excl;
+  }
+  __syncthreads();  // off, feat and id0 written; wsum no longer read
+  ti.id0 = *id0_out;
+  // The offsets of the tile's bags, for the place kernel and the caller: bag g's end is
+  // written by the tile holding g; offset 0 by block 0.
+  for (int k = t; k < ti.nb; k += kThreads) a.bag_offsets[g0 + k + 1] = ti.id0 + off[k + 1];
+  if (blockIdx.x == 0 && t == 0) a.bag_offsets[0] = 0;
   return ti;
 }
 
@@ -139,22 +234,22 @@ __device__ __forceinline__ int route_in_tile(const PartitionArgs& p, const int* 
   return static_cast<int>(d64);
 }
 
-// Launch 1: new_lengths of the tile's bags and tile_cnt. Counts are order-free, so thread t
-// takes kIdsPerLane consecutive ids of each chunk: one bag search per thread and chunk, then a
-// walk forward over the tile's offsets (short bags: about one step per bag), the routing rule
-// reloaded only where the feature changes; one shared atomic per id into its (bucket, bag)
-// cell. Nothing below is warp-synchronous, so threads past the tile's ids just skip.
+// The count kernel: the bag offsets (scan_tile), new_lengths of the tile's bags and tile_cnt.
+// Counts are order-free, so thread t takes kIdsPerLane consecutive ids of each chunk: one bag
+// search per thread and chunk, then a walk forward over the tile's offsets (short bags: about
+// one step per bag), the routing rule reloaded only where the feature changes; one shared
+// atomic per id into its (bucket, bag) cell. Nothing below is warp-synchronous, so threads
+// past the tile's ids just skip.
 __global__ void __launch_bounds__(kThreads) partition_count_kernel(PartitionArgs p) {
   __shared__ int s_off[kPartMaxTileBags + 1];
   __shared__ int s_feat[kPartMaxTileBags];
   __shared__ int s_cnt[kPartMaxCells];  // [d][k]: bucket-d ids of the tile's bag k
+  __shared__ int s_wsum[kWarps];
+  __shared__ int64_t s_id0;
   const BucketizeArgs& a = p.a;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   const int W = static_cast<int>(a.world_size);
-  const PartitionTile ti = load_tile(p, s_off, s_feat);
-  // Bag offset 0, which no block of this kernel reads (part_bag_off); the place kernel and
-  // the caller read it after this launch.
-  if (blockIdx.x == 0 && t == 0) a.bag_offsets[0] = 0;
+  const PartitionTile ti = scan_tile(p, s_off, s_feat, s_wsum, &s_id0);
   int64_t* tc = p.tile_cnt + ti.q * W * p.tiles_per_rank + ti.kt;  // + d * tiles_per_rank
   if (ti.nb == 0) {  // uniform: past the rank's last bag, nothing of it in the scan
     for (int d = t; d < W; d += kThreads) tc[d * p.tiles_per_rank] = 0;
@@ -242,10 +337,12 @@ __device__ __forceinline__ void partition_rank_chunk(const PartitionArgs& p, con
   warp_counts_to_offsets(wc, chunk_tot, W);
 }
 
-// Launch 3: the tile's ids at their global positions (values, perm, weights, dest_rank).
-// Bits: 4 for W <= kSmallW, else 8 (peers()).
+// The place kernel: the tile's ids at their global positions (values, perm, weights,
+// dest_rank). Bits: 4 for W <= kSmallW, else 8 (peers()). Four blocks per SM (48 KB of shared
+// memory each) need <= 64 registers: the bound keeps the summing of tile_cnt from costing one
+// (78 registers without it, no spills with it).
 template <int Bits>
-__global__ void __launch_bounds__(kThreads) partition_place_kernel(PartitionArgs p) {
+__global__ void __launch_bounds__(kThreads, 4) partition_place_kernel(PartitionArgs p) {
   __shared__ int s_off[kPartMaxTileBags + 1];
   __shared__ int s_feat[kPartMaxTileBags];
   __shared__ int wc[kWarps][kMaxSharedW];
