@@ -163,22 +163,35 @@ void launch_three_passes(const BucketizeArgs& a, cudaStream_t s) {
   CUDA_CHECK_LAUNCH();
 }
 
-// The partition path (partition.cuh) over a.bag_offsets: tile counts and new_lengths, one cub
-// exclusive scan over the tile counts, the stable placement.
-void launch_partition(const BucketizeArgs& a, const PartitionPlan& pp, cudaStream_t s) {
+// The partition path (partition.cuh) from the bag lengths: a memset of the look-back words;
+// the count kernel (bag offsets by a decoupled look-back, tile counts, new_lengths); a cub
+// exclusive scan over the tile counts only when a rank has more than kPartDirectBaseEntries
+// of them (else the place kernel sums them); the stable placement. Three launches for most
+// batches (the memset included), where there were seven.
+void launch_partition(const BucketizeArgs& a, const int64_t* lengths, const PartitionPlan& pp,
+                      cudaStream_t s) {
   PartitionArgs p;
   p.a = a;
+  p.lengths = lengths;
   p.wd = FastDivU64::make(static_cast<uint64_t>(a.world_size));
   p.tile_bags = pp.tile_bags;
   p.tiles_per_rank = pp.tiles_per_rank;
   p.tile_cnt = a.new_offsets;
   p.tile_base = a.new_offsets + pp.entries;
+  // The count kernel's look-back words in tile_base's place (tiles <= entries): the scan, when
+  // there is one, overwrites them after the count kernel.
+  p.status = reinterpret_cast<unsigned long long*>(p.tile_base);
+  CUDA_CHECK(cudaMemsetAsync(p.status, 0, sizeof(unsigned long long) * pp.tiles, s));
   const unsigned grid = static_cast<unsigned>(pp.tiles);
   partition_count_kernel<<<grid, kThreads, 0, s>>>(p);
   CUDA_CHECK_LAUNCH();
-  size_t tb = a.scan_temp_bytes;
-  CUDA_CHECK(
-      cub::DeviceScan::ExclusiveSum(a.scan_temp, tb, p.tile_cnt, p.tile_base, pp.entries, s));
+  if (a.world_size * pp.tiles_per_rank <= kPartDirectBaseEntries) {
+    p.tile_base = nullptr;  // the place kernel sums its rank's counts: no scan launches
+  } else {
+    size_t tb = a.scan_temp_bytes;
+    CUDA_CHECK(
+        cub::DeviceScan::ExclusiveSum(a.scan_temp, tb, p.tile_cnt, p.tile_base, pp.entries, s));
+  }
   if (a.total_ids == 0) return;
   if (a.world_size <= kSmallW)
     partition_place_kernel<4><<<grid, kThreads, 0, s>>>(p);
@@ -190,15 +203,16 @@ void launch_partition(const BucketizeArgs& a, const PartitionPlan& pp, cudaStrea
 // The dispatch. trace: null, or the one-pass kernel's step stamps (probes.hpp).
 void dispatch(const BucketizeArgs& a, const int64_t* lengths, BucketizeOnePass& ws,
               unsigned long long* trace, cudaStream_t s) {
-  // Every path but the one-pass kernel: bag offsets by a cub scan, then the partition or the
-  // three passes.
+  // Every path but the one-pass kernel: the partition (its count kernel writes the bag
+  // offsets), or bag offsets by a cub scan and the three passes.
   const auto other_paths = [&] {
-    offsets_from_lengths(lengths, a.total_bags, a.bag_offsets, a.scan_temp, a.scan_temp_bytes, s);
     const PartitionPlan pp = partition_wanted(a) ? partition_plan(a, ws) : PartitionPlan{};
-    if (pp.tiles > 0)
-      launch_partition(a, pp, s);
-    else
+    if (pp.tiles > 0) {
+      launch_partition(a, lengths, pp, s);  // writes the bag offsets itself
+    } else {
+      offsets_from_lengths(lengths, a.total_bags, a.bag_offsets, a.scan_temp, a.scan_temp_bytes, s);
       launch_three_passes(a, s);
+    }
   };
   if (!one_pass_eligible(a, ws)) return other_paths();
   if (++ws.epoch == 0) {  // 2^32 launches on this scratch: start over from zeroed words

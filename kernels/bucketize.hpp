@@ -106,11 +106,12 @@ const char* to_string(BucketizePath p);
 // The whole stage from `lengths` [total_bags]: writes a.bag_offsets, then bucketizes. A batch
 // with at most one bag per resident block (W <= 256, R <= 256, W x bags of one rank <= 65536,
 // fewer than 2^31 ids) and a workspace takes the one-pass kernel (cooperative launch, a block
-// per bag). Every other batch (or one whose cooperative launch is refused for lack of room)
-// starts with the bag offsets (a cub scan); then, with W <= 256, short bags take the partition
-// (tile counts and new_lengths, a cub scan of the tile counts, placement) and long bags the
-// three passes with a block per bag; W > 256 takes the three passes with a thread per bag
-// (per-(bag, bucket) counts, a cub scan of new_lengths, placement). Same outputs, bit for bit,
+// per bag). Every other batch (or one whose cooperative launch is refused for lack of room):
+// with W <= 256, short bags take the partition (bag offsets, tile counts and new_lengths in one
+// kernel with a look-back; a cub scan of the tile counts only for many tiles per rank;
+// placement); long bags the bag offsets (a cub scan) and the three passes with a block per
+// bag; W > 256 the bag offsets and the three passes with a thread per bag (per-(bag, bucket)
+// counts, a cub scan of new_lengths, placement). Same outputs, bit for bit,
 // every way (new_offsets is scratch). Bumps ws.epoch when it takes the one-pass
 // kernel.
 void launch_bucketize(const BucketizeArgs& a, const int64_t* lengths, BucketizeOnePass& ws,

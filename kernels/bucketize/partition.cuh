@@ -11,22 +11,27 @@
 // feature) and for new_lengths, never for its position.
 //
 // Tiles: rank q's bags [kt*nb, (kt+1)*nb) form tile (q, kt), kt < tiles_per_rank (tiles past
-// a rank's last bag are empty and count zero). Three launches after the bag offsets:
-//   partition_count_kernel  per tile: each id's bag (the tile's offsets in shared memory)
-//                           and bucket; the W x nb counts in shared memory
-//                           become new_lengths (the tile's nb entries of each bucket row are
-//                           consecutive) and the tile's total per bucket, tile_cnt[q][d][kt];
-//   cub exclusive scan      of tile_cnt in (q, d, kt) order: tile_base[q][d][kt] is the global
-//                           position of the tile's first bucket-d id (ids of earlier ranks,
-//                           then rank q's earlier buckets, then bucket d of earlier tiles);
+// a rank's last bag are empty and count zero). From the bag lengths, after a memset of the
+// tiles' look-back words:
+//   partition_count_kernel  per tile: the tile's bag offsets (a block scan of its lengths)
+//                           and its first id (a decoupled look-back over the tiles before it,
+//                           as CUB's single-pass scan): writes the bag offsets; each id's bag
+//                           and bucket; the W x nb counts in shared memory become new_lengths
+//                           (the tile's nb entries of each bucket row are consecutive) and the
+//                           tile's total per bucket, tile_cnt[q][d][kt];
+//   (cub exclusive scan     of tile_cnt in (q, d, kt) order, only when W x tiles_per_rank >
+//                           kPartDirectBaseEntries: tile_base[q][d][kt] is the global position
+//                           of the tile's first bucket-d id; else the place kernel sums its
+//                           rank's row of tile_cnt itself, the same value);
 //   partition_place_kernel  per tile, 2048-id chunks in input order, ranked as the block-per-
 //                           bag path ranks a bag's chunk (ranking.cuh, stable; routed per id by
 //                           its bag's feature when the tile spans features), placed through
 //                           shared memory (placement.cuh) from run[d] = tile_base, advanced by
 //                           each chunk's counts.
 // Ids are read twice (count, place); new_lengths written once; new_offsets is not produced:
-// its buffer holds tile_cnt and tile_base (2 x R x W x tiles_per_rank <= W x total_bags, the
-// dispatch checks).
+// its buffer holds tile_cnt, then the look-back words and tile_base in one region
+// (2 x R x W x tiles_per_rank <= W x total_bags, the dispatch checks; tiles <= R x W x
+// tiles_per_rank).
 #pragma once
 
 #include <cstdint>
@@ -49,14 +54,28 @@ constexpr int kPartMaxCells = 4096;
 // of chunks with a little to spare.
 constexpr int64_t kPartTileIds = 8192;
 constexpr int64_t kPartMinTiles = 1024;
+// W x tiles_per_rank at most for the place kernel to sum its rank's tile counts itself
+// (tile_base == nullptr: no scan launches; a warp per bucket reads the rank's counts, 32 KB at
+// most per block); above it, a cub scan writes tile_base.
+constexpr int64_t kPartDirectBaseEntries = 4096;
+
+// A tile's look-back status word (partition_count_kernel): 0 while unpublished, else the flag
+// in the top two bits over the tile's id count (aggregate) or the ids of every tile up to and
+// including it (inclusive). One 64-bit word: value and flag are seen together.
+constexpr unsigned long long kPartAgg = 1ull << 62, kPartInc = 2ull << 62;
+constexpr unsigned long long kPartValMask = (1ull << 62) - 1;
+static_assert(kPartMaxTileBags <= 2 * kThreads, "two bag lengths per thread");
 
 struct PartitionArgs {
   BucketizeArgs a;
-  FastDivU64 wd;           // divides by W
-  int tile_bags;           // nb, 1 <= nb <= kPartMaxTileBags, W * nb <= kPartMaxCells
-  int64_t tiles_per_rank;  // ceil(max bags of a rank / nb)
-  int64_t* tile_cnt;       // [R][W][tiles_per_rank]
-  int64_t* tile_base;      // [R][W][tiles_per_rank], exclusive scan of tile_cnt
+  const int64_t* lengths;      // [total_bags] bag lengths (the stage's input)
+  unsigned long long* status;  // [tiles] look-back words, zeroed before the count kernel
+  FastDivU64 wd;               // divides by W
+  int tile_bags;               // nb, 1 <= nb <= kPartMaxTileBags, W * nb <= kPartMaxCells
+  int64_t tiles_per_rank;      // ceil(max bags of a rank / nb)
+  int64_t* tile_cnt;           // [R][W][tiles_per_rank]
+  int64_t* tile_base;          // [R][W][tiles_per_rank], exclusive scan of tile_cnt; nullptr:
+                               // the place kernel sums tile_cnt of its rank itself
 };
 
 // The block's tile, the same in all its threads.
@@ -99,6 +118,93 @@ __device__ __forceinline__ PartitionTile load_tile(const PartitionArgs& p, int* 
   return ti;
 }
 
+// The count kernel's tile: as load_tile, but the offsets come from the bag lengths (a block
+// scan of the tile's nb lengths) and id0 from a decoupled look-back over the tiles before it
+// in grid order (= bag order: rank-major, tiles of a rank in order, tiles past a rank's last
+// bag hold none), so no offsets scan runs before it. Every block publishes, also those with no
+// bags (their successors wait on them). rank_id_base is not set (0). Ends with a barrier.
+// wsum: kWarps ints; id0_out: one shared int64.
+__device__ __forceinline__ PartitionTile scan_tile(const PartitionArgs& p, int* off, int* feat,
+                                                   int* wsum, int64_t* id0_out) {
+  const BucketizeArgs& a = p.a;
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  PartitionTile ti;
+  ti.q = static_cast<int64_t>(blockIdx.x) / p.tiles_per_rank;
+  ti.kt = static_cast<int64_t>(blockIdx.x) - ti.q * p.tiles_per_rank;
+  ti.first = a.rank_bag_off[ti.q];
+  ti.rank_bags = a.rank_bag_off[ti.q + 1] - ti.first;
+  ti.j0 = ti.kt * p.tile_bags;
+  const int64_t left = ti.rank_bags - ti.j0;
+  ti.nb = left <= 0 ? 0 : static_cast<int>(left < p.tile_bags ? left : p.tile_bags);
+  ti.rank_id_base = 0;
+  const int64_t g0 = ti.first + ti.j0;
+  // Bags 2t and 2t+1 of the tile (nb <= 2 x kThreads); a bag and the tile hold < 2^31 ids
+  // (the host's bound on nb x max_bag_len).
+  const int k0 = 2 * t;
+  const int l0 = k0 < ti.nb ? static_cast<int>(p.lengths[g0 + k0]) : 0;
+  const int l1 = k0 + 1 < ti.nb ? static_cast<int>(p.lengths[g0 + k0 + 1]) : 0;
+  int x = l0 + l1;  // inclusive scan over the warp's threads
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) wsum[warp] = x;
+  if (ti.nb > 0) {  // uniform
+    const int64_t* fbo = a.feat_bag_off + ti.q * (a.num_features + 1);
+    for (int k = t; k < ti.nb; k += kThreads)
+      feat[k] = static_cast<int>(d_upper_bound_m1(fbo, a.num_features, ti.j0 + k));
+  }
+  __syncthreads();  // wsum written
+  int below = 0, total = 0;
+  for (int wi = 0; wi < kWarps; ++wi) {
+    total += wsum[wi];
+    if (wi < warp) below += wsum[wi];
+  }
+  const int incl = below + x;  // ids of the tile's bags 0 .. 2t+1
+  if (t == 0) off[0] = 0;
+  if (k0 < ti.nb) off[k0 + 1] = incl - l1;
+  if (k0 + 1 < ti.nb) off[k0 + 2] = incl;
+  if (warp == 0) {  // the look-back: the ids of every tile before this one
+    const int64_t b = blockIdx.x;
+    int64_t excl = 0;
+    if (b == 0) {
+      if (lane == 0) atomicExch(p.status, kPartInc | static_cast<unsigned long long>(total));
+    } else {
+      if (lane == 0) atomicExch(p.status + b, kPartAgg | static_cast<unsigned long long>(total));
+      // Lane l reads tile pred - l; the window ends at the nearest inclusive word (tiles
+      // before tile 0 read as an inclusive 0), else all 32 aggregates count and it moves on.
+      for (int64_t pred = b - 1;; pred -= 32) {
+        const int64_t idx = pred - lane;
+        unsigned long long word = kPartInc;
+        if (idx >= 0) {
+          const volatile unsigned long long* sw = p.status + idx;
+          do {
+            word = *sw;
+          } while (word == 0);
+        }
+        const unsigned inc = __ballot_sync(0xffffffffu, (word & ~kPartValMask) == kPartInc);
+        const int stop = inc ? __ffs(static_cast<int>(inc)) - 1 : 31;
+        int64_t v = lane <= stop ? static_cast<int64_t>(word & kPartValMask) : 0;
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+        excl += v;
+        if (inc) break;  // uniform: the ballot's
+      }
+      if (lane == 0)
+        atomicExch(p.status + b, kPartInc | static_cast<unsigned long long>(excl + total));
+    }
+    if (lane == 0) *id0_out = excl;
+  }
+  __syncthreads();  // off, feat and id0 written; wsum no longer read
+  ti.id0 = *id0_out;
+  // The offsets of the tile's bags, for the place kernel and the caller: bag g's end is
+  // written by the tile holding g; offset 0 by block 0.
+  for (int k = t; k < ti.nb; k += kThreads) a.bag_offsets[g0 + k + 1] = ti.id0 + off[k + 1];
+  if (blockIdx.x == 0 && t == 0) a.bag_offsets[0] = 0;
+  return ti;
+}
+
 // The tile's bag holding tile-relative id i: the last k < nb with off[k] <= i (empty bags
 // have off[k] == off[k + 1], so the last such k is the bag that holds i). off[0] = 0 <= i.
 __device__ __forceinline__ int tile_bag(const int* off, int nb, int i) {
@@ -128,19 +234,22 @@ __device__ __forceinline__ int route_in_tile(const PartitionArgs& p, const int* 
   return static_cast<int>(d64);
 }
 
-// Launch 1: new_lengths of the tile's bags and tile_cnt. Counts are order-free, so thread t
-// takes kIdsPerLane consecutive ids of each chunk: one bag search per thread and chunk, then a
-// walk forward over the tile's offsets (short bags: about one step per bag), the routing rule
-// reloaded only where the feature changes; one shared atomic per id into its (bucket, bag)
-// cell. Nothing below is warp-synchronous, so threads past the tile's ids just skip.
+// The count kernel: the bag offsets (scan_tile), new_lengths of the tile's bags and tile_cnt.
+// Counts are order-free, so thread t takes kIdsPerLane consecutive ids of each chunk: one bag
+// search per thread and chunk, then a walk forward over the tile's offsets (short bags: about
+// one step per bag), the routing rule reloaded only where the feature changes; one shared
+// atomic per id into its (bucket, bag) cell. Nothing below is warp-synchronous, so threads
+// past the tile's ids just skip.
 __global__ void __launch_bounds__(kThreads) partition_count_kernel(PartitionArgs p) {
   __shared__ int s_off[kPartMaxTileBags + 1];
   __shared__ int s_feat[kPartMaxTileBags];
   __shared__ int s_cnt[kPartMaxCells];  // [d][k]: bucket-d ids of the tile's bag k
+  __shared__ int s_wsum[kWarps];
+  __shared__ int64_t s_id0;
   const BucketizeArgs& a = p.a;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   const int W = static_cast<int>(a.world_size);
-  const PartitionTile ti = load_tile(p, s_off, s_feat);
+  const PartitionTile ti = scan_tile(p, s_off, s_feat, s_wsum, &s_id0);
   int64_t* tc = p.tile_cnt + ti.q * W * p.tiles_per_rank + ti.kt;  // + d * tiles_per_rank
   if (ti.nb == 0) {  // uniform: past the rank's last bag, nothing of it in the scan
     for (int d = t; d < W; d += kThreads) tc[d * p.tiles_per_rank] = 0;
@@ -228,10 +337,12 @@ __device__ __forceinline__ void partition_rank_chunk(const PartitionArgs& p, con
   warp_counts_to_offsets(wc, chunk_tot, W);
 }
 
-// Launch 3: the tile's ids at their global positions (values, perm, weights, dest_rank).
-// Bits: 4 for W <= kSmallW, else 8 (peers()).
+// The place kernel: the tile's ids at their global positions (values, perm, weights,
+// dest_rank). Bits: 4 for W <= kSmallW, else 8 (peers()). Four blocks per SM (48 KB of shared
+// memory each) need <= 64 registers: the bound keeps the summing of tile_cnt from costing one
+// (78 registers without it, no spills with it).
 template <int Bits>
-__global__ void __launch_bounds__(kThreads) partition_place_kernel(PartitionArgs p) {
+__global__ void __launch_bounds__(kThreads, 4) partition_place_kernel(PartitionArgs p) {
   __shared__ int s_off[kPartMaxTileBags + 1];
   __shared__ int s_feat[kPartMaxTileBags];
   __shared__ int wc[kWarps][kMaxSharedW];
@@ -245,9 +356,45 @@ __global__ void __launch_bounds__(kThreads) partition_place_kernel(PartitionArgs
   if (ti.nb == 0) return;  // uniform
   const int n = s_off[ti.nb];
   if (n == 0) return;  // uniform: only empty bags
-  const int64_t* tb = p.tile_base + ti.q * W * p.tiles_per_rank + ti.kt;
-  for (int d = t; d < W; d += kThreads)
-    s_run[d] = tb[d * p.tiles_per_rank];  // read after partition_rank_chunk's barriers
+  if (p.tile_base) {
+    const int64_t* tb = p.tile_base + ti.q * W * p.tiles_per_rank + ti.kt;
+    for (int d = t; d < W; d += kThreads)
+      s_run[d] = tb[d * p.tiles_per_rank];  // read after partition_rank_chunk's barriers
+  } else {
+    // No scan: base[d] = (ids of ranks < q) + (rank q's ids of buckets < d) + (bucket-d ids
+    // of the rank's tiles < kt). Every id has one bucket, so the first term is the rank's
+    // first id. A warp per bucket sums row d of the rank's counts (tiles past its last bag
+    // count zero): the row's total into s_stage[d] (unused until the first chunk's placement,
+    // which follows at least two barriers), the tiles before kt into s_run[d].
+    const int warp = t / 32, lane = t % 32;
+    const int64_t tpr = p.tiles_per_rank;
+    const int64_t* rc = p.tile_cnt + ti.q * W * tpr;
+    for (int d = warp; d < W; d += kWarps) {
+      int64_t tot = 0, pre = 0;
+      for (int64_t k = lane; k < tpr; k += 32) {
+        const int64_t c = rc[d * tpr + k];
+        tot += c;
+        if (k < ti.kt) pre += c;
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) {
+        tot += __shfl_xor_sync(0xffffffffu, tot, o);
+        pre += __shfl_xor_sync(0xffffffffu, pre, o);
+      }
+      if (lane == 0) {
+        s_stage[d] = tot;
+        s_run[d] = pre;
+      }
+    }
+    __syncthreads();  // s_stage[0..W) and s_run[0..W) written above
+    for (int d = t; d < W; d += kThreads) {
+      int64_t below = ti.rank_id_base;
+      for (int e = 0; e < d; ++e) below += s_stage[e];  // same e across the warp: broadcast
+      s_run[d] += below;  // thread d alone writes s_run[d]; read after the ranking's barriers
+    }
+    // s_stage is next written in place_chunk_staged, after the ranking's closing barrier: every
+    // read of it above is done by then.
+  }
   // Features are nondecreasing over a rank's bags: a tile whose first and last bag share one
   // has a single routing rule, and takes the block-per-bag ranking as is (the rule resolved at
   // compile time, no per-id bag search). Tiles across a feature boundary route per id.
