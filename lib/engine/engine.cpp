@@ -1,10 +1,13 @@
 #include "engine/engine.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include "common/error.hpp"
 #include "engine/ops.hpp"
+#include "engine/parallel.hpp"
 
 namespace dynemb {
 
@@ -125,6 +128,14 @@ std::vector<EmbTensor> derive_local_embs(const Plan& plan, const DerivedBatch& d
   return out;
 }
 
+namespace {
+// The unsharded reference runs on every core (its ids and bags are independent).
+int reference_threads() {
+  static const int n = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return n;
+}
+}  // namespace
+
 EmbTensor reference_output(const Plan& plan, int rank, const Kjt& kjt,
                            const EmbeddingSource& source, int64_t batch) {
   check_kjt(plan, kjt, "batch " + std::to_string(batch) + " rank" + std::to_string(rank));
@@ -147,12 +158,19 @@ EmbTensor reference_output(const Plan& plan, int rank, const Kjt& kjt,
   if (plan.module == ModuleKind::sequence) {
     const int64_t D = plan.seq_dim();
     EmbTensor out = EmbTensor::zeros(output_dist_dtype(plan), {kjt.num_ids(), D});
-    for (int64_t f = 0; f < F; ++f)
-      for (int64_t j = kjt.bag_begin(f); j < kjt.bag_begin(f) + kjt.batch_size(f); ++j)
-        for (int64_t i = off[j]; i < off[j + 1]; ++i) {
-          const RowRef ref = row_of(f, i);
-          if (ref.valid) source.row(plan.features[f].table, ref.g, &out.data[i * D], D);
-        }
+    // Every id writes its own row: the ids are split among the threads.
+    for (int64_t f = 0; f < F; ++f) {
+      const int64_t i0 = off[kjt.bag_begin(f)], i1 = off[kjt.bag_begin(f) + kjt.batch_size(f)];
+      parallel_for(
+          reference_threads(), i1 - i0,
+          [&](int64_t b, int64_t e) {
+            for (int64_t i = i0 + b; i < i0 + e; ++i) {
+              const RowRef ref = row_of(f, i);
+              if (ref.valid) source.row(plan.features[f].table, ref.g, &out.data[i * D], D);
+            }
+          },
+          /*grain=*/1024);
+    }
     return out;
   }
   // Pooled: one fp32 sum per bag in id order, rounded once to the TBE dtype (MEAN tables
@@ -167,28 +185,34 @@ EmbTensor reference_output(const Plan& plan, int rank, const Kjt& kjt,
   } else {
     out = EmbTensor::zeros(output_dist_dtype(plan), {kjt.stride(), plan.sum_dim});
   }
-  std::vector<float> row, acc;
-  int64_t e1d = 0;
+  // Every bag writes its own output row (or 1-D VBE slice): the bags of a feature are split
+  // among the threads; the sum over a bag's ids stays in id order.
+  int64_t e1d = 0;  // VBE: where feature f's slices start
   for (int64_t f = 0; f < F; ++f) {
     const int64_t D = plan.features[f].dim;
-    row.assign(D, 0.0f);
-    for (int64_t b = 0; b < kjt.batch_size(f); ++b) {
-      const int64_t j = kjt.bag_begin(f) + b;
-      acc.assign(D, 0.0f);
-      for (int64_t i = off[j]; i < off[j + 1]; ++i) {
-        const RowRef ref = row_of(f, i);
-        if (!ref.valid) continue;
-        source.row(plan.features[f].table, ref.g, row.data(), D);
-        for (int64_t d = 0; d < D; ++d) {
-          const float prod = kjt.weighted ? kjt.weights[i] * row[d] : row[d];
-          acc[d] += prod;
-        }
-      }
-      float* o =
-          vbe ? &out.data[e1d] : &out.data[b * plan.sum_dim + plan.features[f].column_offset];
-      for (int64_t d = 0; d < D; ++d) o[d] = round_to(dt, acc[d]);
-      e1d += D;
-    }
+    parallel_for(
+        reference_threads(), kjt.batch_size(f),
+        [&](int64_t b0, int64_t b1) {
+          std::vector<float> row(static_cast<size_t>(D), 0.0f), acc(static_cast<size_t>(D), 0.0f);
+          for (int64_t b = b0; b < b1; ++b) {
+            const int64_t j = kjt.bag_begin(f) + b;
+            std::fill(acc.begin(), acc.end(), 0.0f);
+            for (int64_t i = off[j]; i < off[j + 1]; ++i) {
+              const RowRef ref = row_of(f, i);
+              if (!ref.valid) continue;
+              source.row(plan.features[f].table, ref.g, row.data(), D);
+              for (int64_t d = 0; d < D; ++d) {
+                const float prod = kjt.weighted ? kjt.weights[i] * row[d] : row[d];
+                acc[d] += prod;
+              }
+            }
+            float* o = vbe ? &out.data[e1d + b * D]
+                           : &out.data[b * plan.sum_dim + plan.features[f].column_offset];
+            for (int64_t d = 0; d < D; ++d) o[d] = round_to(dt, acc[d]);
+          }
+        },
+        /*grain=*/64);
+    if (vbe) e1d += kjt.batch_size(f) * D;
   }
   return out;
 }
