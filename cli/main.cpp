@@ -1,5 +1,9 @@
+#include <climits>
 #include <cstdlib>
 #include <new>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "commands.hpp"
 #include "common/memory.hpp"
@@ -55,5 +59,14 @@ void operator delete[](void* p, std::size_t) noexcept {
 #endif
 
 int main(int argc, char** argv) {
+#if defined(__GLIBC__) && !defined(DYNEMB_NO_NEW_REPLACEMENT)
+  // A replay allocates and frees a batch's large tensors again for every batch. glibc serves
+  // blocks above its mmap threshold with mmap and unmaps them on free, so each batch faults
+  // its memory in again, zero-filled by the kernel, on every thread that touches it. Served
+  // from the heap and not trimmed, freed batch memory is reused instead: the peak is the same,
+  // the page faults are paid once. (A short-lived process; what it keeps is returned at exit.)
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, INT_MAX);
+#endif
   return dynemb::cli::main_entry(argc, argv);
 }
