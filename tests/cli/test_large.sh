@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Large captures: replay streams batch by batch, so the peak RSS of replaying a
-# capture of many batches stays near that of one batch, however large the file. The memory
+# capture of many batches stays near that of one batch (two when the next batch is read
+# ahead), however large the file. The memory
 # budget here is set to 1/4 of the capture's logical size (the bytes of its datasets); the
 # replay of all 24 batches must stay under it and within 1.5x (+ 48 MiB) of the one-batch
 # replay's peak. The same for `validate --capture` (shapes only) and synth (writes a batch at
@@ -50,20 +51,27 @@ size = logical_bytes(big)
 budget = size / 4
 # The CPU backend: what is measured is the streaming of batches, not a CUDA context's RSS
 # (on a GPU machine `auto` would pick cuda and add ~100 MiB of driver state to both).
-_, rep1 = peak("replay", one, "--quiet", "--backend", "cpu")
-_, repN = peak("replay", big, "--quiet", "--backend", "cpu")
+# Read in turn (--read-ahead 0), one batch is in memory at a time; read ahead (the default),
+# two: the batch replayed and the next one.
+_, rep1 = peak("replay", one, "--quiet", "--backend", "cpu", "--read-ahead", "0")
+_, repN = peak("replay", big, "--quiet", "--backend", "cpu", "--read-ahead", "0")
+_, repA = peak("replay", big, "--quiet", "--backend", "cpu")
 _, valN = peak("validate", os.path.join(os.environ.get("DYNEMB_SRC", "."), "plans/unit-seq-w8.yaml"),
                   "--capture", big)
 mib = 1 << 20
 print(f"capture: 24 batches, {size / mib:.1f} MiB logical, {os.path.getsize(big) / mib:.1f} MiB on disk;"
       f" budget {budget / mib:.1f} MiB")
-print(f"peak RSS: replay 1 batch {rep1:.1f} MiB, replay 24 batches {repN:.1f} MiB;"
+print(f"peak RSS: replay 1 batch {rep1:.1f} MiB, replay 24 batches {repN:.1f} MiB"
+      f" ({repA:.1f} MiB reading ahead);"
       f" synth 1 batch {synth1:.1f} MiB, synth 24 batches {synthN:.1f} MiB; validate --capture {valN:.1f} MiB")
 if repN * mib > budget:
     fails.append(f"replay of 24 batches peaked at {repN:.1f} MiB, over the budget {budget / mib:.1f} MiB")
 for what, pN, p1 in (("replay", repN, rep1), ("synth", synthN, synth1)):
     if pN > 1.5 * p1 + 48:
         fails.append(f"{what}: 24 batches peaked at {pN:.1f} MiB vs {p1:.1f} MiB for one: not streaming")
+if repA > 2.5 * rep1 + 48:
+    fails.append(f"replay reading ahead: 24 batches peaked at {repA:.1f} MiB vs {rep1:.1f} MiB "
+                 "for one: more than the two batches it holds")
 if valN > 1.5 * rep1 + 48:
     fails.append(f"validate --capture peaked at {valN:.1f} MiB")
 for f in fails:
