@@ -81,51 +81,6 @@ def _int_list(x):
     return np.asarray(a, dtype=np.int64)
 
 
-def context_from_torchrec(sharding_ctx):
-    """The capture's ctx/ fields from a TorchRec sharding context, by attribute name.
-
-    Works on SequenceShardingContext (EC) and EmbeddingShardingContext (EBC): reads
-    input_splits, output_splits, batch_size_per_rank, batch_size_per_rank_per_feature,
-    sparse_features_recat, unbucketize_permute_tensor, lengths_after_input_dist and
-    variable_batch_per_feature where they exist and are set. Empty lists (TorchRec's
-    "not set") are left out. Returns a dict ready for CaptureWriter.write_batch(ctx=...).
-    """
-    if sharding_ctx is None:
-        return None
-    ctx = {}
-
-    def get(name):
-        v = getattr(sharding_ctx, name, None)
-        if v is None:
-            return None
-        if isinstance(v, (list, tuple)) and len(v) == 0:
-            return None
-        return v
-
-    for name in ("input_splits", "output_splits", "batch_size_per_rank"):
-        v = get(name)
-        if v is not None:
-            ctx[name] = _int_list(v)
-    v = get("batch_size_per_rank_per_feature")
-    if v is not None:
-        ctx["batch_size_per_rank_per_feature"] = np.asarray(
-            [[int(b) for b in row] for row in v], dtype=np.int64
-        )
-    v = get("sparse_features_recat")
-    if v is not None:
-        ctx["sparse_features_recat"] = np.asarray(to_numpy(v), dtype=np.int32)
-    v = get("unbucketize_permute_tensor")
-    if v is not None:
-        ctx["unbucketize_permute"] = np.asarray(to_numpy(v), dtype=np.int64)
-    v = get("lengths_after_input_dist")
-    if v is not None:
-        ctx["lengths_after_input_dist"] = np.asarray(to_numpy(v), dtype=np.int64)
-    vb = getattr(sharding_ctx, "variable_batch_per_feature", None)
-    if vb is not None:
-        ctx["variable_batch_per_feature"] = bool(vb)
-    return ctx
-
-
 def _chunks_for(shape, itemsize):
     """Chunk shape of at most _CHUNK_BYTES: whole trailing rows, as many as fit."""
     if len(shape) == 1:
