@@ -22,6 +22,7 @@ struct Options {
   int iters = 20;
   int64_t queue_ahead = 200000;  // SM cycles spun before each timed repeat (0: off)
   int64_t scale = 1;             // multiplies the preset's local batch
+  int64_t tile_ids = 0;          // CUDA partition path: ids of a tile (0: the dispatch's choice)
   uint64_t seed = 1;
   bool diagnostics = false;  // floors, the one-pass trace, the bucketize path taken
   bool sweep = false;        // CUDA: only the bucketize, at B = 512 ... 65536 per rank

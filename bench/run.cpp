@@ -63,6 +63,7 @@ nlohmann::json json_report(const Options& o, const Workload& w, const Result& r)
   js["workload"] = w.name;
   js["preset"] = o.preset;
   js["scale"] = o.scale;
+  js["tile_ids"] = o.tile_ids;
   js["queue_ahead_cycles"] = r.launch_latency_excluded ? o.queue_ahead : 0;
   js["module"] = to_string(w.plan.module);
   js["world_size"] = w.plan.world_size;

@@ -84,6 +84,11 @@ void setup_bench(CLI::App& app, RunFn& run) {
                   "batches); a forced path the batch does not fit falls back as auto would")
       ->check(CLI::IsMember({"auto", "one-pass", "three-pass", "partition"}))
       ->capture_default_str();
+  sub->add_option("--tile-ids", o->tile_ids,
+                  "CUDA partition path: plan tiles of about this many ids (0: the automatic "
+                  "choice); for tuning, the output is the same")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   sub->add_option("--json", o->json, "Write the results as JSON (schema_version 1.0.0)");
   sub->add_option("--scale", o->scale, "Multiply the preset's local batch size");
   sub->add_option("--seed", o->seed, "Workload seed for --preset");

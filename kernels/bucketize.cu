@@ -69,43 +69,31 @@ bool block_per_bag(const BucketizeArgs& a) {
           (a.bag_path == P::automatic && a.total_ids >= kBlockPerBagMinAvg * a.total_bags));
 }
 
-// The partition path's tiling (partition.cuh) for these arguments; tiles == 0: not possible.
+// The partition path's launch geometry for these arguments; tiles == 0: not possible.
 struct PartitionPlan {
-  int tile_bags = 0;
+  int tile_bags = 0;                                   // bags of the largest tile
   int64_t tiles_per_rank = 0, tiles = 0, entries = 0;  // entries: R x W x tiles_per_rank
 };
 
-PartitionPlan partition_plan(const BucketizeArgs& a, const BucketizeOnePass& ws) {
+PartitionPlan partition_plan(const BucketizeArgs& a) {
   PartitionPlan pp;
-  const int64_t W = a.world_size, M = ws.max_rank_bags;
-  // W <= 256 (the 8-bit bucket of the ranking keys); the host must know the largest rank's
-  // bags (the tiles per rank); a bag < 2^31 ids (int32 per-bag counts).
-  if (a.total_bags == 0 || W > kMaxSharedW || M <= 0 || a.num_ranks <= 0 || !a.new_offsets ||
-      a.max_bag_len >= (int64_t{1} << 31))
+  const int64_t W = a.world_size, T = a.tiles_per_rank, nb = a.tile_max_bags;
+  // W <= 256 (the 8-bit bucket of the ranking keys); a tiling from plan_partition_tiles within
+  // the kernels' shared arrays; a bag < 2^31 ids (int32 per-bag counts), and tile-relative id
+  // indices int32: a tile's ids plus one chunk stay below 2^31.
+  if (a.total_bags == 0 || W > kMaxSharedW || !a.tile_j0 || T <= 0 || nb < 1 ||
+      nb > kPartMaxTileBags || W * nb > kPartMaxCells || a.num_ranks <= 0 || !a.new_offsets ||
+      a.max_bag_len >= (int64_t{1} << 31) ||
+      nb > ((int64_t{1} << 31) - 1 - kChunk) / std::max<int64_t>(1, a.max_bag_len))
     return pp;
-  const int64_t mean = std::max<int64_t>(1, a.total_ids / a.total_bags);
-  // Bags for one chunk's worth of ids up to kPartTileIds, fewer while that leaves under
-  // kPartMinTiles tiles; rounded to a whole number of chunks with 1/16 to spare, so that a
-  // tile of mean-length bags does not spill a few ids into one more (mostly idle) chunk.
-  const int64_t want =
-      std::max<int64_t>(kChunk / mean, std::min(kPartTileIds / mean, a.total_bags / kPartMinTiles));
-  const int64_t chunks =
-      std::clamp<int64_t>((want * mean + kChunk / 2) / kChunk, 1, kPartTileIds / kChunk);
-  int64_t nb = std::clamp<int64_t>(chunks * (kChunk - kChunk / 16) / mean, 1,
-                                   std::min<int64_t>(kPartMaxTileBags, kPartMaxCells / W));
-  // Tile-relative id indices are int32: a tile's ids plus one chunk stay below 2^31.
-  nb = std::min<int64_t>(nb,
-                         ((int64_t{1} << 31) - 1 - kChunk) / std::max<int64_t>(1, a.max_bag_len));
-  if (nb < 1) return pp;
-  const int64_t tpr = (M + nb - 1) / nb;
-  const int64_t tiles = a.num_ranks * tpr, entries = tiles * W;
+  const int64_t tiles = a.num_ranks * T, entries = tiles * W;
   // tile_cnt and tile_base live in new_offsets (W x total_bags entries), the grid is one
   // dimension of blocks, and the scan's scratch is the three passes' own.
   if (2 * entries > W * a.total_bags || tiles > int64_t{0x7fffffff} ||
       bucketize_scan_temp_bytes(entries) > a.scan_temp_bytes)
     return pp;
   pp.tile_bags = static_cast<int>(nb);
-  pp.tiles_per_rank = tpr;
+  pp.tiles_per_rank = T;
   pp.tiles = tiles;
   pp.entries = entries;
   return pp;
@@ -174,7 +162,7 @@ void launch_partition(const BucketizeArgs& a, const int64_t* lengths, const Part
   p.a = a;
   p.lengths = lengths;
   p.wd = FastDivU64::make(static_cast<uint64_t>(a.world_size));
-  p.tile_bags = pp.tile_bags;
+  p.tile_j0 = a.tile_j0;
   p.tiles_per_rank = pp.tiles_per_rank;
   p.tile_cnt = a.new_offsets;
   p.tile_base = a.new_offsets + pp.entries;
@@ -206,7 +194,7 @@ void dispatch(const BucketizeArgs& a, const int64_t* lengths, BucketizeOnePass& 
   // Every path but the one-pass kernel: the partition (its count kernel writes the bag
   // offsets), or bag offsets by a cub scan and the three passes.
   const auto other_paths = [&] {
-    const PartitionPlan pp = partition_wanted(a) ? partition_plan(a, ws) : PartitionPlan{};
+    const PartitionPlan pp = partition_wanted(a) ? partition_plan(a) : PartitionPlan{};
     if (pp.tiles > 0) {
       launch_partition(a, lengths, pp, s);  // writes the bag offsets itself
     } else {
@@ -252,6 +240,66 @@ size_t bucketize_scan_temp_bytes(int64_t n) {
   return bytes;
 }
 
+PartitionTiling plan_partition_tiles(int64_t world_size, int64_t num_features,
+                                     const std::vector<int64_t>& rank_bag_off,
+                                     const std::vector<int64_t>& feat_bag_off,
+                                     const std::vector<int64_t>& lengths, int64_t tile_ids) {
+  PartitionTiling t;
+  const int64_t R = static_cast<int64_t>(rank_bag_off.size()) - 1, F = num_features;
+  if (R <= 0 || F <= 0 || static_cast<int64_t>(feat_bag_off.size()) != R * (F + 1)) return t;
+  // Each feature's ids and bags over all ranks, and the batch's ids.
+  std::vector<int64_t> f_ids(static_cast<size_t>(F), 0), f_bags(static_cast<size_t>(F), 0);
+  int64_t n = 0, max_len = 0;
+  for (int64_t q = 0; q < R; ++q)
+    for (int64_t f = 0; f < F; ++f) {
+      const int64_t* fb = feat_bag_off.data() + q * (F + 1);
+      for (int64_t j = rank_bag_off[q] + fb[f]; j < rank_bag_off[q] + fb[f + 1]; ++j) {
+        f_ids[f] += lengths[j];
+        max_len = std::max(max_len, lengths[j]);
+      }
+      f_bags[f] += fb[f + 1] - fb[f];
+    }
+  for (int64_t x : f_ids) n += x;
+  // Ids of a tile: the batch over kPartMinTiles tiles, within [kPartMinTileIds, kPartTileIds]
+  // (partition.cuh says why). A whole number of chunks with 1/16 to spare, or under one chunk
+  // by as much, so that a tile of mean-length bags does not spill a few ids into one more
+  // (mostly idle) chunk.
+  int64_t want = tile_ids > 0
+                     ? tile_ids
+                     : std::clamp<int64_t>(n / kPartMinTiles, kPartMinTileIds, kPartTileIds);
+  want = want >= kChunk ? (want / kChunk) * (kChunk - kChunk / 16)
+                        : std::min<int64_t>(want, kChunk - kChunk / 16);
+  // Bags of a tile at most: the shared arrays (kPartMaxTileBags, W x bags <= kPartMaxCells) and
+  // int32 tile-relative id indices (bags x longest bag + a chunk < 2^31).
+  const int64_t cap = std::max<int64_t>(
+      1, std::min<int64_t>({kPartMaxTileBags, kPartMaxCells / std::max<int64_t>(1, world_size),
+                            ((int64_t{1} << 31) - 1 - kChunk) / std::max<int64_t>(1, max_len)}));
+  std::vector<int64_t> nb(static_cast<size_t>(F));
+  for (int64_t f = 0; f < F; ++f)  // bags of a tile of feature f: want / mean length
+    nb[f] = f_ids[f] == 0 ? cap : std::clamp<int64_t>(want * f_bags[f] / f_ids[f], 1, cap);
+  // Each rank's tiles: feature by feature, the feature's b bags in k = ceil(b / nb[f]) runs of
+  // floor or ceil(b / k) bags (no short remainder tile).
+  std::vector<std::vector<int64_t>> starts(static_cast<size_t>(R));
+  for (int64_t q = 0; q < R; ++q) {
+    const int64_t* fb = feat_bag_off.data() + q * (F + 1);
+    for (int64_t f = 0; f < F; ++f) {
+      const int64_t b = fb[f + 1] - fb[f], k = (b + nb[f] - 1) / nb[f];
+      for (int64_t i = 0; i < k; ++i) starts[q].push_back(fb[f] + i * b / k);
+      if (k > 0) t.max_tile_bags = std::max(t.max_tile_bags, (b + k - 1) / k);
+    }
+    t.tiles_per_rank = std::max<int64_t>(t.tiles_per_rank, static_cast<int64_t>(starts[q].size()));
+  }
+  // The table: each rank's starts, padded with its bag count (empty tiles).
+  const int64_t T = t.tiles_per_rank;
+  t.tile_j0.reserve(static_cast<size_t>(R * (T + 1)));
+  for (int64_t q = 0; q < R; ++q) {
+    const int64_t bags = rank_bag_off[q + 1] - rank_bag_off[q];
+    t.tile_j0.insert(t.tile_j0.end(), starts[q].begin(), starts[q].end());
+    t.tile_j0.insert(t.tile_j0.end(), static_cast<size_t>(T + 1) - starts[q].size(), bags);
+  }
+  return t;
+}
+
 size_t bucketize_one_pass_scratch_bytes() {
   // One word per (bucket, bag) of the largest eligible batch: W <= 256, bags <= capacity.
   return static_cast<size_t>(8 * kMaxSharedW * one_pass_capacity());
@@ -272,8 +320,8 @@ BucketizeChoice bucketize_choice(const BucketizeArgs& a, const BucketizeOnePass&
     c.grid = a.total_bags;
     c.capacity = one_pass_capacity();
     c.ids_cached = a.max_bag_len <= kChunk;
-  } else if (partition_wanted(a) && partition_plan(a, ws).tiles > 0) {
-    const PartitionPlan pp = partition_plan(a, ws);
+  } else if (partition_wanted(a) && partition_plan(a).tiles > 0) {
+    const PartitionPlan pp = partition_plan(a);
     c.path = BucketizePath::partition;
     c.grid = pp.tiles;
     c.tile_bags = pp.tile_bags;

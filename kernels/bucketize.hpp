@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace dynemb::cuda {
 
@@ -57,6 +58,12 @@ struct BucketizeArgs {
   // warp per bag only when the partition's tiling does not fit (bucketize.cu). Tests force
   // each.
   enum class BagPath { automatic, warp, block, partition } bag_path = BagPath::automatic;
+  // The partition's tiles, planned on the host (plan_partition_tiles): tile kt of rank q holds
+  // the rank-local bags [tile_j0[q*(T+1) + kt], tile_j0[q*(T+1) + kt + 1]), T = tiles_per_rank;
+  // a rank's tiles past its last bag are empty. Null: the partition path is not taken.
+  const int64_t* tile_j0 = nullptr;  // [R*(T+1)]
+  int64_t tiles_per_rank = 0;        // T
+  int64_t tile_max_bags = 0;         // bags of the largest tile
   // Outputs.
   int64_t* new_lengths = nullptr;  // [W*total_bags]
   // [W*total_bags] scratch, not an output: the three passes leave the exclusive scan of
@@ -71,6 +78,22 @@ struct BucketizeArgs {
 };
 // Scratch bytes of the three-pass path's scans over n entries.
 size_t bucketize_scan_temp_bytes(int64_t n);
+
+// The partition path's tiles of one batch (host side; the table BucketizeArgs::tile_j0 points
+// at on the device). A tile holds bags of one feature of one rank, as many as make about
+// `tile_ids` ids at the feature's mean bag length over all ranks (0: chosen from the batch's
+// size), so that tiles of a batch whose features differ in hotness carry similar work (a tile
+// is one block; with equal bag counts, one hot feature's tiles were the kernels' tail). Only
+// the time depends on the tiling, never the output. Inputs as BatchedBucketize holds them:
+// rank_bag_off [R+1], feat_bag_off [R*(F+1)] (rank-local), lengths [total_bags].
+struct PartitionTiling {
+  int64_t tiles_per_rank = 0, max_tile_bags = 0;
+  std::vector<int64_t> tile_j0;  // [R*(tiles_per_rank+1)]
+};
+PartitionTiling plan_partition_tiles(int64_t world_size, int64_t num_features,
+                                     const std::vector<int64_t>& rank_bag_off,
+                                     const std::vector<int64_t>& feat_bag_off,
+                                     const std::vector<int64_t>& lengths, int64_t tile_ids = 0);
 
 // Workspace of the one-pass path, owned by the caller. Without scratch every launch takes
 // the three passes.
@@ -96,7 +119,7 @@ enum class BucketizePath { one_pass, block_per_bag, warp_per_bag, thread_per_bag
 struct BucketizeChoice {
   BucketizePath path = BucketizePath::warp_per_bag;
   int64_t grid = 0;         // one_pass: blocks (= bags); partition: tiles
-  int64_t tile_bags = 0;    // partition: bags of a tile
+  int64_t tile_bags = 0;    // partition: bags of the largest tile
   int64_t capacity = 0;     // one_pass: resident blocks of the kernel on this device
   bool ids_cached = false;  // one_pass: every bag <= 2048 ids, ids read once
 };

@@ -411,6 +411,19 @@ BatchedBucketize::BatchedBucketize(const Plan& plan, const std::vector<const Kjt
   args.scan_temp = d_scan_temp.data();
   args.scan_temp_bytes = tb;
   one_pass.max_rank_bags = max_rank_bags;  // the partition path's tiles need it too
+  feat_bag_off = std::move(fbo);
+  plan_tiles(0, s);
+}
+
+void BatchedBucketize::plan_tiles(int64_t tile_ids, cudaStream_t s) {
+  const PartitionTiling t = plan_partition_tiles(args.world_size, args.num_features, rank_bag_off,
+                                                 feat_bag_off, lengths, tile_ids);
+  args.tile_j0 = nullptr;
+  args.tiles_per_rank = t.tiles_per_rank;
+  args.tile_max_bags = t.max_tile_bags;
+  if (t.tile_j0.empty()) return;
+  d_tile_j0.upload(t.tile_j0, s);
+  args.tile_j0 = d_tile_j0.data();
 }
 
 void BatchedBucketize::enable_one_pass(cudaStream_t s) {

@@ -80,7 +80,9 @@ struct BatchedBucketize {
   DeviceBuffer<RouteRule> d_dist_types;
   DeviceBuffer<float> d_weights, d_new_weights;
   DeviceBuffer<char> d_scan_temp;
-  BucketizeArgs args;  // points at the buffers above
+  DeviceBuffer<int64_t> d_tile_j0;    // the partition path's tiles (plan_tiles)
+  std::vector<int64_t> feat_bag_off;  // [R*(F+1)] host copy of d_feat_bag_off
+  BucketizeArgs args;                 // points at the buffers above
   // The one-pass kernel's workspace: empty (three passes) until enable_one_pass().
   BucketizeOnePass one_pass;
   DeviceBuffer<char> d_one_pass_scratch;
@@ -88,6 +90,9 @@ struct BatchedBucketize {
   // Allocates and zeroes the one-pass workspace where the device can run that kernel, so that
   // launch() takes it whenever the batch fits (bucketize_choice).
   void enable_one_pass(cudaStream_t s);
+  // Plans the partition path's tiles for about tile_ids ids each (0: chosen from the batch;
+  // the constructor plans with 0) and points args at them. Only the time depends on it.
+  void plan_tiles(int64_t tile_ids, cudaStream_t s);
   // The whole stage on s: bag_offsets from the lengths, then the bucketize.
   void launch(cudaStream_t s) { launch_bucketize(args, d_lengths.data(), one_pass, s); }
 };

@@ -143,6 +143,7 @@ class CudaStages {
   void force_path(cuda::BatchedBucketize& bb) const {
     using P = cuda::BucketizeArgs::BagPath;
     cuda::BucketizeArgs& a = bb.args;
+    if (o_.tile_ids > 0) bb.plan_tiles(o_.tile_ids, stream_);
     if (o_.bucketize_path == "three-pass")
       a.bag_path = a.total_ids >= cuda::kBlockPerBagMinAvg * a.total_bags ? P::block : P::warp;
     else if (o_.bucketize_path == "partition")

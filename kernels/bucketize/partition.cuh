@@ -10,8 +10,9 @@
 // first output. The bag an id belongs to matters only for its routing rule (the bag's
 // feature) and for new_lengths, never for its position.
 //
-// Tiles: rank q's bags [kt*nb, (kt+1)*nb) form tile (q, kt), kt < tiles_per_rank (tiles past
-// a rank's last bag are empty and count zero). From the bag lengths, after a memset of the
+// Tiles: tile (q, kt), kt < tiles_per_rank, holds rank q's bags [j0, j1) from the host's
+// table (tile_j0; bags of one feature, sized for similar ids per tile; tiles past a rank's
+// last bag are empty and count zero). From the bag lengths, after a memset of the
 // tiles' look-back words:
 //   partition_count_kernel  per tile: the tile's bag offsets (a block scan of its lengths)
 //                           and its first id (a decoupled look-back over the tiles before it,
@@ -48,12 +49,14 @@ namespace dynemb::cuda::bucketize {
 constexpr int kPartMaxTileBags = 384;
 // W x (bags of a tile) at most: the count kernel's shared count matrix.
 constexpr int kPartMaxCells = 4096;
-// Bags of a tile (bucketize.cu, within the two limits above): at most kPartTileIds ids (four
-// chunks) on average, fewer while that leaves under kPartMinTiles tiles (a few resident blocks
-// per SM), but never under one chunk's worth (a block's chunk mostly empty); a whole number
-// of chunks with a little to spare.
+// Ids of a tile (plan_partition_tiles, bucketize.cu): the batch's ids over kPartMinTiles
+// (about one resident place block per SM quarter), within [kPartMinTileIds, kPartTileIds]:
+// at least half a chunk (a tile's fixed work, the look-back and the summing of tile counts,
+// outweighs a smaller tile's ids), at most four chunks. `bench --sweep --tile-ids` measures
+// the choice.
 constexpr int64_t kPartTileIds = 8192;
-constexpr int64_t kPartMinTiles = 1024;
+constexpr int64_t kPartMinTileIds = 1024;
+constexpr int64_t kPartMinTiles = 512;
 // W x tiles_per_rank at most for the place kernel to sum its rank's tile counts itself
 // (tile_base == nullptr: no scan launches; a warp per bucket reads the rank's counts, 32 KB at
 // most per block); above it, a cub scan writes tile_base.
@@ -71,8 +74,10 @@ struct PartitionArgs {
   const int64_t* lengths;      // [total_bags] bag lengths (the stage's input)
   unsigned long long* status;  // [tiles] look-back words, zeroed before the count kernel
   FastDivU64 wd;               // divides by W
-  int tile_bags;               // nb, 1 <= nb <= kPartMaxTileBags, W * nb <= kPartMaxCells
-  int64_t tiles_per_rank;      // ceil(max bags of a rank / nb)
+  const int64_t* tile_j0;      // [R][tiles_per_rank+1] rank-local first bag of each tile
+                               // (BucketizeArgs::tile_j0): <= kPartMaxTileBags bags a tile,
+                               // W x bags <= kPartMaxCells
+  int64_t tiles_per_rank;      // T
   int64_t* tile_cnt;           // [R][W][tiles_per_rank]
   int64_t* tile_base;          // [R][W][tiles_per_rank], exclusive scan of tile_cnt; nullptr:
                                // the place kernel sums tile_cnt of its rank itself
@@ -89,30 +94,47 @@ struct PartitionTile {
   int64_t rank_id_base;  // global index of the rank's first id (perm is rank-local)
 };
 
+// The block's tile from the host's table: rank, index in the rank, first bag (rank-local) and
+// bag count (0: past the rank's last bag). Same in every thread.
+__device__ __forceinline__ void tile_span(const PartitionArgs& p, PartitionTile& ti) {
+  const BucketizeArgs& a = p.a;
+  ti.q = static_cast<int64_t>(blockIdx.x) / p.tiles_per_rank;
+  ti.kt = static_cast<int64_t>(blockIdx.x) - ti.q * p.tiles_per_rank;
+  ti.first = a.rank_bag_off[ti.q];
+  ti.rank_bags = a.rank_bag_off[ti.q + 1] - ti.first;
+  const int64_t* tj = p.tile_j0 + ti.q * (p.tiles_per_rank + 1) + ti.kt;
+  ti.j0 = tj[0];
+  ti.nb = static_cast<int>(tj[1] - tj[0]);
+}
+
+// feat[k] = the feature of the tile's bag k, k < nb (nb > 0). The host's tiles hold bags of
+// one feature: when the first and last bag's features agree, no bag is searched.
+__device__ __forceinline__ void tile_features(const PartitionArgs& p, const PartitionTile& ti,
+                                              int* feat) {
+  const BucketizeArgs& a = p.a;
+  const int64_t* fbo = a.feat_bag_off + ti.q * (a.num_features + 1);
+  const int f0 = static_cast<int>(d_upper_bound_m1(fbo, a.num_features, ti.j0));
+  const int f1 = static_cast<int>(d_upper_bound_m1(fbo, a.num_features, ti.j0 + ti.nb - 1));
+  for (int k = threadIdx.x; k < ti.nb; k += kThreads)
+    feat[k] = f0 == f1 ? f0 : static_cast<int>(d_upper_bound_m1(fbo, a.num_features, ti.j0 + k));
+}
+
 // Reads the tile's geometry; when it has bags, off[k] = first id of its bag k relative to id0
 // (k <= nb; the host keeps nb x max_bag_len + kChunk < 2^31) and feat[k] = bag k's feature. Ends
 // with a barrier (off and feat are read by every thread afterwards).
 __device__ __forceinline__ PartitionTile load_tile(const PartitionArgs& p, int* off, int* feat) {
   const BucketizeArgs& a = p.a;
   PartitionTile ti;
-  ti.q = static_cast<int64_t>(blockIdx.x) / p.tiles_per_rank;
-  ti.kt = static_cast<int64_t>(blockIdx.x) - ti.q * p.tiles_per_rank;
-  ti.first = a.rank_bag_off[ti.q];
-  ti.rank_bags = a.rank_bag_off[ti.q + 1] - ti.first;
-  ti.j0 = ti.kt * p.tile_bags;
-  const int64_t left = ti.rank_bags - ti.j0;
-  ti.nb = left <= 0 ? 0 : static_cast<int>(left < p.tile_bags ? left : p.tile_bags);
+  tile_span(p, ti);
   ti.id0 = 0;
   ti.rank_id_base = 0;
   if (ti.nb > 0) {
     const int64_t g0 = ti.first + ti.j0;
     ti.id0 = a.bag_offsets[g0];
     ti.rank_id_base = a.bag_offsets[ti.first];
-    const int64_t* fbo = a.feat_bag_off + ti.q * (a.num_features + 1);
-    for (int k = threadIdx.x; k <= ti.nb; k += kThreads) {
+    for (int k = threadIdx.x; k <= ti.nb; k += kThreads)
       off[k] = static_cast<int>(a.bag_offsets[g0 + k] - ti.id0);
-      if (k < ti.nb) feat[k] = static_cast<int>(d_upper_bound_m1(fbo, a.num_features, ti.j0 + k));
-    }
+    tile_features(p, ti, feat);
   }
   __syncthreads();
   return ti;
@@ -129,13 +151,7 @@ __device__ __forceinline__ PartitionTile scan_tile(const PartitionArgs& p, int* 
   const BucketizeArgs& a = p.a;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   PartitionTile ti;
-  ti.q = static_cast<int64_t>(blockIdx.x) / p.tiles_per_rank;
-  ti.kt = static_cast<int64_t>(blockIdx.x) - ti.q * p.tiles_per_rank;
-  ti.first = a.rank_bag_off[ti.q];
-  ti.rank_bags = a.rank_bag_off[ti.q + 1] - ti.first;
-  ti.j0 = ti.kt * p.tile_bags;
-  const int64_t left = ti.rank_bags - ti.j0;
-  ti.nb = left <= 0 ? 0 : static_cast<int>(left < p.tile_bags ? left : p.tile_bags);
+  tile_span(p, ti);
   ti.rank_id_base = 0;
   const int64_t g0 = ti.first + ti.j0;
   // Bags 2t and 2t+1 of the tile (nb <= 2 x kThreads); a bag and the tile hold < 2^31 ids
@@ -150,12 +166,8 @@ __device__ __forceinline__ PartitionTile scan_tile(const PartitionArgs& p, int* 
     if (lane >= o) x += y;
   }
   if (lane == 31) wsum[warp] = x;
-  if (ti.nb > 0) {  // uniform
-    const int64_t* fbo = a.feat_bag_off + ti.q * (a.num_features + 1);
-    for (int k = t; k < ti.nb; k += kThreads)
-      feat[k] = static_cast<int>(d_upper_bound_m1(fbo, a.num_features, ti.j0 + k));
-  }
-  __syncthreads();  // wsum written
+  if (ti.nb > 0) tile_features(p, ti, feat);  // uniform
+  __syncthreads();                            // wsum written
   int below = 0, total = 0;
   for (int wi = 0; wi < kWarps; ++wi) {
     total += wsum[wi];

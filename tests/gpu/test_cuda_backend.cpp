@@ -498,6 +498,11 @@ TEST_CASE("batched bucketize: the partition path (large batches) == cpu") {
   struct Shape {
     int64_t W, B, B_small, min_len, max_len;         // B_small: under DYNEMB_GPU_CASES
     bool force, i32, weighted, with_dest, lopsided;  // lopsided: rank 0 holds most bags
+    // mixed: features of unlike hotness (bags of feature 1 up to 6 x max_len ids, of feature
+    // 2 at most one id: the host plans tiles of unlike bag counts); tile_ids: tiles re-planned
+    // for about that many ids (0: the automatic tiling).
+    bool mixed = false;
+    int64_t tile_ids = 0;
   };
   // Every shape keeps more bags than the one-pass kernel's capacity (<= 1024) in both sizes.
   const std::vector<Shape> shapes = {
@@ -514,7 +519,11 @@ TEST_CASE("batched bucketize: the partition path (large batches) == cpu") {
       {256, 16, 16, 0, 20, false, false, true, true, false},
       {16, 64, 24, 100, 3000, true, false, true, true, false},  // long bags, forced
       {8, 2048, 64, 0, 300, true, true, false, true, false},
-      {300, 256, 32, 0, 20, false, false, true, true, false},  // thread per bag
+      {300, 256, 32, 0, 20, false, false, true, true, false},                // thread per bag
+      {8, 8192, 512, 0, 16, false, false, true, true, false, true, 0},       // unit-pooled-w8-like
+      {8, 4096, 512, 0, 16, false, true, false, true, true, true, 700},      // tiles under a chunk
+      {16, 2048, 256, 0, 20, false, false, true, false, false, false, 100},  // tiles of ~10 bags
+      {256, 64, 32, 0, 40, false, true, true, true, false, true, 5000},  // over a chunk, 16 bags
   };
   for (const Shape& sh : shapes) {
     const Plan p = bucketize_plan(sh.W);
@@ -534,10 +543,14 @@ TEST_CASE("batched bucketize: the partition path (large batches) == cpu") {
       if (sh.lopsided && r > 0) B = r == 1 ? 0 : std::max<int64_t>(1, Bs / 64);
       for (int64_t f = 0; f < F; ++f)
         for (int64_t b = 0; b < B; ++b) {
-          const int64_t len =
-              U(0, 9) == 0 || (sh.lopsided && r == 2)
-                  ? 0
-                  : U(sh.min_len, small ? std::min<int64_t>(sh.max_len, 400) : sh.max_len);
+          const int64_t max_len = !sh.mixed ? sh.max_len
+                                  : f == 1  ? 6 * sh.max_len
+                                  : f == 2  ? 1
+                                            : sh.max_len;
+          const int64_t len = U(0, 9) == 0 || (sh.lopsided && r == 2)
+                                  ? 0
+                                  : U(std::min(sh.min_len, max_len),
+                                      small ? std::min<int64_t>(max_len, 400) : max_len);
           k.lengths.push_back(len);
           for (int64_t i = 0; i < len; ++i) {
             const int64_t kind = U(0, 19);
@@ -557,11 +570,13 @@ TEST_CASE("batched bucketize: the partition path (large batches) == cpu") {
     cuda::BatchedBucketize bb(p, kp, sh.with_dest, s);
     bb.enable_one_pass(s);
     if (sh.force) bb.args.bag_path = cuda::BucketizeArgs::BagPath::partition;
+    if (sh.tile_ids > 0) bb.plan_tiles(sh.tile_ids, s);
     const cuda::BucketizeArgs& ba = bb.args;
     const cuda::BucketizeChoice c = cuda::bucketize_choice(ba, bb.one_pass);
     INFO("W=" << W << " B=" << (small ? sh.B_small : sh.B) << " bags of " << sh.min_len << ".."
               << sh.max_len << " ids, L=" << ba.total_bags << " N=" << ba.total_ids << " int32="
-              << sh.i32 << " weighted=" << sh.weighted << " path " << cuda::to_string(c.path));
+              << sh.i32 << " weighted=" << sh.weighted << " path " << cuda::to_string(c.path)
+              << " tiles " << ba.tiles_per_rank << " per rank, <= " << ba.tile_max_bags << " bags");
     CHECK(c.path ==
           (W > 256 ? cuda::BucketizePath::thread_per_bag : cuda::BucketizePath::partition));
     // First on other ids (same lengths), then on the real ones: new_offsets (the tile counts)
