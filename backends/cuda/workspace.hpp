@@ -3,7 +3,8 @@
 // uses with DeviceBuffer::resize, which reallocates only when growing, so once a call of a
 // given size has run, the same call allocates nothing (no cudaMalloc, no cudaFree and its
 // device-wide synchronisation). Stream-ordered reuse is safe: the backend has one stream and
-// every call ends by downloading its result, i.e. with that stream drained.
+// every call ends by downloading its result, i.e. with that stream drained. Calls on one
+// backend must therefore not overlap (one thread at a time, as the engine and replay call it).
 //
 // The two large float slots are shared by the stages that never run at the same time, so the
 // workspace holds about what the largest call needs, not the sum over stages:
