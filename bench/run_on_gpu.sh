@@ -4,8 +4,9 @@
 # presets, then one table of ratios (printed last). BENCHMARKS.md is made from its output.
 # Logs and JSON go to $OUT: summary.txt, bench-all.json and the logs packed in logs.tgz.
 #   OUT=/tmp/out bash bench/run_on_gpu.sh [--quick]
-# --quick (for a short device budget): build only dynemb-dist and the CUDA test, run it with
-# memcheck/racecheck on the bucketize test case, and bench + peer the hstu-e2e presets.
+# --quick (for a short device budget): build only dynemb-dist and the CUDA tests, run them (the
+# backend's also with memcheck/racecheck on the bucketize test case), and bench + peer the
+# hstu-e2e presets.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/dynemb-out}
@@ -25,7 +26,8 @@ stamp "build"
 # -k 0: a half-written file elsewhere in the tree must not stop the CUDA targets.
 { cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DDYNEMB_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DDYNEMB_PYTHON="$(command -v $PY)" && \
-  if [ $QUICK = 1 ]; then cmake --build $B -j 16 --target dynemb-dist gpu_test_cuda_backend -- -k 0;
+  if [ $QUICK = 1 ]; then
+    cmake --build $B -j 16 --target dynemb-dist gpu_test_cuda_backend gpu_test_cuda_workspace -- -k 0;
   else cmake --build $B -j 16 -- -k 0; fi; } > "$LOG/build.log" 2>&1
 BUILD_RC=$?
 [ $BUILD_RC -ne 0 ] && { echo "build rc=$BUILD_RC"; grep -E "error|FAILED" "$LOG/build.log" | head -20; }
@@ -42,6 +44,8 @@ fi
 stamp "gpu tests verbose"
 $B/tests/gpu_test_cuda_backend -s=false > "$LOG/gpu-test.log" 2>&1; GPU_RC=$?
 tail -4 "$LOG/gpu-test.log"
+$B/tests/gpu_test_cuda_workspace > "$LOG/gpu-workspace.log" 2>&1; WS_RC=$?
+grep -E "round 2 made|MISMATCH|Status" "$LOG/gpu-workspace.log"
 stamp "compute-sanitizer"
 export DYNEMB_GPU_CASES=40
 SAN_TC="-tce=*2^31*"; [ $QUICK = 1 ] && SAN_TC="-tc=batched*"
@@ -115,5 +119,5 @@ PYEOF
 tar czf "$OUT/logs.tgz" -C /tmp dynemb-logs
 for n in criteo hstu hstu-launch hstu16 pooled64 seqw8; do [ -f "$LOG/ours-$n.txt" ] && cat "$LOG/ours-$n.txt"; done
 echo "fixture replays failing on cuda: $FIX_FAIL"
-echo "build rc=$BUILD_RC  ctest rc=$CTEST_RC  gpu-test rc=$GPU_RC  memcheck rc=$MC_RC  racecheck rc=$RC_RC  ($(( $(date +%s) - t0 )) s)"
+echo "build rc=$BUILD_RC  ctest rc=$CTEST_RC  gpu-test rc=$GPU_RC  workspace rc=$WS_RC  memcheck rc=$MC_RC  racecheck rc=$RC_RC  ($(( $(date +%s) - t0 )) s)"
 cat "$LOG/summary.txt"

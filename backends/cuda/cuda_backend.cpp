@@ -1,8 +1,9 @@
 // Host dispatch of the CUDA backend: validates the contexts exactly as the CPU reference does
 // (same ranks, fields and failures), builds the small index tables (offsets, recat segments,
 // splits prefixes), uploads, launches the kernels of dist_kernels.hpp and hands each rank's
-// output to the sink. Lookups from dense weights (not the oracle) run on the host through
-// the CPU backend: only oracle rows can be generated on the device.
+// output to the sink. Device buffers and the pinned staging of the copies are the backend's
+// workspace (workspace.hpp), kept across calls. Lookups from dense weights (not the oracle) run on
+// the host through the CPU backend: only oracle rows can be generated on the device.
 #include "cuda_backend.hpp"
 
 #include <cuda_runtime_api.h>
@@ -16,6 +17,7 @@
 #include "dist_kernels.hpp"
 #include "engine/dist_checks.hpp"
 #include "engine/ops.hpp"
+#include "workspace.hpp"
 
 namespace dynemb {
 namespace cuda {
@@ -29,11 +31,32 @@ bool device_available(int device) {
   return device >= 0 && device < n;
 }
 
+namespace {
+
+// dev <- host on s: through the pinned staging when there is one, else from pageable memory.
+template <typename T>
+void put(DeviceBuffer<T>& dev, const std::vector<T>& host, cudaStream_t s, PinnedStaging* st) {
+  if (st)
+    st->upload(dev, host, s);
+  else
+    dev.upload(host, s);
+}
+
+}  // namespace
+
 }  // namespace cuda
 
 namespace {
 
 using cuda::DeviceBuffer;
+using ToHost = cuda::PinnedStaging::ToHost;
+
+// The download of a whole device buffer into v (resized to it).
+template <typename T>
+ToHost into(std::vector<T>& v, const DeviceBuffer<T>& d) {
+  v.resize(static_cast<size_t>(d.size()));
+  return {v.data(), d.data(), sizeof(T) * v.size()};
+}
 
 class CudaBackend final : public Backend {
  public:
@@ -45,8 +68,12 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaGetDeviceProperties(&p, device_));
     desc_ = std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) + ")";
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    ws_ = std::make_unique<cuda::BackendWorkspace>();
   }
-  ~CudaBackend() override { cudaStreamDestroy(stream_); }
+  ~CudaBackend() override {
+    ws_.reset();  // waits for the staging's pending copies on stream_
+    cudaStreamDestroy(stream_);
+  }
   std::string name() const override { return "cuda"; }
   std::string device() const override { return desc_; }
 
@@ -62,10 +89,11 @@ class CudaBackend final : public Backend {
                           const OutputSink& sink) override;
 
  private:
-  void sync() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   int device_;
   std::string desc_;
   cudaStream_t stream_ = nullptr;
+  // Device buffers and pinned staging of every call, kept across calls (workspace.hpp).
+  std::unique_ptr<cuda::BackendWorkspace> ws_;
 };
 
 BucketizedKjt CudaBackend::bucketize(const Plan& plan, const Kjt& kjt) {
@@ -78,17 +106,18 @@ BucketizedKjt CudaBackend::bucketize(const Plan& plan, const Kjt& kjt) {
   if (kjt.weighted && static_cast<int64_t>(kjt.weights.size()) != N)
     throw Error("bucketize: " + std::to_string(kjt.weights.size()) + " weights for " +
                 std::to_string(N) + " values");
-  // One rank's KJT: the batched bucketize with R = 1.
-  cuda::BatchedBucketize bb(plan, {&kjt}, /*with_dest_rank=*/true, stream_);
+  // One rank's KJT: the batched bucketize with R = 1, in the workspace's buffers.
+  cuda::BatchedBucketize& bb = ws_->bucketize;
+  bb.assign(plan, {&kjt}, /*with_dest_rank=*/true, stream_, &ws_->staging);
   bb.enable_one_pass(stream_);  // one bag per resident block: the one-kernel path (bucketize.cu)
   if (L > 0) bb.launch(stream_);
 
   BucketizedKjt out;
-  out.new_lengths = bb.d_new_lengths.download(stream_);
-  out.new_values = bb.d_new_values.download(stream_);
-  if (kjt.weighted) out.new_weights = bb.d_new_weights.download(stream_);
-  out.unbucketize_permute = bb.d_perm.download(stream_);
-  out.dest_rank = bb.d_dest_rank.download(stream_);
+  std::vector<ToHost> parts{
+      into(out.new_lengths, bb.d_new_lengths), into(out.new_values, bb.d_new_values),
+      into(out.unbucketize_permute, bb.d_perm), into(out.dest_rank, bb.d_dest_rank)};
+  if (kjt.weighted) parts.push_back(into(out.new_weights, bb.d_new_weights));
+  ws_->staging.download(parts, stream_);
   return out;
 }
 
@@ -128,10 +157,11 @@ EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
     feat_seed[f] = oracle_table_seed(*seed, static_cast<uint64_t>(plan.features[f].table));
     feat_dim[f] = plan.features[f].dim;
   }
-  DeviceBuffer<uint64_t> d_g, d_seed;
-  DeviceBuffer<float> d_out;
-  d_g.upload(g, stream_);
-  d_seed.upload(feat_seed, stream_);
+  cuda::BackendWorkspace& ws = *ws_;
+  cuda::PinnedStaging& st = ws.staging;
+  DeviceBuffer<float>& d_out = ws.rows_out;
+  st.upload(ws.lookup_g, g, stream_);
+  st.upload(ws.lookup_seed, feat_seed, stream_);
   const DType dt = plan.data_type();
 
   if (plan.module == ModuleKind::sequence) {
@@ -139,14 +169,14 @@ EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
     std::vector<int32_t> tab(N);
     for (int64_t j = 0; j < nbags; ++j)
       for (int64_t p = off[j]; p < off[j + 1]; ++p) tab[p] = valid[p] ? bag_feat[j] : -1;
-    DeviceBuffer<int32_t> d_tab;
-    d_tab.upload(tab, stream_);
+    st.upload(ws.lookup_tab, tab, stream_);
     d_out.resize(N * D);
-    cuda::launch_oracle_rows(d_g.data(), d_tab.data(), d_seed.data(), N, D, d_out.data(), stream_);
+    cuda::launch_oracle_rows(ws.lookup_g.data(), ws.lookup_tab.data(), ws.lookup_seed.data(), N, D,
+                             d_out.data(), stream_);
     EmbTensor out;
     out.dtype = dt;
     out.shape = {N, D};
-    out.data = d_out.download(stream_);
+    st.download({into(out.data, d_out)}, stream_);
     return out;
   }
 
@@ -178,34 +208,30 @@ EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
     }
   }
   const int64_t numel = out.numel();
-  DeviceBuffer<int64_t> d_off, d_dst, d_dim;
-  DeviceBuffer<int32_t> d_bf;
-  DeviceBuffer<uint8_t> d_valid;
-  DeviceBuffer<float> d_w;
-  d_off.upload(off, stream_);
-  d_dst.upload(dst, stream_);
-  d_dim.upload(feat_dim, stream_);
-  d_bf.upload(bag_feat, stream_);
-  d_valid.upload(valid, stream_);
+  st.upload(ws.lookup_bag_off, off, stream_);
+  st.upload(ws.lookup_bag_out, dst, stream_);
+  st.upload(ws.lookup_feat_dim, feat_dim, stream_);
+  st.upload(ws.lookup_bag_feat, bag_feat, stream_);
+  st.upload(ws.lookup_valid, valid, stream_);
   const bool weighted = !k.weights.empty();
-  if (weighted) d_w.upload(k.weights, stream_);
+  if (weighted) st.upload(ws.lookup_weights, k.weights, stream_);
   d_out.resize(numel);
   // Every output element belongs to exactly one bag, but zero first anyway (F == 0 etc.).
   if (numel > 0) CUDA_CHECK(cudaMemsetAsync(d_out.data(), 0, sizeof(float) * numel, stream_));
   cuda::PooledLookupArgs a;
   a.num_bags = nbags;
-  a.bag_offsets = d_off.data();
-  a.bag_out = d_dst.data();
-  a.bag_feat = d_bf.data();
-  a.g = d_g.data();
-  a.valid = d_valid.data();
-  a.weights = weighted ? d_w.data() : nullptr;
-  a.feat_dim = d_dim.data();
-  a.feat_seed = d_seed.data();
+  a.bag_offsets = ws.lookup_bag_off.data();
+  a.bag_out = ws.lookup_bag_out.data();
+  a.bag_feat = ws.lookup_bag_feat.data();
+  a.g = ws.lookup_g.data();
+  a.valid = ws.lookup_valid.data();
+  a.weights = weighted ? ws.lookup_weights.data() : nullptr;
+  a.feat_dim = ws.lookup_feat_dim.data();
+  a.feat_seed = ws.lookup_seed.data();
   a.out_dtype = cuda::precision(dt);
   a.out = d_out.data();
   cuda::launch_pooled_lookup(a, stream_);
-  out.data = d_out.download(stream_);
+  st.download({into(out.data, d_out)}, stream_);
   return out;
 }
 
@@ -274,26 +300,25 @@ void CudaBackend::sequence_output_dist(const Plan& plan,
   const std::vector<int64_t>& local_row_off = t.local_row_off;
   const std::vector<int64_t>& out_row_off = t.out_row_off;
   CUDA_CHECK(cudaSetDevice(device_));
-  DeviceBuffer<float> d_local, d_out;
+  cuda::PinnedStaging& st = ws_->staging;
+  DeviceBuffer<float>& d_local = ws_->rows_in;
+  DeviceBuffer<float>& d_out = ws_->rows_out;
   d_local.resize(local_row_off.back() * D);
   for (int64_t s = 0; s < W; ++s)
-    if (local_embs[s]->numel() > 0)
-      CUDA_CHECK(cudaMemcpyAsync(d_local.data() + local_row_off[s] * D, local_embs[s]->data.data(),
-                                 sizeof(float) * local_embs[s]->numel(), cudaMemcpyHostToDevice,
-                                 stream_));
-  cuda::SeqDistDevice dev(t, stream_);
+    st.upload(d_local.data() + local_row_off[s] * D, local_embs[s]->data.data(),
+              sizeof(float) * static_cast<size_t>(local_embs[s]->numel()), stream_);
+  ws_->seq_tables.assign(t, stream_, &st);
   d_out.resize(out_row_off.back() * D);
-  cuda::launch_seq_fused(dev.args(plan, d_local.data()), d_out.data(), stream_);
-  sync();
+  cuda::launch_seq_fused(ws_->seq_tables.args(plan, d_local.data()), d_out.data(), stream_);
+  // Rank by rank, so that the caller can compare and drop each output before the next.
   for (int64_t d = 0; d < W; ++d) {
     const int64_t n = out_row_off[d + 1] - out_row_off[d];
     EmbTensor out;
     out.dtype = output_dist_dtype(plan);
     out.shape = {n, D};
     out.data.resize(static_cast<size_t>(n * D));
-    if (n * D > 0)
-      CUDA_CHECK(cudaMemcpy(out.data.data(), d_out.data() + out_row_off[d] * D,
-                            sizeof(float) * n * D, cudaMemcpyDeviceToHost));
+    st.download({{out.data.data(), d_out.data() + out_row_off[d] * D, sizeof(float) * n * D}},
+                stream_);
     sink(static_cast<int>(d), std::move(out));
   }
 }
@@ -311,16 +336,16 @@ void CudaBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
   const std::vector<int64_t>& chunk_len = chk.chunk_len;
   CUDA_CHECK(cudaSetDevice(device_));
   const int64_t n = W ? local_embs[0]->numel() : 0;  // all equal, checked above
-  DeviceBuffer<float> d_parts, d_out;
+  cuda::PinnedStaging& st = ws_->staging;
+  DeviceBuffer<float>& d_parts = ws_->rows_in;
+  DeviceBuffer<float>& d_out = ws_->rows_out;
   d_parts.resize(W * n);
   for (int64_t d = 0; d < W; ++d)
-    if (n > 0)
-      CUDA_CHECK(cudaMemcpyAsync(d_parts.data() + d * n, local_embs[d]->data.data(),
-                                 sizeof(float) * n, cudaMemcpyHostToDevice, stream_));
+    st.upload(d_parts.data() + d * n, local_embs[d]->data.data(),
+              sizeof(float) * static_cast<size_t>(n), stream_);
   if (codec) cuda::launch_codec(d_parts.data(), W * n, cuda::precision(rd), stream_);
   d_out.resize(n);
   cuda::launch_reduce(d_parts.data(), W, n, n, cuda::precision(rd), d_out.data(), stream_);
-  sync();
   int64_t base = 0;
   for (int64_t r = 0; r < W; ++r) {
     const int64_t len = chunk_len[r];
@@ -330,9 +355,7 @@ void CudaBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
                     ? std::vector<int64_t>{len}
                     : std::vector<int64_t>{len / std::max<int64_t>(1, plan.sum_dim), plan.sum_dim};
     out.data.resize(static_cast<size_t>(len));
-    if (len > 0)
-      CUDA_CHECK(cudaMemcpy(out.data.data(), d_out.data() + base, sizeof(float) * len,
-                            cudaMemcpyDeviceToHost));
+    st.download({{out.data.data(), d_out.data() + base, sizeof(float) * len}}, stream_);
     base += len;
     sink(static_cast<int>(r), std::move(out));
   }
@@ -342,15 +365,18 @@ void CudaBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
 
 namespace cuda {
 
-BatchedBucketize::BatchedBucketize(const Plan& plan, const std::vector<const Kjt*>& kjts,
-                                   bool with_dest_rank, cudaStream_t s) {
+void BatchedBucketize::assign(const Plan& plan, const std::vector<const Kjt*>& kjts,
+                              bool with_dest_rank, cudaStream_t s, PinnedStaging* staging) {
   // R KJTs (ranks) of a plan with W buckets: the bench and the GPU test pass all W ranks,
   // the backend one (R = 1). new_lengths has W entries per bag either way.
   const int64_t R = static_cast<int64_t>(kjts.size()), W = plan.world_size;
   const int64_t F = plan.num_features();
   std::vector<int64_t> fbo;  // [R x (F+1)] rank-local first bag of each feature
   std::vector<float> wts;
+  ids.clear();
+  lengths.clear();
   rank_bag_off = {0};
+  max_rank_bags = 0;
   int64_t max_len = 0;
   for (const Kjt* k : kjts) {
     ids.insert(ids.end(), k->values.begin(), k->values.end());
@@ -370,24 +396,24 @@ BatchedBucketize::BatchedBucketize(const Plan& plan, const std::vector<const Kjt
     blk[f] = static_cast<uint64_t>(plan.features[f].block_size);
     dt[f] = route_rule(plan.features[f].dist_type);
   }
-  d_ids.upload(ids, s);
-  d_lengths.upload(lengths, s);
-  d_rank_bag_off.upload(rank_bag_off, s);
-  d_feat_bag_off.upload(fbo, s);
-  d_block_sizes.upload(blk, s);
-  d_dist_types.upload(dt, s);
+  put(d_ids, ids, s, staging);
+  put(d_lengths, lengths, s, staging);
+  put(d_rank_bag_off, rank_bag_off, s, staging);
+  put(d_feat_bag_off, fbo, s, staging);
+  put(d_block_sizes, blk, s, staging);
+  put(d_dist_types, dt, s, staging);
   d_bag_offsets.resize(L + 1);
   d_new_lengths.resize(W * L);
   d_new_offsets.resize(W * L);
   d_new_values.resize(N);
   d_perm.resize(N);
-  if (with_dest_rank) d_dest_rank.resize(N);
-  if (weighted) {
-    d_weights.upload(wts, s);
-    d_new_weights.resize(N);
-  }
+  // An output this batch does not have is sized 0 (its allocation, if any, is kept).
+  d_dest_rank.resize(with_dest_rank ? N : 0);
+  d_new_weights.resize(weighted ? N : 0);
+  put(d_weights, wts, s, staging);
   const size_t tb = std::max(bucketize_scan_temp_bytes(W * L), bucketize_scan_temp_bytes(L));
   d_scan_temp.resize(static_cast<int64_t>(tb));
+  args = BucketizeArgs{};
   args.num_ranks = R;
   args.world_size = W;
   args.num_features = F;
@@ -428,6 +454,7 @@ void BatchedBucketize::plan_tiles(int64_t tile_ids, cudaStream_t s) {
 
 void BatchedBucketize::enable_one_pass(cudaStream_t s) {
   one_pass.max_rank_bags = max_rank_bags;
+  if (one_pass.scratch) return;  // enabled by an earlier batch: same scratch, same epoch
   one_pass.scratch_bytes = bucketize_one_pass_scratch_bytes();
   if (one_pass.scratch_bytes == 0) return;  // no cooperative launch on this device
   d_one_pass_scratch.resize(static_cast<int64_t>(one_pass.scratch_bytes));
@@ -435,18 +462,18 @@ void BatchedBucketize::enable_one_pass(cudaStream_t s) {
   bucketize_one_pass_scratch_init(one_pass.scratch, one_pass.scratch_bytes, s);
 }
 
-SeqDistDevice::SeqDistDevice(const SeqDistTables& t, cudaStream_t s)
-    : world_size(static_cast<int64_t>(t.local_row_off.size()) - 1),
-      total_local_rows(t.local_row_off.back()),
-      total_out_rows(t.out_row_off.back()) {
-  local_row_off.upload(t.local_row_off, s);
-  out_row_off.upload(t.out_row_off, s);
-  perm.upload(t.perm, s);
-  recv_off.upload(t.recv_off, s);
-  send_off.upload(t.send_off, s);
-  seg_base.upload(t.seg_base, s);
-  seg_out.upload(t.seg_out, s);
-  seg_src.upload(t.seg_src, s);
+void SeqDistDevice::assign(const SeqDistTables& t, cudaStream_t s, PinnedStaging* staging) {
+  world_size = static_cast<int64_t>(t.local_row_off.size()) - 1;
+  total_local_rows = t.local_row_off.back();
+  total_out_rows = t.out_row_off.back();
+  put(local_row_off, t.local_row_off, s, staging);
+  put(out_row_off, t.out_row_off, s, staging);
+  put(perm, t.perm, s, staging);
+  put(recv_off, t.recv_off, s, staging);
+  put(send_off, t.send_off, s, staging);
+  put(seg_base, t.seg_base, s, staging);
+  put(seg_out, t.seg_out, s, staging);
+  put(seg_src, t.seg_src, s, staging);
 }
 
 SeqDistArgs SeqDistDevice::args(const Plan& plan, const float* local) const {

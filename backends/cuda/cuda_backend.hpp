@@ -13,6 +13,7 @@
 #include "dist_kernels.hpp"
 #include "engine/backend.hpp"
 #include "plan/plan.hpp"
+#include "staging.hpp"
 
 namespace dynemb {
 
@@ -52,11 +53,15 @@ SeqDistTables build_seq_dist_tables(const Plan& plan,
                                     const std::vector<const EmbTensor*>& local_embs,
                                     const std::vector<const ShardingContext*>& ctx);
 
-// The tables on the device.
+// The tables on the device. The backend keeps one across calls (assign() refills it, the
+// buffers grow only); the bench builds one per run.
 struct SeqDistDevice {
-  SeqDistDevice(const SeqDistTables& t, cudaStream_t s);
+  SeqDistDevice() = default;
+  SeqDistDevice(const SeqDistTables& t, cudaStream_t s) { assign(t, s); }
+  // Uploads t on s, through `staging` when given (pinned, async) else from pageable memory.
+  void assign(const SeqDistTables& t, cudaStream_t s, PinnedStaging* staging = nullptr);
   SeqDistArgs args(const Plan& plan, const float* local) const;
-  int64_t world_size, total_local_rows, total_out_rows;
+  int64_t world_size = 0, total_local_rows = 0, total_out_rows = 0;
   DeviceBuffer<int64_t> local_row_off, out_row_off, perm, recv_off, send_off;
   DeviceBuffer<int64_t> seg_base, seg_out, seg_src;
 };
@@ -64,13 +69,22 @@ struct SeqDistDevice {
 // One batch's bucketize for all W ranks in one launch sequence (launch_bucketize
 // over the ranks' bags concatenated rank-major), with the device buffers it reads and writes.
 // `dynemb-dist bench` times it and the GPU test checks it against the CPU reference; the
-// backend itself bucketizes rank by rank. Outputs are laid out rank after rank, each as the
-// CPU reference's BucketizedKjt of that rank.
+// backend itself bucketizes rank by rank, through one BatchedBucketize that it keeps across
+// calls (its workspace: assign() refills the buffers, which only grow). Outputs are laid out
+// rank after rank, each as the CPU reference's BucketizedKjt of that rank.
 struct BatchedBucketize {
+  BatchedBucketize() = default;  // no batch yet: assign() one
   // kjts[r] is rank r's input KJT (all of one values type): all W ranks, or any R of them
   // (the backend passes one).
   BatchedBucketize(const Plan& plan, const std::vector<const Kjt*>& kjts, bool with_dest_rank,
-                   cudaStream_t s);
+                   cudaStream_t s) {
+    assign(plan, kjts, with_dest_rank, s);
+  }
+  // Takes another batch: the host copies, the device inputs (uploaded on s, through `staging`
+  // when given, else from pageable memory), the output buffers (grown where this batch is
+  // larger) and args. bag_path goes back to automatic; the one-pass workspace is kept.
+  void assign(const Plan& plan, const std::vector<const Kjt*>& kjts, bool with_dest_rank,
+              cudaStream_t s, PinnedStaging* staging = nullptr);
   // Host copies of the concatenated inputs.
   std::vector<int64_t> ids, lengths, rank_bag_off;  // [N], [L], [R+1]
   int64_t max_rank_bags = 0;                        // bags of the largest rank
@@ -88,7 +102,8 @@ struct BatchedBucketize {
   DeviceBuffer<char> d_one_pass_scratch;
 
   // Allocates and zeroes the one-pass workspace where the device can run that kernel, so that
-  // launch() takes it whenever the batch fits (bucketize_choice).
+  // launch() takes it whenever the batch fits (bucketize_choice). Once: a later call (another
+  // batch) keeps the scratch and its epoch, which the kernel needs to tell old words from new.
   void enable_one_pass(cudaStream_t s);
   // Plans the partition path's tiles for about tile_ids ids each (0: chosen from the batch;
   // the constructor plans with 0) and points args at them. Only the time depends on it.

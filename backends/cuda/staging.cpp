@@ -1,0 +1,131 @@
+#include "staging.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace dynemb::cuda {
+
+namespace {
+
+size_t round_up(size_t n, size_t to) {
+  return (n + to - 1) / to * to;
+}
+
+constexpr size_t kGrain = size_t{1} << 20;  // a half's size is a multiple of this
+constexpr size_t kAlign = 256;              // every chunk starts on this boundary
+
+}  // namespace
+
+AllocCounters& pinned_alloc_counters() {
+  static AllocCounters c;
+  return c;
+}
+
+PinnedStaging::PinnedStaging(size_t max_half_bytes)
+    : max_half_(std::max(kGrain, round_up(max_half_bytes, kGrain))) {
+  for (Half& h : h_) CUDA_CHECK(cudaEventCreateWithFlags(&h.done, cudaEventDisableTiming));
+}
+
+PinnedStaging::~PinnedStaging() {
+  // Never throws: errors here (a device already lost) are left to the next CUDA call.
+  for (Half& h : h_) {
+    if (h.done) {
+      cudaEventSynchronize(h.done);
+      cudaEventDestroy(h.done);
+    }
+  }
+  if (h_[0].p) {
+    cudaFreeHost(h_[0].p);
+    pinned_alloc_counters().bytes_held -= static_cast<int64_t>(2 * half_);
+  }
+}
+
+void PinnedStaging::drain(Half& h) {
+  CUDA_CHECK(cudaEventSynchronize(h.done));
+  for (const Pending& d : h.pending) std::memcpy(d.host, h.p + d.off, d.bytes);
+  h.pending.clear();
+  h.used = 0;
+}
+
+void PinnedStaging::drain_all() {
+  drain(h_[cur_ ^ 1]);  // the older half first (order does not matter: chunks are disjoint)
+  drain(h_[cur_]);
+}
+
+void PinnedStaging::grow(size_t want) {
+  const size_t half = std::min(max_half_, round_up(want, kGrain));
+  if (half <= half_) return;
+  drain_all();  // no copy may still read or write the old block
+  if (h_[0].p) {
+    CUDA_CHECK(cudaFreeHost(h_[0].p));
+    pinned_alloc_counters().bytes_held -= static_cast<int64_t>(2 * half_);
+    h_[0].p = h_[1].p = nullptr;
+    half_ = 0;
+  }
+  void* p = nullptr;
+  CUDA_CHECK(cudaHostAlloc(&p, 2 * half, cudaHostAllocDefault));
+  pinned_alloc_counters().allocations += 1;
+  pinned_alloc_counters().bytes_held += static_cast<int64_t>(2 * half);
+  h_[0].p = static_cast<char*>(p);
+  h_[1].p = h_[0].p + half;
+  half_ = half;
+  cur_ = 0;
+}
+
+char* PinnedStaging::take(size_t want, size_t* got) {
+  if (want > half_) grow(want);
+  Half* h = &h_[cur_];
+  h->used = std::min(half_, round_up(h->used, kAlign));
+  if (h->used == half_) {  // full: move on once the other half's copies are done
+    cur_ ^= 1;
+    h = &h_[cur_];
+    drain(*h);
+  }
+  *got = std::min(want, half_ - h->used);
+  char* p = h->p + h->used;
+  h->used += *got;
+  return p;
+}
+
+void PinnedStaging::upload(void* dev, const void* host, size_t bytes, cudaStream_t s) {
+  char* d = static_cast<char*>(dev);
+  const char* src = static_cast<const char*>(host);
+  while (bytes > 0) {
+    size_t got = 0;
+    char* p = take(bytes, &got);
+    std::memcpy(p, src, got);
+    CUDA_CHECK(cudaMemcpyAsync(d, p, got, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaEventRecord(h_[cur_].done, s));
+    d += got;
+    src += got;
+    bytes -= got;
+  }
+}
+
+void PinnedStaging::download(const std::vector<ToHost>& parts, cudaStream_t s) {
+  try {
+    for (const ToHost& part : parts) {
+      char* dst = static_cast<char*>(part.host);
+      const char* src = static_cast<const char*>(part.dev);
+      for (size_t left = part.bytes; left > 0;) {
+        size_t got = 0;
+        char* p = take(left, &got);
+        CUDA_CHECK(cudaMemcpyAsync(p, src, got, cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(cudaEventRecord(h_[cur_].done, s));
+        Half& h = h_[cur_];
+        h.pending.push_back({dst, static_cast<size_t>(p - h.p), got});
+        dst += got;
+        src += got;
+        left -= got;
+      }
+    }
+    drain_all();
+  } catch (...) {
+    // The destinations may not outlive the caller's unwinding: forget them. The pinned bytes
+    // stay guarded by the halves' events.
+    for (Half& h : h_) h.pending.clear();
+    throw;
+  }
+}
+
+}  // namespace dynemb::cuda

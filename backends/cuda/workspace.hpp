@@ -1,0 +1,47 @@
+// The CUDA backend's workspace: every device buffer its calls use, one named slot per role,
+// and the pinned staging of its copies. Lifetime: the backend's. A call sizes the slots it
+// uses with DeviceBuffer::resize, which reallocates only when growing, so once a call of a
+// given size has run, the same call allocates nothing (no cudaMalloc, no cudaFree and its
+// device-wide synchronisation). Stream-ordered reuse is safe: the backend has one stream and
+// every call ends by downloading its result, i.e. with that stream drained. Calls on one
+// backend must therefore not overlap (one thread at a time, as the engine and replay call it).
+//
+// The two large float slots are shared by the stages that never run at the same time, so the
+// workspace holds about what the largest call needs, not the sum over stages:
+//   rows_in   the output dists' input: [sum_s rows_s, D] (sequence) or [W, n] (pooled)
+//   rows_out  lookup output [N, D] / [B, sum_D] / VBE 1-D, and the output dists' output
+// Shapes below: N ids, F features, `bags` lookup bags of the rank's LookupKjt.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda_backend.hpp"
+#include "cuda_check.hpp"
+#include "staging.hpp"
+
+namespace dynemb::cuda {
+
+struct BackendWorkspace {
+  PinnedStaging staging;  // every upload and download of the backend's calls
+
+  // bucketize(): one rank's KJT (R = 1), with dest_rank; keeps the one-pass scratch.
+  BatchedBucketize bucketize;
+
+  // lookup() from the oracle, per id and per bag of the LookupKjt.
+  DeviceBuffer<uint64_t> lookup_g;        // [N] unsharded row of each id
+  DeviceBuffer<uint64_t> lookup_seed;     // [F] oracle seed of the feature's table
+  DeviceBuffer<int32_t> lookup_tab;       // [N] sequence: the id's feature, -1 when invalid
+  DeviceBuffer<int64_t> lookup_bag_off;   // [bags+1] pooled: id offsets of the bags
+  DeviceBuffer<int64_t> lookup_bag_out;   // [bags] pooled: first output element of the bag
+  DeviceBuffer<int32_t> lookup_bag_feat;  // [bags] pooled: the bag's feature
+  DeviceBuffer<int64_t> lookup_feat_dim;  // [F] pooled: the feature's dim
+  DeviceBuffer<uint8_t> lookup_valid;     // [N] pooled: 1 when the id's row is looked up
+  DeviceBuffer<float> lookup_weights;     // [N] pooled, weighted KJTs
+
+  // sequence_output_dist(): the index tables (build_seq_dist_tables).
+  SeqDistDevice seq_tables;
+
+  DeviceBuffer<float> rows_in, rows_out;  // see above
+};
+
+}  // namespace dynemb::cuda

@@ -1,0 +1,216 @@
+// The CUDA backend's workspace (backends/cuda/workspace.hpp) and pinned staging
+// (backends/cuda/staging.hpp): a warm backend allocates nothing, and reusing buffers changes
+// no result. Each preset batch runs bucketize, lookup and its output dist twice through the
+// Backend interface; the second round must make no device or pinned allocation, and both
+// rounds must equal the CPU reference bit for bit. The staging ring is also checked on its
+// own with transfers larger than a half (chunked, wrapping). Exits 77 when no GPU is present.
+#include <doctest/doctest.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "capture/synth.hpp"
+#include "cuda/cuda_backend.hpp"
+#include "cuda/staging.hpp"
+#include "cuda_check.hpp"
+#include "engine/engine.hpp"
+
+using namespace dynemb;
+
+namespace {
+
+void require_gpu() {
+  if (!cuda_device_available()) {
+    std::printf("SKIP: no CUDA device or driver on this machine (GPU tests need one)\n");
+    std::fflush(stdout);
+    std::exit(77);
+  }
+}
+
+Backend& cpu() {
+  static std::unique_ptr<Backend> b = make_cpu_backend(2);
+  return *b;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), 4 * a.size()) == 0);
+}
+
+// The allocations made so far, of both kinds.
+struct Allocs {
+  int64_t device, device_bytes, pinned, pinned_bytes;
+};
+Allocs allocs() {
+  const cuda::AllocCounters& d = cuda::device_alloc_counters();
+  const cuda::AllocCounters& p = cuda::pinned_alloc_counters();
+  return {d.allocations.load(), d.bytes_held.load(), p.allocations.load(), p.bytes_held.load()};
+}
+void print_allocs(const char* when, const Allocs& a) {
+  std::printf("%s: %" PRId64 " device allocations (%" PRId64 " bytes held), %" PRId64
+              " pinned allocations (%" PRId64 " bytes held)\n",
+              when, a.device, a.device_bytes, a.pinned, a.pinned_bytes);
+  std::fflush(stdout);
+}
+
+struct PresetBatch {
+  std::string name;
+  Plan plan;
+  std::vector<Kjt> kjts;
+};
+PresetBatch preset_batch(const std::string& preset, bool vbe_weighted) {
+  PresetBatch b;
+  b.name = preset + (vbe_weighted ? " (vbe, weighted)" : "");
+  b.plan = preset_plan(preset);
+  SynthOptions opt = preset_workload(preset);
+  opt.seed = 26;
+  opt.vbe = opt.weighted = vbe_weighted;
+  check_synth_options(b.plan, opt);
+  b.kjts = synth_kjts(b.plan, opt, 0);
+  return b;
+}
+
+// Bucketize, lookup and the output dist of one batch on `gpu`, each compared with the CPU
+// reference bit for bit; returns the number of mismatching stages (0 when all agree).
+int run_and_compare(Backend& gpu, const PresetBatch& b) {
+  INFO(b.name);
+  const Plan& plan = b.plan;
+  const int64_t W = plan.world_size;
+  std::vector<const Kjt*> kp;
+  for (const Kjt& k : b.kjts) kp.push_back(&k);
+  int bad = 0;
+  auto expect = [&](bool ok, const std::string& what) {
+    if (!ok) {
+      ++bad;
+      std::printf("MISMATCH %s: %s\n", b.name.c_str(), what.c_str());
+    }
+    CHECK_MESSAGE(ok, what);
+  };
+  for (int64_t r = 0; r < W; ++r) {
+    const BucketizedKjt want = cpu().bucketize(plan, *kp[r]);
+    const BucketizedKjt got = gpu.bucketize(plan, *kp[r]);
+    const std::string at = "bucketize rank " + std::to_string(r);
+    expect(got.new_lengths == want.new_lengths, at + " new_lengths");
+    expect(got.new_values == want.new_values, at + " new_values");
+    expect(same_bits(got.new_weights, want.new_weights), at + " new_weights");
+    expect(got.unbucketize_permute == want.unbucketize_permute, at + " unbucketize_permute");
+    expect(got.dest_rank == want.dest_rank, at + " dest_rank");
+  }
+  const DerivedBatch derived = derive_input_dist(plan, kp, cpu());
+  const OracleSource source(0x26, plan);
+  const std::vector<EmbTensor> local = derive_local_embs(plan, derived, source, cpu(), 0);
+  for (int64_t r = 0; r < W; ++r) {
+    const EmbTensor g = gpu.lookup(plan, static_cast<int>(r), derived.ranks[r].lookup_kjt, source);
+    const std::string at = "lookup rank " + std::to_string(r);
+    expect(g.shape == local[r].shape, at + " shape");
+    expect(same_bits(g.data, local[r].data), at + " data");
+  }
+  std::vector<const EmbTensor*> lp;
+  std::vector<const ShardingContext*> cp;
+  for (int64_t r = 0; r < W; ++r) {
+    lp.push_back(&local[r]);
+    cp.push_back(&derived.ranks[r].ctx);
+  }
+  std::vector<EmbTensor> want(W), got(W);
+  auto sink_to = [](std::vector<EmbTensor>& v) {
+    return [&v](int r, EmbTensor&& t) { v[r] = std::move(t); };
+  };
+  if (plan.module == ModuleKind::sequence) {
+    cpu().sequence_output_dist(plan, lp, cp, sink_to(want));
+    gpu.sequence_output_dist(plan, lp, cp, sink_to(got));
+  } else {
+    cpu().pooled_output_dist(plan, derived.variable_batch, lp, cp, sink_to(want));
+    gpu.pooled_output_dist(plan, derived.variable_batch, lp, cp, sink_to(got));
+  }
+  for (int64_t r = 0; r < W; ++r) {
+    const std::string at = "output dist rank " + std::to_string(r);
+    expect(got[r].shape == want[r].shape && got[r].dtype == want[r].dtype, at + " shape/dtype");
+    expect(same_bits(got[r].data, want[r].data), at + " data");
+  }
+  return bad;
+}
+
+}  // namespace
+
+TEST_CASE("a warm CUDA backend makes no allocation and matches the CPU reference") {
+  require_gpu();
+  // A sequence dist, a pooled one, a pooled VBE one with weights: every role of the
+  // workspace, and batches of different sizes sharing its slots.
+  const std::vector<PresetBatch> batches{preset_batch("unit-seq-w8", false),
+                                         preset_batch("unit-pooled-w8", false),
+                                         preset_batch("unit-pooled-w8", true)};
+  std::unique_ptr<Backend> gpu = make_cuda_backend(0);
+  const Allocs start = allocs();
+  print_allocs("before round 1", start);
+  for (const PresetBatch& b : batches) CHECK(run_and_compare(*gpu, b) == 0);
+  const Allocs warm = allocs();
+  print_allocs("after round 1 ", warm);
+  for (const PresetBatch& b : batches) CHECK(run_and_compare(*gpu, b) == 0);
+  const Allocs end = allocs();
+  print_allocs("after round 2 ", end);
+  std::printf("round 1 made %" PRId64 " device and %" PRId64
+              " pinned allocations; round 2 made %" PRId64 " device and %" PRId64
+              " pinned allocations (want 0 and 0)\n",
+              warm.device - start.device, warm.pinned - start.pinned, end.device - warm.device,
+              end.pinned - warm.pinned);
+  std::fflush(stdout);
+  CHECK(warm.device > start.device);  // round 1 did allocate (the counter counts)
+  CHECK(end.device - warm.device == 0);
+  CHECK(end.device_bytes == warm.device_bytes);
+  CHECK(end.pinned - warm.pinned == 0);
+  CHECK(end.pinned_bytes == warm.pinned_bytes);
+  gpu.reset();
+  const Allocs gone = allocs();
+  print_allocs("backend destroyed", gone);
+  CHECK(gone.device_bytes == start.device_bytes);  // the workspace freed what it held
+  CHECK(gone.pinned_bytes == start.pinned_bytes);
+}
+
+// Many uploads through a ring of two 1 MiB halves (odd sizes, some several halves long, so the
+// ring wraps and chunks), then downloads the same way: every byte must come back. A host
+// write into a half whose earlier copy is still pending would corrupt a buffer here.
+TEST_CASE("pinned staging: chunked and wrapping transfers round-trip exactly") {
+  require_gpu();
+  CUDA_CHECK(cudaSetDevice(0));
+  cudaStream_t s = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  {
+    cuda::PinnedStaging st(size_t{1} << 20);
+    std::mt19937_64 rng(26);
+    const std::vector<int64_t> sizes{1,       255,       256,       257, 262'144,   262'145,
+                                     700'001, 1'048'576, 3'000'003, 17,  5'000'000, 4};
+    std::vector<std::vector<uint32_t>> host(sizes.size());
+    std::vector<cuda::DeviceBuffer<uint32_t>> dev(sizes.size());
+    for (int round = 0; round < 2; ++round) {
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        host[i].resize(static_cast<size_t>(sizes[i]));
+        for (uint32_t& x : host[i]) x = static_cast<uint32_t>(rng());
+        st.upload(dev[i], host[i], s);
+      }
+      std::vector<std::vector<uint32_t>> back(sizes.size());
+      std::vector<cuda::PinnedStaging::ToHost> parts;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        back[i].resize(host[i].size());
+        parts.push_back({back[i].data(), dev[i].data(), 4 * back[i].size()});
+      }
+      st.download(parts, s);
+      int bad = 0;
+      for (size_t i = 0; i < sizes.size(); ++i)
+        if (back[i] != host[i]) {
+          ++bad;
+          std::printf("MISMATCH staging round %d: transfer %zu (%" PRId64 " words)\n", round, i,
+                      sizes[i]);
+        }
+      std::printf("staging round %d: %zu transfers through halves of %zu bytes, %d wrong\n", round,
+                  sizes.size(), st.half_bytes(), bad);
+      CHECK(bad == 0);
+      CHECK(st.half_bytes() == (size_t{1} << 20));  // capped: large transfers were chunked
+      // One more download of a single large buffer, alone.
+      CHECK(st.download(dev[10], s) == host[10]);
+    }
+  }
+  CUDA_CHECK(cudaStreamDestroy(s));
+}
