@@ -9,14 +9,17 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <numeric>
 #include <string>
+#include <thread>
 
 #include "common/hash.hpp"
 #include "cuda_check.hpp"
 #include "dist_kernels.hpp"
 #include "engine/dist_checks.hpp"
 #include "engine/ops.hpp"
+#include "engine/parallel.hpp"
 #include "workspace.hpp"
 
 namespace dynemb {
@@ -47,6 +50,12 @@ void put(DeviceBuffer<T>& dev, const std::vector<T>& host, cudaStream_t s, Pinne
 }  // namespace cuda
 
 namespace {
+
+// Threads for the host's per-id work around the kernels (one per core).
+int host_threads() {
+  static const int n = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return n;
+}
 
 using cuda::DeviceBuffer;
 using ToHost = cuda::PinnedStaging::ToHost;
@@ -137,20 +146,29 @@ EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
     for (int64_t s = 0; s < W; ++s) bags_f[f] += k.stride_per_key_per_rank[f][s];
   const std::vector<int64_t> bag0 = complete_cumsum(bags_f);
   const int64_t nbags = bag0.back();
-  // Per id: the unsharded row under the bounds check (lookup_row, the reference's rule).
+  // Per id: the unsharded row under the bounds check (lookup_row, the reference's rule), on
+  // every core (a per-id table walk: the host's share of the lookup).
   std::vector<uint64_t> g(N);
   std::vector<uint8_t> valid(N);
   std::vector<int32_t> bag_feat(nbags);
-  for (int64_t f = 0, j = 0; f < F; ++f)
-    for (; j < bag0[f + 1]; ++j) {
-      bag_feat[j] = static_cast<int32_t>(f);
-      for (int64_t p = off[j]; p < off[j + 1]; ++p) {
-        const RowRef ref = lookup_row(plan, f, rank, k.values[p]);
-        if (ref.oob && plan.bounds_check == BoundsCheck::error) return host();
-        g[p] = ref.g;
-        valid[p] = ref.valid ? 1 : 0;
-      }
-    }
+  std::atomic<bool> oob_error{false};
+  parallel_for(
+      host_threads(), nbags,
+      [&](int64_t j0, int64_t j1) {
+        int64_t f = std::upper_bound(bag0.begin(), bag0.end(), j0) - bag0.begin() - 1;
+        for (int64_t j = j0; j < j1; ++j) {
+          while (j >= bag0[f + 1]) ++f;
+          bag_feat[j] = static_cast<int32_t>(f);
+          for (int64_t p = off[j]; p < off[j + 1]; ++p) {
+            const RowRef ref = lookup_row(plan, f, rank, k.values[p]);
+            if (ref.oob && plan.bounds_check == BoundsCheck::error) oob_error = true;
+            g[p] = ref.g;
+            valid[p] = ref.valid ? 1 : 0;
+          }
+        }
+      },
+      /*grain=*/1024);
+  if (oob_error) return host();
   std::vector<uint64_t> feat_seed(F);
   std::vector<int64_t> feat_dim(F);
   for (int64_t f = 0; f < F; ++f) {
