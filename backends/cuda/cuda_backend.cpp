@@ -105,6 +105,34 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::BackendWorkspace> ws_;
 };
 
+// Per id of a lookup KJT: the unsharded row g and whether it is looked up (lookup_row, the
+// reference's rule), and each bag's feature, on every core (the host's share of a lookup: a
+// per-id table walk). off: bag offsets [bags+1]; bag0: first bag of each feature [F+1]. False
+// when an id is out of bounds under bounds_check=error (the caller leaves that to the CPU
+// reference, whose error text is the one to give).
+bool lookup_rows(const Plan& plan, int rank, const LookupKjt& k, const std::vector<int64_t>& off,
+                 const std::vector<int64_t>& bag0, std::vector<uint64_t>& g,
+                 std::vector<uint8_t>& valid, std::vector<int32_t>& bag_feat) {
+  std::atomic<bool> oob_error{false};
+  parallel_for(
+      host_threads(), bag0.back(),
+      [&](int64_t j0, int64_t j1) {
+        int64_t f = std::upper_bound(bag0.begin(), bag0.end(), j0) - bag0.begin() - 1;
+        for (int64_t j = j0; j < j1; ++j) {
+          while (j >= bag0[f + 1]) ++f;
+          bag_feat[j] = static_cast<int32_t>(f);
+          for (int64_t p = off[j]; p < off[j + 1]; ++p) {
+            const RowRef ref = lookup_row(plan, f, rank, k.values[p]);
+            if (ref.oob && plan.bounds_check == BoundsCheck::error) oob_error = true;
+            g[p] = ref.g;
+            valid[p] = ref.valid ? 1 : 0;
+          }
+        }
+      },
+      /*grain=*/1024);
+  return !oob_error;
+}
+
 BucketizedKjt CudaBackend::bucketize(const Plan& plan, const Kjt& kjt) {
   CUDA_CHECK(cudaSetDevice(device_));
   const int64_t L = kjt.num_bags(), N = kjt.num_ids();
@@ -146,29 +174,10 @@ EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
     for (int64_t s = 0; s < W; ++s) bags_f[f] += k.stride_per_key_per_rank[f][s];
   const std::vector<int64_t> bag0 = complete_cumsum(bags_f);
   const int64_t nbags = bag0.back();
-  // Per id: the unsharded row under the bounds check (lookup_row, the reference's rule), on
-  // every core (a per-id table walk: the host's share of the lookup).
   std::vector<uint64_t> g(N);
   std::vector<uint8_t> valid(N);
   std::vector<int32_t> bag_feat(nbags);
-  std::atomic<bool> oob_error{false};
-  parallel_for(
-      host_threads(), nbags,
-      [&](int64_t j0, int64_t j1) {
-        int64_t f = std::upper_bound(bag0.begin(), bag0.end(), j0) - bag0.begin() - 1;
-        for (int64_t j = j0; j < j1; ++j) {
-          while (j >= bag0[f + 1]) ++f;
-          bag_feat[j] = static_cast<int32_t>(f);
-          for (int64_t p = off[j]; p < off[j + 1]; ++p) {
-            const RowRef ref = lookup_row(plan, f, rank, k.values[p]);
-            if (ref.oob && plan.bounds_check == BoundsCheck::error) oob_error = true;
-            g[p] = ref.g;
-            valid[p] = ref.valid ? 1 : 0;
-          }
-        }
-      },
-      /*grain=*/1024);
-  if (oob_error) return host();
+  if (!lookup_rows(plan, rank, k, off, bag0, g, valid, bag_feat)) return host();
   std::vector<uint64_t> feat_seed(F);
   std::vector<int64_t> feat_dim(F);
   for (int64_t f = 0; f < F; ++f) {
