@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <future>
@@ -616,6 +617,9 @@ std::vector<std::optional<EmbTensor>> Replayer::replay_batch(int64_t k, const Ba
   check_contexts(st);
   choose_contexts(st);
   if (const int64_t width = slice_width(st); width > 0) {
+    if (std::getenv("DYNEMB_SLICE_COLUMNS"))  // the test hook says it was taken
+      std::fprintf(stderr, "DYNEMB_SLICE_COLUMNS: batch %lld: slices of %lld columns\n",
+                   static_cast<long long>(k), static_cast<long long>(width));
     run_output_dist_sliced(st, width);  // nothing kept: no --write-output
     return std::vector<std::optional<EmbTensor>>(size_t(st.W));
   }
