@@ -2,6 +2,7 @@
 // differences, NaNs, signed zeros and infinities, under each kind of tolerance.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -85,4 +86,51 @@ TEST_CASE("diff_tensors equals the element-by-element definition") {
     }
   }
   CHECK(cases_with_mismatches > 100);  // the comparison saw real differences
+}
+
+// Column slices of a [rows, cols] pair diffed part by part and merged (in an order other than
+// the columns') give the whole diff: counts, maxima and the first mismatches, whose rows lie in
+// slices later than other mismatches' (a later slice may hold an earlier row).
+TEST_CASE("merge_diff of column slices equals the whole diff") {
+  std::mt19937_64 rng(11);
+  const Tolerance tol = Tolerance::exact();
+  for (int iter = 0; iter < 100; ++iter) {
+    const int64_t rows = std::uniform_int_distribution<int64_t>(0, 40)(rng);
+    const int64_t cols = std::uniform_int_distribution<int64_t>(1, 17)(rng);
+    const int64_t width = std::uniform_int_distribution<int64_t>(1, cols)(rng);
+    const int64_t max_report = std::uniform_int_distribution<int64_t>(0, 6)(rng);
+    EmbTensor a = EmbTensor::zeros(DType::f32, {rows, cols});
+    for (float& x : a.data) x = std::uniform_real_distribution<float>(-4, 4)(rng);
+    EmbTensor b = a;
+    const int changes = std::uniform_int_distribution<int>(0, 15)(rng);
+    for (int c = 0; c < changes && rows > 0; ++c)
+      b.data[size_t(std::uniform_int_distribution<int64_t>(0, rows * cols - 1)(rng))] += 0.5f;
+    const TensorDiff whole = diff_tensors(a, b, tol, TensorLayout::matrix("x", cols), max_report);
+    std::vector<int64_t> starts;
+    for (int64_t c0 = 0; c0 < cols; c0 += width) starts.push_back(c0);
+    std::shuffle(starts.begin(), starts.end(), rng);
+    TensorDiff merged;
+    for (const int64_t c0 : starts) {
+      const int64_t w = std::min(cols, c0 + width) - c0;
+      EmbTensor pa = EmbTensor::zeros(DType::f32, {rows, w}), pb = pa;
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t c = 0; c < w; ++c) {
+          pa.data[size_t(i * w + c)] = a.data[size_t(i * cols + c0 + c)];
+          pb.data[size_t(i * w + c)] = b.data[size_t(i * cols + c0 + c)];
+        }
+      const auto to_whole = [&](int64_t e) { return (e / w) * cols + c0 + e % w; };
+      merge_diff(merged, diff_part(pa, pb, tol, to_whole, max_report), max_report);
+    }
+    locate_mismatches(merged, TensorLayout::matrix("x", cols));
+    CAPTURE(iter);
+    CHECK(merged.compared == whole.compared);
+    CHECK(merged.mismatches == whole.mismatches);
+    CHECK(merged.max_abs_err == whole.max_abs_err);
+    CHECK(merged.max_rel_err == whole.max_rel_err);
+    REQUIRE(merged.first.size() == whole.first.size());
+    for (size_t k = 0; k < whole.first.size(); ++k) {
+      CHECK(merged.first[k].flat == whole.first[k].flat);
+      CHECK(to_string(merged.first[k].where) == to_string(whole.first[k].where));
+    }
+  }
 }

@@ -1,11 +1,18 @@
 #include "engine/embedding_source.hpp"
 
 #include <string>
+#include <vector>
 
 #include "common/error.hpp"
 #include "common/hash.hpp"
 
 namespace dynemb {
+
+void EmbeddingSource::row_columns(int table, uint64_t g, int64_t c0, int64_t n, float* out) const {
+  std::vector<float> whole(static_cast<size_t>(c0 + n));
+  row(table, g, whole.data(), c0 + n);
+  for (int64_t c = 0; c < n; ++c) out[c] = whole[static_cast<size_t>(c0 + c)];
+}
 
 OracleSource::OracleSource(uint64_t seed, const Plan& plan) : seed_(seed) {
   for (size_t t = 0; t < plan.tables.size(); ++t) table_seed_.push_back(oracle_table_seed(seed, t));
@@ -16,6 +23,14 @@ void OracleSource::row(int table, uint64_t g, float* out, int64_t dim) const {
   const uint64_t h = fmix64(table_seed_[static_cast<size_t>(table)] ^ g);
   for (int64_t c = 0; c < dim; ++c) {
     const uint64_t k = fmix64(h + static_cast<uint64_t>(c));
+    out[c] = static_cast<float>(static_cast<int>((k >> 56) & 0xff) - 128) / 64.0f;
+  }
+}
+
+void OracleSource::row_columns(int table, uint64_t g, int64_t c0, int64_t n, float* out) const {
+  const uint64_t h = fmix64(table_seed_[static_cast<size_t>(table)] ^ g);
+  for (int64_t c = 0; c < n; ++c) {
+    const uint64_t k = fmix64(h + static_cast<uint64_t>(c0 + c));
     out[c] = static_cast<float>(static_cast<int>((k >> 56) & 0xff) - 128) / 64.0f;
   }
 }
@@ -50,6 +65,19 @@ void DenseSource::row(int table, uint64_t g, float* out, int64_t dim) const {
                 std::to_string(g) + " (num_embeddings " + std::to_string(rows_[table]) + ")");
   const float* src = w->data() + static_cast<int64_t>(g) * dims_[table];
   for (int64_t c = 0; c < dim; ++c) out[c] = src[c];
+}
+
+void DenseSource::row_columns(int table, uint64_t g, int64_t c0, int64_t n, float* out) const {
+  const auto& w = weights_[static_cast<size_t>(table)];
+  if (!w) {
+    fallback_->row_columns(table, g, c0, n, out);
+    return;
+  }
+  if (g >= static_cast<uint64_t>(rows_[table]))
+    throw Error("dense weights of table " + std::to_string(table) + " have no row " +
+                std::to_string(g) + " (num_embeddings " + std::to_string(rows_[table]) + ")");
+  const float* src = w->data() + static_cast<int64_t>(g) * dims_[table] + c0;
+  for (int64_t c = 0; c < n; ++c) out[c] = src[c];
 }
 
 }  // namespace dynemb

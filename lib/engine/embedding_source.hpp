@@ -18,6 +18,10 @@ class EmbeddingSource {
   virtual ~EmbeddingSource() = default;
   // Writes row g of table t (plan order) into out[0..dim), values exact in the table dtype.
   virtual void row(int table, uint64_t g, float* out, int64_t dim) const = 0;
+  // Columns [c0, c0 + n) of that row into out[0..n): what row() writes there for a dim of at
+  // least c0 + n (a row's columns never depend on the dim asked for). Lets a replay work on a
+  // slice of the columns without producing whole rows (replay/column_slice.hpp).
+  virtual void row_columns(int table, uint64_t g, int64_t c0, int64_t n, float* out) const;
   // The oracle seed when rows come from the hash64 oracle for *every* table (lets GPU
   // backends generate rows on the device); nullopt otherwise.
   virtual std::optional<uint64_t> oracle_seed() const { return std::nullopt; }
@@ -27,6 +31,7 @@ class OracleSource final : public EmbeddingSource {
  public:
   explicit OracleSource(uint64_t seed, const Plan& plan);
   void row(int table, uint64_t g, float* out, int64_t dim) const override;
+  void row_columns(int table, uint64_t g, int64_t c0, int64_t n, float* out) const override;
   std::optional<uint64_t> oracle_seed() const override { return seed_; }
 
  private:
@@ -42,6 +47,7 @@ class DenseSource final : public EmbeddingSource {
   DenseSource(const Plan& plan, std::vector<std::optional<std::vector<float>>> weights,
               std::shared_ptr<const EmbeddingSource> fallback);
   void row(int table, uint64_t g, float* out, int64_t dim) const override;
+  void row_columns(int table, uint64_t g, int64_t c0, int64_t n, float* out) const override;
 
  private:
   std::vector<int64_t> rows_, dims_;

@@ -1,7 +1,9 @@
 // How much memory one batch of a replay or a synth needs (docs/robustness.md "Size up front"):
 // the whole batch of every rank is in memory at once, so the context holds W vectors of W
 // splits per rank (W^2 terms), the pooled lookup output W ranks x sum_s B_s rows (W^2 again).
-// `validate` prints it; synth and replay refuse a job that cannot fit before starting.
+// `validate` prints it; synth and replay refuse a job that cannot fit before starting. A replay
+// whose lookups are derived holds the lookups and outputs a slice of columns at a time instead
+// (replay.cpp, check_memory: `lookup` and `output` per column).
 #pragma once
 
 #include <cstdint>

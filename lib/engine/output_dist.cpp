@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "engine/dist_checks.hpp"
+
 namespace dynemb {
 
 void RwSequenceEmbeddingDist::forward(const std::vector<const EmbTensor*>& local_embs,
@@ -10,9 +12,7 @@ void RwSequenceEmbeddingDist::forward(const std::vector<const EmbTensor*>& local
   backend_.sequence_output_dist(plan_, local_embs, ctx, sink);
 }
 
-void RwPooledEmbeddingDist::forward(int64_t batch, const std::vector<const EmbTensor*>& local_embs,
-                                    const std::vector<const ShardingContext*>& ctx,
-                                    const OutputSink& sink) {
+bool RwPooledEmbeddingDist::latch(int64_t batch, const std::vector<const ShardingContext*>& ctx) {
   // Every rank builds its module from its own ctx; ranks that disagree cannot run one
   // collective together, which is a context mismatch as well.
   std::vector<bool> mode(ctx.size());
@@ -33,7 +33,21 @@ void RwPooledEmbeddingDist::forward(int64_t batch, const std::vector<const EmbTe
     }
   }
   if (!latched_ && !ctx.empty()) latched_ = mode[0];
-  backend_.pooled_output_dist(plan_, latched_.value_or(false), local_embs, ctx, sink);
+  return latched_.value_or(false);
+}
+
+void RwPooledEmbeddingDist::forward(int64_t batch, const std::vector<const EmbTensor*>& local_embs,
+                                    const std::vector<const ShardingContext*>& ctx,
+                                    const OutputSink& sink) {
+  const bool variable_batch = latch(batch, ctx);
+  backend_.pooled_output_dist(plan_, variable_batch, local_embs, ctx, sink);
+}
+
+bool RwPooledEmbeddingDist::check(int64_t batch, const std::vector<const EmbTensor*>& local_embs,
+                                  const std::vector<const ShardingContext*>& ctx) {
+  const bool variable_batch = latch(batch, ctx);
+  check_pooled_dist(plan_, variable_batch, local_embs, ctx);
+  return variable_batch;
 }
 
 }  // namespace dynemb

@@ -39,10 +39,17 @@ class RwPooledEmbeddingDist {
   // default). The outputs are the reduce-scattered sums, MEAN tables included.
   void forward(int64_t batch, const std::vector<const EmbTensor*>& local_embs,
                const std::vector<const ShardingContext*>& ctx, const OutputSink& sink);
+  // What forward() does before the reduce-scatter, for a caller that runs the reduce-scatter
+  // itself on column slices of local_embs (replay/column_slice.hpp): the latch (throws as
+  // forward() does, else latches) and check_pooled_dist on the whole `local_embs`, of which
+  // only the shapes are read. Returns the variable-batch mode to run the slices with.
+  bool check(int64_t batch, const std::vector<const EmbTensor*>& local_embs,
+             const std::vector<const ShardingContext*>& ctx);
   // The latched mode: nullopt before the first batch.
   std::optional<bool> latched_variable_batch() const { return latched_; }
 
  private:
+  bool latch(int64_t batch, const std::vector<const ShardingContext*>& ctx);
   const Plan& plan_;
   Backend& backend_;
   std::optional<bool> latched_;

@@ -2,8 +2,10 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 
 namespace dynemb {
 
@@ -13,14 +15,20 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-TensorDiff diff_tensors(const EmbTensor& got, const EmbTensor& want, const Tolerance& tol,
-                        const TensorLayout& layout, int64_t max_report) {
+TensorDiff shape_mismatch(const std::vector<int64_t>& got, const std::vector<int64_t>& want) {
   TensorDiff d;
-  if (got.shape != want.shape || got.data.size() != want.data.size()) {
-    d.shape_ok = false;
-    d.shape_note = fmt::format("shape {} vs {}", shape_str(got.shape), shape_str(want.shape));
-    return d;
-  }
+  d.shape_ok = false;
+  d.shape_note = fmt::format("shape {} vs {}", shape_str(got), shape_str(want));
+  return d;
+}
+
+namespace {
+
+// The diff of two tensors of one shape; a mismatch kept is recorded by `keep(i, got, want)`.
+template <typename Keep>
+TensorDiff diff_elements(const EmbTensor& got, const EmbTensor& want, const Tolerance& tol,
+                         int64_t max_report, const Keep& keep) {
+  TensorDiff d;
   const int64_t n = static_cast<int64_t>(got.data.size());
   d.compared = n;
   // A pair with the same bits adds nothing: no error, and every tolerance accepts it (NaN
@@ -44,10 +52,56 @@ TensorDiff diff_tensors(const EmbTensor& got, const EmbTensor& want, const Toler
       }
       if (tol.accepts(g, w)) continue;
       ++d.mismatches;
-      if (int64_t(d.first.size()) < max_report) d.first.push_back({i, layout(i), g, w});
+      if (int64_t(d.first.size()) < max_report) d.first.push_back(keep(i, g, w));
     }
   }
   return d;
+}
+
+bool same_shape(const EmbTensor& got, const EmbTensor& want) {
+  return got.shape == want.shape && got.data.size() == want.data.size();
+}
+
+}  // namespace
+
+TensorDiff diff_tensors(const EmbTensor& got, const EmbTensor& want, const Tolerance& tol,
+                        const TensorLayout& layout, int64_t max_report) {
+  if (!same_shape(got, want)) return shape_mismatch(got.shape, want.shape);
+  return diff_elements(got, want, tol, max_report, [&](int64_t i, float g, float w) {
+    return ElementMismatch{i, layout(i), g, w};
+  });
+}
+
+TensorDiff diff_part(const EmbTensor& got, const EmbTensor& want, const Tolerance& tol,
+                     const std::function<int64_t(int64_t)>& to_whole, int64_t max_report) {
+  if (!same_shape(got, want)) return shape_mismatch(got.shape, want.shape);
+  return diff_elements(got, want, tol, max_report, [&](int64_t i, float g, float w) {
+    return ElementMismatch{to_whole(i), {}, g, w};
+  });
+}
+
+void merge_diff(TensorDiff& into, TensorDiff&& part, int64_t max_report) {
+  if (!part.shape_ok) {
+    into = std::move(part);
+    return;
+  }
+  into.compared += part.compared;
+  into.mismatches += part.mismatches;
+  into.max_abs_err = std::max(into.max_abs_err, part.max_abs_err);
+  into.max_rel_err = std::max(into.max_rel_err, part.max_rel_err);
+  into.max_ulp = std::max(into.max_ulp, part.max_ulp);
+  std::vector<ElementMismatch> first;
+  first.reserve(into.first.size() + part.first.size());
+  std::merge(std::make_move_iterator(into.first.begin()), std::make_move_iterator(into.first.end()),
+             std::make_move_iterator(part.first.begin()), std::make_move_iterator(part.first.end()),
+             std::back_inserter(first),
+             [](const ElementMismatch& a, const ElementMismatch& b) { return a.flat < b.flat; });
+  if (int64_t(first.size()) > max_report) first.resize(size_t(std::max<int64_t>(0, max_report)));
+  into.first = std::move(first);
+}
+
+void locate_mismatches(TensorDiff& d, const TensorLayout& layout) {
+  for (ElementMismatch& m : d.first) m.where = layout(m.flat);
 }
 
 }  // namespace dynemb

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,5 +38,20 @@ std::string shape_str(const std::vector<int64_t>& shape);
 // `got` and `want` must have the same shape, else shape_ok = false and nothing is compared.
 TensorDiff diff_tensors(const EmbTensor& got, const EmbTensor& want, const Tolerance& tol,
                         const TensorLayout& layout, int64_t max_report);
+
+// What diff_tensors says of two tensors of different shapes.
+TensorDiff shape_mismatch(const std::vector<int64_t>& got, const std::vector<int64_t>& want);
+
+// Diffs of parts of one tensor pair (replay/column_slice.hpp), merged into the diff of the
+// whole: diff_part compares a part, `to_whole` mapping its flat indices to the whole tensor's
+// (increasing: the part's row-major order is the whole's), and keeps its first max_report
+// mismatches with whole indices and no coordinates yet. merge_diff adds a part: counts add up,
+// maxima are maxima, and the mismatches kept are the first max_report of both in whole order,
+// whatever order the parts come in (the whole diff's first max_report are each among the first
+// max_report of their own part). locate_mismatches then gives them their coordinates.
+TensorDiff diff_part(const EmbTensor& got, const EmbTensor& want, const Tolerance& tol,
+                     const std::function<int64_t(int64_t)>& to_whole, int64_t max_report);
+void merge_diff(TensorDiff& into, TensorDiff&& part, int64_t max_report);
+void locate_mismatches(TensorDiff& d, const TensorLayout& layout);
 
 }  // namespace dynemb

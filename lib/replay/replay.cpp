@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <future>
 #include <map>
@@ -16,10 +18,12 @@
 #include "common/error.hpp"
 #include "common/input_file.hpp"
 #include "common/memory.hpp"
+#include "engine/dist_checks.hpp"
 #include "engine/engine.hpp"
 #include "engine/mean_pooling.hpp"
 #include "engine/memory_estimate.hpp"
 #include "engine/output_dist.hpp"
+#include "replay/column_slice.hpp"
 #include "replay/ctx_check.hpp"
 #include "replay/diff.hpp"
 #include "replay/replan.hpp"
@@ -68,8 +72,17 @@ namespace {
 
 // The context fed to the output dist in --ctx captured mode: the captured fields, and the
 // derived ones for fields the capture does not carry (optional in docs/capture-format.md).
-ShardingContext merge_ctx(const ShardingContext& cap, const ShardingContext& der) {
+// The derived id-sized fields (unbucketize_permute [N_r], lengths_after_input_dist) are moved
+// out of `der`, not copied: nothing reads them there after the context checks, and a captured
+// field then takes the moved vector's memory.
+ShardingContext merge_ctx(const ShardingContext& cap, ShardingContext& der) {
+  std::optional<std::vector<int64_t>> perm = std::move(der.unbucketize_permute);
+  std::optional<std::vector<int64_t>> lens = std::move(der.lengths_after_input_dist);
+  der.unbucketize_permute.reset();
+  der.lengths_after_input_dist.reset();
   ShardingContext m = der;
+  m.unbucketize_permute = std::move(perm);
+  m.lengths_after_input_dist = std::move(lens);
   if (cap.input_splits) m.input_splits = cap.input_splits;
   if (cap.output_splits) m.output_splits = cap.output_splits;
   if (cap.batch_size_per_rank) m.batch_size_per_rank = cap.batch_size_per_rank;
@@ -165,6 +178,24 @@ std::future<std::string> start_capture_sha(const std::string& path) {
   }
 }
 
+// A stand-in of rank r's whole lookup output with the shape alone (no data), from the shape of
+// its slice `t` and its lookup KJT: [rows, columns], or pooled VBE 1-D [s][f][b][d] with
+// sum_{s,f} B_{s,f} D_f elements. For the dist's context checks, which read shapes only.
+EmbTensor whole_lookup_shape(const Plan& plan, const LookupKjt& lk, const EmbTensor& t) {
+  EmbTensor e;
+  e.dtype = t.dtype;
+  if (t.shape.size() != 1) {
+    e.shape = {t.rows(), embedding_columns(plan)};
+    return e;
+  }
+  int64_t n = 0;
+  for (int64_t f = 0; f < lk.num_features; ++f)
+    for (int64_t s = 0; s < lk.world_size; ++s)
+      n += lk.stride_per_key_per_rank[size_t(f)][size_t(s)] * plan.features[size_t(f)].dim;
+  e.shape = {n};
+  return e;
+}
+
 class Replayer {
  public:
   Replayer(const ReplayOptions& opt, Backend& backend, const ReplayCallbacks& cb, Report& rep)
@@ -212,12 +243,15 @@ class Replayer {
   // under plan_ (its skipped checks are emitted).
   void setup_replan(const CaptureReader& reader);
   // Size up front: refuses (Error) a replay whose first batch cannot fit in this machine's
-  // memory, with the estimate (engine/memory_estimate.hpp).
+  // memory, with the estimate (engine/memory_estimate.hpp); sizes the column slices.
   void check_memory(const CaptureReader& reader);
   uint64_t memory_budget() const {
     return opt_.max_memory > 0 ? opt_.max_memory : usable_memory_bytes();
   }
   uint64_t batch_bytes_ = 0;  // check_memory's estimate of one batch's replay
+  // Embedding columns per slice when a batch's lookups are derived (column_slice.hpp); 0 or
+  // all the columns: the whole batch at once. Set by check_memory.
+  int64_t slice_cols_ = 0;
   bool rebase_batch(int64_t k, Batch& batch, bool selected);
   const Plan& read_plan() const { return replan_ ? cap_plan_ : plan_; }
   bool replan_ = false;
@@ -248,8 +282,8 @@ class Replayer {
     std::vector<const EmbTensor*> cap_local;       // [W], null: no local_embs captured
     std::vector<const EmbTensor*> golden;          // [W], null: no output captured
     DerivedBatch der;                              // the input dist, derived
-    std::vector<ShardingContext> used;             // [W] what the output dist gets
-    std::vector<const ShardingContext*> used_ptr;  // [W] -> used
+    std::vector<ShardingContext> used;             // [W] merged contexts (--ctx captured)
+    std::vector<const ShardingContext*> used_ptr;  // [W] what the output dist gets: -> used or der
     std::vector<EmbTensor> derived_local;          // [W] or empty: lookups the dist runs on
     std::vector<bool> got;                         // [W] the output dist handed rank r over
     bool ctx_bad = false, lookup_bad = false;
@@ -259,10 +293,25 @@ class Replayer {
   void check_contexts(BatchState& st);
   void choose_contexts(BatchState& st);
   void check_lookup(BatchState& st);
-  std::vector<EmbTensor> lookup(const BatchState& st, int r);
+  std::vector<EmbTensor> lookup(const BatchState& st, int r, const ColumnSlice* slice = nullptr);
+  EmbTensor reference(const BatchState& st, int r, const ColumnSlice* slice = nullptr);
   std::vector<std::optional<EmbTensor>> run_output_dist(BatchState& st);
   void check_output(BatchState& st, int r, EmbTensor&& out,
                     std::vector<std::optional<EmbTensor>>& kept);
+  void emit_output_checks(BatchState& st, int r, std::optional<CheckResult> gold,
+                          std::optional<CheckResult> ref, const EmbTensor* out);
+  void output_dist_failed(BatchState& st, const OutputDistFailure& e);
+  // The batch over column slices (column_slice.hpp): the slice width, 0 when this batch runs
+  // whole; the lookups, output dist and output checks of every slice, the checks merged.
+  int64_t slice_width(const BatchState& st) const;
+  struct SlicedDiffs {                 // rank r's output checks so far
+    std::vector<int64_t> whole_shape;  // of its output; empty: not handed over yet
+    std::optional<TensorDiff> gold, ref;
+  };
+  void run_output_dist_sliced(BatchState& st, int64_t width);
+  static void drop_derived_extras(BatchState& st);
+  void check_output_slice(BatchState& st, int r, const ColumnSlice& slice, const EmbTensor& out,
+                          SlicedDiffs& d);
   void skip_outputs(const BatchState& st, const std::string& why);
   // Progress: the logical bytes of each selected batch, read from the file's metadata up front
   // (only when someone shows progress), then advanced as each rank's output is checked.
@@ -567,6 +616,13 @@ std::vector<std::optional<EmbTensor>> Replayer::replay_batch(int64_t k, const Ba
   derive_batch(st);
   check_contexts(st);
   choose_contexts(st);
+  if (const int64_t width = slice_width(st); width > 0) {
+    if (std::getenv("DYNEMB_SLICE_COLUMNS"))  // the test hook says it was taken
+      std::fprintf(stderr, "DYNEMB_SLICE_COLUMNS: batch %lld: slices of %lld columns\n",
+                   static_cast<long long>(k), static_cast<long long>(width));
+    run_output_dist_sliced(st, width);  // nothing kept: no --write-output
+    return std::vector<std::optional<EmbTensor>>(size_t(st.W));
+  }
   check_lookup(st);
   return run_output_dist(st);
 }
@@ -646,18 +702,21 @@ void Replayer::choose_contexts(BatchState& st) {
   st.used.resize(size_t(W));
   st.used_ptr.resize(size_t(W));
   for (int64_t r = 0; r < W; ++r) {
-    const ShardingContext& d = st.der.ranks[size_t(r)].ctx;
-    st.used[size_t(r)] =
-        use_captured_ && st.cap_ctx[size_t(r)] ? merge_ctx(*st.cap_ctx[size_t(r)], d) : d;
-    st.used_ptr[size_t(r)] = &st.used[size_t(r)];
+    ShardingContext& d = st.der.ranks[size_t(r)].ctx;
+    if (use_captured_ && st.cap_ctx[size_t(r)]) {
+      st.used[size_t(r)] = merge_ctx(*st.cap_ctx[size_t(r)], d);
+      st.used_ptr[size_t(r)] = &st.used[size_t(r)];
+    } else {
+      st.used_ptr[size_t(r)] = &d;  // not copied: a context holds id-sized vectors
+    }
   }
   if (!pooled_dist_) return;
   const std::optional<bool> latched = pooled_dist_->latched_variable_batch();
-  const bool mode = latched ? *latched : st.used[0].variable_batch_per_feature.value_or(false);
+  const bool mode = latched ? *latched : st.used_ptr[0]->variable_batch_per_feature.value_or(false);
   for (int64_t r = 0; r < W; ++r) {
-    CheckResult c =
-        latch_check(st.k, int(r), st.used[size_t(r)].variable_batch_per_feature.value_or(false),
-                    mode, latched_batch_.value_or(st.k));
+    CheckResult c = latch_check(st.k, int(r),
+                                st.used_ptr[size_t(r)]->variable_batch_per_feature.value_or(false),
+                                mode, latched_batch_.value_or(st.k));
     st.ctx_bad |= c.status == CheckStatus::fail;
     emit(std::move(c));
   }
@@ -665,11 +724,14 @@ void Replayer::choose_contexts(BatchState& st) {
 
 // The lookup of rank r (all ranks when r < 0) from the embedding source, with the file and the
 // batch named on trouble (an out-of-table id gets the id, sample and routing).
-std::vector<EmbTensor> Replayer::lookup(const BatchState& st, int r) {
+// `slice`: only its columns (its plan and source).
+std::vector<EmbTensor> Replayer::lookup(const BatchState& st, int r, const ColumnSlice* slice) {
+  const Plan& plan = slice ? slice->plan : plan_;
+  const EmbeddingSource& source = slice ? *slice->source : *source_;
   try {
-    if (r < 0) return derive_local_embs(plan_, st.der, *source_, backend_, st.k);
+    if (r < 0) return derive_local_embs(plan, st.der, source, backend_, st.k);
     std::vector<EmbTensor> one;
-    one.push_back(backend_.lookup(plan_, r, st.der.ranks[size_t(r)].lookup_kjt, *source_));
+    one.push_back(backend_.lookup(plan, r, st.der.ranks[size_t(r)].lookup_kjt, source));
     return one;
   } catch (const LookupBoundsError& e) {
     throw Error(fmt::format("{}:/batches/{}: {}", opt_.capture_path, st.k,
@@ -738,17 +800,33 @@ void Replayer::check_output(BatchState& st, int r, EmbTensor&& out,
                         diff_tensors(out, *rb.output, tol_, layout, maxm), tol_);
   if (source_) {
     at_ = {"reference", r};
-    EmbTensor want;
-    try {
-      want = reference_output(plan_, r, rb.kjt, *source_, k);
-    } catch (const CaptureError&) {
-      throw;
-    } catch (const Error& e) {
-      throw Error(fmt::format("unsharded reference: {}", e.what()));
-    }
+    const EmbTensor want = reference(st, r);
     ref = tensor_check(k, r, "output", "reference", "replayed", "reference",
                        diff_tensors(out, want, tol_, layout, maxm), tol_);
   }
+  emit_output_checks(st, r, std::move(gold), std::move(ref), &out);
+  if (!opt_.write_output.empty()) kept[size_t(r)] = std::move(out);
+}
+
+// The unsharded reference of rank r (`slice`: its columns).
+EmbTensor Replayer::reference(const BatchState& st, int r, const ColumnSlice* slice) {
+  try {
+    return reference_output(slice ? slice->plan : plan_, r, st.batch.ranks[size_t(r)].kjt,
+                            slice ? *slice->source : *source_, st.k);
+  } catch (const CaptureError&) {
+    throw;
+  } catch (const Error& e) {
+    throw Error(fmt::format("unsharded reference: {}", e.what()));
+  }
+}
+
+// Rank r's output checks decided (vs golden, vs reference), with their causes, and the module's
+// output after the mean-pooling step. `out`, the replayed output, is needed for the MEAN
+// diagnosis and the module output (a sliced batch has neither: slice_width).
+void Replayer::emit_output_checks(BatchState& st, int r, std::optional<CheckResult> gold,
+                                  std::optional<CheckResult> ref, const EmbTensor* out) {
+  const int64_t k = st.k, maxm = opt_.max_mismatches;
+  const RankBatch& rb = st.batch.ranks[size_t(r)];
   const std::string upstream = st.cause_before_output();
   const bool ref_ok = ref && ref->status == CheckStatus::pass;
   if (ref && ref->status == CheckStatus::fail)
@@ -760,17 +838,17 @@ void Replayer::check_output(BatchState& st, int r, EmbTensor&& out,
                   : ref_ok          ? "data (golden output)"
                   : ref             ? "undetermined (the replay differs from the reference too)"
                                     : "undetermined (no embedding source for a reference)";
-    if (plan_.any_mean && plan_.module == ModuleKind::pooled)
-      diagnose_output_after_callback(*gold, out, *rb.output, rb.kjt, layout);
+    if (plan_.any_mean && plan_.module == ModuleKind::pooled && out)
+      diagnose_output_after_callback(*gold, *out, *rb.output, rb.kjt, output_layout(rb.kjt, *out));
   }
   if (gold) emit(std::move(*gold));
   if (ref) emit(std::move(*ref));
-  if (rb.module_output) {
+  if (rb.module_output && out) {
     at_ = {"module", r};
     CheckResult m;
     try {
       const EmbTensor mo =
-          module_output(plan_, rb.kjt, out, rb.inverse_indices ? &*rb.inverse_indices : nullptr);
+          module_output(plan_, rb.kjt, *out, rb.inverse_indices ? &*rb.inverse_indices : nullptr);
       m = tensor_check(
           k, r, "module", "module_output", "replayed", "captured",
           diff_tensors(mo, *rb.module_output, tol_, TensorLayout::pooled_output(plan_), maxm),
@@ -785,7 +863,6 @@ void Replayer::check_output(BatchState& st, int r, EmbTensor&& out,
                     : "data (module output: the mean-pooling step after the dist)";
     emit(std::move(m));
   }
-  if (!opt_.write_output.empty()) kept[size_t(r)] = std::move(out);
   progress_rank_done(k);
 }
 
@@ -873,21 +950,169 @@ std::vector<std::optional<EmbTensor>> Replayer::run_output_dist(BatchState& st) 
       if (!latched_batch_ && pooled_dist_->latched_variable_batch()) latched_batch_ = st.k;
     }
   } catch (const OutputDistFailure& e) {
-    // The crash a real rank would have had: a context mismatch finding, not trouble.
-    CheckResult c;
-    c.batch = st.k;
-    c.rank = e.rank();
-    c.stage = "ctx";
-    c.check = "output_dist";
-    c.status = CheckStatus::fail;
-    c.mismatches = 1;
-    c.compared = 1;
-    c.message = fmt::format("the output dist cannot run with this context (field {}): {}",
-                            e.field(), e.what());
-    emit(std::move(c));
-    skip_outputs(st, fmt::format("the output dist failed on rank {} ({})", e.rank(), e.field()));
+    output_dist_failed(st, e);
   }
   return kept;
+}
+
+// The width of this batch's column slices, 0 to run it whole. Slices pay off when the output
+// dist runs on lookups derived from the embedding source (all W of them in memory at once
+// otherwise), and are taken only where the sliced checks are exactly the whole ones and no whole
+// output must be kept: no --write-output, no captured local_embs (their lookup check and the
+// dist over captured rows stay whole), no module_output (the mean-pooling step and its check
+// take whole outputs), no golden output of a MEAN pooled plan (its diagnosis divides whole
+// outputs), and for a variable batch the contexts' batch_size_per_rank_per_feature as derived
+// (the reduce-scatter's chunks then hold whole bags, so a column of each is reduced on its own;
+// a captured context that cuts bags elsewhere runs whole, to give the whole batch's result).
+int64_t Replayer::slice_width(const BatchState& st) const {
+  if (slice_cols_ <= 0 || slice_cols_ >= embedding_columns(plan_) || !source_ || writer_) return 0;
+  for (int64_t r = 0; r < st.W; ++r) {
+    const RankBatch& rb = st.batch.ranks[size_t(r)];
+    if (rb.local_embs || rb.module_output) return 0;
+    if (rb.output && plan_.any_mean && plan_.module == ModuleKind::pooled) return 0;
+  }
+  if (plan_.module == ModuleKind::pooled) {
+    bool vbe = st.der.variable_batch || pooled_dist_->latched_variable_batch().value_or(false);
+    for (const ShardingContext* c : st.used_ptr)
+      vbe |= c->variable_batch_per_feature.value_or(false);
+    for (int64_t r = 0; vbe && r < st.W; ++r)
+      if (st.used_ptr[size_t(r)]->batch_size_per_rank_per_feature !=
+          st.der.ranks[size_t(r)].ctx.batch_size_per_rank_per_feature)
+        return 0;
+  }
+  return slice_cols_;
+}
+
+// 3-4 over column slices [c0, c0 + width): the W lookups of the slice, the output dist on them
+// and each rank's output slice diffed with the golden output's and the reference's; the checks
+// are emitted once every slice is merged, in the order the whole batch emits them. The context
+// checks the dist makes (dist_checks.hpp) run first on the whole shapes, so a context that
+// cannot work fails with the whole batch's words and numbers.
+void Replayer::run_output_dist_sliced(BatchState& st, int64_t width) {
+  const int64_t W = st.W, C = embedding_columns(plan_), k = st.k;
+  st.got.assign(size_t(W), false);
+  std::vector<SlicedDiffs> diffs(static_cast<size_t>(W));
+  std::vector<EmbTensor> local;  // [W]: the slice of every rank's lookup
+  std::vector<const EmbTensor*> local_ptr(static_cast<size_t>(W));
+  bool variable_batch = false;
+  for (int64_t c0 = 0; c0 < C; c0 += width) {
+    ColumnSlice slice = make_column_slice(plan_, source_, c0, std::min(C, c0 + width));
+    // warn_zero_row warns of out-of-table ids once per lookup of the batch: on the first slice.
+    // The rows looked up are those of `ignore` (lookup_row does not tell them apart).
+    if (c0 > 0 && slice.plan.bounds_check == BoundsCheck::warn_zero_row)
+      slice.plan.bounds_check = BoundsCheck::ignore;
+    local.clear();  // the previous slice's, before the next is made
+    at_ = {"lookup", -1};
+    local = lookup(st, -1, &slice);
+    for (int64_t r = 0; r < W; ++r) local_ptr[size_t(r)] = &local[size_t(r)];
+    if (c0 == 0) drop_derived_extras(st);
+    at_ = {"output dist", -1};
+    try {
+      if (c0 == 0) {
+        std::vector<EmbTensor> whole(static_cast<size_t>(W));  // shapes only
+        std::vector<const EmbTensor*> whole_ptr(static_cast<size_t>(W));
+        for (int64_t r = 0; r < W; ++r) {
+          whole[size_t(r)] =
+              whole_lookup_shape(plan_, st.der.ranks[size_t(r)].lookup_kjt, local[size_t(r)]);
+          whole_ptr[size_t(r)] = &whole[size_t(r)];
+        }
+        if (seq_dist_)
+          check_sequence_dist(plan_, whole_ptr, st.used_ptr);
+        else
+          variable_batch = pooled_dist_->check(k, whole_ptr, st.used_ptr);
+      }
+      auto sink = [&](int r, EmbTensor&& out) {
+        check_output_slice(st, r, slice, out, diffs[size_t(r)]);
+        at_ = {"output dist", -1};
+      };
+      if (seq_dist_)
+        RwSequenceEmbeddingDist(slice.plan, backend_).forward(local_ptr, st.used_ptr, sink);
+      else
+        backend_.pooled_output_dist(slice.plan, variable_batch, local_ptr, st.used_ptr, sink);
+    } catch (const OutputDistFailure& e) {
+      output_dist_failed(st, e);
+      return;
+    }
+  }
+  local.clear();
+  if (pooled_dist_ && !latched_batch_ && pooled_dist_->latched_variable_batch()) latched_batch_ = k;
+  for (int64_t r = 0; r < W; ++r) {
+    SlicedDiffs& d = diffs[size_t(r)];
+    if (d.whole_shape.empty()) continue;  // never handed over
+    at_ = {"output", int(r)};
+    st.got[size_t(r)] = true;
+    EmbTensor shape;
+    shape.shape = d.whole_shape;
+    const TensorLayout layout = output_layout(st.batch.ranks[size_t(r)].kjt, shape);
+    std::optional<CheckResult> gold, ref;
+    if (d.gold) {
+      locate_mismatches(*d.gold, layout);
+      gold = tensor_check(k, int(r), "output", "golden", "replayed", "golden", *d.gold, tol_);
+    }
+    locate_mismatches(*d.ref, layout);
+    ref = tensor_check(k, int(r), "output", "reference", "replayed", "reference", *d.ref, tol_);
+    emit_output_checks(st, int(r), std::move(gold), std::move(ref), nullptr);
+  }
+}
+
+// Once the first slice is looked up, the bucketize outputs are read no more (they trace an
+// out-of-table id to its origin, and the first slice's lookup met every id): W times three
+// id-sized vectors, given to the slices.
+void Replayer::drop_derived_extras(BatchState& st) {
+  for (DerivedRank& d : st.der.ranks) d.bucketized = BucketizedKjt{};
+}
+
+// Rank r's output slice `out`: diffed with the same columns of its golden output and of its
+// unsharded reference, merged into `d`. A pair whose whole shapes differ is decided on the
+// first slice (shape_mismatch, as the whole diff says it) and not compared further.
+void Replayer::check_output_slice(BatchState& st, int r, const ColumnSlice& slice,
+                                  const EmbTensor& out, SlicedDiffs& d) {
+  const int64_t maxm = opt_.max_mismatches;
+  at_ = {"output", r};
+  const RankBatch& rb = st.batch.ranks[size_t(r)];
+  const SliceLayout l = output_slice_layout(plan_, slice, out, rb.kjt);
+  const auto to_whole = [&l](int64_t e) { return l.to_whole(e); };
+  if (d.whole_shape.empty()) {
+    d.whole_shape = l.whole_shape;
+    if (rb.output) {
+      const int64_t n = EmbTensor{DType::f32, l.whole_shape, {}}.numel();
+      d.gold = rb.output->shape == l.whole_shape && int64_t(rb.output->data.size()) == n
+                   ? TensorDiff{}
+                   : shape_mismatch(l.whole_shape, rb.output->shape);
+    }
+  }
+  if (d.gold && d.gold->shape_ok) {
+    EmbTensor want{rb.output->dtype, out.shape, std::vector<float>(size_t(out.numel()))};
+    l.gather(rb.output->data.data(), want.data.data());
+    merge_diff(*d.gold, diff_part(out, want, tol_, to_whole, maxm), maxm);
+  }
+  if (d.ref && !d.ref->shape_ok) return;
+  at_ = {"reference", r};
+  const EmbTensor want = reference(st, r, &slice);
+  if (!d.ref) {
+    const SliceLayout lw = output_slice_layout(plan_, slice, want, rb.kjt);
+    d.ref = lw.whole_shape == l.whole_shape ? TensorDiff{}
+                                            : shape_mismatch(l.whole_shape, lw.whole_shape);
+    if (!d.ref->shape_ok) return;
+  }
+  merge_diff(*d.ref, diff_part(out, want, tol_, to_whole, maxm), maxm);
+}
+
+// The crash a real rank would have had: a context mismatch finding, not trouble; no output
+// checks for the ranks not handed over.
+void Replayer::output_dist_failed(BatchState& st, const OutputDistFailure& e) {
+  CheckResult c;
+  c.batch = st.k;
+  c.rank = e.rank();
+  c.stage = "ctx";
+  c.check = "output_dist";
+  c.status = CheckStatus::fail;
+  c.mismatches = 1;
+  c.compared = 1;
+  c.message = fmt::format("the output dist cannot run with this context (field {}): {}", e.field(),
+                          e.what());
+  emit(std::move(c));
+  skip_outputs(st, fmt::format("the output dist failed on rank {} ({})", e.rank(), e.field()));
 }
 
 // ---------------------------------------------------------------- keep going after trouble
@@ -997,12 +1222,17 @@ void Replayer::setup_replan(const CaptureReader& reader) {
                "skipped");
 }
 
+// The float tensors of a sliced batch (lookups, an output, its reference and golden slice) are
+// held to this much, whatever the budget: wider slices would only save passes over the ids.
+constexpr double kSliceBytes = 512.0 * (1 << 20);
+
 void Replayer::check_memory(const CaptureReader& reader) {
   const uint64_t have = memory_budget();
-  if (have == 0 || rep_.info.batches.empty()) return;
+  if (rep_.info.batches.empty()) return;
   const int64_t k = rep_.info.batches.front();
   int64_t ids = 0, bags = 0;
   double captured_floats = 0;  // local_embs and output as the replay holds them (float32)
+  bool whole_only = !opt_.write_output.empty() || opt_.write_output_file;
   for (const DatasetStat& d : reader.dataset_stats(k)) {
     const auto ends = [&](const std::string& tail) {
       return d.path.size() >= tail.size() &&
@@ -1011,6 +1241,7 @@ void Replayer::check_memory(const CaptureReader& reader) {
     int64_t numel = 1;
     for (int64_t x : d.dims) numel *= x;
     if (ends("/local_embs") || ends("/output")) captured_floats += 4.0 * double(numel);
+    whole_only |= ends("/local_embs") || ends("/module_output");  // slice_width's rules
     if (d.dims.size() != 1) continue;
     if (ends("/values")) ids += d.dims[0];
     if (ends("/lengths")) bags += d.dims[0];
@@ -1020,17 +1251,41 @@ void Replayer::check_memory(const CaptureReader& reader) {
   const double len = bags > 0 ? double(ids) / double(bags) : 0;
   const MemoryEstimate m = estimate_batch_memory(plan_, b, len);
   // The derived context and lookup, the replayed outputs, and what the capture holds.
-  const double need = m.ids + 2 * m.context + m.lookup + m.output + captured_floats;
-  batch_bytes_ = uint64_t(need);
-  if (need > double(have))
+  const double fixed = m.ids + 2 * m.context + captured_floats;
+  const double need = fixed + m.lookup + m.output;
+  // Over column slices: the W lookups, and one rank's output, reference and golden slice at a
+  // time, per column of the C.
+  const int64_t C = std::max<int64_t>(1, embedding_columns(plan_));
+  const double per_column = (m.lookup + 3 * m.output / double(std::max<int64_t>(1, W))) / double(C);
+  const double room = std::min(kSliceBytes, double(have > 0 ? have : UINT64_MAX) - fixed);
+  slice_cols_ = 0;
+  if (!whole_only && (need > fixed + kSliceBytes || (have > 0 && need > double(have))))
+    slice_cols_ = std::clamp<int64_t>(int64_t(room / std::max(1.0, per_column)), 1, C);
+  // DYNEMB_SLICE_COLUMNS=n: slices of at most n columns (tests compare sliced and whole runs).
+  if (const char* e = std::getenv("DYNEMB_SLICE_COLUMNS"); e && !whole_only && std::atoll(e) > 0)
+    slice_cols_ = std::min<int64_t>(slice_cols_ > 0 ? slice_cols_ : C, std::atoll(e));
+  if (slice_cols_ >= C) slice_cols_ = 0;
+  const double sliced = fixed + double(slice_cols_) * per_column;
+  batch_bytes_ = uint64_t(slice_cols_ > 0 ? sliced : need);
+  const std::string limit =
+      fmt::format("{} {}", human_bytes(double(have)),
+                  opt_.max_memory > 0 ? "--max-memory allows"
+                                      : "this machine has (physical memory, cgroup limit or "
+                                        "DYNEMB_MEMORY_LIMIT)");
+  if (have == 0) return;
+  if (slice_cols_ > 0 && sliced > double(have))
+    throw Error(fmt::format(
+        "{}: replaying batch {} needs about {} even one embedding column at a time, more than the "
+        "{}; W = {}, ids and contexts {}, captured output {}, one column of the W lookups, an "
+        "output and its reference {}; {}",
+        opt_.capture_path, k, human_bytes(sliced), limit, W, human_bytes(m.ids + 2 * m.context),
+        human_bytes(captured_floats), human_bytes(per_column), m.summary()));
+  if (slice_cols_ == 0 && need > double(have))
     throw Error(
-        fmt::format("{}: replaying batch {} needs about {}, more than the {} {}; W = {}, captured "
+        fmt::format("{}: replaying batch {} needs about {}, more than the {}; W = {}, captured "
                     "local_embs and output {}; {}",
-                    opt_.capture_path, k, human_bytes(need), human_bytes(double(have)),
-                    opt_.max_memory > 0 ? "--max-memory allows"
-                                        : "this machine has (physical memory, cgroup limit or "
-                                          "DYNEMB_MEMORY_LIMIT)",
-                    W, human_bytes(captured_floats), m.summary()));
+                    opt_.capture_path, k, human_bytes(need), limit, W, human_bytes(captured_floats),
+                    m.summary()));
 }
 
 bool Replayer::rebase_batch(int64_t k, Batch& batch, bool selected) {

@@ -4,7 +4,8 @@
 // diff the result with the golden `output` and the unsharded reference.
 //
 // Streaming: one batch is in memory at a time; each rank's output is compared as the output
-// dist hands it over and dropped (unless --write-output keeps the batch's outputs).
+// dist hands it over and dropped (unless --write-output keeps the batch's outputs). A batch
+// whose lookups are derived runs over slices of the embedding columns (column_slice.hpp).
 #pragma once
 
 #include <cstdint>
@@ -38,8 +39,9 @@ struct ReplayOptions {
   // check of its batch (or rank) and going on with the others.
   bool fail_fast = false;
   // --max-memory: the memory the replay may plan for, bytes (0: what the machine or its cgroup
-  // allows, common/memory.hpp). A batch that cannot fit is refused up front; batches are read
-  // ahead only while two fit in three quarters of it.
+  // allows, common/memory.hpp). It sizes the column slices of a batch whose lookups are
+  // derived; a batch that cannot fit (sliced: not even one column) is refused up front; batches
+  // are read ahead only while two fit in three quarters of it.
   uint64_t max_memory = 0;
   // --read-ahead: batches read (and inflated) on another thread while one is replayed, 0 or 1.
   int read_ahead = 1;
