@@ -166,7 +166,9 @@ EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
   const int64_t N = static_cast<int64_t>(k.values.size());
   // Dense weights live on the host: the CPU reference looks them up. Any malformed input
   // or a bounds_check=error hit also goes there, so the error text is the reference's.
-  auto host = [&] { return make_cpu_backend(1)->lookup(plan, rank, k, source); };
+  // (On every core: the reference's error is the same, its parallel loop rethrows the first
+  // in id order; column slices of a derived lookup, which carry no oracle seed, come here too.)
+  auto host = [&] { return make_cpu_backend(host_threads())->lookup(plan, rank, k, source); };
   if (!seed || off.back() != N) return host();
   CUDA_CHECK(cudaSetDevice(device_));
   std::vector<int64_t> bags_f(F, 0);
