@@ -18,10 +18,9 @@
 //                           as CUB's single-pass scan): writes the bag offsets; each id's bag
 //                           and bucket; the W x nb counts in shared memory become new_lengths
 //                           (the tile's nb entries of each bucket row are consecutive); then
-//                           per bucket d, a look-back over the rank's earlier tiles (a warp
-//                           per bucket, as CUB's onesweep looks back per digit):
-//                           tile_base[tile][d] = the rank's bucket-d ids in its tiles before
-//                           this one;
+//                           per bucket d, a look-back over the rank's earlier tiles (thread d,
+//                           as CUB's onesweep does per digit): tile_base[tile][d] = the rank's
+//                           bucket-d ids in its tiles before this one;
 //   partition_place_kernel  per tile, 2048-id chunks in input order, ranked as the block-per-
 //                           bag path ranks a bag's chunk (ranking.cuh, stable; routed per id by
 //                           its bag's feature when the tile spans features), placed through
@@ -308,42 +307,30 @@ __global__ void __launch_bounds__(kThreads) partition_count_kernel(PartitionArgs
     if (lane == 0) s_tot[d] = sum;
   }
   __syncthreads();
-  // Per bucket d (warp d mod kWarps), a look-back over the rank's tiles before this one in
-  // grid order: publish the tile's bucket-d count, read the 32 tiles before it at a time (lane
-  // l: tile pred - l; tiles before the rank's first read as an inclusive 0) until an inclusive
-  // word, then write the exclusive sum as tile_base and publish the inclusive one. A window of
-  // 32 keeps the walk to a round trip or two where a word-by-word walk waited on every
-  // predecessor. Tiles past a rank's last bag returned above and are never a predecessor of a
-  // tile with bags.
-  const int64_t b = blockIdx.x, rank_tile0 = b - ti.kt;
-  unsigned long long* bs = p.bucket_status;
-  for (int d = warp; d < W; d += kWarps) {
+  // Per bucket, a look-back over the rank's tiles before this one (grid order, the rank's
+  // first tile stops it): thread d publishes the tile's bucket-d count, walks back to the
+  // nearest inclusive word, writes the exclusive sum as tile_base and publishes the inclusive
+  // one. A predecessor of the same rank was launched before this block and seldom still counts,
+  // so the walk is a step or two; tiles past a rank's last bag returned above and are never
+  // a predecessor of a tile with bags.
+  unsigned long long* bs = p.bucket_status + static_cast<int64_t>(blockIdx.x) * W;
+  for (int d = t; d < W; d += kThreads) {
     const unsigned long long tot = static_cast<unsigned long long>(s_tot[d]);
     int64_t excl = 0;
     if (ti.kt > 0) {
-      if (lane == 0) atomicExch(bs + b * W + d, kPartAgg | tot);
-      for (int64_t pred = b - 1;; pred -= 32) {
-        const int64_t idx = pred - lane;
-        unsigned long long word = kPartInc;
-        if (idx >= rank_tile0) {
-          const volatile unsigned long long* sw = bs + idx * W + d;
-          do {
-            word = *sw;
-          } while (word == 0);
-        }
-        const unsigned inc = __ballot_sync(0xffffffffu, (word & ~kPartValMask) == kPartInc);
-        const int stop = inc ? __ffs(static_cast<int>(inc)) - 1 : 31;
-        int64_t v = lane <= stop ? static_cast<int64_t>(word & kPartValMask) : 0;
-#pragma unroll
-        for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-        excl += v;
-        if (inc) break;  // uniform: the ballot's
+      atomicExch(bs + d, kPartAgg | tot);
+      for (const unsigned long long* pred = bs + d - W;; pred -= W) {
+        const volatile unsigned long long* sw = pred;
+        unsigned long long word;
+        do {
+          word = *sw;
+        } while (word == 0);
+        excl += static_cast<int64_t>(word & kPartValMask);
+        if ((word & ~kPartValMask) == kPartInc) break;
       }
     }
-    if (lane == 0) {
-      p.tile_base[b * W + d] = excl;
-      atomicExch(bs + b * W + d, kPartInc | (static_cast<unsigned long long>(excl) + tot));
-    }
+    p.tile_base[static_cast<int64_t>(blockIdx.x) * W + d] = excl;
+    atomicExch(bs + d, kPartInc | (static_cast<unsigned long long>(excl) + tot));
   }
 }
 
