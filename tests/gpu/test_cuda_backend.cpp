@@ -484,7 +484,7 @@ TEST_CASE("batched bucketize: every one-pass instance == cpu") {
 // 8, 17, 256 (4-bit and 8-bit buckets, W not a power of two), bags of 0-20 ids and long bags
 // (forced: automatic gives those a block per bag), empty bags and empty ranks, ids negative,
 // past the table and raw 63-bit keys, int32 and int64, weights, each dist_type (one table of
-// each), ranks of one tile and of hundreds (long per-bucket look-backs), offset 0 poisoned (the
+// each), ranks of one tile and of thousands (long per-bucket look-backs), offset 0 poisoned (the
 // count kernel writes the bag offsets). W = 300 has no partition (8-bit bucket keys): it must
 // take a thread per bag.
 // DYNEMB_GPU_CASES (set for compute-sanitizer) shrinks the batches.
