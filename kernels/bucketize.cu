@@ -87,9 +87,11 @@ PartitionPlan partition_plan(const BucketizeArgs& a) {
       nb > ((int64_t{1} << 31) - 1 - kChunk) / std::max<int64_t>(1, a.max_bag_len))
     return pp;
   const int64_t tiles = a.num_ranks * T, entries = tiles * W;
-  // The look-back words and tile_base live in new_offsets (W x total_bags entries), and the
-  // grid is one dimension of blocks.
-  if (tiles + 2 * entries > W * a.total_bags || tiles > int64_t{0x7fffffff}) return pp;
+  // tile_cnt and tile_base live in new_offsets (W x total_bags entries), the grid is one
+  // dimension of blocks, and the scan's scratch is the three passes' own.
+  if (2 * entries > W * a.total_bags || tiles > int64_t{0x7fffffff} ||
+      bucketize_scan_temp_bytes(entries) > a.scan_temp_bytes)
+    return pp;
   pp.tile_bags = static_cast<int>(nb);
   pp.tiles_per_rank = T;
   pp.tiles = tiles;
@@ -150,8 +152,10 @@ void launch_three_passes(const BucketizeArgs& a, cudaStream_t s) {
 }
 
 // The partition path (partition.cuh) from the bag lengths: a memset of the look-back words;
-// the count kernel (bag offsets and the tile's per-bucket bases by look-backs, new_lengths);
-// the stable placement.
+// the count kernel (bag offsets by a decoupled look-back, tile counts, new_lengths); a cub
+// exclusive scan over the tile counts only when a rank has more than kPartDirectBaseEntries
+// of them (else the place kernel sums them); the stable placement. Three launches for most
+// batches (the memset included), where there were seven.
 void launch_partition(const BucketizeArgs& a, const int64_t* lengths, const PartitionPlan& pp,
                       cudaStream_t s) {
   PartitionArgs p;
@@ -160,14 +164,22 @@ void launch_partition(const BucketizeArgs& a, const int64_t* lengths, const Part
   p.wd = FastDivU64::make(static_cast<uint64_t>(a.world_size));
   p.tile_j0 = a.tile_j0;
   p.tiles_per_rank = pp.tiles_per_rank;
-  // new_offsets: [tiles] bag-offset words, [tiles][W] bucket words, [tiles][W] tile_base.
-  p.status = reinterpret_cast<unsigned long long*>(a.new_offsets);
-  p.bucket_status = p.status + pp.tiles;
-  p.tile_base = a.new_offsets + pp.tiles + pp.entries;
-  CUDA_CHECK(cudaMemsetAsync(p.status, 0, sizeof(unsigned long long) * (pp.tiles + pp.entries), s));
+  p.tile_cnt = a.new_offsets;
+  p.tile_base = a.new_offsets + pp.entries;
+  // The count kernel's look-back words in tile_base's place (tiles <= entries): the scan, when
+  // there is one, overwrites them after the count kernel.
+  p.status = reinterpret_cast<unsigned long long*>(p.tile_base);
+  CUDA_CHECK(cudaMemsetAsync(p.status, 0, sizeof(unsigned long long) * pp.tiles, s));
   const unsigned grid = static_cast<unsigned>(pp.tiles);
   partition_count_kernel<<<grid, kThreads, 0, s>>>(p);
   CUDA_CHECK_LAUNCH();
+  if (a.world_size * pp.tiles_per_rank <= kPartDirectBaseEntries) {
+    p.tile_base = nullptr;  // the place kernel sums its rank's counts: no scan launches
+  } else {
+    size_t tb = a.scan_temp_bytes;
+    CUDA_CHECK(
+        cub::DeviceScan::ExclusiveSum(a.scan_temp, tb, p.tile_cnt, p.tile_base, pp.entries, s));
+  }
   if (a.total_ids == 0) return;
   if (a.world_size <= kSmallW)
     partition_place_kernel<4><<<grid, kThreads, 0, s>>>(p);

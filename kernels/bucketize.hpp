@@ -11,7 +11,7 @@
 //   placement.cuh   writing ranked ids at their bucketized positions
 //   three_pass.cuh  counts -> scan -> placement kernels (any batch)
 //   partition.cuh   large batches, W <= 256: a stable partition of each rank's ids by bucket
-//                   over tiles of bags (counts and per-bucket look-backs -> placement)
+//                   over tiles of bags (tile counts -> scan of the tile counts -> placement)
 //   one_pass.cuh    the one-pass agent and kernel (a block per bag, one cooperative launch)
 // and kernels/bucketize.cu: the dispatch, which picks a path per launch.
 #pragma once
@@ -67,8 +67,7 @@ struct BucketizeArgs {
   // Outputs.
   int64_t* new_lengths = nullptr;  // [W*total_bags]
   // [W*total_bags] scratch, not an output: the three passes leave the exclusive scan of
-  // new_lengths there, the partition its look-back words and tile bases, the one-pass kernel
-  // nothing.
+  // new_lengths there, the partition its tile counts, the one-pass kernel nothing.
   int64_t* new_offsets = nullptr;
   int64_t* new_values = nullptr;  // [N] bucketized order (global positions)
   float* new_weights = nullptr;   // [N] when weights
@@ -131,11 +130,13 @@ const char* to_string(BucketizePath p);
 // with at most one bag per resident block (W <= 256, R <= 256, W x bags of one rank <= 65536,
 // fewer than 2^31 ids) and a workspace takes the one-pass kernel (cooperative launch, a block
 // per bag). Every other batch (or one whose cooperative launch is refused for lack of room):
-// with W <= 256, short bags take the partition (bag offsets, the tiles' per-bucket bases and
-// new_lengths in one kernel with look-backs; placement); long bags the bag offsets (a cub scan) and
-// the three passes with a block per bag; W > 256 the bag offsets and the three passes with a thread
-// per bag (per-(bag, bucket) counts, a cub scan of new_lengths, placement). Same outputs, bit for
-// bit, every way (new_offsets is scratch). Bumps ws.epoch when it takes the one-pass kernel.
+// with W <= 256, short bags take the partition (bag offsets, tile counts and new_lengths in one
+// kernel with a look-back; a cub scan of the tile counts only for many tiles per rank;
+// placement); long bags the bag offsets (a cub scan) and the three passes with a block per
+// bag; W > 256 the bag offsets and the three passes with a thread per bag (per-(bag, bucket)
+// counts, a cub scan of new_lengths, placement). Same outputs, bit for bit,
+// every way (new_offsets is scratch). Bumps ws.epoch when it takes the one-pass
+// kernel.
 void launch_bucketize(const BucketizeArgs& a, const int64_t* lengths, BucketizeOnePass& ws,
                       cudaStream_t s);
 

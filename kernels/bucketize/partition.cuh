@@ -12,24 +12,27 @@
 //
 // Tiles: tile (q, kt), kt < tiles_per_rank, holds rank q's bags [j0, j1) from the host's
 // table (tile_j0; bags of one feature, sized for similar ids per tile; tiles past a rank's
-// last bag are empty). From the bag lengths, after one memset of the look-back words:
+// last bag are empty and count zero). From the bag lengths, after a memset of the
+// tiles' look-back words:
 //   partition_count_kernel  per tile: the tile's bag offsets (a block scan of its lengths)
 //                           and its first id (a decoupled look-back over the tiles before it,
 //                           as CUB's single-pass scan): writes the bag offsets; each id's bag
 //                           and bucket; the W x nb counts in shared memory become new_lengths
-//                           (the tile's nb entries of each bucket row are consecutive); then
-//                           per bucket d, a look-back over the rank's earlier tiles (thread d,
-//                           as CUB's onesweep does per digit): tile_base[tile][d] = the rank's
-//                           bucket-d ids in its tiles before this one;
+//                           (the tile's nb entries of each bucket row are consecutive) and the
+//                           tile's total per bucket, tile_cnt[q][d][kt];
+//   (cub exclusive scan     of tile_cnt in (q, d, kt) order, only when W x tiles_per_rank >
+//                           kPartDirectBaseEntries: tile_base[q][d][kt] is the global position
+//                           of the tile's first bucket-d id; else the place kernel sums its
+//                           rank's row of tile_cnt itself, the same value);
 //   partition_place_kernel  per tile, 2048-id chunks in input order, ranked as the block-per-
 //                           bag path ranks a bag's chunk (ranking.cuh, stable; routed per id by
 //                           its bag's feature when the tile spans features), placed through
-//                           shared memory (placement.cuh) from run[d] = the rank's first id +
-//                           its ids of buckets < d (the inclusive words of its last tile) +
-//                           tile_base, advanced by each chunk's counts.
-// Two kernels and a memset for every batch. Ids are read twice (count, place); new_lengths
-// written once; new_offsets is not produced: its buffer holds the look-back words (tiles, then
-// tiles x W) and tile_base (tiles x W): tiles x (2W + 1) <= W x total_bags, the dispatch checks.
+//                           shared memory (placement.cuh) from run[d] = tile_base, advanced by
+//                           each chunk's counts.
+// Ids are read twice (count, place); new_lengths written once; new_offsets is not produced:
+// its buffer holds tile_cnt, then the look-back words and tile_base in one region
+// (2 x R x W x tiles_per_rank <= W x total_bags, the dispatch checks; tiles <= R x W x
+// tiles_per_rank).
 #pragma once
 
 #include <cstdint>
@@ -48,12 +51,16 @@ constexpr int kPartMaxTileBags = 384;
 constexpr int kPartMaxCells = 4096;
 // Ids of a tile (plan_partition_tiles, bucketize.cu): the batch's ids over kPartMinTiles
 // (about one resident place block per SM quarter), within [kPartMinTileIds, kPartTileIds]:
-// at least half a chunk (a tile's fixed work, the look-backs and the feature search,
+// at least half a chunk (a tile's fixed work, the look-back and the summing of tile counts,
 // outweighs a smaller tile's ids), at most four chunks. `bench --sweep --tile-ids` measures
 // the choice.
 constexpr int64_t kPartTileIds = 8192;
 constexpr int64_t kPartMinTileIds = 1024;
 constexpr int64_t kPartMinTiles = 512;
+// W x tiles_per_rank at most for the place kernel to sum its rank's tile counts itself
+// (tile_base == nullptr: no scan launches; a warp per bucket reads the rank's counts, 32 KB at
+// most per block); above it, a cub scan writes tile_base.
+constexpr int64_t kPartDirectBaseEntries = 4096;
 
 // A tile's look-back status word (partition_count_kernel): 0 while unpublished, else the flag
 // in the top two bits over the tile's id count (aggregate) or the ids of every tile up to and
@@ -71,10 +78,9 @@ struct PartitionArgs {
                                // (BucketizeArgs::tile_j0): <= kPartMaxTileBags bags a tile,
                                // W x bags <= kPartMaxCells
   int64_t tiles_per_rank;      // T
-  // [tiles][W] look-back words of the per-bucket counts (zeroed before the count kernel):
-  // flag over the tile's bucket-d count or the rank's bucket-d ids up to and including it.
-  unsigned long long* bucket_status;
-  int64_t* tile_base;  // [tiles][W] the rank's bucket-d ids in its tiles before this one
+  int64_t* tile_cnt;           // [R][W][tiles_per_rank]
+  int64_t* tile_base;          // [R][W][tiles_per_rank], exclusive scan of tile_cnt; nullptr:
+                               // the place kernel sums tile_cnt of its rank itself
 };
 
 // The block's tile, the same in all its threads.
@@ -240,7 +246,7 @@ __device__ __forceinline__ int route_in_tile(const PartitionArgs& p, const int* 
   return static_cast<int>(d64);
 }
 
-// The count kernel: the bag offsets (scan_tile), new_lengths of the tile's bags and tile_base.
+// The count kernel: the bag offsets (scan_tile), new_lengths of the tile's bags and tile_cnt.
 // Counts are order-free, so thread t takes kIdsPerLane consecutive ids of each chunk: one bag
 // search per thread and chunk, then a walk forward over the tile's offsets (short bags: about
 // one step per bag), the routing rule reloaded only where the feature changes; one shared
@@ -249,15 +255,18 @@ __device__ __forceinline__ int route_in_tile(const PartitionArgs& p, const int* 
 __global__ void __launch_bounds__(kThreads) partition_count_kernel(PartitionArgs p) {
   __shared__ int s_off[kPartMaxTileBags + 1];
   __shared__ int s_feat[kPartMaxTileBags];
-  __shared__ int s_cnt[kPartMaxCells];    // [d][k]: bucket-d ids of the tile's bag k
-  __shared__ int64_t s_tot[kMaxSharedW];  // the tile's ids of bucket d
+  __shared__ int s_cnt[kPartMaxCells];  // [d][k]: bucket-d ids of the tile's bag k
   __shared__ int s_wsum[kWarps];
   __shared__ int64_t s_id0;
   const BucketizeArgs& a = p.a;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   const int W = static_cast<int>(a.world_size);
   const PartitionTile ti = scan_tile(p, s_off, s_feat, s_wsum, &s_id0);
-  if (ti.nb == 0) return;  // uniform: past the rank's last bag
+  int64_t* tc = p.tile_cnt + ti.q * W * p.tiles_per_rank + ti.kt;  // + d * tiles_per_rank
+  if (ti.nb == 0) {  // uniform: past the rank's last bag, nothing of it in the scan
+    for (int d = t; d < W; d += kThreads) tc[d * p.tiles_per_rank] = 0;
+    return;
+  }
   const int nb = ti.nb, cells = W * nb;
   for (int e = t; e < cells; e += kThreads) s_cnt[e] = 0;
   __syncthreads();
@@ -304,33 +313,7 @@ __global__ void __launch_bounds__(kThreads) partition_count_kernel(PartitionArgs
     for (int k = lane; k < nb; k += 32) sum += s_cnt[d * nb + k];
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) s_tot[d] = sum;
-  }
-  __syncthreads();
-  // Per bucket, a look-back over the rank's tiles before this one (grid order, the rank's
-  // first tile stops it): thread d publishes the tile's bucket-d count, walks back to the
-  // nearest inclusive word, writes the exclusive sum as tile_base and publishes the inclusive
-  // one. A predecessor of the same rank was launched before this block and seldom still counts,
-  // so the walk is a step or two; tiles past a rank's last bag returned above and are never
-  // a predecessor of a tile with bags.
-  unsigned long long* bs = p.bucket_status + static_cast<int64_t>(blockIdx.x) * W;
-  for (int d = t; d < W; d += kThreads) {
-    const unsigned long long tot = static_cast<unsigned long long>(s_tot[d]);
-    int64_t excl = 0;
-    if (ti.kt > 0) {
-      atomicExch(bs + d, kPartAgg | tot);
-      for (const unsigned long long* pred = bs + d - W;; pred -= W) {
-        const volatile unsigned long long* sw = pred;
-        unsigned long long word;
-        do {
-          word = *sw;
-        } while (word == 0);
-        excl += static_cast<int64_t>(word & kPartValMask);
-        if ((word & ~kPartValMask) == kPartInc) break;
-      }
-    }
-    p.tile_base[static_cast<int64_t>(blockIdx.x) * W + d] = excl;
-    atomicExch(bs + d, kPartInc | (static_cast<unsigned long long>(excl) + tot));
+    if (lane == 0) tc[d * p.tiles_per_rank] = sum;
   }
 }
 
@@ -368,7 +351,8 @@ __device__ __forceinline__ void partition_rank_chunk(const PartitionArgs& p, con
 
 // The place kernel: the tile's ids at their global positions (values, perm, weights,
 // dest_rank). Bits: 4 for W <= kSmallW, else 8 (peers()). Four blocks per SM (48 KB of shared
-// memory each) need <= 64 registers.
+// memory each) need <= 64 registers: the bound keeps the summing of tile_cnt from costing one
+// (78 registers without it, no spills with it).
 template <int Bits>
 __global__ void __launch_bounds__(kThreads, 4) partition_place_kernel(PartitionArgs p) {
   __shared__ int s_off[kPartMaxTileBags + 1];
@@ -384,29 +368,44 @@ __global__ void __launch_bounds__(kThreads, 4) partition_place_kernel(PartitionA
   if (ti.nb == 0) return;  // uniform
   const int n = s_off[ti.nb];
   if (n == 0) return;  // uniform: only empty bags
-  // base[d] = (ids of ranks < q) + (rank q's ids of buckets < d) + (bucket-d ids of the rank's
-  // tiles < kt). Every id has one bucket, so the first term is the rank's first id; the
-  // second sums the inclusive words of the rank's last tile with bags (the count kernel has
-  // published them all); the third is tile_base. Thread d alone writes s_run[d]; it is read
-  // after the ranking's barriers.
-  {
-    const int64_t* tj = p.tile_j0 + ti.q * (p.tiles_per_rank + 1);
-    int lo = static_cast<int>(ti.kt), hi = static_cast<int>(p.tiles_per_rank);
-    while (hi - lo > 1) {  // the last tile kt' with bags: tj[kt'] < rank_bags (nondecreasing)
-      const int mid = (lo + hi) >> 1;
-      if (tj[mid] < ti.rank_bags)
-        lo = mid;
-      else
-        hi = mid;
+  if (p.tile_base) {
+    const int64_t* tb = p.tile_base + ti.q * W * p.tiles_per_rank + ti.kt;
+    for (int d = t; d < W; d += kThreads)
+      s_run[d] = tb[d * p.tiles_per_rank];  // read after partition_rank_chunk's barriers
+  } else {
+    // No scan: base[d] = (ids of ranks < q) + (rank q's ids of buckets < d) + (bucket-d ids
+    // of the rank's tiles < kt). Every id has one bucket, so the first term is the rank's
+    // first id. A warp per bucket sums row d of the rank's counts (tiles past its last bag
+    // count zero): the row's total into s_stage[d] (unused until the first chunk's placement,
+    // which follows at least two barriers), the tiles before kt into s_run[d].
+    const int warp = t / 32, lane = t % 32;
+    const int64_t tpr = p.tiles_per_rank;
+    const int64_t* rc = p.tile_cnt + ti.q * W * tpr;
+    for (int d = warp; d < W; d += kWarps) {
+      int64_t tot = 0, pre = 0;
+      for (int64_t k = lane; k < tpr; k += 32) {
+        const int64_t c = rc[d * tpr + k];
+        tot += c;
+        if (k < ti.kt) pre += c;
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) {
+        tot += __shfl_xor_sync(0xffffffffu, tot, o);
+        pre += __shfl_xor_sync(0xffffffffu, pre, o);
+      }
+      if (lane == 0) {
+        s_stage[d] = tot;
+        s_run[d] = pre;
+      }
     }
-    const unsigned long long* last =
-        p.bucket_status + (ti.q * p.tiles_per_rank + lo) * static_cast<int64_t>(W);
-    const int64_t* tb = p.tile_base + static_cast<int64_t>(blockIdx.x) * W;
+    __syncthreads();  // s_stage[0..W) and s_run[0..W) written above
     for (int d = t; d < W; d += kThreads) {
       int64_t below = ti.rank_id_base;
-      for (int e = 0; e < d; ++e) below += static_cast<int64_t>(last[e] & kPartValMask);
-      s_run[d] = below + tb[d];
+      for (int e = 0; e < d; ++e) below += s_stage[e];  // same e across the warp: broadcast
+      s_run[d] += below;  // thread d alone writes s_run[d]; read after the ranking's barriers
     }
+    // s_stage is next written in place_chunk_staged, after the ranking's closing barrier: every
+    // read of it above is done by then.
   }
   // Features are nondecreasing over a rank's bags: a tile whose first and last bag share one
   // has a single routing rule, and takes the block-per-bag ranking as is (the rule resolved at

@@ -484,7 +484,7 @@ TEST_CASE("batched bucketize: every one-pass instance == cpu") {
 // 8, 17, 256 (4-bit and 8-bit buckets, W not a power of two), bags of 0-20 ids and long bags
 // (forced: automatic gives those a block per bag), empty bags and empty ranks, ids negative,
 // past the table and raw 63-bit keys, int32 and int64, weights, each dist_type (one table of
-// each), ranks of one tile and of thousands (long per-bucket look-backs), offset 0 poisoned (the
+// each), tile bases summed by the place kernel and by the cub scan, offset 0 poisoned (the
 // count kernel writes the bag offsets). W = 300 has no partition (8-bit bucket keys): it must
 // take a thread per bag.
 // DYNEMB_GPU_CASES (set for compute-sanitizer) shrinks the batches.
@@ -509,7 +509,8 @@ TEST_CASE("batched bucketize: the partition path (large batches) == cpu") {
       {8, 8192, 512, 0, 20, false, false, false, false, false},  // ec-bench-criteo's shape
       {8, 8192, 512, 0, 20, false, true, true, true, false},
       {8, 65536, 2048, 0, 4, false, false, true, true, true},
-      // Thousands of tiles in rank 0 (lopsided): long chains of per-bucket look-backs.
+      // W x tiles per rank > kPartDirectBaseEntries: tile bases by the cub scan (the first
+      // only in the full size, the second in both), not summed by the place kernel.
       {16, 65536, 2048, 0, 4, false, true, true, false, true},
       {64, 2048, 2048, 0, 6, false, false, true, true, false},
       {1, 8192, 512, 0, 20, false, true, false, true, false},
