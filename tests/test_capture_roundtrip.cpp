@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 
 #include "capture/capture.hpp"
 #include "capture/synth.hpp"
@@ -288,6 +289,50 @@ TEST_CASE("synth -> read: engine-filled parts pass every reader check, and are d
         }
     CHECK(i == kjt.num_ids());
   }
+}
+
+TEST_CASE("writer: a rank at a time writes write_batch's file, and refuses calls out of order") {
+  TempDir dir;
+  Plan plan = preset_plan("pooled-mean-mixed-dims");
+  SynthOptions o = preset_workload("pooled-mean-mixed-dims");
+  o.batches = 2;
+  o.vbe = true;
+  o.store_module_output = true;
+  const std::string src = dir.file("src.h5");
+  synth_capture(plan, o, src);
+  CaptureReader r(src);
+  const std::vector<Batch> batches = {r.read_batch(plan, 0), r.read_batch(plan, 1)};
+  const std::string whole = dir.file("whole.h5"), ranks = dir.file("ranks.h5");
+  {
+    CaptureWriter w(whole, plan, o.seed);
+    for (const Batch& b : batches) w.write_batch(b);
+    w.commit();
+  }
+  {
+    CaptureWriter w(ranks, plan, o.seed);
+    for (const Batch& b : batches) {
+      w.begin_batch(b.index);
+      for (int64_t k = 0; k < plan.world_size; ++k) {
+        w.write_rank_inputs(k, b.ranks[k]);
+        w.write_rank_outputs(k, b.ranks[k]);
+      }
+      w.end_batch();
+    }
+    w.commit();
+  }
+  auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  CHECK(bytes(whole).size() > 0);
+  CHECK(bytes(whole) == bytes(ranks));
+  CaptureWriter w(dir.file("bad.h5"), plan, o.seed);
+  CHECK_THROWS_AS(w.write_rank_inputs(0, batches[0].ranks[0]), CaptureError);  // no batch
+  w.begin_batch(0);
+  CHECK_THROWS_AS(w.write_rank_outputs(0, batches[0].ranks[0]), CaptureError);  // inputs first
+  CHECK_THROWS_AS(w.write_rank_inputs(1, batches[0].ranks[1]), CaptureError);   // rank 0 first
+  CHECK_THROWS_AS(w.end_batch(), CaptureError);                                 // ranks missing
+  CHECK_THROWS_AS(w.commit(), CaptureError);
 }
 
 TEST_CASE("synth: options change the right things") {

@@ -170,6 +170,14 @@ class CaptureWriter {
                           const std::vector<float>& data);
   // Batches must come in order 0, 1, ...; batch.ranks.size() must be the plan's W.
   void write_batch(const Batch& batch);
+  // write_batch a rank at a time, for a producer that has rank r's inputs before its outputs
+  // (synth: every rank's lookup precedes the first output): begin_batch(index), then for
+  // r = 0..W-1 write_rank_inputs(r, ..) and write_rank_outputs(r, ..), then end_batch(). Same
+  // calls, same file as write_batch, byte for byte.
+  void begin_batch(int64_t index);
+  void write_rank_inputs(int64_t rank, const RankBatch& rb);   // KJT, ctx, keys, local_embs
+  void write_rank_outputs(int64_t rank, const RankBatch& rb);  // output, inverse indices, module
+  void end_batch();
   int64_t batches_written() const { return batches_; }
   void commit();
 

@@ -20,6 +20,11 @@ struct CaptureWriter::Impl {
   std::string target;
   WriterOptions opt;
   Hid fid, batches, half;
+  // The batch and rank being written a rank at a time; `next` says which call may come next.
+  Hid batch_group, rank_group;
+  std::string batch_path;
+  int64_t rank = 0;
+  enum class Next : uint8_t { batch, inputs, outputs } next = Next::batch;
 
   [[noreturn]] void fail(const std::string& path, const std::string& msg) const {
     throw CaptureError(target, path, "cannot write: " + msg);
@@ -212,6 +217,8 @@ CaptureWriter::CaptureWriter(std::shared_ptr<OutputFile> out, const Plan& plan,
 CaptureWriter::~CaptureWriter() {
   if (committed_) return;
   // Close every handle before removing the half-written temp (the OutputFile removes it).
+  impl_->rank_group.reset();
+  impl_->batch_group.reset();
   impl_->batches.reset();
   impl_->half.reset();
   impl_->fid.reset();
@@ -232,83 +239,123 @@ void CaptureWriter::write_table_weight(const std::string& table, DType dtype, in
 }
 
 void CaptureWriter::write_batch(const Batch& batch) {
+  const std::string bp = fmt::format("/batches/{}", batches_);
+  if (static_cast<int64_t>(batch.ranks.size()) != world_size_)
+    impl_->fail(bp, fmt::format("{} ranks, want world_size {}", batch.ranks.size(), world_size_));
+  begin_batch(batch.index);
+  for (int64_t r = 0; r < world_size_; ++r) {
+    write_rank_inputs(r, batch.ranks[r]);
+    write_rank_outputs(r, batch.ranks[r]);
+  }
+  end_batch();
+}
+
+void CaptureWriter::begin_batch(int64_t index) {
   Impl& I = *impl_;
   const std::string bp = fmt::format("/batches/{}", batches_);
-  if (batch.index != batches_)
-    I.fail(bp, fmt::format("batch {} written out of order", batch.index));
-  if (static_cast<int64_t>(batch.ranks.size()) != world_size_)
-    I.fail(bp, fmt::format("{} ranks, want world_size {}", batch.ranks.size(), world_size_));
-  Hid bg = I.group(I.batches, bp, std::to_string(batches_).c_str());
-  for (int64_t r = 0; r < world_size_; ++r) {
-    const RankBatch& rb = batch.ranks[r];
-    const Kjt& kjt = rb.kjt;
-    const std::string rp = fmt::format("{}/rank{}", bp, r);
-    Hid rg = I.group(bg, rp, fmt::format("rank{}", r).c_str());
-    I.ints(rg, rp, "lengths", kjt.lengths, kjt.lengths_type);
-    I.ints(rg, rp, "values", kjt.values, kjt.values_type);
-    if (kjt.weighted) {
-      EmbTensor w;
-      w.shape = {static_cast<int64_t>(kjt.weights.size())};
-      w.data = kjt.weights;
-      I.floats(rg, rp, "weights", w);
-    }
-    if (kjt.is_vbe()) I.ints(rg, rp, "stride_per_feature", kjt.stride_per_feature, IndexType::i64);
-    if (rb.ctx) {
-      const ShardingContext& c = *rb.ctx;
-      const std::string cp = rp + "/ctx";
-      Hid cg = I.group(rg, cp, "ctx");
-      auto vec = [&](const char* name, const std::optional<std::vector<int64_t>>& v) {
-        if (v) I.ints(cg, cp, name, *v, IndexType::i64);
-      };
-      vec("input_splits", c.input_splits);
-      vec("output_splits", c.output_splits);
-      vec("batch_size_per_rank", c.batch_size_per_rank);
-      if (c.batch_size_per_rank_per_feature) {
-        const auto& m = *c.batch_size_per_rank_per_feature;
-        std::vector<int64_t> flat;
-        const int64_t cols = m.empty() ? 0 : static_cast<int64_t>(m[0].size());
-        for (const auto& row : m) {
-          if (static_cast<int64_t>(row.size()) != cols)
-            I.fail(cp + "/batch_size_per_rank_per_feature", "ragged rows");
-          flat.insert(flat.end(), row.begin(), row.end());
-        }
-        I.ints(cg, cp, "batch_size_per_rank_per_feature", flat, IndexType::i64,
-               {static_cast<int64_t>(m.size()), cols});
-      }
-      if (c.sparse_features_recat) {
-        const auto& v = *c.sparse_features_recat;
-        I.dataset(cg, cp, "sparse_features_recat", H5T_STD_I32LE, H5T_NATIVE_INT32,
-                  {static_cast<int64_t>(v.size())}, v.data());
-      }
-      vec("unbucketize_permute", c.unbucketize_permute);
-      if (c.lengths_after_input_dist) {
-        const auto& v = *c.lengths_after_input_dist;
-        const int64_t cols = c.lengths_after_input_dist_cols;
-        const int64_t rows = cols > 0 ? static_cast<int64_t>(v.size()) / cols : kjt.num_features;
-        if (rows * cols != static_cast<int64_t>(v.size()))
-          I.fail(cp + "/lengths_after_input_dist",
-                 fmt::format("{} values do not fill {} columns", v.size(), cols));
-        I.ints(cg, cp, "lengths_after_input_dist", v, IndexType::i64, {rows, cols});
-      }
-      if (c.variable_batch_per_feature)
-        I.int_attr(cg, cp, "variable_batch_per_feature", *c.variable_batch_per_feature ? 1 : 0);
-    }
-    if (rb.keys) I.strings(rg, rp, "keys", *rb.keys);
-    if (rb.local_embs) I.floats(rg, rp, "local_embs", *rb.local_embs);
-    if (rb.output) I.floats(rg, rp, "output", *rb.output);
-    if (rb.inverse_indices) {
-      const int64_t F = kjt.num_features, n = static_cast<int64_t>(rb.inverse_indices->size());
-      if (F <= 0 || n % F != 0)
-        I.fail(rp + "/inverse_indices", fmt::format("{} values do not fill {} rows", n, F));
-      I.ints(rg, rp, "inverse_indices", *rb.inverse_indices, IndexType::i64, {F, n / F});
-    }
-    if (rb.module_output) I.floats(rg, rp, "module_output", *rb.module_output);
+  if (I.next != Impl::Next::batch) I.fail(bp, "a batch begun before the last one ended");
+  if (index != batches_) I.fail(bp, fmt::format("batch {} written out of order", index));
+  I.batch_group = I.group(I.batches, bp, std::to_string(batches_).c_str());
+  I.batch_path = bp;
+  I.rank = 0;
+  I.next = Impl::Next::inputs;
+}
+
+void CaptureWriter::write_rank_inputs(int64_t r, const RankBatch& rb) {
+  Impl& I = *impl_;
+  const std::string& bp = I.batch_path;
+  if (I.next != Impl::Next::inputs || r != I.rank)
+    I.fail(bp, fmt::format("rank {} inputs written out of order", r));
+  const Kjt& kjt = rb.kjt;
+  const std::string rp = fmt::format("{}/rank{}", bp, r);
+  I.rank_group = I.group(I.batch_group, rp, fmt::format("rank{}", r).c_str());
+  const hid_t rg = I.rank_group;
+  I.ints(rg, rp, "lengths", kjt.lengths, kjt.lengths_type);
+  I.ints(rg, rp, "values", kjt.values, kjt.values_type);
+  if (kjt.weighted) {
+    EmbTensor w;
+    w.shape = {static_cast<int64_t>(kjt.weights.size())};
+    w.data = kjt.weights;
+    I.floats(rg, rp, "weights", w);
   }
+  if (kjt.is_vbe()) I.ints(rg, rp, "stride_per_feature", kjt.stride_per_feature, IndexType::i64);
+  if (rb.ctx) {
+    const ShardingContext& c = *rb.ctx;
+    const std::string cp = rp + "/ctx";
+    Hid cg = I.group(rg, cp, "ctx");
+    auto vec = [&](const char* name, const std::optional<std::vector<int64_t>>& v) {
+      if (v) I.ints(cg, cp, name, *v, IndexType::i64);
+    };
+    vec("input_splits", c.input_splits);
+    vec("output_splits", c.output_splits);
+    vec("batch_size_per_rank", c.batch_size_per_rank);
+    if (c.batch_size_per_rank_per_feature) {
+      const auto& m = *c.batch_size_per_rank_per_feature;
+      std::vector<int64_t> flat;
+      const int64_t cols = m.empty() ? 0 : static_cast<int64_t>(m[0].size());
+      for (const auto& row : m) {
+        if (static_cast<int64_t>(row.size()) != cols)
+          I.fail(cp + "/batch_size_per_rank_per_feature", "ragged rows");
+        flat.insert(flat.end(), row.begin(), row.end());
+      }
+      I.ints(cg, cp, "batch_size_per_rank_per_feature", flat, IndexType::i64,
+             {static_cast<int64_t>(m.size()), cols});
+    }
+    if (c.sparse_features_recat) {
+      const auto& v = *c.sparse_features_recat;
+      I.dataset(cg, cp, "sparse_features_recat", H5T_STD_I32LE, H5T_NATIVE_INT32,
+                {static_cast<int64_t>(v.size())}, v.data());
+    }
+    vec("unbucketize_permute", c.unbucketize_permute);
+    if (c.lengths_after_input_dist) {
+      const auto& v = *c.lengths_after_input_dist;
+      const int64_t cols = c.lengths_after_input_dist_cols;
+      const int64_t rows = cols > 0 ? static_cast<int64_t>(v.size()) / cols : kjt.num_features;
+      if (rows * cols != static_cast<int64_t>(v.size()))
+        I.fail(cp + "/lengths_after_input_dist",
+               fmt::format("{} values do not fill {} columns", v.size(), cols));
+      I.ints(cg, cp, "lengths_after_input_dist", v, IndexType::i64, {rows, cols});
+    }
+    if (c.variable_batch_per_feature)
+      I.int_attr(cg, cp, "variable_batch_per_feature", *c.variable_batch_per_feature ? 1 : 0);
+  }
+  if (rb.keys) I.strings(rg, rp, "keys", *rb.keys);
+  if (rb.local_embs) I.floats(rg, rp, "local_embs", *rb.local_embs);
+  I.next = Impl::Next::outputs;
+}
+
+void CaptureWriter::write_rank_outputs(int64_t r, const RankBatch& rb) {
+  Impl& I = *impl_;
+  if (I.next != Impl::Next::outputs || r != I.rank)
+    I.fail(I.batch_path, fmt::format("rank {} outputs written out of order", r));
+  const Kjt& kjt = rb.kjt;
+  const std::string rp = fmt::format("{}/rank{}", I.batch_path, r);
+  const hid_t rg = I.rank_group;
+  if (rb.output) I.floats(rg, rp, "output", *rb.output);
+  if (rb.inverse_indices) {
+    const int64_t F = kjt.num_features, n = static_cast<int64_t>(rb.inverse_indices->size());
+    if (F <= 0 || n % F != 0)
+      I.fail(rp + "/inverse_indices", fmt::format("{} values do not fill {} rows", n, F));
+    I.ints(rg, rp, "inverse_indices", *rb.inverse_indices, IndexType::i64, {F, n / F});
+  }
+  if (rb.module_output) I.floats(rg, rp, "module_output", *rb.module_output);
+  I.rank_group.reset();  // closed before the next rank's group, as write_batch always did
+  ++I.rank;
+  I.next = I.rank < world_size_ ? Impl::Next::inputs : Impl::Next::batch;
+}
+
+void CaptureWriter::end_batch() {
+  Impl& I = *impl_;
+  if (I.next != Impl::Next::batch || I.rank != world_size_)
+    I.fail(I.batch_path, fmt::format("batch ended after {} of {} ranks", I.rank, world_size_));
+  I.batch_group.reset();
   ++batches_;
 }
 
 void CaptureWriter::commit() {
   Impl& I = *impl_;
+  if (I.next != Impl::Next::batch)
+    I.fail(I.batch_path, fmt::format("committed after {} of {} ranks", I.rank, world_size_));
   {
     Hid root = h5::group_id(H5Gopen2(I.fid, "/", H5P_DEFAULT));
     I.int_attr(root, "/", "num_batches", batches_);

@@ -3,11 +3,19 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <exception>
 #include <limits>
+#include <mutex>
+#include <system_error>
+#include <thread>
 
 #include "capture/capture.hpp"
 #include "capture/embedded_plans.hpp"
+#include "capture/h5util.hpp"
 #include "common/error.hpp"
 #include "common/hash.hpp"
 #include "engine/backend.hpp"
@@ -15,6 +23,7 @@
 #include "engine/engine.hpp"
 #include "engine/mean_pooling.hpp"
 #include "engine/output_dist.hpp"
+#include "engine/parallel.hpp"
 
 namespace dynemb {
 
@@ -238,43 +247,59 @@ void check_synth_options(const Plan& plan, const SynthOptions& o) {
   }
 }
 
-std::vector<Kjt> synth_kjts(const Plan& plan, const SynthOptions& o, int64_t batch) {
-  const int64_t W = plan.world_size, F = plan.num_features();
-  std::vector<Kjt> out(static_cast<size_t>(W));
-  for (int64_t r = 0; r < W; ++r) {
-    Kjt& k = out[r];
-    k.num_features = F;
-    k.lengths_type = k.values_type = o.index_type;
-    k.weighted = o.weighted;
-    const int64_t B = o.batch_sizes.size() == 1 ? o.batch_sizes[0] : o.batch_sizes[r];
-    // Separate streams for strides, lengths, ids and weights: changing one option (say
-    // --weighted) leaves the other draws as they were.
-    SplitMix64 rs = stream(o.seed, batch, r, 1), rl = stream(o.seed, batch, r, 2),
-               ri = stream(o.seed, batch, r, 3), rw = stream(o.seed, batch, r, 4),
-               ro = stream(o.seed, batch, r, 5);
-    std::vector<int64_t> bf(static_cast<size_t>(F), B);  // B_{r,f}
-    if (o.vbe) {
-      for (int64_t f = 0; f < F; ++f) bf[f] = B == 0 ? 0 : 1 + static_cast<int64_t>(rs.below(B));
-      k.stride_per_feature = bf;
-    }
-    const bool empty = o.empty_rank && *o.empty_rank == r;
-    for (int64_t f = 0; f < F; ++f) {
-      const Hotness& h = o.hotness.size() == 1 ? o.hotness[0] : o.hotness[f];
-      const uint64_t n = static_cast<uint64_t>(plan.features[f].hash_size);
-      for (int64_t b = 0; b < bf[f]; ++b) {
-        const int64_t len = empty ? 0 : draw_length(rl, h);
-        k.lengths.push_back(len);
-        for (int64_t i = 0; i < len; ++i) {
-          int64_t id = o.zipf_ids ? zipf(ri, o.zipf_alpha, static_cast<int64_t>(n)) - 1
-                                  : static_cast<int64_t>(ri.below(n));
-          if (o.oob_fraction > 0 && ro.unit() < o.oob_fraction)
-            id = wild_id(ro, plan.features[f], o);
-          k.values.push_back(id);
-          if (o.weighted) k.weights.push_back(static_cast<float>(rw.below(9)) / 4.0f);
-        }
+namespace {
+
+int hardware_threads() {
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// Rank r's KJT of batch `batch` into `k` (empty).
+void synth_rank_kjt(const Plan& plan, const SynthOptions& o, int64_t batch, int64_t r, Kjt& k) {
+  const int64_t F = plan.num_features();
+  k.num_features = F;
+  k.lengths_type = k.values_type = o.index_type;
+  k.weighted = o.weighted;
+  const int64_t B = o.batch_sizes.size() == 1 ? o.batch_sizes[0] : o.batch_sizes[r];
+  // Separate streams for strides, lengths, ids and weights: changing one option (say
+  // --weighted) leaves the other draws as they were.
+  SplitMix64 rs = stream(o.seed, batch, r, 1), rl = stream(o.seed, batch, r, 2),
+             ri = stream(o.seed, batch, r, 3), rw = stream(o.seed, batch, r, 4),
+             ro = stream(o.seed, batch, r, 5);
+  std::vector<int64_t> bf(static_cast<size_t>(F), B);  // B_{r,f}
+  if (o.vbe) {
+    for (int64_t f = 0; f < F; ++f) bf[f] = B == 0 ? 0 : 1 + static_cast<int64_t>(rs.below(B));
+    k.stride_per_feature = bf;
+  }
+  const bool empty = o.empty_rank && *o.empty_rank == r;
+  for (int64_t f = 0; f < F; ++f) {
+    const Hotness& h = o.hotness.size() == 1 ? o.hotness[0] : o.hotness[f];
+    const uint64_t n = static_cast<uint64_t>(plan.features[f].hash_size);
+    for (int64_t b = 0; b < bf[f]; ++b) {
+      const int64_t len = empty ? 0 : draw_length(rl, h);
+      k.lengths.push_back(len);
+      for (int64_t i = 0; i < len; ++i) {
+        int64_t id = o.zipf_ids ? zipf(ri, o.zipf_alpha, static_cast<int64_t>(n)) - 1
+                                : static_cast<int64_t>(ri.below(n));
+        if (o.oob_fraction > 0 && ro.unit() < o.oob_fraction) id = wild_id(ro, plan.features[f], o);
+        k.values.push_back(id);
+        if (o.weighted) k.weights.push_back(static_cast<float>(rw.below(9)) / 4.0f);
       }
     }
   }
+}
+
+}  // namespace
+
+std::vector<Kjt> synth_kjts(const Plan& plan, const SynthOptions& o, int64_t batch) {
+  const int64_t W = plan.world_size;
+  std::vector<Kjt> out(static_cast<size_t>(W));
+  // Every rank draws from its own streams, so ranks are made on threads of their own.
+  parallel_for(
+      hardware_threads(), W,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) synth_rank_kjt(plan, o, batch, r, out[r]);
+      },
+      /*grain=*/1);
   return out;
 }
 
@@ -297,6 +322,142 @@ void synth_capture(const Plan& plan, const SynthOptions& o, const std::string& p
   synth_capture(plan, o, std::make_shared<OutputFile>(path), progress);
 }
 
+namespace {
+
+// The capture's HDF5 calls on a thread of their own, in the order they were queued, while the
+// caller derives what comes next (libhdf5 is not thread-safe: one thread makes every call).
+// A task that throws stops the queue: the caller gets its error at the next push or wait.
+// Without a thread (none could be started), push runs the task itself.
+class WriteQueue {
+ public:
+  WriteQueue() {
+    try {
+      thread_ = std::thread([this] { run(); });
+    } catch (const std::system_error&) {
+    }
+  }
+  ~WriteQueue() { stop(); }  // what was not written is dropped (the caller is failing)
+  WriteQueue(const WriteQueue&) = delete;
+  WriteQueue& operator=(const WriteQueue&) = delete;
+
+  // Queues `task`; returns its number (1, 2, ...), for wait.
+  uint64_t push(std::function<void()> task) {
+    if (!thread_.joinable()) {
+      task();
+      return ++pushed_;
+    }
+    std::lock_guard<std::mutex> lk(m_);
+    if (error_) std::rethrow_exception(error_);
+    q_.push_back(std::move(task));
+    cv_work_.notify_one();
+    return ++pushed_;
+  }
+  // Waits until tasks 1..n have run (and released what they held).
+  void wait(uint64_t n) {
+    if (!thread_.joinable()) return;
+    std::unique_lock<std::mutex> lk(m_);
+    cv_done_.wait(lk, [&] { return done_ >= n || error_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void run() {
+    h5::quiet();  // libhdf5's error printing is per thread
+    std::unique_lock<std::mutex> lk(m_);
+    while (true) {
+      cv_work_.wait(lk, [&] { return stop_ || !q_.empty(); });
+      if (stop_ || error_) return;
+      std::function<void()> task = std::move(q_.front());
+      q_.pop_front();
+      lk.unlock();
+      std::exception_ptr e;
+      try {
+        task();
+      } catch (...) {
+        e = std::current_exception();
+      }
+      task = nullptr;  // a batch's tensors go with its last task
+      lk.lock();
+      if (e) {
+        error_ = e;
+        q_.clear();
+      }
+      ++done_;
+      cv_done_.notify_all();
+    }
+  }
+  void stop() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      stop_ = true;
+    }
+    cv_work_.notify_all();
+    thread_.join();
+  }
+
+  std::mutex m_;
+  std::condition_variable cv_work_, cv_done_;
+  std::deque<std::function<void()>> q_;
+  uint64_t pushed_ = 0, done_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+// Queues one batch's writes in the file's order (rank r's inputs, its outputs, then rank
+// r + 1's), each as soon as what it writes exists: rank r's inputs once its lookup output
+// does (when local_embs are stored), its outputs once the output dist has made them.
+class BatchWrites {
+ public:
+  BatchWrites(WriteQueue& q, CaptureWriter& w, std::shared_ptr<Batch> batch)
+      : q_(q), w_(w), batch_(std::move(batch)), W_(static_cast<int64_t>(batch_->ranks.size())) {
+    out_task_.assign(static_cast<size_t>(W_), 0);
+    const int64_t k = batch_->index;
+    CaptureWriter* w_p = &w_;
+    q_.push([w_p, k] { w_p->begin_batch(k); });
+  }
+  // Ranks [0, inputs) have their inputs, [0, outputs) their outputs.
+  void ready(int64_t inputs, int64_t outputs) {
+    CaptureWriter* w = &w_;
+    while (true) {
+      if (in_ == out_ && in_ < std::min(inputs, W_)) {
+        const int64_t r = in_++;
+        q_.push([w, b = batch_, r] { w->write_rank_inputs(r, b->ranks[r]); });
+      } else if (out_ < in_ && out_ < outputs) {
+        const int64_t r = out_++;
+        out_task_[r] = q_.push([w, b = batch_, r] {
+          RankBatch& rb = b->ranks[r];
+          w->write_rank_outputs(r, rb);
+          rb.output.reset();  // written: not kept while later ranks are
+          rb.module_output.reset();
+        });
+      } else {
+        break;
+      }
+    }
+  }
+  // Returns once rank r's outputs are written.
+  void wait_outputs(int64_t r) { q_.wait(out_task_[r]); }
+  // Queues the end of the batch; returns its task number.
+  uint64_t end() {
+    ready(W_, W_);
+    CaptureWriter* w = &w_;
+    return q_.push([w] { w->end_batch(); });
+  }
+
+ private:
+  WriteQueue& q_;
+  CaptureWriter& w_;
+  std::shared_ptr<Batch> batch_;
+  int64_t W_, in_ = 0, out_ = 0;
+  std::vector<uint64_t> out_task_;
+};
+
+}  // namespace
+
+// Per batch: inputs, context, lookups, output dist, each handing its ranks' writes to the
+// write queue as they complete, so that compressing and writing rank r overlaps deriving r + 1.
 void synth_capture(const Plan& plan, const SynthOptions& o, std::shared_ptr<OutputFile> out,
                    const std::function<void(int64_t)>& progress) {
   check_synth_options(plan, o);
@@ -304,68 +465,97 @@ void synth_capture(const Plan& plan, const SynthOptions& o, std::shared_ptr<Outp
   CaptureWriter writer(std::move(out), plan, o.seed);
   const bool need_engine =
       o.store_ctx || o.store_local_embs || o.store_output || o.store_module_output;
+  const bool need_lookup = o.store_local_embs || o.store_output || o.store_module_output;
+  const bool need_dist = o.store_output || o.store_module_output;
   using Plant = SynthOptions::Plant;
   std::unique_ptr<Backend> backend = need_engine ? make_cpu_backend(0) : nullptr;
   OracleSource source(o.seed, plan);
   // The pooled module latches its variable-batch mode on the first batch, as TorchRec's does.
   std::optional<RwPooledEmbeddingDist> pooled;
   if (plan.module == ModuleKind::pooled && backend) pooled.emplace(plan, *backend);
+  std::vector<std::string> keys;
+  for (const FeatureInfo& f : plan.features) keys.push_back(f.name);
+  // After the writer, so that its thread stops before the writer closes the file.
+  WriteQueue queue;
+  uint64_t last_end = 0;  // the task that ends the previous batch
 
   for (int64_t k = 0; k < o.batches; ++k) {
-    Batch batch;
-    batch.index = k;
-    batch.ranks.resize(static_cast<size_t>(W));
+    auto batch = std::make_shared<Batch>();
+    batch->index = k;
+    batch->ranks.resize(static_cast<size_t>(W));
     std::vector<Kjt> kjts = synth_kjts(plan, o, k);
-    std::vector<std::string> keys;
-    for (const FeatureInfo& f : plan.features) keys.push_back(f.name);
-    for (int64_t r = 0; r < W; ++r) {
-      batch.ranks[r].kjt = std::move(kjts[r]);
-      batch.ranks[r].keys = keys;
-      if (o.store_module_output && batch.ranks[r].kjt.is_vbe())
-        batch.ranks[r].inverse_indices = synth_inverse_indices(o, batch.ranks[r].kjt, k, r);
-    }
+    parallel_for(
+        hardware_threads(), W,
+        [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            RankBatch& rb = batch->ranks[r];
+            rb.kjt = std::move(kjts[r]);
+            rb.keys = keys;
+            if (o.store_module_output && rb.kjt.is_vbe())
+              rb.inverse_indices = synth_inverse_indices(o, rb.kjt, k, r);
+          }
+        },
+        /*grain=*/1);
+    DerivedBatch derived;
     if (need_engine) {
       std::vector<const Kjt*> kp(static_cast<size_t>(W));
-      for (int64_t r = 0; r < W; ++r) kp[r] = &batch.ranks[r].kjt;
-      DerivedBatch derived = derive_input_dist(plan, kp, *backend);
+      for (int64_t r = 0; r < W; ++r) kp[r] = &batch->ranks[r].kjt;
+      derived = derive_input_dist(plan, kp, *backend);
       if (o.store_ctx)
         for (int64_t r = 0; r < W; ++r) {
           ShardingContext c = derived.ranks[r].ctx;
           c.batch_size_per_feature_pre_a2a.reset();  // not part of capture format v1
-          batch.ranks[r].ctx = std::move(c);
+          batch->ranks[r].ctx = std::move(c);
         }
-      if (o.store_local_embs || o.store_output || o.store_module_output) {
-        std::vector<EmbTensor> local = derive_local_embs(plan, derived, source, *backend, k);
-        if (o.plant == Plant::local_embs_means)
-          for (int64_t r = 0; r < W; ++r)
-            local[r] = per_rank_means(plan, derived.ranks[r].lookup_kjt, local[r]);
-        if (o.store_output || o.store_module_output) {
-          std::vector<const EmbTensor*> lp(static_cast<size_t>(W));
-          std::vector<const ShardingContext*> cp(static_cast<size_t>(W));
-          for (int64_t r = 0; r < W; ++r) {
-            lp[r] = &local[r];
-            cp[r] = &derived.ranks[r].ctx;
-          }
-          auto sink = [&](int rank, EmbTensor&& out) {
-            RankBatch& rb = batch.ranks[rank];
-            if (o.store_module_output)
-              rb.module_output = module_output(plan, rb.kjt, out,
-                                               rb.inverse_indices ? &*rb.inverse_indices : nullptr);
-            if (o.plant == Plant::output_after_callback) out = mean_divided(plan, rb.kjt, out);
-            if (o.store_output) rb.output = std::move(out);
-          };
-          if (plan.module == ModuleKind::sequence)
-            RwSequenceEmbeddingDist(plan, *backend).forward(lp, cp, sink);
-          else
-            pooled->forward(k, lp, cp, sink);
-        }
-        if (o.store_local_embs)
-          for (int64_t r = 0; r < W; ++r) batch.ranks[r].local_embs = std::move(local[r]);
-      }
     }
-    writer.write_batch(batch);
-    if (progress) progress(k);
+    // The previous batch is written (and its tensors freed) before this one's lookups make
+    // theirs: one batch's lookup outputs in memory at a time.
+    queue.wait(last_end);
+    if (k > 0 && progress) progress(k - 1);
+    BatchWrites writes(queue, writer, batch);
+    if (!need_lookup) {
+      writes.ready(W, W);
+      last_end = writes.end();
+      continue;
+    }
+    const int64_t inputs_wait_lookup = o.store_local_embs ? 0 : W;
+    writes.ready(inputs_wait_lookup, need_dist ? 0 : W);
+    std::vector<EmbTensor> local =
+        derive_local_embs(plan, derived, source, *backend, k, [&](int64_t r, EmbTensor& e) {
+          if (o.plant == Plant::local_embs_means)
+            e = per_rank_means(plan, derived.ranks[r].lookup_kjt, e);
+          if (o.store_local_embs) {
+            batch->ranks[r].local_embs = std::move(e);  // the dist reads it there
+            writes.ready(r + 1, need_dist ? 0 : W);
+          }
+        });
+    if (need_dist) {
+      std::vector<const EmbTensor*> lp(static_cast<size_t>(W));
+      std::vector<const ShardingContext*> cp(static_cast<size_t>(W));
+      for (int64_t r = 0; r < W; ++r) {
+        lp[r] = o.store_local_embs ? &*batch->ranks[r].local_embs : &local[r];
+        cp[r] = &derived.ranks[r].ctx;
+      }
+      auto sink = [&](int rank, EmbTensor&& out) {
+        RankBatch& rb = batch->ranks[rank];
+        if (o.store_module_output)
+          rb.module_output =
+              module_output(plan, rb.kjt, out, rb.inverse_indices ? &*rb.inverse_indices : nullptr);
+        if (o.plant == Plant::output_after_callback) out = mean_divided(plan, rb.kjt, out);
+        if (o.store_output) rb.output = std::move(out);
+        writes.ready(W, rank + 1);
+        // At most three ranks' outputs wait for the writer.
+        if (rank >= 2) writes.wait_outputs(rank - 2);
+      };
+      if (plan.module == ModuleKind::sequence)
+        RwSequenceEmbeddingDist(plan, *backend).forward(lp, cp, sink);
+      else
+        pooled->forward(k, lp, cp, sink);
+    }
+    last_end = writes.end();
   }
+  queue.wait(last_end);
+  if (o.batches > 0 && progress) progress(o.batches - 1);
   writer.commit();
 }
 

@@ -89,7 +89,8 @@ DerivedBatch derive_input_dist(const Plan& plan, const std::vector<const Kjt*>& 
 
 std::vector<EmbTensor> derive_local_embs(const Plan& plan, const DerivedBatch& derived,
                                          const EmbeddingSource& source, Backend& backend,
-                                         int64_t batch) {
+                                         int64_t batch,
+                                         const std::function<void(int64_t, EmbTensor&)>& done) {
   const int64_t W = static_cast<int64_t>(derived.ranks.size());
   if (plan.bounds_check == BoundsCheck::warn_zero_row) {
     // TorchRec's TBE warns; we warn once per batch and feature, with the count over all ranks.
@@ -124,6 +125,7 @@ std::vector<EmbTensor> derive_local_embs(const Plan& plan, const DerivedBatch& d
     } catch (const Error& e) {
       throw Error("batch " + std::to_string(batch) + ": " + e.what());
     }
+    if (done) done(r, out.back());
   }
   return out;
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,10 +34,13 @@ DerivedBatch derive_input_dist(const Plan& plan, const std::vector<const Kjt*>& 
                                Backend& backend);
 
 // Lookup for every rank; result[r] = local_embs of rank r. `batch` names the batch in
-// bounds-check errors.
+// bounds-check errors. `done(r, local_embs_r)`, when given, is called as each rank's lookup
+// completes, in rank order (synth writes rank r while rank r + 1 is looked up); what it leaves
+// in its argument is what result[r] holds.
 std::vector<EmbTensor> derive_local_embs(const Plan& plan, const DerivedBatch& derived,
                                          const EmbeddingSource& source, Backend& backend,
-                                         int64_t batch);
+                                         int64_t batch,
+                                         const std::function<void(int64_t, EmbTensor&)>& done = {});
 
 // The message for a LookupBoundsError of `derived` (derived from `kjts`), in the user's terms:
 // the id itself, its feature, rank, sample and position in its original bag, where it was
