@@ -20,6 +20,7 @@
 #include "dist_kernels.hpp"
 #include "engine/engine.hpp"
 #include "engine/ops.hpp"
+#include "output_dist_run.hpp"
 
 using namespace dynemb;
 using dynemb::cuda::DeviceBuffer;
@@ -158,23 +159,8 @@ void compare_batch(const Plan& plan, const std::vector<const Kjt*>& kjts,
     CHECK(g.shape == local[r].shape);
     CHECK(same_bits(g.data, local[r].data));
   }
-  std::vector<const EmbTensor*> lp;
-  std::vector<const ShardingContext*> cp;
-  for (int64_t r = 0; r < W; ++r) {
-    lp.push_back(&local[r]);
-    cp.push_back(&derived.ranks[r].ctx);
-  }
-  std::vector<EmbTensor> out_cpu(W), out_gpu(W);
-  auto sink_to = [](std::vector<EmbTensor>& v) {
-    return [&v](int r, EmbTensor&& t) { v[r] = std::move(t); };
-  };
-  if (plan.module == ModuleKind::sequence) {
-    cpu().sequence_output_dist(plan, lp, cp, sink_to(out_cpu));
-    gpu().sequence_output_dist(plan, lp, cp, sink_to(out_gpu));
-  } else {
-    cpu().pooled_output_dist(plan, derived.variable_batch, lp, cp, sink_to(out_cpu));
-    gpu().pooled_output_dist(plan, derived.variable_batch, lp, cp, sink_to(out_gpu));
-  }
+  const std::vector<EmbTensor> out_cpu = test::run_output_dist(cpu(), plan, derived, local);
+  const std::vector<EmbTensor> out_gpu = test::run_output_dist(gpu(), plan, derived, local);
   for (int64_t r = 0; r < W; ++r) {
     INFO("output dist rank " << r << " first diff "
                              << first_diff(out_cpu[r].data, out_gpu[r].data));

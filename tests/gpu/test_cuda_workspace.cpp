@@ -18,6 +18,7 @@
 #include "cuda/staging.hpp"
 #include "cuda_check.hpp"
 #include "engine/engine.hpp"
+#include "output_dist_run.hpp"
 
 using namespace dynemb;
 
@@ -108,23 +109,8 @@ int run_and_compare(Backend& gpu, const PresetBatch& b) {
     expect(g.shape == local[r].shape, at + " shape");
     expect(same_bits(g.data, local[r].data), at + " data");
   }
-  std::vector<const EmbTensor*> lp;
-  std::vector<const ShardingContext*> cp;
-  for (int64_t r = 0; r < W; ++r) {
-    lp.push_back(&local[r]);
-    cp.push_back(&derived.ranks[r].ctx);
-  }
-  std::vector<EmbTensor> want(W), got(W);
-  auto sink_to = [](std::vector<EmbTensor>& v) {
-    return [&v](int r, EmbTensor&& t) { v[r] = std::move(t); };
-  };
-  if (plan.module == ModuleKind::sequence) {
-    cpu().sequence_output_dist(plan, lp, cp, sink_to(want));
-    gpu.sequence_output_dist(plan, lp, cp, sink_to(got));
-  } else {
-    cpu().pooled_output_dist(plan, derived.variable_batch, lp, cp, sink_to(want));
-    gpu.pooled_output_dist(plan, derived.variable_batch, lp, cp, sink_to(got));
-  }
+  const std::vector<EmbTensor> want = test::run_output_dist(cpu(), plan, derived, local);
+  const std::vector<EmbTensor> got = test::run_output_dist(gpu, plan, derived, local);
   for (int64_t r = 0; r < W; ++r) {
     const std::string at = "output dist rank " + std::to_string(r);
     expect(got[r].shape == want[r].shape && got[r].dtype == want[r].dtype, at + " shape/dtype");
