@@ -20,39 +20,24 @@
 #include "dist_kernels.hpp"
 #include "engine/engine.hpp"
 #include "engine/ops.hpp"
-#include "output_dist_run.hpp"
+#include "gpu_test_support.hpp"
 
 using namespace dynemb;
 using dynemb::cuda::DeviceBuffer;
+using test::cpu;
+using test::first_diff;
+using test::same_bits;
 
 namespace {
 
 void require_gpu() {
-  if (!cuda_device_available()) {
-    std::printf("SKIP: no CUDA device or driver on this machine (GPU tests need one)\n");
-    std::fflush(stdout);
-    std::exit(77);
-  }
+  test::skip_unless(cuda_device_available());
 }
 
 Backend& gpu() {
   require_gpu();
   static std::unique_ptr<Backend> b = make_cuda_backend(0);
   return *b;
-}
-Backend& cpu() {
-  static std::unique_ptr<Backend> b = make_cpu_backend(2);
-  return *b;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), 4 * a.size()) == 0);
-}
-
-int64_t first_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
-    if (std::memcmp(&a[i], &b[i], 4) != 0) return static_cast<int64_t>(i);
-  return a.size() == b.size() ? -1 : static_cast<int64_t>(std::min(a.size(), b.size()));
 }
 
 struct Case {

@@ -18,27 +18,17 @@
 #include "cuda/staging.hpp"
 #include "cuda_check.hpp"
 #include "engine/engine.hpp"
-#include "output_dist_run.hpp"
+#include "gpu_test_support.hpp"
 
 using namespace dynemb;
+using test::cpu;
+using test::first_diff;
+using test::same_bits;
 
 namespace {
 
 void require_gpu() {
-  if (!cuda_device_available()) {
-    std::printf("SKIP: no CUDA device or driver on this machine (GPU tests need one)\n");
-    std::fflush(stdout);
-    std::exit(77);
-  }
-}
-
-Backend& cpu() {
-  static std::unique_ptr<Backend> b = make_cpu_backend(2);
-  return *b;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), 4 * a.size()) == 0);
+  test::skip_unless(cuda_device_available());
 }
 
 // The allocations made so far, of both kinds.

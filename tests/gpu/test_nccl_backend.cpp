@@ -26,18 +26,18 @@ TEST_CASE("nccl backend") {
 #include "capture/capture.hpp"
 #include "engine/engine.hpp"
 #include "engine/ops.hpp"
+#include "gpu_test_support.hpp"
 #include "nccl/nccl_backend.hpp"
 
 using namespace dynemb;
+using test::cpu;
+using test::first_diff;
+using test::same_bits;
 
 namespace {
 
 void require_gpu() {
-  if (nccl_visible_devices() == 0) {
-    std::printf("SKIP: no CUDA device or driver on this machine (GPU tests need one)\n");
-    std::fflush(stdout);
-    std::exit(77);
-  }
+  test::skip_unless(nccl_visible_devices() > 0);
 }
 
 // The three configurations every case runs through.
@@ -58,19 +58,6 @@ Backend& nccl(size_t variant) {
   static std::vector<std::unique_ptr<Backend> > b(variants().size());
   if (!b[variant]) b[variant] = make_nccl_backend({}, variants()[variant].opt);
   return *b[variant];
-}
-Backend& cpu() {
-  static std::unique_ptr<Backend> b = make_cpu_backend(2);
-  return *b;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), 4 * a.size()) == 0);
-}
-int64_t first_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
-    if (std::memcmp(&a[i], &b[i], 4) != 0) return static_cast<int64_t>(i);
-  return a.size() == b.size() ? -1 : static_cast<int64_t>(std::min(a.size(), b.size()));
 }
 
 struct Case {
