@@ -22,7 +22,6 @@
 
 using namespace dynemb;
 using test::cpu;
-using test::first_diff;
 using test::same_bits;
 
 namespace {
