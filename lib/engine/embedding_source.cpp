@@ -18,21 +18,34 @@ OracleSource::OracleSource(uint64_t seed, const Plan& plan) : seed_(seed) {
   for (size_t t = 0; t < plan.tables.size(); ++t) table_seed_.push_back(oracle_table_seed(seed, t));
 }
 
-void OracleSource::row(int table, uint64_t g, float* out, int64_t dim) const {
-  // capture-format.md: h = fmix64(h_t ^ g) once per row, then fmix64(h + c) per column.
-  const uint64_t h = fmix64(table_seed_[static_cast<size_t>(table)] ^ g);
-  for (int64_t c = 0; c < dim; ++c) {
-    const uint64_t k = fmix64(h + static_cast<uint64_t>(c));
-    out[c] = static_cast<float>(static_cast<int>((k >> 56) & 0xff) - 128) / 64.0f;
-  }
-}
+namespace {
 
-void OracleSource::row_columns(int table, uint64_t g, int64_t c0, int64_t n, float* out) const {
-  const uint64_t h = fmix64(table_seed_[static_cast<size_t>(table)] ^ g);
+// Columns [c0, c0 + n) of the oracle row whose row hash is h: fmix64(h + c) per column
+// (docs/capture-format.md). Replays and synth spend most of their arithmetic here (every id of
+// a lookup and of the unsharded reference, D columns each). The loop is 64-bit multiplies and
+// shifts per element, which the compiler vectorizes only when it may use AVX2 or AVX-512: it
+// is compiled for those too and the CPU's best is picked when the program loads. Integer math,
+// then a small integer over 64: every clone gives the same bits.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(__SANITIZE_ADDRESS__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+void oracle_columns(uint64_t h, int64_t c0, int64_t n, float* out) {
   for (int64_t c = 0; c < n; ++c) {
     const uint64_t k = fmix64(h + static_cast<uint64_t>(c0 + c));
     out[c] = static_cast<float>(static_cast<int>((k >> 56) & 0xff) - 128) / 64.0f;
   }
+}
+
+}  // namespace
+
+void OracleSource::row(int table, uint64_t g, float* out, int64_t dim) const {
+  // h = fmix64(h_t ^ g) once per row, then fmix64(h + c) per column.
+  oracle_columns(fmix64(table_seed_[static_cast<size_t>(table)] ^ g), 0, dim, out);
+}
+
+void OracleSource::row_columns(int table, uint64_t g, int64_t c0, int64_t n, float* out) const {
+  oracle_columns(fmix64(table_seed_[static_cast<size_t>(table)] ^ g), c0, n, out);
 }
 
 DenseSource::DenseSource(const Plan& plan, std::vector<std::optional<std::vector<float>>> weights,

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -335,6 +336,22 @@ class Replayer {
       return "replay";
     }
   } at_;
+  // Wall time per step, summed over batches and ranks, for whoever tunes the replay
+  // (DYNEMB_STEP_TIMES=1: a table on stderr at the end). The time from one at() to the next
+  // is the earlier step's; "read" is the wait for a batch (its read, or what is left of its
+  // read ahead).
+  struct StepClock {
+    bool on = std::getenv("DYNEMB_STEP_TIMES") != nullptr;
+    std::vector<std::pair<std::string, double>> seconds;  // first-seen order
+    std::string step = "open";
+    std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
+    void enter(const char* next);
+    void print() const;
+  } clock_;
+  void at(const char* step, int rank) {
+    at_ = {step, rank};
+    clock_.enter(step);
+  }
   TensorLayout output_layout(const Kjt& kjt, const EmbTensor& t) const;
 
   const ReplayOptions& opt_;
@@ -361,6 +378,31 @@ class Replayer {
 
 // Values computed two ways (a division, or a multiplication by 1/len) agree to a few ulps:
 // the diagnoses below compare with this instead of the replay's tolerance.
+void Replayer::StepClock::enter(const char* next) {
+  if (!on) return;
+  const auto now = std::chrono::steady_clock::now();
+  const double dt = std::chrono::duration<double>(now - since).count();
+  auto it =
+      std::find_if(seconds.begin(), seconds.end(), [&](const auto& e) { return e.first == step; });
+  if (it == seconds.end())
+    seconds.emplace_back(step, dt);
+  else
+    it->second += dt;
+  step = next;
+  since = now;
+}
+
+void Replayer::StepClock::print() const {
+  if (!on) return;
+  double total = 0;
+  for (const auto& [name, secs] : seconds) total += secs;
+  std::string out = "# step times (DYNEMB_STEP_TIMES): wall seconds per step, all batches\n";
+  for (const auto& [name, secs] : seconds)
+    out += fmt::format("#   {:<12} {:9.3f}  {:5.1f} %\n", name, secs,
+                       total > 0 ? 100.0 * secs / total : 0.0);
+  std::fputs(out.c_str(), stderr);
+}
+
 Tolerance diagnosis_tolerance() {
   return Tolerance::rel(1e-5, 1e-6);
 }
@@ -467,12 +509,16 @@ void Replayer::run() {
   for (size_t i = 0; i < order.size(); ++i) {
     const int64_t k = order[i];
     std::optional<Batch> read;
+    clock_.enter("read");
     if (ahead.valid()) read = ahead.get();
     if (!read) read = read_batch_keeping_going(reader, k);
     if (prefetch && i + 1 < order.size()) ahead = read_ahead(order[i + 1]);
+    clock_.enter("replay");
     replay_read(k, read);
     if (selected_.count(k)) progress_batch_done(k);
   }
+  clock_.enter("end");
+  clock_.print();
   start();  // when every batch was trouble
   if (writer_ && troubles_ > 0) drop_writer();
   if (writer_) writer_->commit();
@@ -579,8 +625,9 @@ void Replayer::replay_read(int64_t k, std::optional<Batch>& read) {
   begin(k, batch);
   std::vector<std::optional<EmbTensor>> outputs;
   try {
-    at_ = {};
+    at("replay", -1);
     outputs = replay_batch(k, batch);
+    clock_.enter("replay");
   } catch (const Error& e) {
     record_trouble(k, -1, "replay", e.what());
     drop_writer();
@@ -646,7 +693,7 @@ Replayer::BatchState::BatchState(int64_t k_, const Batch& batch_, int64_t W_)
 
 // The input dist every rank ran: bucketize, the KJT all-to-all, the contexts.
 void Replayer::derive_batch(BatchState& st) {
-  at_ = {"input dist", -1};
+  at("input dist", -1);
   try {
     st.der = derive_input_dist(plan_, st.kjts, backend_);
   } catch (const OutputDistFailure& e) {
@@ -664,7 +711,7 @@ void Replayer::check_contexts(BatchState& st) {
   for (const RankBatch& rb : st.batch.ranks) ctx_seen_ |= rb.ctx.has_value();
   std::vector<int64_t> no_ctx;  // ranks of this batch without ctx/ while others have one
   for (int64_t r = 0; r < W; ++r) {
-    at_ = {"ctx", int(r)};
+    at("ctx", int(r));
     const RankBatch& rb = st.batch.ranks[size_t(r)];
     if (!rb.ctx) {
       if (ctx_seen_) no_ctx.push_back(r);
@@ -687,7 +734,7 @@ void Replayer::check_contexts(BatchState& st) {
                    "no ctx/ group in this rank-batch (other rank-batches have one): the captured "
                    "context cannot be compared"));
   }
-  at_ = {"ctx", -1};
+  at("ctx", -1);
   for (CheckResult& c : consistency_checks(plan_, k, st.kjts, st.cap_ctx, st.cap_local, st.golden,
                                            opt_.max_mismatches)) {
     st.ctx_bad |= c.status == CheckStatus::fail;
@@ -750,12 +797,12 @@ void Replayer::check_lookup(BatchState& st) {
   for (int64_t r = 0; r < W; ++r) need_all_derived |= !(use_captured_ && st.cap_local[size_t(r)]);
   if (!source_) return;  // no lookup to compare with (reported once in the warnings)
   if (need_all_derived) {
-    at_ = {"lookup", -1};
+    at("lookup", -1);
     st.derived_local = lookup(st, -1);
   }
   for (int64_t r = 0; r < W; ++r) {
     if (!st.cap_local[size_t(r)]) continue;
-    at_ = {"lookup", int(r)};
+    at("lookup", int(r));
     std::vector<EmbTensor> one;
     if (!need_all_derived) one = lookup(st, int(r));
     const EmbTensor& want = need_all_derived ? st.derived_local[size_t(r)] : one[0];
@@ -790,7 +837,7 @@ std::string Replayer::BatchState::cause_before_output() const {
 void Replayer::check_output(BatchState& st, int r, EmbTensor&& out,
                             std::vector<std::optional<EmbTensor>>& kept) {
   const int64_t k = st.k, maxm = opt_.max_mismatches;
-  at_ = {"output", r};
+  at("output", r);
   st.got[size_t(r)] = true;
   const RankBatch& rb = st.batch.ranks[size_t(r)];
   const TensorLayout layout = output_layout(rb.kjt, out);
@@ -799,7 +846,7 @@ void Replayer::check_output(BatchState& st, int r, EmbTensor&& out,
     gold = tensor_check(k, r, "output", "golden", "replayed", "golden",
                         diff_tensors(out, *rb.output, tol_, layout, maxm), tol_);
   if (source_) {
-    at_ = {"reference", r};
+    at("reference", r);
     const EmbTensor want = reference(st, r);
     ref = tensor_check(k, r, "output", "reference", "replayed", "reference",
                        diff_tensors(out, want, tol_, layout, maxm), tol_);
@@ -844,7 +891,7 @@ void Replayer::emit_output_checks(BatchState& st, int r, std::optional<CheckResu
   if (gold) emit(std::move(*gold));
   if (ref) emit(std::move(*ref));
   if (rb.module_output && out) {
-    at_ = {"module", r};
+    at("module", r);
     CheckResult m;
     try {
       const EmbTensor mo =
@@ -937,10 +984,10 @@ std::vector<std::optional<EmbTensor>> Replayer::run_output_dist(BatchState& st) 
     skip_outputs(st, "no local_embs captured and no embedding source to derive them");
     return kept;
   }
-  at_ = {"output dist", -1};
+  at("output dist", -1);
   auto sink = [&](int r, EmbTensor&& out) {
     check_output(st, r, std::move(out), kept);
-    at_ = {"output dist", -1};
+    at("output dist", -1);
   };
   try {
     if (seq_dist_) {
@@ -1002,11 +1049,11 @@ void Replayer::run_output_dist_sliced(BatchState& st, int64_t width) {
     if (c0 > 0 && slice.plan.bounds_check == BoundsCheck::warn_zero_row)
       slice.plan.bounds_check = BoundsCheck::ignore;
     local.clear();  // the previous slice's, before the next is made
-    at_ = {"lookup", -1};
+    at("lookup", -1);
     local = lookup(st, -1, &slice);
     for (int64_t r = 0; r < W; ++r) local_ptr[size_t(r)] = &local[size_t(r)];
     if (c0 == 0) drop_derived_extras(st);
-    at_ = {"output dist", -1};
+    at("output dist", -1);
     try {
       if (c0 == 0) {
         std::vector<EmbTensor> whole(static_cast<size_t>(W));  // shapes only
@@ -1023,7 +1070,7 @@ void Replayer::run_output_dist_sliced(BatchState& st, int64_t width) {
       }
       auto sink = [&](int r, EmbTensor&& out) {
         check_output_slice(st, r, slice, out, diffs[size_t(r)]);
-        at_ = {"output dist", -1};
+        at("output dist", -1);
       };
       if (seq_dist_)
         RwSequenceEmbeddingDist(slice.plan, backend_).forward(local_ptr, st.used_ptr, sink);
@@ -1039,7 +1086,7 @@ void Replayer::run_output_dist_sliced(BatchState& st, int64_t width) {
   for (int64_t r = 0; r < W; ++r) {
     SlicedDiffs& d = diffs[size_t(r)];
     if (d.whole_shape.empty()) continue;  // never handed over
-    at_ = {"output", int(r)};
+    at("output", int(r));
     st.got[size_t(r)] = true;
     EmbTensor shape;
     shape.shape = d.whole_shape;
@@ -1068,7 +1115,7 @@ void Replayer::drop_derived_extras(BatchState& st) {
 void Replayer::check_output_slice(BatchState& st, int r, const ColumnSlice& slice,
                                   const EmbTensor& out, SlicedDiffs& d) {
   const int64_t maxm = opt_.max_mismatches;
-  at_ = {"output", r};
+  at("output", r);
   const RankBatch& rb = st.batch.ranks[size_t(r)];
   const SliceLayout l = output_slice_layout(plan_, slice, out, rb.kjt);
   const auto to_whole = [&l](int64_t e) { return l.to_whole(e); };
@@ -1087,7 +1134,7 @@ void Replayer::check_output_slice(BatchState& st, int r, const ColumnSlice& slic
     merge_diff(*d.gold, diff_part(out, want, tol_, to_whole, maxm), maxm);
   }
   if (d.ref && !d.ref->shape_ok) return;
-  at_ = {"reference", r};
+  at("reference", r);
   const EmbTensor want = reference(st, r, &slice);
   if (!d.ref) {
     const SliceLayout lw = output_slice_layout(plan_, slice, want, rb.kjt);
