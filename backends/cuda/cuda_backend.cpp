@@ -51,12 +51,6 @@ void put(DeviceBuffer<T>& dev, const std::vector<T>& host, cudaStream_t s, Pinne
 
 namespace {
 
-// Threads for the host's per-id work around the kernels (one per core).
-int host_threads() {
-  static const int n = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  return n;
-}
-
 using cuda::DeviceBuffer;
 using ToHost = cuda::PinnedStaging::ToHost;
 
@@ -115,7 +109,7 @@ bool lookup_rows(const Plan& plan, int rank, const LookupKjt& k, const std::vect
                  std::vector<uint8_t>& valid, std::vector<int32_t>& bag_feat) {
   std::atomic<bool> oob_error{false};
   parallel_for(
-      host_threads(), bag0.back(),
+      hardware_threads(), bag0.back(),
       [&](int64_t j0, int64_t j1) {
         int64_t f = std::upper_bound(bag0.begin(), bag0.end(), j0) - bag0.begin() - 1;
         for (int64_t j = j0; j < j1; ++j) {
@@ -168,7 +162,7 @@ EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
   // or a bounds_check=error hit also goes there, so the error text is the reference's.
   // (On every core: the reference's error is the same, its parallel loop rethrows the first
   // in id order; column slices of a derived lookup, which carry no oracle seed, come here too.)
-  auto host = [&] { return make_cpu_backend(host_threads())->lookup(plan, rank, k, source); };
+  auto host = [&] { return make_cpu_backend(hardware_threads())->lookup(plan, rank, k, source); };
   if (!seed || off.back() != N) return host();
   CUDA_CHECK(cudaSetDevice(device_));
   std::vector<int64_t> bags_f(F, 0);

@@ -21,6 +21,7 @@
 #include "capture/watchdog.hpp"
 #include "common/hash.hpp"
 #include "engine/ops.hpp"
+#include "engine/parallel.hpp"
 
 namespace dynemb {
 
@@ -233,11 +234,7 @@ struct CaptureReader::Impl {
     const size_t es = H5Tget_size(ds.t);
     if (ds.numel * static_cast<int64_t>(es) < kParallelReadBytes) return false;
     if (H5Tequal(ds.t, mem_type) <= 0) return false;
-    return h5::read_chunks_parallel(ds.d, out, uint64_t(ds.numel) * es, read_threads());
-  }
-  static int read_threads() {
-    static const int n = std::max(1u, std::thread::hardware_concurrency());
-    return n;
+    return h5::read_chunks_parallel(ds.d, out, uint64_t(ds.numel) * es, hardware_threads());
   }
   static constexpr int64_t kParallelReadBytes = 1 << 20;
 

@@ -267,7 +267,7 @@ bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads) {
   // then decoded on the workers; memory beyond `out` is one window of stored chunks, not the
   // dataset's. A chunk claiming more than deflate could ever produce is refused.
   const uint64_t chunk_bytes = L.chunk_bytes();
-  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 0) threads = hardware_threads();
   const uint64_t window = std::min<uint64_t>(L.nchunks, uint64_t(4 * threads));
   std::vector<RawChunk> raw(static_cast<size_t>(window));
   unsigned char* dst = static_cast<unsigned char*>(out);
@@ -378,7 +378,7 @@ ChunkWrite write_chunks_parallel(hid_t dset, hid_t mem_type, const void* data, u
   if (serial_write_forced()) return ChunkWrite::declined;
   Layout L;
   if (!parallel_write_applies(dset, mem_type, bytes, L)) return ChunkWrite::declined;
-  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 0) threads = hardware_threads();
   const size_t chunk_bytes = size_t(L.chunk_bytes());
   const uLong bound = compressBound(static_cast<uLong>(chunk_bytes));
   const size_t es = L.es;

@@ -249,10 +249,6 @@ void check_synth_options(const Plan& plan, const SynthOptions& o) {
 
 namespace {
 
-int hardware_threads() {
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
-
 // Rank r's KJT of batch `batch` into `k` (empty).
 void synth_rank_kjt(const Plan& plan, const SynthOptions& o, int64_t batch, int64_t r, Kjt& k) {
   const int64_t F = plan.num_features();

@@ -32,10 +32,7 @@ void split_col(const LookupKjt& k, int64_t f, int64_t col, int64_t& s, int64_t& 
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads)
-      : threads_(threads > 0 ? threads
-                             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))) {
-  }
+  explicit CpuBackend(int threads) : threads_(threads > 0 ? threads : hardware_threads()) {}
   std::string name() const override { return "cpu"; }
   std::string device() const override { return "host, " + std::to_string(threads_) + " threads"; }
 

@@ -130,14 +130,6 @@ std::vector<EmbTensor> derive_local_embs(const Plan& plan, const DerivedBatch& d
   return out;
 }
 
-namespace {
-// The unsharded reference runs on every core (its ids and bags are independent).
-int reference_threads() {
-  static const int n = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  return n;
-}
-}  // namespace
-
 EmbTensor reference_output(const Plan& plan, int rank, const Kjt& kjt,
                            const EmbeddingSource& source, int64_t batch) {
   check_kjt(plan, kjt, "batch " + std::to_string(batch) + " rank" + std::to_string(rank));
@@ -164,7 +156,7 @@ EmbTensor reference_output(const Plan& plan, int rank, const Kjt& kjt,
     for (int64_t f = 0; f < F; ++f) {
       const int64_t i0 = off[kjt.bag_begin(f)], i1 = off[kjt.bag_begin(f) + kjt.batch_size(f)];
       parallel_for(
-          reference_threads(), i1 - i0,
+          hardware_threads(), i1 - i0,
           [&](int64_t b, int64_t e) {
             for (int64_t i = i0 + b; i < i0 + e; ++i) {
               const RowRef ref = row_of(f, i);
@@ -193,7 +185,7 @@ EmbTensor reference_output(const Plan& plan, int rank, const Kjt& kjt,
   for (int64_t f = 0; f < F; ++f) {
     const int64_t D = plan.features[f].dim;
     parallel_for(
-        reference_threads(), kjt.batch_size(f),
+        hardware_threads(), kjt.batch_size(f),
         [&](int64_t b0, int64_t b1) {
           std::vector<float> row(static_cast<size_t>(D), 0.0f), acc(static_cast<size_t>(D), 0.0f);
           for (int64_t b = b0; b < b1; ++b) {

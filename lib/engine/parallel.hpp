@@ -12,6 +12,12 @@
 
 namespace dynemb {
 
+// Threads for work spread over every core: one per hardware thread, at least one.
+inline int hardware_threads() {
+  static const int n = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return n;
+}
+
 // `grain`: the least work a thread is started for (elements by default; 1 for items that are
 // each large, such as compressed chunks).
 template <class Fn>
