@@ -67,17 +67,7 @@ DenseSource::DenseSource(const Plan& plan, std::vector<std::optional<std::vector
 }
 
 void DenseSource::row(int table, uint64_t g, float* out, int64_t dim) const {
-  const auto& w = weights_[static_cast<size_t>(table)];
-  if (!w) {
-    fallback_->row(table, g, out, dim);
-    return;
-  }
-  // Rows past the table only come from raw (hash_)roundrobin keys: a lookup with no row.
-  if (g >= static_cast<uint64_t>(rows_[table]))
-    throw Error("dense weights of table " + std::to_string(table) + " have no row " +
-                std::to_string(g) + " (num_embeddings " + std::to_string(rows_[table]) + ")");
-  const float* src = w->data() + static_cast<int64_t>(g) * dims_[table];
-  for (int64_t c = 0; c < dim; ++c) out[c] = src[c];
+  row_columns(table, g, 0, dim, out);
 }
 
 void DenseSource::row_columns(int table, uint64_t g, int64_t c0, int64_t n, float* out) const {
@@ -86,6 +76,7 @@ void DenseSource::row_columns(int table, uint64_t g, int64_t c0, int64_t n, floa
     fallback_->row_columns(table, g, c0, n, out);
     return;
   }
+  // Rows past the table only come from raw (hash_)roundrobin keys: a lookup with no row.
   if (g >= static_cast<uint64_t>(rows_[table]))
     throw Error("dense weights of table " + std::to_string(table) + " have no row " +
                 std::to_string(g) + " (num_embeddings " + std::to_string(rows_[table]) + ")");
