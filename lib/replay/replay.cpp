@@ -376,8 +376,6 @@ class Replayer {
                                       const TensorLayout& layout) const;
 };
 
-// Values computed two ways (a division, or a multiplication by 1/len) agree to a few ulps:
-// the diagnoses below compare with this instead of the replay's tolerance.
 void Replayer::StepClock::enter(const char* next) {
   if (!on) return;
   const auto now = std::chrono::steady_clock::now();
@@ -403,6 +401,8 @@ void Replayer::StepClock::print() const {
   std::fputs(out.c_str(), stderr);
 }
 
+// Values computed two ways (a division, or a multiplication by 1/len) agree to a few ulps:
+// the diagnoses below compare with this instead of the replay's tolerance.
 Tolerance diagnosis_tolerance() {
   return Tolerance::rel(1e-5, 1e-6);
 }
@@ -1073,7 +1073,7 @@ void Replayer::run_output_dist_sliced(BatchState& st, int64_t width) {
         at("output dist", -1);
       };
       if (seq_dist_)
-        RwSequenceEmbeddingDist(slice.plan, backend_).forward(local_ptr, st.used_ptr, sink);
+        backend_.sequence_output_dist(slice.plan, local_ptr, st.used_ptr, sink);
       else
         backend_.pooled_output_dist(slice.plan, variable_batch, local_ptr, st.used_ptr, sink);
     } catch (const OutputDistFailure& e) {
