@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,73 @@ inline std::vector<EmbTensor> run_sharded(const Plan& plan, const std::vector<Kj
     (pooled ? *pooled : local_dist).forward(batch, lp, cp, sink);
   }
   return out;
+}
+
+struct Case {
+  Plan plan;
+  std::vector<Kjt> kjts;
+};
+
+// A random plan (W 1..8, sequence or pooled, 1-3 tables, mixed dist_types, MEAN, ids out of
+// range under bounds_check ignore) and a batch for it (equal or unequal B, VBE, weighted,
+// int32/int64, empty bags and features).
+inline Case random_case(std::mt19937_64& rng) {
+  auto uni = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  const int64_t W = uni(1, 8);
+  const ModuleKind m = uni(0, 1) ? ModuleKind::pooled : ModuleKind::sequence;
+  const bool oob = uni(0, 4) == 0;  // ids outside tables, bounds_check = ignore
+  std::vector<TableConfig> tables;
+  const int64_t T = uni(1, 3), seqD = uni(1, 4);
+  int nf = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<std::string> feats;
+    for (int64_t k = uni(1, 2); k > 0; --k) feats.push_back("f" + std::to_string(nf++));
+    const DistType dist = static_cast<DistType>(uni(0, 3) < 2 ? 0 : uni(1, 2));
+    const PoolingMode pool =
+        m == ModuleKind::pooled && uni(0, 2) == 0 ? PoolingMode::mean : PoolingMode::sum;
+    tables.push_back(table("t" + std::to_string(t), uni(1, 40),
+                           m == ModuleKind::sequence ? seqD : uni(1, 4), feats, dist, pool));
+  }
+  Case c{make_plan(W, m, tables, DType::f32, oob ? BoundsCheck::ignore : BoundsCheck::error), {}};
+  const int64_t F = c.plan.num_features();
+  const bool equal_b = uni(0, 1), vbe = uni(0, 3) == 0, weighted = uni(0, 2) == 0;
+  const IndexType vt = uni(0, 1) ? IndexType::i32 : IndexType::i64;
+  const IndexType lt = uni(0, 1) ? IndexType::i32 : IndexType::i64;
+  const int64_t B0 = uni(0, 4);
+  for (int64_t r = 0; r < W; ++r) {
+    Kjt k;
+    k.num_features = F;
+    k.values_type = vt;
+    k.lengths_type = lt;
+    k.weighted = weighted;
+    const int64_t B = equal_b ? B0 : uni(0, 4);
+    const bool zero_feature = uni(0, 3) == 0;  // one feature with only empty bags
+    const int64_t zf = uni(0, F - 1);
+    for (int64_t f = 0; f < F; ++f) {
+      const int64_t Bf = vbe ? uni(0, 3) : B;
+      if (vbe) k.stride_per_feature.push_back(Bf);
+      const FeatureInfo& fi = c.plan.features[f];
+      for (int64_t b = 0; b < Bf; ++b) {
+        const int64_t len = zero_feature && f == zf ? 0 : uni(0, 3);
+        k.lengths.push_back(len);
+        for (int64_t i = 0; i < len; ++i) {
+          int64_t id;
+          if (fi.dist_type != DistType::continuous)
+            id = uni(-50, 1000);
+          else if (oob && uni(0, 3) == 0)
+            id = uni(0, 1) ? uni(-3, -1) : uni(fi.hash_size, fi.block_size * W + 3);
+          else
+            id = uni(0, fi.hash_size - 1);
+          k.values.push_back(id);
+          if (weighted) k.weights.push_back(static_cast<float>(uni(-8, 8)) / 4.0f);
+        }
+      }
+    }
+    c.kjts.push_back(std::move(k));
+  }
+  return c;
 }
 
 }  // namespace dynemb::test

@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.hpp"
@@ -100,6 +101,16 @@ class CaptureReader {
   // dims, every length sum and shape). Kjt::lengths_type / values_type record the on-disk
   // dtypes.
   Batch read_batch(const Plan& plan, int64_t k, const ReadParts& parts = {}) const;
+
+  // Rows of one float tensor of batch k, rank `rank` ("local_embs" or "output"), whose dtype
+  // and shape read_batch has checked (a read with float_data = false): rows
+  // [ranges[i].first, ranges[i].second) of its first dimension (elements of a 1-D tensor),
+  // whole in the other, concatenated in the order given; ranges sorted, disjoint, inside the
+  // extent. For a replay that holds one destination rank's rows at a time (replay.cpp). The
+  // stored chunks those rows touch are inflated on every core; throws CaptureError naming
+  // the dataset and the rows when they cannot be read.
+  std::vector<float> read_rows(int64_t k, int64_t rank, const char* name, DType dtype,
+                               const std::vector<std::pair<int64_t, int64_t>>& ranges) const;
 
   // Every dataset under /batches/<k> and /tables with its extent and bytes (no data read).
   std::vector<DatasetStat> dataset_stats(int64_t k) const;

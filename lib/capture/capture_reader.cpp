@@ -785,6 +785,57 @@ void CaptureReader::Impl::read_keys(const Plan& plan, const std::string& rp, Ran
   rb.keys = std::move(keys);
 }
 
+std::vector<float> CaptureReader::read_rows(
+    int64_t k, int64_t rank, const char* name, DType dtype,
+    const std::vector<std::pair<int64_t, int64_t>>& ranges) const {
+  const Impl& I = *impl_;
+  const std::string path = fmt::format("/batches/{}/rank{}/{}", k, rank, name);
+  const Impl::Ds ds = I.open(path);
+  if (ds.dims.empty()) I.fail(path, "a scalar, want a tensor");
+  const int64_t row = ds.numel / std::max<int64_t>(1, ds.dims[0]);  // elements per row
+  int64_t rows = 0, end = 0;
+  for (const auto& [a, b] : ranges) {
+    if (a < end || b <= a || b > ds.dims[0])
+      I.fail(path, fmt::format("rows [{}, {}) asked of extent {}: not sorted, disjoint and "
+                               "inside it (an internal error)",
+                               a, b, shape_str(ds.dims)));
+    rows += b - a;
+    end = b;
+  }
+  std::vector<float> out(static_cast<size_t>(rows * row));
+  if (out.empty()) return out;
+  // One hyperslab of the dataset per range, read in file order into `out` (H5Dread fills a
+  // selection of several blocks in row-major order of the file, which is the ranges' order).
+  const auto read_into = [&](hid_t mem_type, void* buf) {
+    Hid fsp = h5::space_id(H5Dget_space(ds.d));
+    H5Sselect_none(fsp);
+    std::vector<hsize_t> start(ds.dims.size(), 0), count(ds.dims.begin(), ds.dims.end());
+    for (const auto& [a, b] : ranges) {
+      start[0] = hsize_t(a);
+      count[0] = hsize_t(b - a);
+      if (H5Sselect_hyperslab(fsp, H5S_SELECT_OR, start.data(), nullptr, count.data(), nullptr) < 0)
+        return false;
+    }
+    const hsize_t n = hsize_t(out.size());
+    Hid msp = h5::space_id(H5Screate_simple(1, &n, nullptr));
+    return H5Dread(ds.d, mem_type, msp, fsp, H5P_DEFAULT, buf) >= 0;
+  };
+  const auto failed = [&] {
+    I.fail(path, fmt::format("rows {}..{} of extent {}: read failed: {}", ranges.front().first,
+                             ranges.back().second, shape_str(ds.dims), h5::last_error()));
+  };
+  if (dtype == DType::f32) {
+    if (!read_into(H5T_NATIVE_FLOAT, out.data())) failed();
+    return out;
+  }
+  std::vector<uint16_t> bits(out.size());
+  Hid half = h5::make_f16_type();
+  if (!read_into(dtype == DType::f16 ? half.get() : H5T_NATIVE_UINT16, bits.data())) failed();
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = dtype == DType::f16 ? f16_bits_to_f32(bits[i]) : bf16_bits_to_f32(bits[i]);
+  return out;
+}
+
 Batch CaptureReader::read_batch(const Plan& plan, int64_t k, const ReadParts& parts) const {
   const Impl& I = *impl_;
   const int64_t W = world_size_;

@@ -26,6 +26,7 @@
 #include "engine/output_dist.hpp"
 #include "replay/column_slice.hpp"
 #include "replay/ctx_check.hpp"
+#include "replay/dest_blocks.hpp"
 #include "replay/diff.hpp"
 #include "replay/replan.hpp"
 #include "replay/sha256.hpp"
@@ -197,6 +198,12 @@ EmbTensor whole_lookup_shape(const Plan& plan, const LookupKjt& lk, const EmbTen
   return e;
 }
 
+// Every row of a captured tensor as the ranges of CaptureReader::read_rows.
+std::vector<std::pair<int64_t, int64_t>> whole_rows(const EmbTensor& t) {
+  if (t.rows() == 0) return {};
+  return {{0, t.rows()}};
+}
+
 class Replayer {
  public:
   Replayer(const ReplayOptions& opt, Backend& backend, const ReplayCallbacks& cb, Report& rep)
@@ -206,6 +213,10 @@ class Replayer {
 
  private:
   void emit(CheckResult c) {
+    if (deferring_) {
+      pending_.push_back(std::move(c));
+      return;
+    }
     if (cb_.on_check && header_shown_) cb_.on_check(c);
     rep_.checks.push_back(std::move(c));
   }
@@ -220,6 +231,10 @@ class Replayer {
       for (const CheckResult& c : rep_.checks) cb_.on_check(c);
   }
   bool header_shown_ = false;
+  // While a batch is tried one destination at a time (replay_by_destination), its checks wait
+  // here: the batch may still have to run whole, and then only the whole run's checks count.
+  bool deferring_ = false;
+  std::vector<CheckResult> pending_;
 
  public:
   // The capture's SHA-256 is computed on another thread while the plan and the first batch are
@@ -314,6 +329,19 @@ class Replayer {
   void check_output_slice(BatchState& st, int r, const ColumnSlice& slice, const EmbTensor& out,
                           SlicedDiffs& d);
   void skip_outputs(const BatchState& st, const std::string& why);
+  TensorLayout lookup_layout(const BatchState& st, int r) const;
+  // The batch one destination rank at a time (dest_blocks.hpp): only the rows each rank's
+  // output is made of are read, from the capture, while it is checked. Taken when check_memory
+  // found the capture fit for it (stream_) and the batch's contexts are the derived ones;
+  // false: nothing of it counted, the caller replays the batch whole.
+  bool stream_ = false;
+  static void report_by_destination(int64_t k, bool taken) {
+    if (const char* e = std::getenv("DYNEMB_BY_DESTINATION"); e && std::string(e) == "report")
+      std::fprintf(stderr, "DYNEMB_BY_DESTINATION: batch %lld: %s\n", static_cast<long long>(k),
+                   taken ? "one destination at a time" : "whole");
+  }
+  bool replay_by_destination(const CaptureReader& reader, int64_t k);
+  bool stream_batch(const CaptureReader& reader, BatchState& st);
   // Progress: the logical bytes of each selected batch, read from the file's metadata up front
   // (only when someone shows progress), then advanced as each rank's output is checked.
   void measure_progress(const CaptureReader& reader);
@@ -489,7 +517,8 @@ void Replayer::run() {
   // read is in flight no other thread calls it, so with --write-output (the writer calls libhdf5)
   // the loop stays sequential. Two batches must fit in memory. A read that fails is redone on
   // this thread by read_batch_keeping_going, which records the trouble rank by rank.
-  const bool prefetch = opt_.read_ahead > 0 && !writer_ && order.size() > 1 &&
+  // A batch replayed one destination at a time reads its rows as it goes: no read ahead.
+  const bool prefetch = opt_.read_ahead > 0 && !writer_ && !stream_ && order.size() > 1 &&
                         2 * batch_bytes_ <= memory_budget() / 4 * 3;
   std::future<std::optional<Batch>> ahead;
   auto read_ahead = [&](int64_t k) -> std::future<std::optional<Batch>> {
@@ -508,6 +537,14 @@ void Replayer::run() {
   };
   for (size_t i = 0; i < order.size(); ++i) {
     const int64_t k = order[i];
+    if (stream_ && selected_.count(k)) {
+      const bool taken = replay_by_destination(reader, k);
+      report_by_destination(k, taken);
+      if (taken) {
+        progress_batch_done(k);
+        continue;
+      }
+    }
     std::optional<Batch> read;
     clock_.enter("read");
     if (ahead.valid()) read = ahead.get();
@@ -806,17 +843,7 @@ void Replayer::check_lookup(BatchState& st) {
     std::vector<EmbTensor> one;
     if (!need_all_derived) one = lookup(st, int(r));
     const EmbTensor& want = need_all_derived ? st.derived_local[size_t(r)] : one[0];
-    const ShardingContext& dc = st.der.ranks[size_t(r)].ctx;
-    TensorLayout layout = TensorLayout::flat("local_embs");
-    if (plan_.module == ModuleKind::sequence)
-      layout = TensorLayout::sequence_local_embs(
-          plan_, st.der.ranks[size_t(r)].lookup_kjt.lengths,
-          dc.batch_size_per_rank.value_or(std::vector<int64_t>{}));
-    else if (dc.batch_size_per_rank_per_feature)
-      layout = TensorLayout::pooled_vbe_local_embs(plan_, *dc.batch_size_per_rank_per_feature);
-    else
-      layout = TensorLayout::pooled_local_embs(
-          plan_, dc.batch_size_per_rank.value_or(std::vector<int64_t>{}));
+    const TensorLayout layout = lookup_layout(st, int(r));
     const EmbTensor& got = *st.cap_local[size_t(r)];
     CheckResult c = tensor_check(st.k, int(r), "lookup", "local_embs", "captured", "derived",
                                  diff_tensors(got, want, tol_, layout, opt_.max_mismatches), tol_);
@@ -825,6 +852,19 @@ void Replayer::check_lookup(BatchState& st) {
     st.lookup_bad |= c.status == CheckStatus::fail;
     emit(std::move(c));
   }
+}
+
+// Where an element of rank r's local_embs lies: feature, source rank, sample, position.
+TensorLayout Replayer::lookup_layout(const BatchState& st, int r) const {
+  const ShardingContext& dc = st.der.ranks[size_t(r)].ctx;
+  if (plan_.module == ModuleKind::sequence)
+    return TensorLayout::sequence_local_embs(
+        plan_, st.der.ranks[size_t(r)].lookup_kjt.lengths,
+        dc.batch_size_per_rank.value_or(std::vector<int64_t>{}));
+  if (dc.batch_size_per_rank_per_feature)
+    return TensorLayout::pooled_vbe_local_embs(plan_, *dc.batch_size_per_rank_per_feature);
+  return TensorLayout::pooled_local_embs(plan_,
+                                         dc.batch_size_per_rank.value_or(std::vector<int64_t>{}));
 }
 
 // The cause a failed check names, from the evidence of the batch so far.
@@ -1162,6 +1202,137 @@ void Replayer::output_dist_failed(BatchState& st, const OutputDistFailure& e) {
   skip_outputs(st, fmt::format("the output dist failed on rank {} ({})", e.rank(), e.field()));
 }
 
+// ---------------------------------------------------------------- one destination at a time
+
+// Batch k one destination rank at a time (dest_blocks.hpp), its checks emitted only once the
+// whole batch went through; false, with nothing of it counted (checks, warnings, progress),
+// when the batch must run whole: a rank without local_embs or with a module_output, --ctx
+// derived, a context that differs from the derived one (the blocks then are not the lookup's
+// bags), or trouble of any kind (the whole run reports it in its own words).
+bool Replayer::replay_by_destination(const CaptureReader& reader, int64_t k) {
+  clock_.enter("read");
+  std::optional<Batch> batch;
+  ReadParts shapes;  // the KJTs and contexts; local_embs and outputs checked, not read
+  shapes.float_data = false;
+  try {
+    batch = reader.read_batch(read_plan(), k, shapes);
+  } catch (const std::exception&) {  // Error, bad_alloc: the whole read says what and where
+    return false;
+  }
+  for (const RankBatch& rb : batch->ranks)
+    if (!rb.local_embs || rb.module_output) return false;
+  begin(k, *batch);
+  if (!use_captured_) return false;
+  const size_t warned = rep_.warnings.size();
+  const ReplayProgress progress = progress_;
+  const int64_t ranks_done = ranks_done_in_batch_;
+  deferring_ = true;
+  bool ok = false;
+  try {
+    BatchState st(k, *batch, plan_.world_size);
+    ok = stream_batch(reader, st);
+  } catch (const std::exception&) {
+    ok = false;
+  }
+  deferring_ = false;
+  std::vector<CheckResult> checks = std::move(pending_);
+  pending_.clear();
+  if (!ok) {
+    rep_.warnings.resize(warned);
+    progress_ = progress;
+    ranks_done_in_batch_ = ranks_done;
+    return false;
+  }
+  for (CheckResult& c : checks) emit(std::move(c));
+  clock_.enter("replay");
+  return true;
+}
+
+// The steps of replay_batch with the data read block by block: for each destination d, the
+// block of every sender (its lookup check's part), d's output from those blocks alone, and d's
+// output checks. Emitted in the whole batch's order: contexts, lookups by rank, outputs by rank.
+bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
+  const int64_t W = st.W, k = st.k, maxm = opt_.max_mismatches;
+  derive_batch(st);
+  check_contexts(st);
+  choose_contexts(st);
+  if (st.ctx_bad) return false;
+  at("output dist", -1);  // the dist's own checks on the whole shapes (no data needed)
+  std::optional<SequenceDistCheck> seq;
+  std::optional<PooledDistCheck> pooled;
+  bool variable_batch = false;
+  if (seq_dist_) {
+    seq = check_sequence_dist(plan_, st.cap_local, st.used_ptr);
+  } else {
+    variable_batch = pooled_dist_->check(k, st.cap_local, st.used_ptr);
+    pooled = check_pooled_dist(plan_, variable_batch, st.cap_local, st.used_ptr);
+  }
+  std::vector<std::vector<DestBlock>> where(static_cast<size_t>(W));  // [s][d]
+  for (int64_t s = 0; s < W; ++s)
+    for (int64_t d = 0; d < W; ++d) {
+      if (pooled) {
+        where[size_t(s)].push_back(pooled_block(*pooled, s, d, plan_.sum_dim, variable_batch));
+        continue;
+      }
+      std::optional<DestBlock> b = sequence_block(seq->senders[size_t(s)], d, plan_.seq_dim());
+      if (!b) return false;
+      where[size_t(s)].push_back(std::move(*b));
+    }
+  std::vector<TensorDiff> looked(static_cast<size_t>(W));  // [s]: the lookup check, merged
+  std::vector<std::optional<CheckResult>> gold(static_cast<size_t>(W)), ref(gold.size());
+  st.got.assign(size_t(W), false);
+  for (int64_t d = 0; d < W; ++d) {
+    std::vector<EmbTensor> blocks(static_cast<size_t>(W));
+    for (int64_t s = 0; s < W; ++s) {
+      at("read", int(s));
+      const DestBlock& b = where[size_t(s)][size_t(d)];
+      const DType dt = st.cap_local[size_t(s)]->dtype;
+      blocks[size_t(s)] = {dt, b.shape, reader.read_rows(k, s, "local_embs", dt, b.ranges)};
+      if (!source_) continue;
+      at("lookup", int(s));
+      const EmbTensor want = backend_.lookup(
+          plan_, int(s), lookup_kjt_from(st.der.ranks[size_t(s)].lookup_kjt, d), *source_);
+      if (want.shape != b.shape) return false;
+      const auto to_whole = [&b](int64_t e) { return b.to_whole(e); };
+      merge_diff(looked[size_t(s)], diff_part(blocks[size_t(s)], want, tol_, to_whole, maxm), maxm);
+    }
+    at("output dist", int(d));
+    const EmbTensor out =
+        destination_output(plan_, backend_, d, blocks, st.used_ptr, variable_batch);
+    blocks.clear();
+    at("output", int(d));
+    st.got[size_t(d)] = true;
+    const RankBatch& rb = st.batch.ranks[size_t(d)];
+    const TensorLayout layout = output_layout(rb.kjt, out);
+    if (const EmbTensor* g = st.golden[size_t(d)]) {
+      at("read", int(d));
+      const EmbTensor golden{g->dtype, g->shape,
+                             reader.read_rows(k, d, "output", g->dtype, whole_rows(*g))};
+      gold[size_t(d)] = tensor_check(k, int(d), "output", "golden", "replayed", "golden",
+                                     diff_tensors(out, golden, tol_, layout, maxm), tol_);
+    }
+    if (source_) {
+      at("reference", int(d));
+      const EmbTensor want = reference(st, int(d));
+      ref[size_t(d)] = tensor_check(k, int(d), "output", "reference", "replayed", "reference",
+                                    diff_tensors(out, want, tol_, layout, maxm), tol_);
+    }
+    progress_rank_done(k);
+  }
+  if (pooled_dist_ && !latched_batch_ && pooled_dist_->latched_variable_batch()) latched_batch_ = k;
+  for (int64_t s = 0; source_ && s < W; ++s) {
+    at("lookup", int(s));
+    locate_mismatches(looked[size_t(s)], lookup_layout(st, int(s)));
+    CheckResult c = tensor_check(k, int(s), "lookup", "local_embs", "captured", "derived",
+                                 looked[size_t(s)], tol_);
+    st.lookup_bad |= c.status == CheckStatus::fail;
+    emit(std::move(c));
+  }
+  for (int64_t d = 0; d < W; ++d)
+    emit_output_checks(st, int(d), std::move(gold[size_t(d)]), std::move(ref[size_t(d)]), nullptr);
+  return true;
+}
+
 // ---------------------------------------------------------------- keep going after trouble
 
 // "/batches/3/rank1/ctx/x" -> 1; -1 when the path names no rank.
@@ -1280,6 +1451,8 @@ void Replayer::check_memory(const CaptureReader& reader) {
   int64_t ids = 0, bags = 0;
   double captured_floats = 0;  // local_embs and output as the replay holds them (float32)
   bool whole_only = !opt_.write_output.empty() || opt_.write_output_file;
+  int64_t local_ranks = 0;  // ranks with local_embs
+  bool module_outputs = false;
   for (const DatasetStat& d : reader.dataset_stats(k)) {
     const auto ends = [&](const std::string& tail) {
       return d.path.size() >= tail.size() &&
@@ -1289,6 +1462,8 @@ void Replayer::check_memory(const CaptureReader& reader) {
     for (int64_t x : d.dims) numel *= x;
     if (ends("/local_embs") || ends("/output")) captured_floats += 4.0 * double(numel);
     whole_only |= ends("/local_embs") || ends("/module_output");  // slice_width's rules
+    local_ranks += ends("/local_embs");
+    module_outputs |= ends("/module_output");
     if (d.dims.size() != 1) continue;
     if (ends("/values")) ids += d.dims[0];
     if (ends("/lengths")) bags += d.dims[0];
@@ -1300,6 +1475,18 @@ void Replayer::check_memory(const CaptureReader& reader) {
   // The derived context and lookup, the replayed outputs, and what the capture holds.
   const double fixed = m.ids + 2 * m.context + captured_floats;
   const double need = fixed + m.lookup + m.output;
+  // One destination at a time (replay_by_destination) when every rank's lookup is captured and
+  // each output can be checked on its own: no --write-output (it copies whole batches), no
+  // re-sharding (--plan), no module_output and no MEAN diagnosis of a pooled lookup (both take
+  // whole tensors). It holds the ids and contexts, and about two destinations' share of the
+  // captured tensors (d's blocks, golden output, replayed output and reference).
+  // The test hook DYNEMB_BY_DESTINATION=off keeps every batch whole, =report says on stderr
+  // how each batch ran (tests compare the two).
+  const char* hook = std::getenv("DYNEMB_BY_DESTINATION");
+  stream_ = opt_.write_output.empty() && !opt_.write_output_file && !replan_ &&
+            local_ranks == plan_.world_size && !module_outputs &&
+            !(plan_.module == ModuleKind::pooled && plan_.any_mean) &&
+            !(hook && std::string(hook) == "off");
   // Over column slices: the W lookups, and one rank's output, reference and golden slice at a
   // time, per column of the C.
   const int64_t C = std::max<int64_t>(1, embedding_columns(plan_));
@@ -1314,12 +1501,20 @@ void Replayer::check_memory(const CaptureReader& reader) {
   if (slice_cols_ >= C) slice_cols_ = 0;
   const double sliced = fixed + double(slice_cols_) * per_column;
   batch_bytes_ = uint64_t(slice_cols_ > 0 ? sliced : need);
+  if (stream_) batch_bytes_ = uint64_t(m.ids + 2 * m.context + 2 * captured_floats / double(W));
   const std::string limit =
       fmt::format("{} {}", human_bytes(double(have)),
                   opt_.max_memory > 0 ? "--max-memory allows"
                                       : "this machine has (physical memory, cgroup limit or "
                                         "DYNEMB_MEMORY_LIMIT)");
   if (have == 0) return;
+  if (stream_ && double(batch_bytes_) > double(have))
+    throw Error(fmt::format(
+        "{}: replaying batch {} needs about {} even one destination rank at a time, more than "
+        "the {}; W = {}, ids and contexts {}, captured local_embs and output {}",
+        opt_.capture_path, k, human_bytes(double(batch_bytes_)), limit, W,
+        human_bytes(m.ids + 2 * m.context), human_bytes(captured_floats)));
+  if (stream_) return;
   if (slice_cols_ > 0 && sliced > double(have))
     throw Error(fmt::format(
         "{}: replaying batch {} needs about {} even one embedding column at a time, more than the "

@@ -1,0 +1,146 @@
+#include "replay/dest_blocks.hpp"
+
+#include <algorithm>
+
+#include "engine/ops.hpp"
+
+namespace dynemb {
+namespace {
+
+void finish(DestBlock& b) {
+  b.starts.assign(1, 0);
+  for (const auto& [a, e] : b.ranges) b.starts.push_back(b.starts.back() + (e - a));
+}
+
+}  // namespace
+
+int64_t DestBlock::numel() const {
+  int64_t n = 1;
+  for (int64_t x : shape) n *= x;
+  return shape.empty() ? 0 : n;
+}
+
+int64_t DestBlock::to_whole(int64_t e) const {
+  const int64_t unit = e / row_elems;
+  // The range holding `unit`: the last whose start is <= unit.
+  const size_t i =
+      size_t(std::upper_bound(starts.begin(), starts.end(), unit) - starts.begin()) - 1;
+  return (ranges[i].first + (unit - starts[i])) * row_elems + e % row_elems;
+}
+
+std::optional<DestBlock> sequence_block(const SequenceSendPlan& sp, int64_t d, int64_t D) {
+  DestBlock b;
+  b.row_elems = D;
+  // Input segment t starts at in_off[t]; the send buffer is the segments in forward_recat
+  // order, and d's chunk is [send_off[d], send_off[d + 1]) of it.
+  const std::vector<int64_t> in_off = complete_cumsum(sp.segment_lengths);
+  const int64_t lo = sp.send_off[size_t(d)], hi = sp.send_off[size_t(d) + 1];
+  int64_t pos = 0;
+  for (size_t k = 0; k < sp.forward_recat.size() && pos < hi; ++k) {
+    const int64_t t = sp.forward_recat[k], len = sp.segment_lengths[size_t(t)];
+    const int64_t a = std::max(lo, pos), e = std::min(hi, pos + len);
+    if (a < e) {
+      const int64_t r0 = in_off[size_t(t)] + (a - pos), r1 = r0 + (e - a);
+      if (!b.ranges.empty() && r0 < b.ranges.back().second) return std::nullopt;
+      if (!b.ranges.empty() && r0 == b.ranges.back().second)
+        b.ranges.back().second = r1;
+      else
+        b.ranges.emplace_back(r0, r1);
+    }
+    pos += len;
+  }
+  finish(b);
+  b.shape = {b.starts.back(), D};
+  return b;
+}
+
+DestBlock pooled_block(const PooledDistCheck& chk, int64_t s, int64_t d, int64_t sum_D,
+                       bool variable_batch) {
+  DestBlock b;
+  const int64_t off = chk.chunk_off[size_t(s)][size_t(d)], n = chk.chunk_len[size_t(d)];
+  if (variable_batch) {
+    if (n > 0) b.ranges.emplace_back(off, off + n);
+    b.shape = {n};
+  } else {
+    b.row_elems = std::max<int64_t>(1, sum_D);
+    if (n > 0) b.ranges.emplace_back(off / b.row_elems, (off + n) / b.row_elems);
+    b.shape = {n / b.row_elems, sum_D};
+  }
+  finish(b);
+  return b;
+}
+
+LookupKjt lookup_kjt_from(const LookupKjt& k, int64_t d) {
+  LookupKjt out;
+  out.num_features = k.num_features;
+  out.world_size = 1;
+  out.variable_batch = k.variable_batch;
+  out.stride_per_key_per_rank.resize(size_t(k.num_features));
+  const bool weighted = !k.weights.empty();
+  int64_t j = 0, p = 0;  // first bag and first value of (f, s) as the walk reaches it
+  for (int64_t f = 0; f < k.num_features; ++f) {
+    const std::vector<int64_t>& spr = k.stride_per_key_per_rank[size_t(f)];
+    for (int64_t s = 0; s < k.world_size; ++s) {
+      const int64_t nb = spr[size_t(s)];
+      int64_t n = 0;
+      for (int64_t b = 0; b < nb; ++b) n += k.lengths[size_t(j + b)];
+      if (s == d) {
+        out.stride_per_key_per_rank[size_t(f)] = {nb};
+        out.lengths.insert(out.lengths.end(), k.lengths.begin() + j, k.lengths.begin() + j + nb);
+        out.values.insert(out.values.end(), k.values.begin() + p, k.values.begin() + p + n);
+        if (weighted)
+          out.weights.insert(out.weights.end(), k.weights.begin() + p, k.weights.begin() + p + n);
+      }
+      j += nb;
+      p += n;
+    }
+  }
+  return out;
+}
+
+EmbTensor destination_output(const Plan& plan, Backend& backend, int64_t d,
+                             std::vector<EmbTensor>& blocks,
+                             const std::vector<const ShardingContext*>& ctx, bool variable_batch) {
+  const int64_t W = plan.world_size;
+  const bool pooled = plan.module == ModuleKind::pooled;
+  EmbTensor out;
+  const auto take = [&](int r, EmbTensor&& o) {
+    if (r == (pooled ? d : 0)) out = std::move(o);
+  };
+  if (!pooled) {
+    EmbTensor recv{blocks[0].dtype, {0, plan.seq_dim()}, {}};
+    for (EmbTensor& b : blocks) {
+      recv.data.insert(recv.data.end(), b.data.begin(), b.data.end());
+      recv.shape[0] += b.rows();
+      b = EmbTensor{};
+    }
+    Plan one = plan;
+    one.world_size = 1;
+    ShardingContext c;
+    c.unbucketize_permute = ctx[size_t(d)]->unbucketize_permute;
+    backend.sequence_output_dist(one, {&recv}, {&c}, take);
+    return out;
+  }
+  std::vector<ShardingContext> only_d(static_cast<size_t>(W));
+  std::vector<const ShardingContext*> only_d_ptr(static_cast<size_t>(W));
+  std::vector<const EmbTensor*> local(static_cast<size_t>(W));
+  for (int64_t s = 0; s < W; ++s) {
+    ShardingContext& c = only_d[size_t(s)];
+    if (variable_batch) {
+      const auto& bf = *ctx[size_t(s)]->batch_size_per_rank_per_feature;
+      c.batch_size_per_rank_per_feature = std::vector<std::vector<int64_t>>(
+          size_t(W), std::vector<int64_t>(bf[size_t(d)].size(), 0));
+      (*c.batch_size_per_rank_per_feature)[size_t(d)] = bf[size_t(d)];
+    } else {
+      c.batch_size_per_rank = std::vector<int64_t>(size_t(W), 0);
+      (*c.batch_size_per_rank)[size_t(d)] = blocks[size_t(s)].rows();
+    }
+    only_d_ptr[size_t(s)] = &c;
+    local[size_t(s)] = &blocks[size_t(s)];
+  }
+  backend.pooled_output_dist(plan, variable_batch, local, only_d_ptr, take);
+  blocks.clear();
+  return out;
+}
+
+}  // namespace dynemb

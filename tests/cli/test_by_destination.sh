@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# One destination rank at a time (lib/replay/dest_blocks.hpp): a batch whose lookups are all
+# captured is replayed reading only the rows of one destination's output at a time; its report
+# must be exactly the whole batch's. Every capture below is replayed whole (the test hook
+# DYNEMB_BY_DESTINATION=off) and by destination (=report, which also says on stderr how each
+# batch ran), and the JSON reports must agree check for check (messages, counts, first
+# mismatch coordinates, causes), timings aside. The captures: every fixture, synth'd sequence,
+# pooled, VBE, weighted and mixed-dims captures, and planted faults: golden outputs and
+# local_embs changed at elements of several destinations (--max-mismatches 2 cutting inside a
+# later destination's), which run by destination; a swapped unbucketize_permute and a
+# batch_size_per_rank the reduce-scatter cannot run with (the contexts are not the derived
+# ones), and a damaged chunk of one rank's local_embs (trouble), which fall back to the whole
+# batch with its words.
+# Env (tests/CMakeLists.txt): DYNEMB (binary), DYNEMB_SRC, DYNEMB_PYTHON (python3 + h5py).
+set -u
+: "${DYNEMB:?}" "${DYNEMB_SRC:?}" "${DYNEMB_PYTHON:=python3}"
+"$DYNEMB_PYTHON" -c 'import h5py, numpy' 2>/dev/null || { echo "no h5py for $DYNEMB_PYTHON"; exit 77; }
+. "$(dirname "$0")/common.sh"
+cd "$tmp" || exit 1
+
+# same NAME CAPTURE HOW [REPLAY ARGS...]: whole vs by destination; HOW is what the hook must
+# say of every batch: "one destination at a time", "whole", or "-" (no batch is tried).
+same() {
+  local name=$1 cap=$2 how=$3
+  shift 3
+  DYNEMB_BY_DESTINATION=off "$DYNEMB" replay "$cap" --backend cpu --quiet \
+    --json "$name.whole.json" "$@" >/dev/null 2>"$name.whole.err"
+  local rc_whole=$?
+  DYNEMB_BY_DESTINATION=report "$DYNEMB" replay "$cap" --backend cpu --quiet \
+    --json "$name.dest.json" "$@" >/dev/null 2>"$name.dest.err"
+  local rc_dest=$?
+  [[ $rc_whole == "$rc_dest" ]] || fail "$name: exit $rc_whole whole, $rc_dest by destination"
+  local said
+  said=$(grep "DYNEMB_BY_DESTINATION: batch" "$name.dest.err" | sed 's/.*: //' | sort -u)
+  if [[ $how == "-" ]]; then
+    [[ -z $said ]] || fail "$name: a batch was tried by destination ($said)"
+  else
+    [[ $said == "$how" ]] || fail "$name: batches ran '$said', want '$how'"
+  fi
+  grep -v "DYNEMB_BY_DESTINATION" "$name.dest.err" | cmp -s - "$name.whole.err" ||
+    fail "$name: stderr differs"
+  "$DYNEMB_PYTHON" - "$name.whole.json" "$name.dest.json" <<'EOF' || fail "$name: reports differ"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+for key in ("checks", "summary", "warnings", "trouble"):
+    if a.get(key) != b.get(key):
+        for x, y in zip(a.get(key) or [], b.get(key) or []):
+            if x != y:
+                print("whole:      ", x, "\nby destination:", y)
+                break
+        print(f"{key} differ")
+        sys.exit(1)
+EOF
+  ok "$name (exit $rc_whole, $how)"
+}
+
+# Fixtures as they are: MEAN pooled plans and captures with module_output stay whole (their
+# diagnoses and the mean-pooling step take whole tensors), the others run by destination.
+for fx in "$DYNEMB_SRC"/fixtures/*.h5; do
+  base=$(basename "$fx" .h5)
+  how="one destination at a time"
+  [[ $base == pooled-mean* ]] && how="-"
+  "$DYNEMB_PYTHON" -c "import h5py,sys; f=h5py.File(sys.argv[1]); n=[]; f.visit(n.append); \
+sys.exit(0 if any(x.endswith('module_output') for x in n) else 1)" "$fx" && how="-"
+  same "fixture-$base" "$fx" "$how"
+done
+
+synth() { "$DYNEMB" synth "$@" --seed 5 >/dev/null 2>&1 || fail "synth $*"; }
+synth --preset unit-seq-w8 -o seq.h5 --batches 2
+synth --preset unit-pooled-w8 -o pooled.h5 --batches 2
+synth --preset odd-dims -o odd.h5
+synth --preset unit-pooled-w8 -o vbe.h5 --vbe --weighted --batches 2
+synth --preset unit-seq-w8 -o seqvbe.h5 --vbe --batch-sizes 8,8,5,0,8,3,8,8
+for c in seq pooled odd vbe seqvbe; do
+  same "$c" "$c.h5" "one destination at a time"
+done
+same seq-ctx-derived seq.h5 whole --ctx derived  # the dist runs on derived lookups
+
+# Planted faults.
+"$DYNEMB_PYTHON" - <<'EOF'
+import shutil, h5py, numpy as np
+def edit(src, dst, path, fn):
+    shutil.copy(src, dst)
+    with h5py.File(dst, "r+") as f:
+        d = f[path]
+        v = d[...]
+        fn(v)
+        d[...] = v
+def bump(cells):
+    def fn(v):
+        for c in cells:
+            v[c] += 1
+    return fn
+# golden outputs of two destinations, rows out of order
+edit("pooled.h5", "pooled-gold.h5", "batches/1/rank2/output", bump([(5, 0), (3, 20), (3, 2)]))
+with h5py.File("pooled-gold.h5", "r+") as f:
+    f["batches/1/rank6/output"][0, 1] += 1
+edit("seq.h5", "seq-gold.h5", "batches/0/rank3/output", bump([(7, 1), (2, 0)]))
+# captured lookups: elements sent to several destinations (rows far apart in local_embs)
+def far(v):
+    n = v.shape[0]
+    for r in (n - 1, 0, n // 2, n // 3):
+        v[r, 0] += 1
+edit("seq.h5", "seq-local.h5", "batches/1/rank4/local_embs", far)
+edit("pooled.h5", "pooled-local.h5", "batches/0/rank1/local_embs", far)
+# contexts that are not the derived ones
+def swap(v):
+    v[[3, 10]] = v[[10, 3]]
+edit("seq.h5", "seq-perm.h5", "batches/0/rank1/ctx/unbucketize_permute", swap)
+def bspr(v):
+    v[0] += 1
+    v[1] -= 1
+edit("pooled.h5", "pooled-bspr.h5", "batches/0/rank3/ctx/batch_size_per_rank", bspr)
+# a damaged chunk in the middle of rank 2's local_embs of batch 1
+shutil.copy("seq.h5", "seq-damaged.h5")
+with h5py.File("seq-damaged.h5", "r") as f:
+    d = f["batches/1/rank2/local_embs"]
+    info = d.id.get_chunk_info(d.id.get_num_chunks() // 2)
+with open("seq-damaged.h5", "r+b") as f:
+    f.seek(info.byte_offset + info.size // 2)
+    f.write(b"\xff" * 64)
+EOF
+same pooled-gold pooled-gold.h5 "one destination at a time" --max-mismatches 2
+same pooled-gold-all pooled-gold.h5 "one destination at a time"
+same seq-gold seq-gold.h5 "one destination at a time" --max-mismatches 1
+same seq-local seq-local.h5 "one destination at a time" --max-mismatches 3
+same pooled-local pooled-local.h5 "one destination at a time" --max-mismatches 2
+same seq-perm seq-perm.h5 "$(printf 'one destination at a time\nwhole')"
+same pooled-bspr pooled-bspr.h5 "$(printf 'one destination at a time\nwhole')"
+same seq-damaged seq-damaged.h5 "$(printf 'one destination at a time\nwhole')"
+grep -q '"column"' pooled-gold.dest.json || fail "pooled-gold: no mismatch coordinates"
+grep -q '"status": "fail"' seq-local.dest.json || fail "seq-local: no failed check"
+grep -q '"check": "trouble"' seq-damaged.dest.json || fail "seq-damaged: no trouble reported"
+
+[[ $fails -eq 0 ]] && echo "by destination: all cases pass" || echo "$fails failure(s)"
+[[ $fails -eq 0 ]]
