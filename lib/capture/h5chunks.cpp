@@ -370,6 +370,63 @@ bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads) {
       });
 }
 
+bool read_rows_parallel(hid_t dset, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
+                        void* out, int threads) {
+  Layout L;
+  if (!readable(dset, L)) return false;
+  bool whole_rows = true;
+  const uint64_t row_bytes = row_elems_of(L, whole_rows) * L.es;
+  if (!whole_rows) return false;
+  // Chunks span every dimension but the first: the grid is 1-D along rows, chunk j holding
+  // rows [j * R, (j + 1) * R) (the last one cut by the extent). Each range is cut at chunk
+  // edges into pieces; a chunk's pieces are contiguous in `pieces`, chunks in row order.
+  const uint64_t R = L.chunk[0], nrows = L.dims[0];
+  struct Piece {
+    uint64_t row, n;  // rows [row, row + n) of the chunk
+    uint64_t at;      // where they go in `out`, in bytes
+  };
+  std::vector<uint64_t> chunks;     // grid index of each chunk read
+  std::vector<size_t> first_piece;  // chunk k's pieces: [first_piece[k], first_piece[k + 1])
+  std::vector<Piece> pieces;
+  uint64_t at = 0, end = 0;
+  for (const auto& r : ranges) {
+    // The caller checks; a range out of order or outside the extent is declined, not read.
+    if (r.first >= r.second || r.first < end || r.second > nrows) return false;
+    end = r.second;
+    for (uint64_t row = r.first; row < r.second;) {
+      const uint64_t j = row / R, n = std::min(r.second, (j + 1) * R) - row;
+      if (chunks.empty() || chunks.back() != j) {
+        chunks.push_back(j);
+        first_piece.push_back(pieces.size());
+      }
+      pieces.push_back({row - j * R, n, at});
+      at += n * row_bytes;
+      row += n;
+    }
+  }
+  first_piece.push_back(pieces.size());
+  // No H5Dget_num_chunks (it walks the whole chunk index, where a few rows may be wanted):
+  // decode_chunks declines a needed chunk that is not stored.
+  unsigned char* dst = static_cast<unsigned char*>(out);
+  return decode_chunks(
+      dset, L, chunks.size(), threads,
+      [&](uint64_t k, std::vector<hsize_t>& off) {
+        off.assign(L.dims.size(), 0);
+        off[0] = chunks[size_t(k)] * R;
+      },
+      [&](uint64_t k, const RawChunk& c, Worker& w) {
+        const Piece* p = pieces.data() + first_piece[size_t(k)];
+        const size_t np = first_piece[size_t(k) + 1] - first_piece[size_t(k)];
+        // A whole chunk inside the extent for one piece is one run of `out`.
+        if (np == 1 && p->n == R) return w.into(c, L, dst + p->at);
+        const unsigned char* plain = w.buffered(c, L);
+        if (!plain) return false;
+        for (size_t i = 0; i < np; ++i)
+          std::memcpy(dst + p[i].at, plain + p[i].row * row_bytes, p[i].n * row_bytes);
+        return true;
+      });
+}
+
 namespace {
 
 // Whether chunk-by-chunk writing yields exactly H5Dwrite's file for this dataset; its layout
