@@ -1,14 +1,18 @@
 // The chunk path of lib/capture/h5chunks: reading a shuffle+deflate dataset by raw chunks gives
 // H5Dread's bytes, and writing one by raw chunks gives the very file H5Dwrite gives (edge
-// chunks, 1-D and 2-D grids, several element sizes), and declines what it cannot reproduce.
+// chunks, 1-D and 2-D grids, several element sizes), and declines what it cannot reproduce;
+// reading row ranges by raw chunks gives H5Dread's bytes of a hyperslab selection.
 #include <doctest/doctest.h>
 #include <hdf5.h>
+#include <zlib.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "capture/h5chunks.hpp"
@@ -45,14 +49,8 @@ size_t numel(const std::vector<hsize_t>& dims) {
   return n;
 }
 
-// A file with one dataset "/x" of `c`'s layout, written with H5Dwrite (serial = true) or the
-// chunk path; returns what write_chunks_parallel said (declined for the H5Dwrite file).
-h5::ChunkWrite make_file(const std::string& path, const Case& c,
-                         const std::vector<unsigned char>& data, bool serial, int threads = 3,
-                         bool user_fill = false) {
-  h5::quiet();
-  h5::Hid f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-  REQUIRE(f.valid());
+// An empty dataset `name` in `f` of `c`'s layout: chunked, shuffle, deflate.
+h5::Hid create(hid_t f, const char* name, const Case& c, bool user_fill = false) {
   h5::Hid sp(H5Screate_simple(int(c.dims.size()), c.dims.data(), nullptr), H5Sclose);
   h5::Hid dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   H5Pset_obj_track_times(dcpl, false);
@@ -63,8 +61,20 @@ h5::ChunkWrite make_file(const std::string& path, const Case& c,
     const std::vector<unsigned char> fill(c.es, 0x5a);
     H5Pset_fill_value(dcpl, c.file_type, fill.data());
   }
-  h5::Hid d(H5Dcreate2(f, "x", c.file_type, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose);
+  h5::Hid d(H5Dcreate2(f, name, c.file_type, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose);
   REQUIRE(d.valid());
+  return d;
+}
+
+// A file with one dataset "/x" of `c`'s layout, written with H5Dwrite (serial = true) or the
+// chunk path; returns what write_chunks_parallel said (declined for the H5Dwrite file).
+h5::ChunkWrite make_file(const std::string& path, const Case& c,
+                         const std::vector<unsigned char>& data, bool serial, int threads = 3,
+                         bool user_fill = false) {
+  h5::quiet();
+  h5::Hid f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  REQUIRE(f.valid());
+  h5::Hid d = create(f, "x", c, user_fill);
   h5::ChunkWrite w = h5::ChunkWrite::declined;
   if (!serial) {
     std::string why;
@@ -79,6 +89,24 @@ h5::ChunkWrite make_file(const std::string& path, const Case& c,
 std::vector<char> slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+}
+
+// For each layout of `v`: a file of it written with H5Dwrite from sample(seed + i) (i: the
+// layout's place in `v`), opened read-only, then fn(case, data, dataset, seed).
+template <class Fn>
+void for_each_file(const std::vector<Case>& v, uint64_t seed, Fn&& fn) {
+  TempDir tmp;
+  for (const Case& c : v) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    const std::vector<unsigned char> data = sample(numel(c.dims) * c.es, seed);
+    const std::string path = tmp.file("r.h5");
+    make_file(path, c, data, /*serial=*/true);
+    h5::Hid f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    h5::Hid d(H5Dopen2(f, "x", H5P_DEFAULT), H5Dclose);
+    REQUIRE(d.valid());
+    fn(c, data, hid_t(d), seed++);
+  }
 }
 
 // The layouts our writer makes (capture.cpp): chunks of ~1 MiB, so that at most one is in
@@ -122,29 +150,20 @@ TEST_CASE("h5chunks: the chunk write gives H5Dwrite's file, byte for byte") {
 }
 
 TEST_CASE("h5chunks: the chunk read gives H5Dread's bytes") {
-  TempDir tmp;
-  uint64_t seed = 100;
-  for (const Case& c : cases()) {
-    const std::string name = c.name;
-    CAPTURE(name);
-    const std::vector<unsigned char> data = sample(numel(c.dims) * c.es, seed++);
-    const std::string path = tmp.file("r.h5");
-    make_file(path, c, data, /*serial=*/true);
-    h5::Hid f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-    h5::Hid d(H5Dopen2(f, "x", H5P_DEFAULT), H5Dclose);
-    REQUIRE(d.valid());
-    std::vector<unsigned char> via_read(data.size(), 0xee), via_chunks(data.size(), 0xee);
-    REQUIRE(H5Dread(d, c.mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, via_read.data()) >= 0);
-    for (int threads : {1, 4}) {
-      CAPTURE(threads);
-      std::fill(via_chunks.begin(), via_chunks.end(), 0xee);
-      CHECK(h5::read_chunks_parallel(d, via_chunks.data(), data.size(), threads));
-      CHECK(via_chunks == via_read);
-      CHECK(via_chunks == data);
-    }
-    // A wrong size is declined before anything is read.
-    CHECK_FALSE(h5::read_chunks_parallel(d, via_chunks.data(), data.size() - c.es, 2));
-  }
+  for_each_file(
+      cases(), 100, [](const Case& c, const std::vector<unsigned char>& data, hid_t d, uint64_t) {
+        std::vector<unsigned char> via_read(data.size(), 0xee), via_chunks(data.size(), 0xee);
+        REQUIRE(H5Dread(d, c.mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, via_read.data()) >= 0);
+        for (int threads : {1, 4}) {
+          CAPTURE(threads);
+          std::fill(via_chunks.begin(), via_chunks.end(), 0xee);
+          CHECK(h5::read_chunks_parallel(d, via_chunks.data(), data.size(), threads));
+          CHECK(via_chunks == via_read);
+          CHECK(via_chunks == data);
+        }
+        // A wrong size is declined before anything is read.
+        CHECK_FALSE(h5::read_chunks_parallel(d, via_chunks.data(), data.size() - c.es, 2));
+      });
 }
 
 TEST_CASE("h5chunks: a file the chunk write made reads back through both paths") {
@@ -224,6 +243,172 @@ TEST_CASE("h5chunks: the chunk write declines what it cannot reproduce") {
   ::unsetenv("DYNEMB_H5_SERIAL_WRITE");
   CHECK(w == h5::ChunkWrite::declined);
   CHECK(make_file(tmp.file("env.h5"), c, data, false) == h5::ChunkWrite::written);
+}
+
+namespace {
+
+using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+
+// Layouts for the row read: chunks of whole rows, small enough for many ranges per chunk.
+const std::vector<Case>& row_cases() {
+  static const std::vector<Case> v = {
+      // 2-D, 1000 rows in chunks of 64: a partial last chunk
+      {"f32 2-D rows edge", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 4, {1000, 24}, {64, 24}, 4},
+      // 2-D, chunk rows dividing the extent
+      {"f32 2-D rows even", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 4, {1024, 16}, {128, 16}, 1},
+      {"f64 2-D rows edge", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 8, {333, 3}, {32, 3}, 6},
+      {"i64 1-D edge", H5T_STD_I64LE, H5T_NATIVE_INT64, 8, {5000}, {300}, 4},
+      {"i32 1-D one chunk", H5T_STD_I32LE, H5T_NATIVE_INT32, 4, {700}, {700}, 9},
+      {"u16 2-D rows edge", H5T_STD_U16LE, H5T_NATIVE_UINT16, 2, {777, 5}, {50, 5}, 4},
+  };
+  return v;
+}
+
+// Sorted, disjoint, non-empty ranges inside [0, n), chunk rows `R`: the whole extent, single
+// rows, or a random walk of gaps (some empty: adjacent ranges) and lengths from one row to
+// several chunks, so that ranges sit inside a chunk, share one and cross chunk edges.
+Ranges random_ranges(Lcg& g, uint64_t n, uint64_t R) {
+  Ranges rs;
+  const uint64_t kind = g.next() % 8;
+  if (kind == 0) return {{0, n}};
+  uint64_t row = g.next() % std::min<uint64_t>(n, 2 * R);
+  while (row < n) {
+    uint64_t len = 1;
+    const uint64_t pick = g.next() % 4;
+    if (kind == 1 || pick == 0)
+      len = 1;
+    else if (pick == 1)
+      len = 1 + g.next() % R;
+    else if (pick == 2)
+      len = 1 + g.next() % (3 * R);
+    else
+      len = R - row % R;  // up to the chunk's edge
+    len = std::min(len, n - row);
+    rs.emplace_back(row, row + len);
+    const uint64_t gap = g.next() % 3 == 0 ? 0 : g.next() % (kind == 2 ? 4 * R : R / 2 + 1);
+    row += len + gap;
+  }
+  return rs;
+}
+
+// H5Dread of the rows of `rs` (a hyperslab union, read in row order) into `row_bytes`-byte rows.
+std::vector<unsigned char> read_rows_h5(hid_t d, const Case& c, const Ranges& rs,
+                                        size_t row_bytes) {
+  h5::Hid fsp(H5Dget_space(d), H5Sclose);
+  H5Sselect_none(fsp);
+  uint64_t rows = 0;
+  std::vector<hsize_t> start(c.dims.size(), 0), count = c.dims;
+  for (const auto& r : rs) {
+    start[0] = r.first;
+    count[0] = r.second - r.first;
+    REQUIRE(H5Sselect_hyperslab(fsp, H5S_SELECT_OR, start.data(), nullptr, count.data(), nullptr) >=
+            0);
+    rows += r.second - r.first;
+  }
+  const hsize_t elems = hsize_t(rows * row_bytes / c.es);
+  h5::Hid msp(H5Screate_simple(1, &elems, nullptr), H5Sclose);
+  std::vector<unsigned char> v(size_t(rows * row_bytes), 0xee);
+  REQUIRE(H5Dread(d, c.mem_type, msp, fsp, H5P_DEFAULT, v.data()) >= 0);
+  return v;
+}
+
+// The dataset "/x" of the file at `path`, opened for writing too (its file in `f`).
+h5::Hid open_x(const std::string& path, h5::Hid& f) {
+  f = h5::Hid(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+  h5::Hid d(H5Dopen2(f, "x", H5P_DEFAULT), H5Dclose);
+  REQUIRE(d.valid());
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("h5chunks: the row read gives H5Dread's bytes of the same rows") {
+  for_each_file(row_cases(), 200,
+                [](const Case& c, const std::vector<unsigned char>& data, hid_t d, uint64_t seed) {
+                  const size_t row_bytes = data.size() / size_t(c.dims[0]);
+                  Lcg g{seed * 31};
+                  for (int set = 0; set < 60; ++set) {
+                    const Ranges rs = random_ranges(g, c.dims[0], c.chunk[0]);
+                    CAPTURE(set);
+                    const std::vector<unsigned char> want = read_rows_h5(d, c, rs, row_bytes);
+                    for (int threads : {1, 2, 4}) {
+                      CAPTURE(threads);
+                      std::vector<unsigned char> got(want.size(), 0xee);
+                      CHECK(h5::read_rows_parallel(d, rs, got.data(), threads));
+                      CHECK(got == want);
+                    }
+                  }
+                });
+}
+
+TEST_CASE("h5chunks: the row read declines split rows, contiguous data and bad chunks") {
+  TempDir tmp;
+  const Ranges all{{0, 40}}, some{{3, 5}, {17, 18}};
+  std::vector<unsigned char> out(40 * 10 * 4);
+  {  // chunks that split the columns
+    const Case split{"f32 split", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 4, {40, 10}, {8, 5}, 4};
+    make_file(tmp.file("split.h5"), split, sample(40 * 10 * 4, 1), /*serial=*/true);
+    h5::Hid f;
+    h5::Hid d = open_x(tmp.file("split.h5"), f);
+    CHECK_FALSE(h5::read_rows_parallel(d, all, out.data(), 2));
+    CHECK_FALSE(h5::read_rows_parallel(d, some, out.data(), 2));
+  }
+  {  // contiguous
+    h5::Hid f(H5Fcreate(tmp.file("c.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
+              H5Fclose);
+    const hsize_t dims[2] = {40, 10};
+    h5::Hid sp(H5Screate_simple(2, dims, nullptr), H5Sclose);
+    h5::Hid d(H5Dcreate2(f, "x", H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+              H5Dclose);
+    REQUIRE(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0);
+    CHECK_FALSE(h5::read_rows_parallel(d, all, out.data(), 2));
+  }
+  // 40 rows in chunks of 8; chunk 2 (rows 16..23) replaced by bytes that do not inflate, then
+  // by a stream that inflates to too few bytes. Ranges that miss it read it not at all.
+  const Case c{"f32 rows", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 4, {40, 10}, {8, 10}, 4};
+  const std::vector<unsigned char> data = sample(40 * 10 * 4, 2);
+  const std::string path = tmp.file("bad.h5");
+  make_file(path, c, data, /*serial=*/true);
+  h5::Hid f;
+  h5::Hid d = open_x(path, f);
+  const hsize_t off[2] = {16, 0};
+  std::vector<unsigned char> junk(300);
+  for (size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<unsigned char>(i * 37 + 11);
+  REQUIRE(H5Dwrite_chunk(d, H5P_DEFAULT, 0, off, junk.size(), junk.data()) >= 0);
+  const Ranges miss{{0, 3}, {5, 16}, {24, 40}}, hit{{0, 3}, {20, 21}};
+  std::vector<unsigned char> got(30 * 10 * 4);
+  for (int threads : {1, 4}) {
+    CHECK(h5::read_rows_parallel(d, miss, got.data(), threads));
+    CHECK(got == read_rows_h5(d, c, miss, 40));
+    CHECK_FALSE(h5::read_rows_parallel(d, hit, got.data(), threads));
+    CHECK_FALSE(h5::read_rows_parallel(d, all, out.data(), threads));
+  }
+  uLongf zn = compressBound(100);
+  std::vector<unsigned char> z(zn);
+  REQUIRE(compress2(z.data(), &zn, data.data(), 100, 4) == Z_OK);
+  REQUIRE(H5Dwrite_chunk(d, H5P_DEFAULT, 0, off, zn, z.data()) >= 0);
+  CHECK_FALSE(h5::read_rows_parallel(d, hit, got.data(), 2));
+  // A chunk that claims more than deflate could make of 320 bytes.
+  std::vector<unsigned char> big(320 * 2 + 4096);
+  REQUIRE(H5Dwrite_chunk(d, H5P_DEFAULT, 0, off, big.size(), big.data()) >= 0);
+  CHECK_FALSE(h5::read_rows_parallel(d, hit, got.data(), 2));
+  CHECK(h5::read_rows_parallel(d, miss, got.data(), 2));
+  {  // rows 0..15 written (chunks 0 and 1), the other chunks never stored: H5Dread would give
+     // fill values for them, the row read declines them
+    h5::Hid p = create(f, "part", c);
+    h5::Hid sp(H5Screate_simple(2, c.dims.data(), nullptr), H5Sclose);
+    const hsize_t start[2] = {0, 0}, count[2] = {16, 10};
+    REQUIRE(H5Sselect_hyperslab(sp, H5S_SELECT_SET, start, nullptr, count, nullptr) >= 0);
+    h5::Hid msp(H5Screate_simple(2, count, nullptr), H5Sclose);
+    REQUIRE(H5Dwrite(p, c.mem_type, msp, sp, H5P_DEFAULT, data.data()) >= 0);
+    REQUIRE(H5Dflush(p) >= 0);
+    const Ranges stored{{1, 4}, {9, 16}}, unstored{{1, 4}, {30, 31}};
+    std::vector<unsigned char> part(10 * 10 * 4);
+    CHECK(h5::read_rows_parallel(p, stored, part.data(), 2));
+    CHECK(std::equal(part.begin(), part.begin() + 3 * 40, data.begin() + 40));
+    CHECK(std::equal(part.begin() + 3 * 40, part.end(), data.begin() + 9 * 40));
+    CHECK_FALSE(h5::read_rows_parallel(p, unstored, part.data(), 2));
+  }
 }
 
 TEST_CASE("h5chunks: the inflate library names itself and its version") {

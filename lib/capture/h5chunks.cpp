@@ -71,8 +71,8 @@ struct Layout {
   }
 };
 
-// Chunked, a pipeline of shuffle/deflate, rank 1..8, a non-empty extent of `bytes`.
-bool layout_of(hid_t dset, uint64_t bytes, Layout& L) {
+// Chunked, a pipeline of shuffle/deflate, rank 1..8, a non-empty extent.
+bool layout_of(hid_t dset, Layout& L) {
   L.dcpl = plist_id(H5Dget_create_plist(dset));
   if (!L.dcpl.valid() || H5Pget_layout(L.dcpl) != H5D_CHUNKED) return false;
   if (!pipeline_of(L.dcpl, L.pipe)) return false;
@@ -93,7 +93,7 @@ bool layout_of(hid_t dset, uint64_t bytes, Layout& L) {
     L.chunk_elems *= L.chunk[size_t(d)];
     L.nchunks *= (L.dims[size_t(d)] + L.chunk[size_t(d)] - 1) / L.chunk[size_t(d)];
   }
-  return L.numel > 0 && L.numel * L.es == bytes;
+  return L.numel > 0;
 }
 
 // Calls run(src, dst, n) for each row of the chunk at `offset` that lies inside the extent:
@@ -251,48 +251,52 @@ std::string inflate_library() {
 #endif
 }
 
-bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads) {
-  Layout L;
-  if (!layout_of(dset, bytes, L)) return false;
-  const H5T_class_t cls = H5Tget_class(L.type);
-  if ((cls != H5T_INTEGER && cls != H5T_FLOAT) || H5Tget_order(L.type) != H5T_ORDER_LE)
-    return false;
-  // Every chunk written. The dataset's own dataspace, not H5S_ALL: libhdf5 1.10 refuses
-  // H5S_ALL here ("invalid dataspace identifier"), which would send every read to H5Dread.
-  Hid fsp = space_id(H5Dget_space(dset));
-  hsize_t stored = 0;
-  if (H5Dget_num_chunks(dset, fsp, &stored) < 0 || stored != L.nchunks) return false;
+namespace {
 
-  // The stored bytes of a window of chunks, read here (libhdf5 on one thread) in grid order,
-  // then decoded on the workers; memory beyond `out` is one window of stored chunks, not the
-  // dataset's. A chunk claiming more than deflate could ever produce is refused.
+// A worker's inflater and chunk buffers, kept across windows (a fresh 1 MiB buffer per window
+// would be fresh pages to fault in).
+struct Worker {
+  Inflater inflater;
+  std::vector<unsigned char> plain, tmp;
+
+  // Decodes `c` (a whole chunk of L's shape) into `at`; false when it does not decode.
+  bool into(const RawChunk& c, const Layout& L, unsigned char* at) {
+    return decode(c, L.pipe, L.es, inflater, at, size_t(L.chunk_bytes()), tmp);
+  }
+  // Decodes `c` into this worker's chunk buffer; nullptr when it does not decode.
+  const unsigned char* buffered(const RawChunk& c, const Layout& L) {
+    plain.resize(size_t(L.chunk_bytes()));
+    return into(c, L, plain.data()) ? plain.data() : nullptr;
+  }
+};
+
+// The layouts the read path takes: layout_of's, of little-endian integers or floats.
+bool readable(hid_t dset, Layout& L) {
+  if (!layout_of(dset, L)) return false;
+  const H5T_class_t cls = H5Tget_class(L.type);
+  return (cls == H5T_INTEGER || cls == H5T_FLOAT) && H5Tget_order(L.type) == H5T_ORDER_LE;
+}
+
+// Reads the stored bytes of chunks 0..n-1 (offset(k, off) sets `off` to chunk k's dataset
+// offset) here, a window of 4 x `threads` at a time (libhdf5 on one thread), and calls
+// place(k, chunk, worker) for each on the workers, which decodes it and puts its bytes where
+// they belong; memory beyond the output is one window of stored chunks and the workers'
+// buffers. False as soon as a chunk is not stored, claims more than deflate could ever
+// produce from a chunk, cannot be read, or place says false.
+template <class Offset, class Place>
+bool decode_chunks(hid_t dset, const Layout& L, uint64_t n, int threads, Offset&& offset,
+                   Place&& place) {
   const uint64_t chunk_bytes = L.chunk_bytes();
   if (threads <= 0) threads = hardware_threads();
-  const uint64_t window = std::min<uint64_t>(L.nchunks, uint64_t(4 * threads));
+  const uint64_t window = std::min<uint64_t>(n, uint64_t(4 * threads));
   std::vector<RawChunk> raw(static_cast<size_t>(window));
-  unsigned char* dst = static_cast<unsigned char*>(out);
-  const size_t es = L.es;
-  // A chunk inside the extent whose rows are whole dataset rows (every dimension but the first
-  // spanned) is one contiguous run of the output: decoded straight into it.
-  uint64_t row_elems = 1;
-  bool whole_rows = true;
-  for (size_t d = 1; d < L.dims.size(); ++d) {
-    row_elems *= L.dims[d];
-    whole_rows = whole_rows && L.chunk[d] == L.dims[d];
-  }
-  // Per worker: the inflater and the chunk buffers, kept across windows (a fresh 1 MiB buffer
-  // per window would be fresh pages to fault in).
-  struct Worker {
-    Inflater inflater;
-    std::vector<unsigned char> plain, tmp;
-  };
   std::vector<std::unique_ptr<Worker>> workers(static_cast<size_t>(threads));
   for (auto& w : workers) w = std::make_unique<Worker>();
-  for (uint64_t first = 0; first < L.nchunks; first += window) {
-    const uint64_t count = std::min(window, L.nchunks - first);
+  for (uint64_t first = 0; first < n; first += window) {
+    const uint64_t count = std::min(window, n - first);
     for (uint64_t i = 0; i < count; ++i) {
       RawChunk& c = raw[size_t(i)];
-      L.offset_of(first + i, c.offset);
+      offset(first + i, c.offset);
       hsize_t size = 0;
       if (H5Dget_chunk_storage_size(dset, c.offset.data(), &size) < 0 || size == 0 ||
           size > chunk_bytes + (chunk_bytes >> 3) + 4096)
@@ -310,23 +314,10 @@ bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads) {
         [&](int64_t b, int64_t e) {
           Worker& w = *workers[next_worker.fetch_add(1) % workers.size()];
           for (int64_t i = b; i < e && ok.load(std::memory_order_relaxed); ++i) {
-            const RawChunk& c = raw[size_t(i)];
-            if (whole_rows && !is_edge(L, c.offset)) {
-              unsigned char* at = dst + c.offset[0] * row_elems * es;
-              if (!decode(c, L.pipe, es, w.inflater, at, size_t(chunk_bytes), w.tmp)) {
-                ok = false;
-                return;
-              }
-              continue;
-            }
-            w.plain.resize(size_t(chunk_bytes));
-            if (!decode(c, L.pipe, es, w.inflater, w.plain.data(), size_t(chunk_bytes), w.tmp)) {
+            if (!place(first + uint64_t(i), raw[size_t(i)], w)) {
               ok = false;
               return;
             }
-            for_each_row(L, c.offset, [&](size_t src, size_t at, size_t n) {
-              std::memcpy(dst + at * es, w.plain.data() + src * es, n * es);
-            });
           }
         },
         /*grain=*/2);
@@ -335,12 +326,113 @@ bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads) {
   return true;
 }
 
+// Elements in one row (every dimension but the first) and whether a chunk spans them all.
+uint64_t row_elems_of(const Layout& L, bool& whole_rows) {
+  uint64_t row_elems = 1;
+  whole_rows = true;
+  for (size_t d = 1; d < L.dims.size(); ++d) {
+    row_elems *= L.dims[d];
+    whole_rows = whole_rows && L.chunk[d] == L.dims[d];
+  }
+  return row_elems;
+}
+
+}  // namespace
+
+bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads) {
+  Layout L;
+  if (!readable(dset, L) || L.numel * L.es != bytes) return false;
+  // Every chunk written. The dataset's own dataspace, not H5S_ALL: libhdf5 1.10 refuses
+  // H5S_ALL here ("invalid dataspace identifier"), which would send every read to H5Dread.
+  Hid fsp = space_id(H5Dget_space(dset));
+  hsize_t stored = 0;
+  if (H5Dget_num_chunks(dset, fsp, &stored) < 0 || stored != L.nchunks) return false;
+
+  // Every chunk, in grid order.
+  unsigned char* dst = static_cast<unsigned char*>(out);
+  const size_t es = L.es;
+  // A chunk inside the extent whose rows are whole dataset rows (every dimension but the first
+  // spanned) is one contiguous run of the output: decoded straight into it.
+  bool whole_rows = true;
+  const uint64_t row_elems = row_elems_of(L, whole_rows);
+  return decode_chunks(
+      dset, L, L.nchunks, threads,
+      [&](uint64_t k, std::vector<hsize_t>& off) { L.offset_of(k, off); },
+      [&](uint64_t, const RawChunk& c, Worker& w) {
+        if (whole_rows && !is_edge(L, c.offset))
+          return w.into(c, L, dst + c.offset[0] * row_elems * es);
+        const unsigned char* plain = w.buffered(c, L);
+        if (!plain) return false;
+        for_each_row(L, c.offset, [&](size_t src, size_t at, size_t n) {
+          std::memcpy(dst + at * es, plain + src * es, n * es);
+        });
+        return true;
+      });
+}
+
+bool read_rows_parallel(hid_t dset, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
+                        void* out, int threads) {
+  Layout L;
+  if (!readable(dset, L)) return false;
+  bool whole_rows = true;
+  const uint64_t row_bytes = row_elems_of(L, whole_rows) * L.es;
+  if (!whole_rows) return false;
+  // Chunks span every dimension but the first: the grid is 1-D along rows, chunk j holding
+  // rows [j * R, (j + 1) * R) (the last one cut by the extent). Each range is cut at chunk
+  // edges into pieces; a chunk's pieces are contiguous in `pieces`, chunks in row order.
+  const uint64_t R = L.chunk[0], nrows = L.dims[0];
+  struct Piece {
+    uint64_t row, n;  // rows [row, row + n) of the chunk
+    uint64_t at;      // where they go in `out`, in bytes
+  };
+  std::vector<uint64_t> chunks;     // grid index of each chunk read
+  std::vector<size_t> first_piece;  // chunk k's pieces: [first_piece[k], first_piece[k + 1])
+  std::vector<Piece> pieces;
+  uint64_t at = 0, end = 0;
+  for (const auto& r : ranges) {
+    // The caller checks; a range out of order or outside the extent is declined, not read.
+    if (r.first >= r.second || r.first < end || r.second > nrows) return false;
+    end = r.second;
+    for (uint64_t row = r.first; row < r.second;) {
+      const uint64_t j = row / R, n = std::min(r.second, (j + 1) * R) - row;
+      if (chunks.empty() || chunks.back() != j) {
+        chunks.push_back(j);
+        first_piece.push_back(pieces.size());
+      }
+      pieces.push_back({row - j * R, n, at});
+      at += n * row_bytes;
+      row += n;
+    }
+  }
+  first_piece.push_back(pieces.size());
+  // No H5Dget_num_chunks (it walks the whole chunk index, where a few rows may be wanted):
+  // decode_chunks declines a needed chunk that is not stored.
+  unsigned char* dst = static_cast<unsigned char*>(out);
+  return decode_chunks(
+      dset, L, chunks.size(), threads,
+      [&](uint64_t k, std::vector<hsize_t>& off) {
+        off.assign(L.dims.size(), 0);
+        off[0] = chunks[size_t(k)] * R;
+      },
+      [&](uint64_t k, const RawChunk& c, Worker& w) {
+        const Piece* p = pieces.data() + first_piece[size_t(k)];
+        const size_t np = first_piece[size_t(k) + 1] - first_piece[size_t(k)];
+        // A whole chunk inside the extent for one piece is one run of `out`.
+        if (np == 1 && p->n == R) return w.into(c, L, dst + p->at);
+        const unsigned char* plain = w.buffered(c, L);
+        if (!plain) return false;
+        for (size_t i = 0; i < np; ++i)
+          std::memcpy(dst + p[i].at, plain + p[i].row * row_bytes, p[i].n * row_bytes);
+        return true;
+      });
+}
+
 namespace {
 
 // Whether chunk-by-chunk writing yields exactly H5Dwrite's file for this dataset; its layout
 // in L.
 bool parallel_write_applies(hid_t dset, hid_t mem_type, uint64_t bytes, Layout& L) {
-  if (!layout_of(dset, bytes, L)) return false;
+  if (!layout_of(dset, L) || L.numel * L.es != bytes) return false;
   // Deflate is what makes this worth it, and compress2 at the filter's level is what makes
   // the bytes H5Dwrite's.
   if (L.pipe.deflate_at < 0 || L.pipe.level < 0) return false;

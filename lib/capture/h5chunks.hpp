@@ -6,14 +6,17 @@
 // chunk between the dataset's row-major buffer and the chunk, run on `threads` workers.
 // Only the layout our writers and h5py's `compression="gzip", shuffle=True` produce is taken:
 // chunked, filters among shuffle and deflate (shuffle first), a fixed-size element (reading:
-// every chunk written, a little-endian integer or float). Anything else is declined and the
-// caller uses H5Dread / H5Dwrite, whose checks and messages apply.
+// every chunk read is stored, a little-endian integer or float; reading rows: chunks of whole
+// rows). Anything else is declined and the caller uses H5Dread / H5Dwrite, whose checks and
+// messages apply.
 #pragma once
 
 #include <hdf5.h>
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace dynemb::h5 {
 
@@ -22,6 +25,19 @@ namespace dynemb::h5 {
 // about `out`: the caller then reads with H5Dread. Memory beyond `out`: a window of
 // 4 x `threads` stored chunks and a chunk buffer per worker. `threads` <= 0: one per core.
 bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads);
+
+// Rows [ranges[i].first, ranges[i].second) along the first dimension of `dset` (for a 1-D
+// dataset: elements), whole in every other dimension, concatenated into `out` in the order of
+// `ranges` (sorted, non-overlapping, non-empty, inside the extent: the caller checks). `out`
+// holds sum of range rows x row_bytes bytes in the file's element type. Each stored chunk that
+// any range touches is read and decoded once per call, however many ranges it serves.
+// False when the layout is not taken (the same rules as read_chunks_parallel, plus: chunks must
+// span every dimension but the first), or a chunk does not decode to its size; nothing is
+// promised about `out` then, and the caller reads with H5Dread and a hyperslab selection.
+// `threads` <= 0: one per core. Memory beyond `out`: a window of stored chunks and a chunk
+// buffer per worker, as read_chunks_parallel.
+bool read_rows_parallel(hid_t dset, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
+                        void* out, int threads);
 
 enum class ChunkWrite {
   declined,  // not this layout (or DYNEMB_H5_SERIAL_WRITE is set): nothing was written
