@@ -11,22 +11,24 @@
 # batch_size_per_rank the reduce-scatter cannot run with (the contexts are not the derived
 # ones), and a damaged chunk of one rank's local_embs (trouble), which fall back to the whole
 # batch with its words.
-# Env (tests/CMakeLists.txt): DYNEMB (binary), DYNEMB_SRC, DYNEMB_PYTHON (python3 + h5py).
+# Env (tests/CMakeLists.txt): DYNEMB (binary), DYNEMB_SRC, DYNEMB_PYTHON (python3 + h5py);
+# DYNEMB_BACKEND (default cpu): the backend both replays use (cuda on the GPU machine).
 set -u
 : "${DYNEMB:?}" "${DYNEMB_SRC:?}" "${DYNEMB_PYTHON:=python3}"
 "$DYNEMB_PYTHON" -c 'import h5py, numpy' 2>/dev/null || { echo "no h5py for $DYNEMB_PYTHON"; exit 77; }
 . "$(dirname "$0")/common.sh"
 cd "$tmp" || exit 1
+backend=${DYNEMB_BACKEND:-cpu}
 
 # same NAME CAPTURE HOW [REPLAY ARGS...]: whole vs by destination; HOW is what the hook must
 # say of every batch: "one destination at a time", "whole", or "-" (no batch is tried).
 same() {
   local name=$1 cap=$2 how=$3
   shift 3
-  DYNEMB_BY_DESTINATION=off "$DYNEMB" replay "$cap" --backend cpu --quiet \
+  DYNEMB_BY_DESTINATION=off "$DYNEMB" replay "$cap" --backend "$backend" --quiet \
     --json "$name.whole.json" "$@" >/dev/null 2>"$name.whole.err"
   local rc_whole=$?
-  DYNEMB_BY_DESTINATION=report "$DYNEMB" replay "$cap" --backend cpu --quiet \
+  DYNEMB_BY_DESTINATION=report "$DYNEMB" replay "$cap" --backend "$backend" --quiet \
     --json "$name.dest.json" "$@" >/dev/null 2>"$name.dest.err"
   local rc_dest=$?
   [[ $rc_whole == "$rc_dest" ]] || fail "$name: exit $rc_whole whole, $rc_dest by destination"
