@@ -67,6 +67,11 @@ int main(int argc, char** argv) {
   // the page faults are paid once. (A short-lived process; what it keeps is returned at exit.)
   mallopt(M_MMAP_MAX, 0);
   mallopt(M_TRIM_THRESHOLD, INT_MAX);
+  // One arena for every thread: a replay's rows are allocated on the thread that reads them and
+  // freed on the one that checks them, and with an arena per thread each keeps its own freed
+  // blocks (the peak grows by what sits free in the other arenas). The threads' allocations
+  // are few and large (rows, chunk buffers), so sharing the arena's lock costs nothing.
+  mallopt(M_ARENA_MAX, 1);
 #endif
   return dynemb::cli::main_entry(argc, argv);
 }

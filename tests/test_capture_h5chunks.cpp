@@ -341,6 +341,44 @@ TEST_CASE("h5chunks: the row read gives H5Dread's bytes of the same rows") {
                 });
 }
 
+TEST_CASE("h5chunks: rows of several datasets read as one stream are each dataset's rows") {
+  TempDir tmp;
+  const std::string path = tmp.file("m.h5");
+  const std::vector<Case>& v = row_cases();
+  std::vector<std::vector<unsigned char>> data;
+  {
+    h5::quiet();
+    h5::Hid f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    for (size_t i = 0; i < v.size(); ++i) {
+      data.push_back(sample(numel(v[i].dims) * v[i].es, 300 + i));
+      h5::Hid d = create(f, ("x" + std::to_string(i)).c_str(), v[i]);
+      REQUIRE(H5Dwrite(d, v[i].mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data[i].data()) >= 0);
+    }
+  }
+  h5::Hid f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  std::vector<h5::Hid> ds;
+  for (size_t i = 0; i < v.size(); ++i)
+    ds.emplace_back(H5Dopen2(f, ("x" + std::to_string(i)).c_str(), H5P_DEFAULT), H5Dclose);
+  Lcg g{77};
+  for (int set = 0; set < 40; ++set) {
+    CAPTURE(set);
+    std::vector<std::vector<unsigned char>> want(v.size()), got(v.size());
+    std::vector<h5::RowsRead> reads;
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (g.next() % 4 == 0) continue;  // some datasets not read at all
+      const Ranges rs = random_ranges(g, v[i].dims[0], v[i].chunk[0]);
+      want[i] = read_rows_h5(ds[i], v[i], rs, data[i].size() / size_t(v[i].dims[0]));
+      got[i].assign(want[i].size(), 0xee);
+      reads.push_back({hid_t(ds[i]), rs, got[i].data()});
+    }
+    for (int threads : {1, 3}) {
+      CAPTURE(threads);
+      CHECK(h5::read_rows_parallel(reads, threads));
+      CHECK(got == want);
+    }
+  }
+}
+
 TEST_CASE("h5chunks: the row read declines split rows, contiguous data and bad chunks") {
   TempDir tmp;
   const Ranges all{{0, 40}}, some{{3, 5}, {17, 18}};

@@ -111,6 +111,12 @@ class CaptureReader {
   // the dataset and the rows when they cannot be read.
   std::vector<float> read_rows(int64_t k, int64_t rank, const char* name, DType dtype,
                                const std::vector<std::pair<int64_t, int64_t>>& ranges) const;
+  // read_rows of the same tensor of every rank r with non-empty ranges[r], at once: the
+  // chunks of all of them are inflated as one stream (a few rows of each rank's tensor still
+  // keep every core busy). [W] results, empty where ranges[r] is.
+  std::vector<std::vector<float>> read_rows(
+      int64_t k, const char* name, DType dtype,
+      const std::vector<std::vector<std::pair<int64_t, int64_t>>>& ranges) const;
 
   // Every dataset under /batches/<k> and /tables with its extent and bytes (no data read).
   std::vector<DatasetStat> dataset_stats(int64_t k) const;

@@ -844,6 +844,39 @@ std::vector<float> CaptureReader::read_rows(
   return out;
 }
 
+std::vector<std::vector<float>> CaptureReader::read_rows(
+    int64_t k, const char* name, DType dtype,
+    const std::vector<std::vector<std::pair<int64_t, int64_t>>>& ranges) const {
+  const Impl& I = *impl_;
+  const size_t W = ranges.size();
+  std::vector<std::vector<float>> out(W);
+  // float32 stored as such: every rank's chunks in one stream; anything else (16-bit
+  // elements, a layout the chunk path declines) rank by rank.
+  std::vector<Impl::Ds> ds;
+  std::vector<h5::RowsRead> reads;
+  bool fast = dtype == DType::f32;
+  for (size_t r = 0; fast && r < W; ++r) {
+    if (ranges[r].empty()) continue;
+    ds.push_back(I.open(fmt::format("/batches/{}/rank{}/{}", k, r, name)));
+    const Impl::Ds& d = ds.back();
+    int64_t rows = 0, end = 0;
+    for (const auto& [a, b] : ranges[r]) {
+      fast &= a >= end && b > a && !d.dims.empty() && b <= d.dims[0];
+      rows += b - a;
+      end = b;
+    }
+    fast &= H5Tequal(d.t, H5T_NATIVE_FLOAT) > 0;
+    if (!fast) break;
+    out[r].resize(size_t(rows * (d.numel / std::max<int64_t>(1, d.dims[0]))));
+    reads.push_back({d.d, {ranges[r].begin(), ranges[r].end()}, out[r].data()});
+  }
+  if (fast && h5::read_rows_parallel(reads, hardware_threads())) return out;
+  for (size_t r = 0; r < W; ++r)
+    out[r] =
+        ranges[r].empty() ? std::vector<float>{} : read_rows(k, int64_t(r), name, dtype, ranges[r]);
+  return out;
+}
+
 Batch CaptureReader::read_batch(const Plan& plan, int64_t k, const ReadParts& parts) const {
   const Impl& I = *impl_;
   const int64_t W = world_size_;

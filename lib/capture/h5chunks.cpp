@@ -278,15 +278,14 @@ bool readable(hid_t dset, Layout& L) {
 }
 
 // Reads the stored bytes of chunks 0..n-1 (offset(k, off) sets `off` to chunk k's dataset
-// offset) here, a window of 4 x `threads` at a time (libhdf5 on one thread), and calls
+// offset and returns its dataset and that dataset's layout: the chunks may be of several
+// datasets) here, a window of 4 x `threads` at a time (libhdf5 on one thread), and calls
 // place(k, chunk, worker) for each on the workers, which decodes it and puts its bytes where
 // they belong; memory beyond the output is one window of stored chunks and the workers'
 // buffers. False as soon as a chunk is not stored, claims more than deflate could ever
 // produce from a chunk, cannot be read, or place says false.
 template <class Offset, class Place>
-bool decode_chunks(hid_t dset, const Layout& L, uint64_t n, int threads, Offset&& offset,
-                   Place&& place) {
-  const uint64_t chunk_bytes = L.chunk_bytes();
+bool decode_chunks(uint64_t n, int threads, Offset&& offset, Place&& place) {
   if (threads <= 0) threads = hardware_threads();
   const uint64_t window = std::min<uint64_t>(n, uint64_t(4 * threads));
   std::vector<RawChunk> raw(static_cast<size_t>(window));
@@ -296,7 +295,8 @@ bool decode_chunks(hid_t dset, const Layout& L, uint64_t n, int threads, Offset&
     const uint64_t count = std::min(window, n - first);
     for (uint64_t i = 0; i < count; ++i) {
       RawChunk& c = raw[size_t(i)];
-      offset(first + i, c.offset);
+      const auto [dset, L] = offset(first + i, c.offset);
+      const uint64_t chunk_bytes = L->chunk_bytes();
       hsize_t size = 0;
       if (H5Dget_chunk_storage_size(dset, c.offset.data(), &size) < 0 || size == 0 ||
           size > chunk_bytes + (chunk_bytes >> 3) + 4096)
@@ -356,8 +356,11 @@ bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads) {
   bool whole_rows = true;
   const uint64_t row_elems = row_elems_of(L, whole_rows);
   return decode_chunks(
-      dset, L, L.nchunks, threads,
-      [&](uint64_t k, std::vector<hsize_t>& off) { L.offset_of(k, off); },
+      L.nchunks, threads,
+      [&](uint64_t k, std::vector<hsize_t>& off) {
+        L.offset_of(k, off);
+        return std::pair<hid_t, const Layout*>(dset, &L);
+      },
       [&](uint64_t, const RawChunk& c, Worker& w) {
         if (whole_rows && !is_edge(L, c.offset))
           return w.into(c, L, dst + c.offset[0] * row_elems * es);
@@ -370,17 +373,16 @@ bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads) {
       });
 }
 
-bool read_rows_parallel(hid_t dset, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
-                        void* out, int threads) {
+namespace {
+
+// What read_rows_parallel reads of one dataset. Chunks span every dimension but the first:
+// the grid is 1-D along rows, chunk j holding rows [j * R, (j + 1) * R) (the last one cut by
+// the extent). Each range is cut at chunk edges into pieces; a chunk's pieces are contiguous
+// in `pieces`, chunks in row order.
+struct RowPlan {
+  hid_t dset = -1;
   Layout L;
-  if (!readable(dset, L)) return false;
-  bool whole_rows = true;
-  const uint64_t row_bytes = row_elems_of(L, whole_rows) * L.es;
-  if (!whole_rows) return false;
-  // Chunks span every dimension but the first: the grid is 1-D along rows, chunk j holding
-  // rows [j * R, (j + 1) * R) (the last one cut by the extent). Each range is cut at chunk
-  // edges into pieces; a chunk's pieces are contiguous in `pieces`, chunks in row order.
-  const uint64_t R = L.chunk[0], nrows = L.dims[0];
+  uint64_t R = 0, row_bytes = 0;
   struct Piece {
     uint64_t row, n;  // rows [row, row + n) of the chunk
     uint64_t at;      // where they go in `out`, in bytes
@@ -388,42 +390,81 @@ bool read_rows_parallel(hid_t dset, const std::vector<std::pair<uint64_t, uint64
   std::vector<uint64_t> chunks;     // grid index of each chunk read
   std::vector<size_t> first_piece;  // chunk k's pieces: [first_piece[k], first_piece[k + 1])
   std::vector<Piece> pieces;
-  uint64_t at = 0, end = 0;
-  for (const auto& r : ranges) {
-    // The caller checks; a range out of order or outside the extent is declined, not read.
-    if (r.first >= r.second || r.first < end || r.second > nrows) return false;
-    end = r.second;
-    for (uint64_t row = r.first; row < r.second;) {
-      const uint64_t j = row / R, n = std::min(r.second, (j + 1) * R) - row;
-      if (chunks.empty() || chunks.back() != j) {
-        chunks.push_back(j);
-        first_piece.push_back(pieces.size());
+  unsigned char* dst = nullptr;
+
+  bool make(const RowsRead& r) {
+    dset = r.dset;
+    dst = static_cast<unsigned char*>(r.out);
+    if (!readable(dset, L)) return false;
+    bool whole_rows = true;
+    row_bytes = row_elems_of(L, whole_rows) * L.es;
+    if (!whole_rows) return false;
+    R = L.chunk[0];
+    const uint64_t nrows = L.dims[0];
+    uint64_t at = 0, end = 0;
+    for (const auto& rg : r.ranges) {
+      // The caller checks; a range out of order or outside the extent is declined, not read.
+      if (rg.first >= rg.second || rg.first < end || rg.second > nrows) return false;
+      end = rg.second;
+      for (uint64_t row = rg.first; row < rg.second;) {
+        const uint64_t j = row / R, n = std::min(rg.second, (j + 1) * R) - row;
+        if (chunks.empty() || chunks.back() != j) {
+          chunks.push_back(j);
+          first_piece.push_back(pieces.size());
+        }
+        pieces.push_back({row - j * R, n, at});
+        at += n * row_bytes;
+        row += n;
       }
-      pieces.push_back({row - j * R, n, at});
-      at += n * row_bytes;
-      row += n;
     }
+    first_piece.push_back(pieces.size());
+    return true;
   }
-  first_piece.push_back(pieces.size());
+
+  // Chunk k of this plan decoded by `w` and its pieces put in place.
+  bool place(uint64_t k, const RawChunk& c, Worker& w) const {
+    const Piece* p = pieces.data() + first_piece[size_t(k)];
+    const size_t np = first_piece[size_t(k) + 1] - first_piece[size_t(k)];
+    // A whole chunk inside the extent for one piece is one run of `out`.
+    if (np == 1 && p->n == R) return w.into(c, L, dst + p->at);
+    const unsigned char* plain = w.buffered(c, L);
+    if (!plain) return false;
+    for (size_t i = 0; i < np; ++i)
+      std::memcpy(dst + p[i].at, plain + p[i].row * row_bytes, p[i].n * row_bytes);
+    return true;
+  }
+};
+
+}  // namespace
+
+bool read_rows_parallel(hid_t dset, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
+                        void* out, int threads) {
+  return read_rows_parallel({RowsRead{dset, ranges, out}}, threads);
+}
+
+bool read_rows_parallel(const std::vector<RowsRead>& reads, int threads) {
+  std::vector<RowPlan> plans(reads.size());
+  std::vector<uint64_t> base{0};  // plan i's chunks are [base[i], base[i + 1]) of the stream
+  for (size_t i = 0; i < reads.size(); ++i) {
+    if (!plans[i].make(reads[i])) return false;
+    base.push_back(base.back() + plans[i].chunks.size());
+  }
+  const auto plan_of = [&](uint64_t k) {
+    return size_t(std::upper_bound(base.begin(), base.end(), k) - base.begin()) - 1;
+  };
   // No H5Dget_num_chunks (it walks the whole chunk index, where a few rows may be wanted):
   // decode_chunks declines a needed chunk that is not stored.
-  unsigned char* dst = static_cast<unsigned char*>(out);
   return decode_chunks(
-      dset, L, chunks.size(), threads,
+      base.back(), threads,
       [&](uint64_t k, std::vector<hsize_t>& off) {
-        off.assign(L.dims.size(), 0);
-        off[0] = chunks[size_t(k)] * R;
+        const RowPlan& p = plans[plan_of(k)];
+        off.assign(p.L.dims.size(), 0);
+        off[0] = p.chunks[size_t(k - base[plan_of(k)])] * p.R;
+        return std::pair<hid_t, const Layout*>(p.dset, &p.L);
       },
       [&](uint64_t k, const RawChunk& c, Worker& w) {
-        const Piece* p = pieces.data() + first_piece[size_t(k)];
-        const size_t np = first_piece[size_t(k) + 1] - first_piece[size_t(k)];
-        // A whole chunk inside the extent for one piece is one run of `out`.
-        if (np == 1 && p->n == R) return w.into(c, L, dst + p->at);
-        const unsigned char* plain = w.buffered(c, L);
-        if (!plain) return false;
-        for (size_t i = 0; i < np; ++i)
-          std::memcpy(dst + p[i].at, plain + p[i].row * row_bytes, p[i].n * row_bytes);
-        return true;
+        const size_t i = plan_of(k);
+        return plans[i].place(k - base[i], c, w);
       });
 }
 

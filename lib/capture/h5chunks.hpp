@@ -39,6 +39,16 @@ bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads);
 bool read_rows_parallel(hid_t dset, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
                         void* out, int threads);
 
+// Rows of several datasets at once (each as above): their chunks are read and decoded as one
+// stream, so that a few rows of each of many datasets (a destination rank's rows of every
+// sender) keep every worker busy. False as soon as one dataset is declined.
+struct RowsRead {
+  hid_t dset = -1;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  void* out = nullptr;
+};
+bool read_rows_parallel(const std::vector<RowsRead>& reads, int threads);
+
 enum class ChunkWrite {
   declined,  // not this layout (or DYNEMB_H5_SERIAL_WRITE is set): nothing was written
   written,   // every chunk is in the file

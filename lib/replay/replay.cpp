@@ -198,6 +198,17 @@ EmbTensor whole_lookup_shape(const Plan& plan, const LookupKjt& lk, const EmbTen
   return e;
 }
 
+// fn(arg) on another thread, or deferred to the get() of the future when no thread can be
+// started (the work then runs in turn).
+template <class Fn, class Arg>
+auto read_ahead_task(Fn& fn, Arg arg) -> std::future<decltype(fn(arg))> {
+  try {
+    return std::async(std::launch::async, [&fn, arg] { return fn(arg); });
+  } catch (const std::system_error&) {
+    return std::async(std::launch::deferred, [&fn, arg] { return fn(arg); });
+  }
+}
+
 // Every row of a captured tensor as the ranges of CaptureReader::read_rows.
 std::vector<std::pair<int64_t, int64_t>> whole_rows(const EmbTensor& t) {
   if (t.rows() == 0) return {};
@@ -1248,16 +1259,43 @@ bool Replayer::replay_by_destination(const CaptureReader& reader, int64_t k) {
   return true;
 }
 
+// What destination d's checks read from the capture: the block of every sender and d's golden
+// output (when captured).
+struct DestRows {
+  std::vector<EmbTensor> blocks;  // [W]
+  std::optional<EmbTensor> golden;
+};
+
+// Destination d's rows, read on the calling thread (the only one calling libhdf5 meanwhile).
+DestRows read_destination(const CaptureReader& reader, int64_t k, int64_t d,
+                          const std::vector<std::vector<DestBlock>>& where,
+                          const std::vector<const EmbTensor*>& local, const EmbTensor* golden) {
+  const size_t W = where.size();
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> ranges(W);
+  for (size_t s = 0; s < W; ++s) ranges[s] = where[s][size_t(d)].ranges;
+  const DType dt = local[0]->dtype;  // the plan's data_type on every rank (read_batch checks)
+  std::vector<std::vector<float>> rows = reader.read_rows(k, "local_embs", dt, ranges);
+  DestRows out;
+  for (size_t s = 0; s < W; ++s)
+    out.blocks.push_back({dt, where[s][size_t(d)].shape, std::move(rows[s])});
+  if (golden)
+    out.golden = EmbTensor{golden->dtype, golden->shape,
+                           reader.read_rows(k, d, "output", golden->dtype, whole_rows(*golden))};
+  return out;
+}
+
 // The steps of replay_batch with the data read block by block: for each destination d, the
 // block of every sender (its lookup check's part), d's output from those blocks alone, and d's
-// output checks. Emitted in the whole batch's order: contexts, lookups by rank, outputs by rank.
+// output checks, while destination d + 1's rows are read on another thread. Emitted in the
+// whole batch's order: contexts, lookups by rank, outputs by rank.
 bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
   const int64_t W = st.W, k = st.k, maxm = opt_.max_mismatches;
   derive_batch(st);
   check_contexts(st);
   choose_contexts(st);
   if (st.ctx_bad) return false;
-  at("output dist", -1);  // the dist's own checks on the whole shapes (no data needed)
+  drop_derived_extras(st);  // trouble reruns the batch whole, which derives them again
+  at("output dist", -1);    // the dist's own checks on the whole shapes (no data needed)
   std::optional<SequenceDistCheck> seq;
   std::optional<PooledDistCheck> pooled;
   bool variable_batch = false;
@@ -1278,39 +1316,38 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
       if (!b) return false;
       where[size_t(s)].push_back(std::move(*b));
     }
+  const auto read = [&](int64_t d) {
+    h5::quiet();  // libhdf5's error printing is per thread: errors are reported, not dumped
+    return read_destination(reader, k, d, where, st.cap_local, st.golden[size_t(d)]);
+  };
+  std::future<DestRows> next = read_ahead_task(read, 0);
   std::vector<TensorDiff> looked(static_cast<size_t>(W));  // [s]: the lookup check, merged
   std::vector<std::optional<CheckResult>> gold(static_cast<size_t>(W)), ref(gold.size());
   st.got.assign(size_t(W), false);
   for (int64_t d = 0; d < W; ++d) {
-    std::vector<EmbTensor> blocks(static_cast<size_t>(W));
-    for (int64_t s = 0; s < W; ++s) {
-      at("read", int(s));
-      const DestBlock& b = where[size_t(s)][size_t(d)];
-      const DType dt = st.cap_local[size_t(s)]->dtype;
-      blocks[size_t(s)] = {dt, b.shape, reader.read_rows(k, s, "local_embs", dt, b.ranges)};
-      if (!source_) continue;
+    at("read", int(d));
+    DestRows rows = next.get();
+    if (d + 1 < W) next = read_ahead_task(read, d + 1);
+    for (int64_t s = 0; source_ && s < W; ++s) {
       at("lookup", int(s));
+      const DestBlock& b = where[size_t(s)][size_t(d)];
       const EmbTensor want = backend_.lookup(
           plan_, int(s), lookup_kjt_from(st.der.ranks[size_t(s)].lookup_kjt, d), *source_);
       if (want.shape != b.shape) return false;
       const auto to_whole = [&b](int64_t e) { return b.to_whole(e); };
-      merge_diff(looked[size_t(s)], diff_part(blocks[size_t(s)], want, tol_, to_whole, maxm), maxm);
+      merge_diff(looked[size_t(s)], diff_part(rows.blocks[size_t(s)], want, tol_, to_whole, maxm),
+                 maxm);
     }
     at("output dist", int(d));
     const EmbTensor out =
-        destination_output(plan_, backend_, d, blocks, st.used_ptr, variable_batch);
-    blocks.clear();
+        destination_output(plan_, backend_, d, rows.blocks, st.used_ptr, variable_batch);
     at("output", int(d));
     st.got[size_t(d)] = true;
-    const RankBatch& rb = st.batch.ranks[size_t(d)];
-    const TensorLayout layout = output_layout(rb.kjt, out);
-    if (const EmbTensor* g = st.golden[size_t(d)]) {
-      at("read", int(d));
-      const EmbTensor golden{g->dtype, g->shape,
-                             reader.read_rows(k, d, "output", g->dtype, whole_rows(*g))};
+    const TensorLayout layout = output_layout(st.batch.ranks[size_t(d)].kjt, out);
+    if (rows.golden)
       gold[size_t(d)] = tensor_check(k, int(d), "output", "golden", "replayed", "golden",
-                                     diff_tensors(out, golden, tol_, layout, maxm), tol_);
-    }
+                                     diff_tensors(out, *rows.golden, tol_, layout, maxm), tol_);
+    rows.golden.reset();
     if (source_) {
       at("reference", int(d));
       const EmbTensor want = reference(st, int(d));
