@@ -88,6 +88,41 @@ TEST_CASE("diff_tensors equals the element-by-element definition") {
   CHECK(cases_with_mismatches > 100);  // the comparison saw real differences
 }
 
+// Tensors of millions of elements are diffed in parts on every core: the same diff as the
+// definition, with differences in every part, across part edges, and more than max_report.
+TEST_CASE("diff_tensors of large tensors, diffed in parts, equals the definition") {
+  std::mt19937_64 rng(11);
+  for (int iter = 0; iter < 4; ++iter) {
+    const int64_t n = (int64_t(1) << 22) + std::uniform_int_distribution<int64_t>(0, 99999)(rng);
+    EmbTensor a = EmbTensor::zeros(DType::f32, {n});
+    for (size_t i = 0; i < a.data.size(); i += 97) a.data[i] = float(i % 1000) / 7.0f;
+    EmbTensor b = a;
+    const int changes = iter == 0 ? 0 : 40 * iter;
+    for (int c = 0; c < changes; ++c) {
+      const size_t i = size_t(std::uniform_int_distribution<int64_t>(0, n - 1)(rng));
+      b.data[i] += c % 3 == 0 ? 1.0f : 1e-3f;
+    }
+    if (iter == 3)  // around where the parts meet, whatever the number of cores
+      for (int64_t q = 1; q < 16; ++q) b.data[size_t(n * q / 16)] += 2.0f;
+    for (const Tolerance& tol : {Tolerance::exact(), Tolerance::rel(1e-2, 1e-5)}) {
+      for (int64_t maxm : {0, 3, 1000}) {
+        CAPTURE(iter);
+        CAPTURE(maxm);
+        const TensorDiff got = diff_tensors(a, b, tol, TensorLayout::flat("x"), maxm);
+        const TensorDiff want = reference_diff(a, b, tol, maxm);
+        CHECK(got.compared == want.compared);
+        CHECK(got.mismatches == want.mismatches);
+        CHECK(got.max_abs_err == want.max_abs_err);
+        CHECK(got.max_rel_err == want.max_rel_err);
+        CHECK(got.max_ulp == want.max_ulp);
+        REQUIRE(got.first.size() == want.first.size());
+        for (size_t k = 0; k < got.first.size(); ++k)
+          CHECK(got.first[k].flat == want.first[k].flat);
+      }
+    }
+  }
+}
+
 // Column slices of a [rows, cols] pair diffed part by part and merged (in an order other than
 // the columns') give the whole diff: counts, maxima and the first mismatches, whose rows lie in
 // slices later than other mismatches' (a later slice may hold an earlier row).

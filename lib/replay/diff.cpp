@@ -7,6 +7,8 @@
 #include <cstring>
 #include <iterator>
 
+#include "engine/parallel.hpp"
+
 namespace dynemb {
 
 std::string shape_str(const std::vector<int64_t>& shape) {
@@ -24,21 +26,21 @@ TensorDiff shape_mismatch(const std::vector<int64_t>& got, const std::vector<int
 
 namespace {
 
-// The diff of two tensors of one shape; a mismatch kept is recorded by `keep(i, got, want)`.
+// The diff of elements [i0, i1) of two tensors of one shape; a mismatch kept is recorded by
+// `keep(i, got, want)`.
 template <typename Keep>
-TensorDiff diff_elements(const EmbTensor& got, const EmbTensor& want, const Tolerance& tol,
-                         int64_t max_report, const Keep& keep) {
+TensorDiff diff_range(const EmbTensor& got, const EmbTensor& want, const Tolerance& tol,
+                      int64_t max_report, const Keep& keep, int64_t i0, int64_t i1) {
   TensorDiff d;
-  const int64_t n = static_cast<int64_t>(got.data.size());
-  d.compared = n;
+  d.compared = i1 - i0;
   // A pair with the same bits adds nothing: no error, and every tolerance accepts it (NaN
   // matches NaN). Blocks that compare equal as bytes are skipped at memcmp speed, so a
   // passing replay pays for one pass over memory, not for the per-element arithmetic.
   constexpr int64_t kBlock = 2048;
   const float* gp = got.data.data();
   const float* wp = want.data.data();
-  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
-    const int64_t b1 = std::min(n, b0 + kBlock);
+  for (int64_t b0 = i0; b0 < i1; b0 += kBlock) {
+    const int64_t b1 = std::min(i1, b0 + kBlock);
     if (std::memcmp(gp + b0, wp + b0, sizeof(float) * size_t(b1 - b0)) == 0) continue;
     for (int64_t i = b0; i < b1; ++i) {
       const float g = gp[i], w = wp[i];
@@ -55,6 +57,29 @@ TensorDiff diff_elements(const EmbTensor& got, const EmbTensor& want, const Tole
       if (int64_t(d.first.size()) < max_report) d.first.push_back(keep(i, g, w));
     }
   }
+  return d;
+}
+
+// The diff of two tensors of one shape, in contiguous parts on every core (a pass over a
+// batch's lookups is gigabytes), merged in order: the same diff as one pass, first mismatches
+// included (keep's flat indices increase with i).
+template <typename Keep>
+TensorDiff diff_elements(const EmbTensor& got, const EmbTensor& want, const Tolerance& tol,
+                         int64_t max_report, const Keep& keep) {
+  const int64_t n = static_cast<int64_t>(got.data.size());
+  constexpr int64_t kPart = int64_t(1) << 20;  // elements: a part is worth a thread
+  const int64_t parts = std::clamp<int64_t>(n / kPart, 1, hardware_threads());
+  std::vector<TensorDiff> part(static_cast<size_t>(parts));
+  parallel_for(
+      int(parts), parts,
+      [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p)
+          part[size_t(p)] =
+              diff_range(got, want, tol, max_report, keep, n * p / parts, n * (p + 1) / parts);
+      },
+      /*grain=*/1);
+  TensorDiff d = std::move(part[0]);
+  for (int64_t p = 1; p < parts; ++p) merge_diff(d, std::move(part[size_t(p)]), max_report);
   return d;
 }
 
