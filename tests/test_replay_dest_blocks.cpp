@@ -32,11 +32,11 @@ bool bit_equal(const EmbTensor& a, const EmbTensor& b) {
 // here over random plans and batches, codecs included: the blocks of every destination cover
 // each sender's local_embs exactly once; the block of (s, d) is the lookup of the bags source
 // rank d sent to s (lookup_kjt_from), bit for bit; and d's output from its blocks alone is the
-// whole dist's output of d, bit for bit.
+// whole dist's output of d, bit for bit; and for a pooled batch, so are rows [r0, r1) of them.
 TEST_CASE("property: one destination's blocks give its output, over 500 random batches") {
   std::mt19937_64 rng(20261204);
   auto be = make_cpu_backend(2);
-  int seen_unequal = 0, seen_vbe = 0, seen_codec = 0;
+  int seen_unequal = 0, seen_vbe = 0, seen_codec = 0, seen_rows = 0;
   for (int iter = 0; iter < 500; ++iter) {
     Case c = random_case(rng);
     Plan& p = c.plan;
@@ -85,6 +85,30 @@ TEST_CASE("property: one destination's blocks give its output, over 500 random b
         REQUIRE(bit_equal(got, want));
         blocks.push_back(std::move(got));
       }
+      if (pooled && !vbe) {  // rows [r0, r1) of d alone: the same rows of its output
+        const int64_t B = blocks[0].rows();
+        const int64_t r0 = B ? int64_t(rng() % uint64_t(B)) : 0;
+        const int64_t r1 = B ? r0 + 1 + int64_t(rng() % uint64_t(B - r0)) : 0;
+        std::vector<EmbTensor> part;
+        for (int64_t s = 0; s < W; ++s) {
+          const DestBlock b = block_rows(pooled_block(*pchk, s, d, p.sum_dim, false), r0, r1);
+          const EmbTensor want = be->lookup(
+              p, int(s), lookup_kjt_from(der.ranks[size_t(s)].lookup_kjt, d, r0, r1), oracle);
+          REQUIRE(want.shape == b.shape);
+          EmbTensor got{want.dtype, b.shape, std::vector<float>(size_t(b.numel()))};
+          for (int64_t e = 0; e < b.numel(); ++e)
+            got.data[size_t(e)] = local[size_t(s)].data[size_t(b.to_whole(e))];
+          REQUIRE(bit_equal(got, want));
+          part.push_back(std::move(got));
+        }
+        const EmbTensor out = destination_output(p, *be, d, part, cp, vbe);
+        const int64_t C = p.sum_dim;
+        const EmbTensor& w = whole[size_t(d)];
+        REQUIRE(bit_equal(
+            out,
+            EmbTensor{w.dtype, {r1 - r0, C}, {w.data.begin() + r0 * C, w.data.begin() + r1 * C}}));
+        ++seen_rows;
+      }
       const EmbTensor out = destination_output(p, *be, d, blocks, cp, vbe);
       REQUIRE(bit_equal(out, whole[size_t(d)]));
     }
@@ -99,4 +123,5 @@ TEST_CASE("property: one destination's blocks give its output, over 500 random b
   CHECK(seen_unequal > 100);
   CHECK(seen_vbe > 50);
   CHECK(seen_codec > 100);
+  CHECK(seen_rows > 500);
 }

@@ -1,6 +1,7 @@
 #include "replay/dest_blocks.hpp"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "engine/ops.hpp"
 
@@ -70,7 +71,20 @@ DestBlock pooled_block(const PooledDistCheck& chk, int64_t s, int64_t d, int64_t
   return b;
 }
 
+DestBlock block_rows(const DestBlock& b, int64_t r0, int64_t r1) {
+  DestBlock out;
+  out.row_elems = b.row_elems;
+  if (r1 > r0) out.ranges.emplace_back(b.ranges.at(0).first + r0, b.ranges.at(0).first + r1);
+  out.shape = {r1 - r0, b.shape.at(1)};
+  finish(out);
+  return out;
+}
+
 LookupKjt lookup_kjt_from(const LookupKjt& k, int64_t d) {
+  return lookup_kjt_from(k, d, 0, INT64_MAX);
+}
+
+LookupKjt lookup_kjt_from(const LookupKjt& k, int64_t d, int64_t b0, int64_t b1) {
   LookupKjt out;
   out.num_features = k.num_features;
   out.world_size = 1;
@@ -84,12 +98,18 @@ LookupKjt lookup_kjt_from(const LookupKjt& k, int64_t d) {
       const int64_t nb = spr[size_t(s)];
       int64_t n = 0;
       for (int64_t b = 0; b < nb; ++b) n += k.lengths[size_t(j + b)];
-      if (s == d) {
-        out.stride_per_key_per_rank[size_t(f)] = {nb};
-        out.lengths.insert(out.lengths.end(), k.lengths.begin() + j, k.lengths.begin() + j + nb);
-        out.values.insert(out.values.end(), k.values.begin() + p, k.values.begin() + p + n);
+      if (s == d) {  // bags [c0, c1) of the nb, values [p + v0, p + v1)
+        const int64_t c0 = std::min(b0, nb), c1 = std::min(b1, nb);
+        int64_t v0 = 0, v1 = 0;
+        for (int64_t b = 0; b < c1; ++b) (b < c0 ? v0 : v1) += k.lengths[size_t(j + b)];
+        v1 += v0;
+        out.stride_per_key_per_rank[size_t(f)] = {c1 - c0};
+        out.lengths.insert(out.lengths.end(), k.lengths.begin() + j + c0,
+                           k.lengths.begin() + j + c1);
+        out.values.insert(out.values.end(), k.values.begin() + p + v0, k.values.begin() + p + v1);
         if (weighted)
-          out.weights.insert(out.weights.end(), k.weights.begin() + p, k.weights.begin() + p + n);
+          out.weights.insert(out.weights.end(), k.weights.begin() + p + v0,
+                             k.weights.begin() + p + v1);
       }
       j += nb;
       p += n;

@@ -51,6 +51,13 @@ DestBlock pooled_block(const PooledDistCheck& chk, int64_t s, int64_t d, int64_t
 // KJT of one source rank: stride_per_key_per_rank[f] = {B_{d,f}}, the same features, weights
 // and variable_batch. Its lookup is the block of (s, d) when the contexts are the derived ones.
 LookupKjt lookup_kjt_from(const LookupKjt& k, int64_t d);
+// The same for samples [b0, b1) of source rank d only (every feature's, a pooled non-VBE batch):
+// the lookup of rows [b0, b1) of the block of (s, d).
+LookupKjt lookup_kjt_from(const LookupKjt& k, int64_t d, int64_t b0, int64_t b1);
+
+// Rows [r0, r1) of a pooled non-VBE block (pooled_block): a destination's output is the sum of
+// its senders' chunks row by row, so it can be made and checked a few rows at a time.
+DestBlock block_rows(const DestBlock& b, int64_t r0, int64_t r1);
 
 // Destination d's output from its blocks alone (`blocks[s]`: what rank s sends it, emptied
 // here), through the backend's dist, as the whole batch's dist makes it. Sequence: the blocks

@@ -215,6 +215,8 @@ std::vector<std::pair<int64_t, int64_t>> whole_rows(const EmbTensor& t) {
   return {{0, t.rows()}};
 }
 
+struct DestUnit;  // a unit of a batch replayed by destination (replay_by_destination)
+
 class Replayer {
  public:
   Replayer(const ReplayOptions& opt, Backend& backend, const ReplayCallbacks& cb, Report& rep)
@@ -353,6 +355,8 @@ class Replayer {
   }
   bool replay_by_destination(const CaptureReader& reader, int64_t k);
   bool stream_batch(const CaptureReader& reader, BatchState& st);
+  bool plan_units(BatchState& st, std::vector<std::vector<DestBlock>>& where,
+                  std::vector<DestUnit>& units, bool& variable_batch);
   // Progress: the logical bytes of each selected batch, read from the file's metadata up front
   // (only when someone shows progress), then advanced as each rank's output is checked.
   void measure_progress(const CaptureReader& reader);
@@ -1259,53 +1263,80 @@ bool Replayer::replay_by_destination(const CaptureReader& reader, int64_t k) {
   return true;
 }
 
-// What destination d's checks read from the capture: the block of every sender and d's golden
-// output (when captured).
+// A unit of a batch replayed by destination: destination d's whole output, or rows [r0, r1) of
+// it (pooled, not variable-batch: the senders' chunks are summed row by row, so a few rows at a
+// time keep a unit's blocks within kUnitBytes whatever the batch size).
+struct DestUnit {
+  int64_t d = 0;
+  bool rows = false;  // false: the whole destination
+  int64_t r0 = 0, r1 = 0;
+};
+constexpr double kUnitBytes = 64.0 * (1 << 20);
+
+// The block of sender s in unit u.
+DestBlock unit_block(const std::vector<std::vector<DestBlock>>& where, int64_t s,
+                     const DestUnit& u) {
+  const DestBlock& b = where[size_t(s)][size_t(u.d)];
+  return u.rows ? block_rows(b, u.r0, u.r1) : b;
+}
+
+// Rows [r0, r1) of a 2-D tensor.
+EmbTensor tensor_rows(const EmbTensor& t, int64_t r0, int64_t r1) {
+  const int64_t c = t.cols();
+  return {t.dtype, {r1 - r0, c}, {t.data.begin() + r0 * c, t.data.begin() + r1 * c}};
+}
+
+// What a unit's checks read from the capture: the block of every sender and the unit's rows
+// of the golden output (when captured).
 struct DestRows {
   std::vector<EmbTensor> blocks;  // [W]
   std::optional<EmbTensor> golden;
 };
 
-// Destination d's rows, read on the calling thread (the only one calling libhdf5 meanwhile).
-DestRows read_destination(const CaptureReader& reader, int64_t k, int64_t d,
-                          const std::vector<std::vector<DestBlock>>& where,
-                          const std::vector<const EmbTensor*>& local, const EmbTensor* golden) {
+// Unit u's rows, read on the calling thread (the only one calling libhdf5 meanwhile).
+DestRows read_unit(const CaptureReader& reader, int64_t k, const DestUnit& u,
+                   const std::vector<std::vector<DestBlock>>& where,
+                   const std::vector<const EmbTensor*>& local, const EmbTensor* golden) {
   const size_t W = where.size();
+  std::vector<DestBlock> b;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> ranges(W);
-  for (size_t s = 0; s < W; ++s) ranges[s] = where[s][size_t(d)].ranges;
+  for (size_t s = 0; s < W; ++s) {
+    b.push_back(unit_block(where, int64_t(s), u));
+    ranges[s] = b.back().ranges;
+  }
   const DType dt = local[0]->dtype;  // the plan's data_type on every rank (read_batch checks)
   std::vector<std::vector<float>> rows = reader.read_rows(k, "local_embs", dt, ranges);
   DestRows out;
-  for (size_t s = 0; s < W; ++s)
-    out.blocks.push_back({dt, where[s][size_t(d)].shape, std::move(rows[s])});
-  if (golden)
+  for (size_t s = 0; s < W; ++s) out.blocks.push_back({dt, b[s].shape, std::move(rows[s])});
+  if (!golden) return out;
+  if (!u.rows) {
     out.golden = EmbTensor{golden->dtype, golden->shape,
-                           reader.read_rows(k, d, "output", golden->dtype, whole_rows(*golden))};
+                           reader.read_rows(k, u.d, "output", golden->dtype, whole_rows(*golden))};
+  } else {
+    std::vector<std::pair<int64_t, int64_t>> gr;
+    if (u.r1 > u.r0) gr.emplace_back(u.r0, u.r1);
+    out.golden = EmbTensor{golden->dtype,
+                           {u.r1 - u.r0, golden->cols()},
+                           reader.read_rows(k, u.d, "output", golden->dtype, gr)};
+  }
   return out;
 }
 
-// The steps of replay_batch with the data read block by block: for each destination d, the
-// block of every sender (its lookup check's part), d's output from those blocks alone, and d's
-// output checks, while destination d + 1's rows are read on another thread. Emitted in the
-// whole batch's order: contexts, lookups by rank, outputs by rank.
-bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
-  const int64_t W = st.W, k = st.k, maxm = opt_.max_mismatches;
-  derive_batch(st);
-  check_contexts(st);
-  choose_contexts(st);
-  if (st.ctx_bad) return false;
-  drop_derived_extras(st);  // trouble reruns the batch whole, which derives them again
-  at("output dist", -1);    // the dist's own checks on the whole shapes (no data needed)
+// Where every unit's blocks lie ([s][d]) and the units, in destination order; false when the
+// sequence dist's send order is not increasing (the batch then runs whole).
+bool Replayer::plan_units(BatchState& st, std::vector<std::vector<DestBlock>>& where,
+                          std::vector<DestUnit>& units, bool& variable_batch) {
+  const int64_t W = st.W;
   std::optional<SequenceDistCheck> seq;
   std::optional<PooledDistCheck> pooled;
-  bool variable_batch = false;
+  variable_batch = false;
   if (seq_dist_) {
     seq = check_sequence_dist(plan_, st.cap_local, st.used_ptr);
   } else {
-    variable_batch = pooled_dist_->check(k, st.cap_local, st.used_ptr);
+    variable_batch = pooled_dist_->check(st.k, st.cap_local, st.used_ptr);
     pooled = check_pooled_dist(plan_, variable_batch, st.cap_local, st.used_ptr);
   }
-  std::vector<std::vector<DestBlock>> where(static_cast<size_t>(W));  // [s][d]
+  where.assign(size_t(W), {});
   for (int64_t s = 0; s < W; ++s)
     for (int64_t d = 0; d < W; ++d) {
       if (pooled) {
@@ -1316,23 +1347,61 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
       if (!b) return false;
       where[size_t(s)].push_back(std::move(*b));
     }
-  const auto read = [&](int64_t d) {
+  int64_t step = std::max<int64_t>(1, int64_t(kUnitBytes / (4.0 * double(W * plan_.sum_dim))));
+  if (const char* e = std::getenv("DYNEMB_DESTINATION_ROWS"); e && std::atoll(e) > 0)
+    step = std::atoll(e);  // test hook: units of at most this many rows
+  for (int64_t d = 0; d < W; ++d) {
+    if (!pooled || variable_batch || plan_.sum_dim == 0) {
+      units.push_back({d});
+      continue;
+    }
+    const int64_t B = pooled->chunk_len[size_t(d)] / plan_.sum_dim;
+    if (B == 0) units.push_back({d, true, 0, 0});
+    for (int64_t r0 = 0; r0 < B; r0 += step) units.push_back({d, true, r0, std::min(B, r0 + step)});
+  }
+  return true;
+}
+
+// The steps of replay_batch with the data read block by block: for each unit (a destination d,
+// or some rows of it), the block of every sender (a part of its lookup check), the unit's
+// output from those blocks alone and its part of d's output checks, while the next unit's rows
+// are read on another thread. Emitted in the whole batch's order: contexts, lookups by rank,
+// outputs by rank.
+bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
+  const int64_t W = st.W, k = st.k, maxm = opt_.max_mismatches;
+  derive_batch(st);
+  check_contexts(st);
+  choose_contexts(st);
+  if (st.ctx_bad) return false;
+  drop_derived_extras(st);  // trouble reruns the batch whole, which derives them again
+  at("output dist", -1);    // the dist's own checks on the whole shapes (no data needed)
+  std::vector<std::vector<DestBlock>> where;  // [s][d]
+  std::vector<DestUnit> units;
+  bool variable_batch = false;
+  if (!plan_units(st, where, units, variable_batch)) return false;
+  const auto read = [&](size_t i) {
     h5::quiet();  // libhdf5's error printing is per thread: errors are reported, not dumped
-    return read_destination(reader, k, d, where, st.cap_local, st.golden[size_t(d)]);
+    return read_unit(reader, k, units[i], where, st.cap_local, st.golden[size_t(units[i].d)]);
   };
-  std::future<DestRows> next = read_ahead_task(read, 0);
+  std::future<DestRows> next = read_ahead_task(read, size_t{0});
   std::vector<TensorDiff> looked(static_cast<size_t>(W));  // [s]: the lookup check, merged
   std::vector<std::optional<CheckResult>> gold(static_cast<size_t>(W)), ref(gold.size());
+  TensorDiff gold_d, ref_d;              // destination d's output checks, merged over its units
+  std::optional<EmbTensor> reference_d;  // d's unsharded reference while its units run
   st.got.assign(size_t(W), false);
-  for (int64_t d = 0; d < W; ++d) {
+  for (size_t i = 0; i < units.size(); ++i) {
+    const DestUnit& u = units[i];
+    const int64_t d = u.d;
     at("read", int(d));
     DestRows rows = next.get();
-    if (d + 1 < W) next = read_ahead_task(read, d + 1);
+    if (i + 1 < units.size()) next = read_ahead_task(read, i + 1);
     for (int64_t s = 0; source_ && s < W; ++s) {
       at("lookup", int(s));
-      const DestBlock& b = where[size_t(s)][size_t(d)];
+      const DestBlock b = unit_block(where, s, u);
+      const LookupKjt& lk = st.der.ranks[size_t(s)].lookup_kjt;
       const EmbTensor want = backend_.lookup(
-          plan_, int(s), lookup_kjt_from(st.der.ranks[size_t(s)].lookup_kjt, d), *source_);
+          plan_, int(s), u.rows ? lookup_kjt_from(lk, d, u.r0, u.r1) : lookup_kjt_from(lk, d),
+          *source_);
       if (want.shape != b.shape) return false;
       const auto to_whole = [&b](int64_t e) { return b.to_whole(e); };
       merge_diff(looked[size_t(s)], diff_part(rows.blocks[size_t(s)], want, tol_, to_whole, maxm),
@@ -1342,18 +1411,46 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
     const EmbTensor out =
         destination_output(plan_, backend_, d, rows.blocks, st.used_ptr, variable_batch);
     at("output", int(d));
-    st.got[size_t(d)] = true;
-    const TensorLayout layout = output_layout(st.batch.ranks[size_t(d)].kjt, out);
-    if (rows.golden)
-      gold[size_t(d)] = tensor_check(k, int(d), "output", "golden", "replayed", "golden",
-                                     diff_tensors(out, *rows.golden, tol_, layout, maxm), tol_);
+    const int64_t off = u.rows ? u.r0 * out.cols() : 0;  // out's first element in d's output
+    const auto to_whole = [off](int64_t e) { return off + e; };
+    if (rows.golden) {
+      if (rows.golden->shape != out.shape) return false;
+      merge_diff(gold_d, diff_part(out, *rows.golden, tol_, to_whole, maxm), maxm);
+    }
     rows.golden.reset();
+    std::vector<int64_t> whole_shape = out.shape;  // of d's output
+    if (u.rows) whole_shape = {st.golden[size_t(d)] ? st.golden[size_t(d)]->rows() : 0, out.cols()};
     if (source_) {
       at("reference", int(d));
-      const EmbTensor want = reference(st, int(d));
-      ref[size_t(d)] = tensor_check(k, int(d), "output", "reference", "replayed", "reference",
-                                    diff_tensors(out, want, tol_, layout, maxm), tol_);
+      if (!reference_d) reference_d = reference(st, int(d));
+      if (u.rows) whole_shape = reference_d->shape;
+      if (u.rows ? reference_d->cols() != out.cols() || reference_d->rows() < u.r1
+                 : reference_d->shape != out.shape)
+        return false;
+      if (u.rows)
+        merge_diff(ref_d,
+                   diff_part(out, tensor_rows(*reference_d, u.r0, u.r1), tol_, to_whole, maxm),
+                   maxm);
+      else
+        merge_diff(ref_d, diff_part(out, *reference_d, tol_, to_whole, maxm), maxm);
     }
+    if (i + 1 < units.size() && units[i + 1].d == d) continue;
+    // d's last unit: its checks, decided.
+    st.got[size_t(d)] = true;
+    EmbTensor shape;
+    shape.shape = whole_shape;
+    const TensorLayout layout = output_layout(st.batch.ranks[size_t(d)].kjt, shape);
+    if (st.golden[size_t(d)]) {
+      locate_mismatches(gold_d, layout);
+      gold[size_t(d)] = tensor_check(k, int(d), "output", "golden", "replayed", "golden",
+                                     std::exchange(gold_d, TensorDiff{}), tol_);
+    }
+    if (source_) {
+      locate_mismatches(ref_d, layout);
+      ref[size_t(d)] = tensor_check(k, int(d), "output", "reference", "replayed", "reference",
+                                    std::exchange(ref_d, TensorDiff{}), tol_);
+    }
+    reference_d.reset();
     progress_rank_done(k);
   }
   if (pooled_dist_ && !latched_batch_ && pooled_dist_->latched_variable_batch()) latched_batch_ = k;
