@@ -114,9 +114,14 @@ class CaptureReader {
   // read_rows of the same tensor of every rank r with non-empty ranges[r], at once: the
   // chunks of all of them are inflated as one stream (a few rows of each rank's tensor still
   // keep every core busy). [W] results, empty where ranges[r] is.
-  std::vector<std::vector<float>> read_rows(
-      int64_t k, const char* name, DType dtype,
-      const std::vector<std::vector<std::pair<int64_t, int64_t>>>& ranges) const;
+  using RankRows = std::vector<std::pair<int64_t, int64_t>>;
+  std::vector<std::vector<float>> read_rows(int64_t k, const char* name, DType dtype,
+                                            const std::vector<RankRows>& ranges) const;
+  // The same rows in one buffer, rank after rank (what a sequence all-to-all receives);
+  // offsets [W + 1]: where each rank's rows start in it, in elements.
+  std::vector<float> read_rows_concat(int64_t k, const char* name, DType dtype,
+                                      const std::vector<RankRows>& ranges,
+                                      std::vector<int64_t>& offsets) const;
 
   // Every dataset under /batches/<k> and /tables with its extent and bytes (no data read).
   std::vector<DatasetStat> dataset_stats(int64_t k) const;
@@ -131,6 +136,9 @@ class CaptureReader {
   std::optional<uint64_t> oracle_seed_;
   std::unique_ptr<Impl> impl_;
   void read_root();  // root attributes, /plan, /oracle (after the file is open)
+  void read_rank_rows(int64_t k, const char* name, DType dtype, const std::vector<RankRows>& ranges,
+                      std::vector<int64_t>& elements,
+                      const std::function<float*(size_t)>& out) const;
 };
 
 // The KJT keys of a rank-batch (`path`, e.g. "/batches/0/rank1/keys") against the plan's

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <thread>
 
@@ -844,36 +845,66 @@ std::vector<float> CaptureReader::read_rows(
   return out;
 }
 
-std::vector<std::vector<float>> CaptureReader::read_rows(
-    int64_t k, const char* name, DType dtype,
-    const std::vector<std::vector<std::pair<int64_t, int64_t>>>& ranges) const {
+// Elements of rank r's rows [W], and the rows into out[r] (elements[r] floats each): every
+// rank's stored chunks inflated as one stream when the datasets hold float32, rank by rank
+// (read_rows) otherwise.
+void CaptureReader::read_rank_rows(int64_t k, const char* name, DType dtype,
+                                   const std::vector<RankRows>& ranges,
+                                   std::vector<int64_t>& elements,
+                                   const std::function<float*(size_t)>& out) const {
   const Impl& I = *impl_;
   const size_t W = ranges.size();
-  std::vector<std::vector<float>> out(W);
-  // float32 stored as such: every rank's chunks in one stream; anything else (16-bit
-  // elements, a layout the chunk path declines) rank by rank.
-  std::vector<Impl::Ds> ds;
-  std::vector<h5::RowsRead> reads;
+  std::vector<Impl::Ds> ds(W);
+  elements.assign(W, 0);
   bool fast = dtype == DType::f32;
-  for (size_t r = 0; fast && r < W; ++r) {
+  for (size_t r = 0; r < W; ++r) {
     if (ranges[r].empty()) continue;
-    ds.push_back(I.open(fmt::format("/batches/{}/rank{}/{}", k, r, name)));
-    const Impl::Ds& d = ds.back();
-    int64_t rows = 0, end = 0;
-    for (const auto& [a, b] : ranges[r]) {
-      fast &= a >= end && b > a && !d.dims.empty() && b <= d.dims[0];
-      rows += b - a;
-      end = b;
-    }
-    fast &= H5Tequal(d.t, H5T_NATIVE_FLOAT) > 0;
-    if (!fast) break;
-    out[r].resize(size_t(rows * (d.numel / std::max<int64_t>(1, d.dims[0]))));
-    reads.push_back({d.d, {ranges[r].begin(), ranges[r].end()}, out[r].data()});
+    ds[r] = I.open(fmt::format("/batches/{}/rank{}/{}", k, r, name));
+    int64_t rows = 0;
+    for (const auto& [a, b] : ranges[r]) rows += b - a;  // read_rows checks them
+    elements[r] =
+        rows * (ds[r].numel / std::max<int64_t>(1, ds[r].dims.empty() ? 1 : ds[r].dims[0]));
+    fast &= H5Tequal(ds[r].t, H5T_NATIVE_FLOAT) > 0;
   }
-  if (fast && h5::read_rows_parallel(reads, hardware_threads())) return out;
-  for (size_t r = 0; r < W; ++r)
-    out[r] =
-        ranges[r].empty() ? std::vector<float>{} : read_rows(k, int64_t(r), name, dtype, ranges[r]);
+  std::vector<h5::RowsRead> reads;
+  for (size_t r = 0; fast && r < W; ++r)
+    if (!ranges[r].empty())
+      reads.push_back({ds[r].d, {ranges[r].begin(), ranges[r].end()}, out(r)});
+  if (fast && h5::read_rows_parallel(reads, hardware_threads())) return;
+  for (size_t r = 0; r < W; ++r) {
+    if (ranges[r].empty()) continue;
+    const std::vector<float> v = read_rows(k, int64_t(r), name, dtype, ranges[r]);
+    if (int64_t(v.size()) != elements[r])
+      I.fail(fmt::format("/batches/{}/rank{}/{}", k, r, name), "rows read back short");
+    std::copy(v.begin(), v.end(), out(r));
+  }
+}
+
+std::vector<std::vector<float>> CaptureReader::read_rows(
+    int64_t k, const char* name, DType dtype, const std::vector<RankRows>& ranges) const {
+  std::vector<std::vector<float>> out(ranges.size());
+  std::vector<int64_t> elements;
+  read_rank_rows(k, name, dtype, ranges, elements, [&](size_t r) {
+    out[r].resize(size_t(elements[r]));
+    return out[r].data();
+  });
+  return out;
+}
+
+std::vector<float> CaptureReader::read_rows_concat(int64_t k, const char* name, DType dtype,
+                                                   const std::vector<RankRows>& ranges,
+                                                   std::vector<int64_t>& offsets) const {
+  std::vector<float> out;
+  std::vector<int64_t> elements;
+  read_rank_rows(k, name, dtype, ranges, elements, [&](size_t r) {
+    if (offsets.empty()) {  // the first rank asked for: every rank's place is known by now
+      offsets.assign(1, 0);
+      for (int64_t e : elements) offsets.push_back(offsets.back() + e);
+      out.resize(size_t(offsets.back()));
+    }
+    return out.data() + offsets[r];
+  });
+  if (offsets.empty()) offsets.assign(ranges.size() + 1, 0);  // no rows asked of any rank
   return out;
 }
 

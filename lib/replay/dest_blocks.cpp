@@ -118,6 +118,17 @@ LookupKjt lookup_kjt_from(const LookupKjt& k, int64_t d, int64_t b0, int64_t b1)
   return out;
 }
 
+EmbTensor sequence_destination_output(const Plan& plan, Backend& backend, const EmbTensor& recv,
+                                      const ShardingContext& ctx) {
+  Plan one = plan;
+  one.world_size = 1;
+  ShardingContext c;
+  c.unbucketize_permute = ctx.unbucketize_permute;
+  EmbTensor out;
+  backend.sequence_output_dist(one, {&recv}, {&c}, [&](int, EmbTensor&& o) { out = std::move(o); });
+  return out;
+}
+
 EmbTensor destination_output(const Plan& plan, Backend& backend, int64_t d,
                              std::vector<EmbTensor>& blocks,
                              const std::vector<const ShardingContext*>& ctx, bool variable_batch) {
@@ -134,12 +145,7 @@ EmbTensor destination_output(const Plan& plan, Backend& backend, int64_t d,
       recv.shape[0] += b.rows();
       b = EmbTensor{};
     }
-    Plan one = plan;
-    one.world_size = 1;
-    ShardingContext c;
-    c.unbucketize_permute = ctx[size_t(d)]->unbucketize_permute;
-    backend.sequence_output_dist(one, {&recv}, {&c}, take);
-    return out;
+    return sequence_destination_output(plan, backend, recv, *ctx[size_t(d)]);
   }
   std::vector<ShardingContext> only_d(static_cast<size_t>(W));
   std::vector<const ShardingContext*> only_d_ptr(static_cast<size_t>(W));

@@ -29,16 +29,14 @@ namespace {
 // The diff of elements [i0, i1) of two tensors of one shape; a mismatch kept is recorded by
 // `keep(i, got, want)`.
 template <typename Keep>
-TensorDiff diff_range(const EmbTensor& got, const EmbTensor& want, const Tolerance& tol,
-                      int64_t max_report, const Keep& keep, int64_t i0, int64_t i1) {
+TensorDiff diff_range(const float* gp, const float* wp, const Tolerance& tol, int64_t max_report,
+                      const Keep& keep, int64_t i0, int64_t i1) {
   TensorDiff d;
   d.compared = i1 - i0;
   // A pair with the same bits adds nothing: no error, and every tolerance accepts it (NaN
   // matches NaN). Blocks that compare equal as bytes are skipped at memcmp speed, so a
   // passing replay pays for one pass over memory, not for the per-element arithmetic.
   constexpr int64_t kBlock = 2048;
-  const float* gp = got.data.data();
-  const float* wp = want.data.data();
   for (int64_t b0 = i0; b0 < i1; b0 += kBlock) {
     const int64_t b1 = std::min(i1, b0 + kBlock);
     if (std::memcmp(gp + b0, wp + b0, sizeof(float) * size_t(b1 - b0)) == 0) continue;
@@ -64,9 +62,8 @@ TensorDiff diff_range(const EmbTensor& got, const EmbTensor& want, const Toleran
 // batch's lookups is gigabytes), merged in order: the same diff as one pass, first mismatches
 // included (keep's flat indices increase with i).
 template <typename Keep>
-TensorDiff diff_elements(const EmbTensor& got, const EmbTensor& want, const Tolerance& tol,
+TensorDiff diff_elements(const float* got, const float* want, int64_t n, const Tolerance& tol,
                          int64_t max_report, const Keep& keep) {
-  const int64_t n = static_cast<int64_t>(got.data.size());
   constexpr int64_t kPart = int64_t(1) << 20;  // elements: a part is worth a thread
   const int64_t parts = std::clamp<int64_t>(n / kPart, 1, hardware_threads());
   std::vector<TensorDiff> part(static_cast<size_t>(parts));
@@ -92,15 +89,22 @@ bool same_shape(const EmbTensor& got, const EmbTensor& want) {
 TensorDiff diff_tensors(const EmbTensor& got, const EmbTensor& want, const Tolerance& tol,
                         const TensorLayout& layout, int64_t max_report) {
   if (!same_shape(got, want)) return shape_mismatch(got.shape, want.shape);
-  return diff_elements(got, want, tol, max_report, [&](int64_t i, float g, float w) {
-    return ElementMismatch{i, layout(i), g, w};
-  });
+  return diff_elements(got.data.data(), want.data.data(), int64_t(got.data.size()), tol, max_report,
+                       [&](int64_t i, float g, float w) {
+                         return ElementMismatch{i, layout(i), g, w};
+                       });
 }
 
 TensorDiff diff_part(const EmbTensor& got, const EmbTensor& want, const Tolerance& tol,
                      const std::function<int64_t(int64_t)>& to_whole, int64_t max_report) {
   if (!same_shape(got, want)) return shape_mismatch(got.shape, want.shape);
-  return diff_elements(got, want, tol, max_report, [&](int64_t i, float g, float w) {
+  return diff_part(got.data.data(), want.data.data(), int64_t(got.data.size()), tol, to_whole,
+                   max_report);
+}
+
+TensorDiff diff_part(const float* got, const float* want, int64_t n, const Tolerance& tol,
+                     const std::function<int64_t(int64_t)>& to_whole, int64_t max_report) {
+  return diff_elements(got, want, n, tol, max_report, [&](int64_t i, float g, float w) {
     return ElementMismatch{to_whole(i), {}, g, w};
   });
 }

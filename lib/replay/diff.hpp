@@ -51,6 +51,9 @@ TensorDiff shape_mismatch(const std::vector<int64_t>& got, const std::vector<int
 // max_report of their own part). locate_mismatches then gives them their coordinates.
 TensorDiff diff_part(const EmbTensor& got, const EmbTensor& want, const Tolerance& tol,
                      const std::function<int64_t(int64_t)>& to_whole, int64_t max_report);
+// The same of `n` elements at `got` and `want` (parts of larger buffers, same shape).
+TensorDiff diff_part(const float* got, const float* want, int64_t n, const Tolerance& tol,
+                     const std::function<int64_t(int64_t)>& to_whole, int64_t max_report);
 void merge_diff(TensorDiff& into, TensorDiff&& part, int64_t max_report);
 void locate_mismatches(TensorDiff& d, const TensorLayout& layout);
 

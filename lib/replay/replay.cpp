@@ -1289,12 +1289,19 @@ EmbTensor tensor_rows(const EmbTensor& t, int64_t r0, int64_t r1) {
 // What a unit's checks read from the capture: the block of every sender and the unit's rows
 // of the golden output (when captured).
 struct DestRows {
-  std::vector<EmbTensor> blocks;  // [W]
+  std::vector<EmbTensor> blocks;  // pooled: [W] the senders' chunks
+  EmbTensor recv;                 // sequence: what d receives, the senders' blocks in rank order
+  std::vector<int64_t> recv_off;  // sequence: [W + 1] where each block starts in recv (elements)
   std::optional<EmbTensor> golden;
+
+  // Sender s's block: its first element.
+  const float* block(size_t s) const {
+    return blocks.empty() ? recv.data.data() + recv_off[s] : blocks[s].data.data();
+  }
 };
 
 // Unit u's rows, read on the calling thread (the only one calling libhdf5 meanwhile).
-DestRows read_unit(const CaptureReader& reader, int64_t k, const DestUnit& u,
+DestRows read_unit(const CaptureReader& reader, int64_t k, const DestUnit& u, bool sequence,
                    const std::vector<std::vector<DestBlock>>& where,
                    const std::vector<const EmbTensor*>& local, const EmbTensor* golden) {
   const size_t W = where.size();
@@ -1305,9 +1312,15 @@ DestRows read_unit(const CaptureReader& reader, int64_t k, const DestUnit& u,
     ranges[s] = b.back().ranges;
   }
   const DType dt = local[0]->dtype;  // the plan's data_type on every rank (read_batch checks)
-  std::vector<std::vector<float>> rows = reader.read_rows(k, "local_embs", dt, ranges);
   DestRows out;
-  for (size_t s = 0; s < W; ++s) out.blocks.push_back({dt, b[s].shape, std::move(rows[s])});
+  if (sequence) {  // one buffer: the blocks are what d receives, in rank order
+    out.recv.dtype = dt;
+    out.recv.data = reader.read_rows_concat(k, "local_embs", dt, ranges, out.recv_off);
+    out.recv.shape = {out.recv_off.back() / std::max<int64_t>(1, b[0].row_elems), b[0].row_elems};
+  } else {
+    std::vector<std::vector<float>> rows = reader.read_rows(k, "local_embs", dt, ranges);
+    for (size_t s = 0; s < W; ++s) out.blocks.push_back({dt, b[s].shape, std::move(rows[s])});
+  }
   if (!golden) return out;
   if (!u.rows) {
     out.golden = EmbTensor{golden->dtype, golden->shape,
@@ -1381,7 +1394,8 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
   if (!plan_units(st, where, units, variable_batch)) return false;
   const auto read = [&](size_t i) {
     h5::quiet();  // libhdf5's error printing is per thread: errors are reported, not dumped
-    return read_unit(reader, k, units[i], where, st.cap_local, st.golden[size_t(units[i].d)]);
+    return read_unit(reader, k, units[i], seq_dist_ != nullptr, where, st.cap_local,
+                     st.golden[size_t(units[i].d)]);
   };
   std::future<DestRows> next = read_ahead_task(read, size_t{0});
   std::vector<TensorDiff> looked(static_cast<size_t>(W));  // [s]: the lookup check, merged
@@ -1404,12 +1418,17 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
           *source_);
       if (want.shape != b.shape) return false;
       const auto to_whole = [&b](int64_t e) { return b.to_whole(e); };
-      merge_diff(looked[size_t(s)], diff_part(rows.blocks[size_t(s)], want, tol_, to_whole, maxm),
-                 maxm);
+      merge_diff(
+          looked[size_t(s)],
+          diff_part(rows.block(size_t(s)), want.data.data(), b.numel(), tol_, to_whole, maxm),
+          maxm);
     }
     at("output dist", int(d));
     const EmbTensor out =
-        destination_output(plan_, backend_, d, rows.blocks, st.used_ptr, variable_batch);
+        rows.blocks.empty()
+            ? sequence_destination_output(plan_, backend_, rows.recv, *st.used_ptr[size_t(d)])
+            : destination_output(plan_, backend_, d, rows.blocks, st.used_ptr, variable_batch);
+    rows.recv = EmbTensor{};
     at("output", int(d));
     const int64_t off = u.rows ? u.r0 * out.cols() : 0;  // out's first element in d's output
     const auto to_whole = [off](int64_t e) { return off + e; };
