@@ -51,13 +51,6 @@ std::vector<float> element_divisors(const Plan& p, const Kjt& k) {
   return out;
 }
 
-bool bit_equal(const EmbTensor& a, const EmbTensor& b) {
-  if (a.shape != b.shape || a.data.size() != b.data.size()) return false;
-  for (size_t i = 0; i < a.data.size(); ++i)
-    if (f32_bits(a.data[i]) != f32_bits(b.data[i])) return false;
-  return true;
-}
-
 }  // namespace
 
 TEST_CASE("property: sharded == unsharded reference over 1000 random plans and batches") {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.hpp"
 #include "engine/backend.hpp"
 #include "engine/embedding_source.hpp"
 #include "engine/engine.hpp"
@@ -99,6 +100,14 @@ inline std::vector<EmbTensor> run_sharded(const Plan& plan, const std::vector<Kj
     (pooled ? *pooled : local_dist).forward(batch, lp, cp, sink);
   }
   return out;
+}
+
+// Same shape and the same bits in every element.
+inline bool bit_equal(const EmbTensor& a, const EmbTensor& b) {
+  if (a.shape != b.shape || a.data.size() != b.data.size()) return false;
+  for (size_t i = 0; i < a.data.size(); ++i)
+    if (f32_bits(a.data[i]) != f32_bits(b.data[i])) return false;
+  return true;
 }
 
 struct Case {

@@ -19,13 +19,6 @@ bool uni_bit(std::mt19937_64& rng) {
   return std::uniform_int_distribution<int>(0, 1)(rng) == 1;
 }
 
-bool bit_equal(const EmbTensor& a, const EmbTensor& b) {
-  if (a.shape != b.shape || a.data.size() != b.data.size()) return false;
-  for (size_t i = 0; i < a.data.size(); ++i)
-    if (f32_bits(a.data[i]) != f32_bits(b.data[i])) return false;
-  return true;
-}
-
 }  // namespace
 
 // A replay one destination at a time (replay/dest_blocks.hpp) rests on three facts, checked

@@ -36,6 +36,17 @@ TensorDiff reference_diff(const EmbTensor& got, const EmbTensor& want, const Tol
   return d;
 }
 
+// Every figure of `got` is the definition's, and so are its first mismatches.
+void check_same(const TensorDiff& got, const TensorDiff& want) {
+  CHECK(got.compared == want.compared);
+  CHECK(got.mismatches == want.mismatches);
+  CHECK(got.max_abs_err == want.max_abs_err);
+  CHECK(got.max_rel_err == want.max_rel_err);
+  CHECK(got.max_ulp == want.max_ulp);
+  REQUIRE(got.first.size() == want.first.size());
+  for (size_t k = 0; k < got.first.size(); ++k) CHECK(got.first[k].flat == want.first[k].flat);
+}
+
 }  // namespace
 
 TEST_CASE("diff_tensors equals the element-by-element definition") {
@@ -73,15 +84,8 @@ TEST_CASE("diff_tensors equals the element-by-element definition") {
     for (const Tolerance& tol : tols) {
       CAPTURE(iter);
       CAPTURE(tol.str());
-      const TensorDiff got = diff_tensors(a, b, tol, TensorLayout::flat("x"), 5);
       const TensorDiff want = reference_diff(a, b, tol, 5);
-      CHECK(got.compared == want.compared);
-      CHECK(got.mismatches == want.mismatches);
-      CHECK(got.max_abs_err == want.max_abs_err);
-      CHECK(got.max_rel_err == want.max_rel_err);
-      CHECK(got.max_ulp == want.max_ulp);
-      REQUIRE(got.first.size() == want.first.size());
-      for (size_t k = 0; k < got.first.size(); ++k) CHECK(got.first[k].flat == want.first[k].flat);
+      check_same(diff_tensors(a, b, tol, TensorLayout::flat("x"), 5), want);
       cases_with_mismatches += want.mismatches > 0;
     }
   }
@@ -108,16 +112,8 @@ TEST_CASE("diff_tensors of large tensors, diffed in parts, equals the definition
       for (int64_t maxm : {0, 3, 1000}) {
         CAPTURE(iter);
         CAPTURE(maxm);
-        const TensorDiff got = diff_tensors(a, b, tol, TensorLayout::flat("x"), maxm);
-        const TensorDiff want = reference_diff(a, b, tol, maxm);
-        CHECK(got.compared == want.compared);
-        CHECK(got.mismatches == want.mismatches);
-        CHECK(got.max_abs_err == want.max_abs_err);
-        CHECK(got.max_rel_err == want.max_rel_err);
-        CHECK(got.max_ulp == want.max_ulp);
-        REQUIRE(got.first.size() == want.first.size());
-        for (size_t k = 0; k < got.first.size(); ++k)
-          CHECK(got.first[k].flat == want.first[k].flat);
+        check_same(diff_tensors(a, b, tol, TensorLayout::flat("x"), maxm),
+                   reference_diff(a, b, tol, maxm));
       }
     }
   }

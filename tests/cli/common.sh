@@ -28,3 +28,19 @@ has_text() {
     sed 's/^/    /' "$1" | head -20
   }
 }
+# reports_equal A.json B.json: the two replay reports agree check for check (checks, summary,
+# warnings, trouble; timings and the header aside); prints the first difference otherwise.
+reports_equal() {
+  "${DYNEMB_PYTHON:-python3}" - "$1" "$2" <<'EOF'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+for key in ("checks", "summary", "warnings", "trouble"):
+    if a.get(key) != b.get(key):
+        for x, y in zip(a.get(key) or [], b.get(key) or []):
+            if x != y:
+                print(f"{sys.argv[1]}:", x, f"\n{sys.argv[2]}:", y)
+                break
+        print(f"{key} differ")
+        sys.exit(1)
+EOF
+}

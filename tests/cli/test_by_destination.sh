@@ -47,24 +47,9 @@ same() {
     --backend "$backend" --quiet --json "$name.rows.json" "$@" >/dev/null 2>"$name.rows.err"
   [[ $? == "$rc_whole" ]] || fail "$name: exit differs with units of 3 rows"
   cmp -s "$name.rows.err" "$name.dest.err" || fail "$name: stderr differs with units of 3 rows"
-  "$DYNEMB_PYTHON" - "$name.whole.json" "$name.rows.json" <<'EOF' ||
-import json, sys
-a, b = (json.load(open(p)) for p in sys.argv[1:3])
-sys.exit(0 if all(a.get(k) == b.get(k) for k in ("checks", "summary", "warnings", "trouble")) else 1)
-EOF
+  reports_equal "$name.whole.json" "$name.rows.json" ||
     fail "$name: reports differ with units of 3 rows"
-  "$DYNEMB_PYTHON" - "$name.whole.json" "$name.dest.json" <<'EOF' || fail "$name: reports differ"
-import json, sys
-a, b = (json.load(open(p)) for p in sys.argv[1:3])
-for key in ("checks", "summary", "warnings", "trouble"):
-    if a.get(key) != b.get(key):
-        for x, y in zip(a.get(key) or [], b.get(key) or []):
-            if x != y:
-                print("whole:      ", x, "\nby destination:", y)
-                break
-        print(f"{key} differ")
-        sys.exit(1)
-EOF
+  reports_equal "$name.whole.json" "$name.dest.json" || fail "$name: reports differ"
   ok "$name (exit $rc_whole, $how)"
 }
 

@@ -35,18 +35,7 @@ same() {
   fi
   grep -v "DYNEMB_SLICE_COLUMNS" "$name.sliced.err" | cmp -s - "$name.whole.err" ||
     fail "$name: stderr differs"
-  "$DYNEMB_PYTHON" - "$name.whole.json" "$name.sliced.json" <<'EOF' || fail "$name: reports differ"
-import json, sys
-a, b = (json.load(open(p)) for p in sys.argv[1:3])
-for key in ("checks", "summary", "warnings", "trouble"):
-    if a.get(key) != b.get(key):
-        for x, y in zip(a.get(key) or [], b.get(key) or []):
-            if x != y:
-                print("whole: ", x, "\nsliced:", y)
-                break
-        print(f"{key} differ")
-        sys.exit(1)
-EOF
+  reports_equal "$name.whole.json" "$name.sliced.json" || fail "$name: reports differ"
   ok "$name (exit $rc_whole)"
 }
 
