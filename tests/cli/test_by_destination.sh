@@ -32,6 +32,7 @@ same() {
   DYNEMB_BY_DESTINATION=report "$DYNEMB" replay "$cap" --backend "$backend" --quiet \
     --json "$name.dest.json" "$@" >/dev/null 2>"$name.dest.err"
   local rc_dest=$?
+  ((rc_whole < 126)) || fail "$name: exit $rc_whole: the replay did not run ($DYNEMB)"
   [[ $rc_whole == "$rc_dest" ]] || fail "$name: exit $rc_whole whole, $rc_dest by destination"
   local said
   said=$(grep "DYNEMB_BY_DESTINATION: batch" "$name.dest.err" | sed 's/.*: //' | sort -u)
