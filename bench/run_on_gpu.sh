@@ -6,7 +6,10 @@
 #   OUT=/tmp/out bash bench/run_on_gpu.sh [--quick]
 # --quick (for a short device budget): build only dynemb-dist and the CUDA tests, run them (the
 # backend's also with memcheck/racecheck on the bucketize test case), and bench + peer the
-# hstu-e2e presets.
+# hstu-e2e presets. Without --quick, the end-to-end table (bench/e2e.sh) comes last.
+# LIBDEFLATE_DIR=<dir with include/libdeflate.h and lib/libdeflate.a> builds with that
+# libdeflate (a machine without its package: carry the two files there); the e2e table names
+# the inflate library that ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/dynemb-out}
@@ -24,8 +27,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,po
   --format=csv > "$LOG/gpu.txt" 2>&1
 stamp "build"
 # -k 0: a half-written file elsewhere in the tree must not stop the CUDA targets.
+DEFLATE_ARGS=()
+[ -n "${LIBDEFLATE_DIR:-}" ] && DEFLATE_ARGS=(-DLIBDEFLATE_INCLUDE_DIR="$LIBDEFLATE_DIR/include"
+  -DLIBDEFLATE_LIBRARY="$LIBDEFLATE_DIR/lib/libdeflate.a")
 { cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DDYNEMB_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DDYNEMB_PYTHON="$(command -v $PY)" && \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DDYNEMB_PYTHON="$(command -v $PY)" "${DEFLATE_ARGS[@]}" && \
   if [ $QUICK = 1 ]; then
     cmake --build $B -j 16 --target dynemb-dist gpu_test_cuda_backend gpu_test_cuda_workspace -- -k 0;
   else cmake --build $B -j 16 -- -k 0; fi; } > "$LOG/build.log" 2>&1
@@ -116,8 +122,16 @@ d = sys.argv[1]
 out = {os.path.basename(p)[:-5]: json.load(open(p)) for p in sorted(glob.glob(d + "/*.json"))}
 json.dump(out, open(sys.argv[2], "w"), indent=1)
 PYEOF
+E2E_RC=skipped
+if [ $QUICK = 0 ]; then
+  stamp "end to end (bench/e2e.sh)"
+  DYNEMB=$PWD/$B/dynemb-dist PYTHON=$PY OUT="$LOG" bash bench/e2e.sh > "$LOG/e2e.log" 2>&1
+  E2E_RC=$?
+  [ -f "$LOG/e2e.md" ] && cp "$LOG/e2e.md" "$OUT/e2e.md"
+fi
 tar czf "$OUT/logs.tgz" -C /tmp dynemb-logs
 for n in criteo hstu hstu-launch hstu16 pooled64 seqw8; do [ -f "$LOG/ours-$n.txt" ] && cat "$LOG/ours-$n.txt"; done
 echo "fixture replays failing on cuda: $FIX_FAIL"
 echo "build rc=$BUILD_RC  ctest rc=$CTEST_RC  gpu-test rc=$GPU_RC  workspace rc=$WS_RC  memcheck rc=$MC_RC  racecheck rc=$RC_RC  ($(( $(date +%s) - t0 )) s)"
 cat "$LOG/summary.txt"
+[ -f "$LOG/e2e.md" ] && cat "$LOG/e2e.md" || echo "e2e: $E2E_RC"
