@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "engine/parallel.hpp"
+
 namespace dynemb::cuda {
 
 namespace {
@@ -13,6 +15,25 @@ size_t round_up(size_t n, size_t to) {
 
 constexpr size_t kGrain = size_t{1} << 20;  // a half's size is a multiple of this
 constexpr size_t kAlign = 256;              // every chunk starts on this boundary
+
+// memcpy on every core for large copies: one core moves a fraction of what the host's memory
+// and the PCIe link carry, and every transfer of the backend passes through here twice (into
+// pinned memory and out of it).
+void copy(void* dst, const void* src, size_t n) {
+  constexpr size_t kPerThread = size_t{4} << 20;
+  const int64_t parts = int64_t(std::min<size_t>(size_t(hardware_threads()), n / kPerThread));
+  if (parts <= 1) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  parallel_for(
+      int(parts), parts,
+      [&](int64_t p0, int64_t p1) {
+        const size_t a = n * size_t(p0) / size_t(parts), b = n * size_t(p1) / size_t(parts);
+        std::memcpy(static_cast<char*>(dst) + a, static_cast<const char*>(src) + a, b - a);
+      },
+      /*grain=*/1);
+}
 
 }  // namespace
 
@@ -42,7 +63,7 @@ PinnedStaging::~PinnedStaging() {
 
 void PinnedStaging::drain(Half& h) {
   CUDA_CHECK(cudaEventSynchronize(h.done));
-  for (const Pending& d : h.pending) std::memcpy(d.host, h.p + d.off, d.bytes);
+  for (const Pending& d : h.pending) copy(d.host, h.p + d.off, d.bytes);
   h.pending.clear();
   h.used = 0;
 }
@@ -93,7 +114,7 @@ void PinnedStaging::upload(void* dev, const void* host, size_t bytes, cudaStream
   while (bytes > 0) {
     size_t got = 0;
     char* p = take(bytes, &got);
-    std::memcpy(p, src, got);
+    copy(p, src, got);
     CUDA_CHECK(cudaMemcpyAsync(d, p, got, cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaEventRecord(h_[cur_].done, s));
     d += got;

@@ -198,12 +198,13 @@ EmbTensor whole_lookup_shape(const Plan& plan, const LookupKjt& lk, const EmbTen
   return e;
 }
 
-// fn(arg) on another thread, or deferred to the get() of the future when no thread can be
-// started (the work then runs in turn).
+// fn(arg) on another thread (`ahead`), or deferred to the get() of the future: when not
+// ahead, or when no thread can be started (the work then runs in turn).
 template <class Fn, class Arg>
-auto read_ahead_task(Fn& fn, Arg arg) -> std::future<decltype(fn(arg))> {
+auto read_ahead_task(Fn& fn, Arg arg, bool ahead) -> std::future<decltype(fn(arg))> {
   try {
-    return std::async(std::launch::async, [&fn, arg] { return fn(arg); });
+    if (ahead) return std::async(std::launch::async, [&fn, arg] { return fn(arg); });
+    return std::async(std::launch::deferred, [&fn, arg] { return fn(arg); });
   } catch (const std::system_error&) {
     return std::async(std::launch::deferred, [&fn, arg] { return fn(arg); });
   }
@@ -1397,7 +1398,8 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
     return read_unit(reader, k, units[i], seq_dist_ != nullptr, where, st.cap_local,
                      st.golden[size_t(units[i].d)]);
   };
-  std::future<DestRows> next = read_ahead_task(read, size_t{0});
+  const bool ahead = opt_.read_ahead > 0;  // --read-ahead 0: read, then check, in turn
+  std::future<DestRows> next = read_ahead_task(read, size_t{0}, ahead);
   std::vector<TensorDiff> looked(static_cast<size_t>(W));  // [s]: the lookup check, merged
   std::vector<std::optional<CheckResult>> gold(static_cast<size_t>(W)), ref(gold.size());
   TensorDiff gold_d, ref_d;              // destination d's output checks, merged over its units
@@ -1408,7 +1410,7 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
     const int64_t d = u.d;
     at("read", int(d));
     DestRows rows = next.get();
-    if (i + 1 < units.size()) next = read_ahead_task(read, i + 1);
+    if (i + 1 < units.size()) next = read_ahead_task(read, i + 1, ahead);
     for (int64_t s = 0; source_ && s < W; ++s) {
       at("lookup", int(s));
       const DestBlock b = unit_block(where, s, u);
