@@ -235,6 +235,26 @@ void CpuBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
     // Sum over source ranks in rank order 0..W-1, rounding to the reduce dtype after every
     // add (codec: inputs encoded first). fp16/bf16 sums of two values computed in fp32 and
     // rounded once are correctly rounded (fp32 has >= 2p+2 bits for p = 11 and 8).
+    if (rd == DType::f32 && !codec) {
+      // fp32 without a codec: the same adds in the same order per element, a tile of
+      // elements at a time with the source rank outer, so that they vectorize and the tile
+      // of sums stays in cache across the W sources.
+      parallel_for(threads_, n, [&](int64_t e0, int64_t e1) {
+        constexpr int64_t kTile = 2048;
+        float* o = out.data.data();
+        for (int64_t t0 = e0; t0 < e1; t0 += kTile) {
+          const int64_t t1 = std::min(e1, t0 + kTile);
+          const float* s0 = local_embs[0]->data.data() + chunk_off[0][r];
+          for (int64_t e = t0; e < t1; ++e) o[e] = s0[e];
+          for (int64_t d = 1; d < W; ++d) {
+            const float* sd = local_embs[d]->data.data() + chunk_off[d][r];
+            for (int64_t e = t0; e < t1; ++e) o[e] += sd[e];
+          }
+        }
+      });
+      sink(static_cast<int>(r), std::move(out));
+      continue;
+    }
     parallel_for(threads_, n, [&](int64_t e0, int64_t e1) {
       for (int64_t e = e0; e < e1; ++e) {
         auto in = [&](int64_t d) {
