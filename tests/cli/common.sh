@@ -44,3 +44,11 @@ for key in ("checks", "summary", "warnings", "trouble"):
         sys.exit(1)
 EOF
 }
+# skip_rss_under_asan: a test that judges peak RSS skips itself (77) on an ASan build, whose
+# RSS is the sanitizer's shadow memory and quarantine, not the tool's.
+skip_rss_under_asan() {
+  if nm "$DYNEMB" 2>/dev/null | grep -q __asan_init; then
+    echo "ASan build: RSS includes the sanitizer's shadow memory and quarantine; skipped there"
+    exit 77
+  fi
+}

@@ -8,60 +8,42 @@
 # Env (tests/CMakeLists.txt): DYNEMB (binary), DYNEMB_PYTHON (python3).
 set -u
 : "${DYNEMB:?}" "${DYNEMB_PYTHON:=python3}"
-if nm "$DYNEMB" 2>/dev/null | grep -q __asan_init; then
-  echo "ASan build: RSS includes the sanitizer's shadow memory and quarantine; skipped there"
-  exit 77
-fi
 . "$(dirname "$0")/common.sh"
+skip_rss_under_asan
 cd "$tmp" || exit 1
 
 "$DYNEMB" synth --preset unit-pooled-w8 --batch-size 2048 -o big.h5 >/dev/null 2>&1 ||
   fail "synth"
 
-"$DYNEMB_PYTHON" - "$DYNEMB" <<'EOF' || fails=$((fails + 1))
-import json, os, subprocess, sys
+"$DYNEMB_PYTHON" - "$DYNEMB" "$(dirname "$0")" <<'EOF' || fails=$((fails + 1))
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from replay_rss import Replays
 
-dynemb = sys.argv[1]
-fails = []
-
-def peak(*args, want=0, env=None):
-    """Runs a replay of big.h5; returns (stderr, peak RSS in MiB from wait4)."""
-    p = subprocess.Popen([dynemb, "replay", "big.h5", "--backend", "cpu", "--quiet", *args],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         env={**os.environ, **(env or {})})
-    err = p.stderr.read().decode(errors="replace")
-    _, status, ru = os.wait4(p.pid, 0)
-    rc = os.waitstatus_to_exitcode(status)
-    if rc != want:
-        fails.append(f"replay {' '.join(args)}: exit {rc}, want {want}: {err[-400:]}")
-    return err, ru.ru_maxrss / 1024.0
-
-_, whole = peak("--json", "whole.json", env={"DYNEMB_BY_DESTINATION": "off"})
-err, dest = peak("--json", "dest.json", env={"DYNEMB_BY_DESTINATION": "report"})
+r = Replays(sys.argv[1])
+_, whole = r.peak("--json", "whole.json", env={"DYNEMB_BY_DESTINATION": "off"})
+err, dest = r.peak("--json", "dest.json", env={"DYNEMB_BY_DESTINATION": "report"})
 budget = 200
-err_b, budgeted = peak("--max-memory", f"{budget}M", env={"DYNEMB_BY_DESTINATION": "report"})
+err_b, budgeted = r.peak("--max-memory", f"{budget}M", env={"DYNEMB_BY_DESTINATION": "report"})
 print(f"peak RSS: whole batch {whole:.1f} MiB, by destination {dest:.1f} MiB, "
       f"--max-memory {budget}M {budgeted:.1f} MiB")
 for e in (err, err_b):
     if "batch 0: one destination at a time" not in e:
-        fails.append(f"not replayed by destination: {e[-300:]}")
+        r.fails.append(f"not replayed by destination: {e[-300:]}")
 if whole < 300:
-    fails.append(f"the whole batch took only {whole:.1f} MiB: the case no longer tells")
+    r.fails.append(f"the whole batch took only {whole:.1f} MiB: the case no longer tells")
 if dest > whole / 3:
-    fails.append(f"by destination {dest:.1f} MiB, over a third of the whole batch's {whole:.1f}")
+    r.fails.append(f"by destination {dest:.1f} MiB, over a third of the whole batch's {whole:.1f}")
 if budgeted > budget:
-    fails.append(f"--max-memory {budget}M: peak RSS {budgeted:.1f} MiB")
+    r.fails.append(f"--max-memory {budget}M: peak RSS {budgeted:.1f} MiB")
 a, b = (json.load(open(p)) for p in ("whole.json", "dest.json"))
 if a["checks"] != b["checks"] or a["summary"] != b["summary"]:
-    fails.append("the reports differ")
-err, _ = peak("--max-memory", "40M", want=2)
-for text in ("replaying batch 0 needs about", "even one destination rank at a time",
-             "more than the 40.00 MiB --max-memory allows"):
-    if text not in err:
-        fails.append(f"--max-memory 40M: no '{text}' in: {err[-400:]}")
-for f in fails:
-    print("FAIL:", f)
-sys.exit(1 if fails else 0)
+    r.fails.append("the reports differ")
+err, _ = r.peak("--max-memory", "40M", want=2)
+r.has_texts(err, "--max-memory 40M",
+            ("replaying batch 0 needs about", "even one destination rank at a time",
+             "more than the 40.00 MiB --max-memory allows"))
+r.finish()
 EOF
 
 [[ $fails -eq 0 ]] && echo "bounded memory by destination: all cases pass" || echo "$fails failure(s)"
