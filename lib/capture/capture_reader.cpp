@@ -306,6 +306,11 @@ struct CaptureReader::Impl {
   void read_keys(const Plan& plan, const std::string& rp, RankBatch& rb) const;
   void read_module_output(const Plan& plan, const std::string& rp, const ReadParts& parts,
                           RankBatch& rb) const;
+  int64_t rows_elements(const Ds& ds, const std::string& path,
+                        const std::vector<std::pair<int64_t, int64_t>>& ranges) const;
+  void read_rows_into(const Ds& ds, const std::string& path, DType dtype,
+                      const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t n,
+                      float* out) const;
 };
 
 CaptureReader::CaptureReader(const std::string& path) try : path_(path), impl_(new Impl) {
@@ -786,27 +791,34 @@ void CaptureReader::Impl::read_keys(const Plan& plan, const std::string& rp, Ran
   rb.keys = std::move(keys);
 }
 
-std::vector<float> CaptureReader::read_rows(
-    int64_t k, int64_t rank, const char* name, DType dtype,
+// The elements rows [ranges[i]) of `ds` (at `path`) hold; fails (CaptureError) on ranges that
+// are not sorted, disjoint and inside the extent.
+int64_t CaptureReader::Impl::rows_elements(
+    const Ds& ds, const std::string& path,
     const std::vector<std::pair<int64_t, int64_t>>& ranges) const {
-  const Impl& I = *impl_;
-  const std::string path = fmt::format("/batches/{}/rank{}/{}", k, rank, name);
-  const Impl::Ds ds = I.open(path);
-  if (ds.dims.empty()) I.fail(path, "a scalar, want a tensor");
-  const int64_t row = ds.numel / std::max<int64_t>(1, ds.dims[0]);  // elements per row
+  if (ds.dims.empty()) fail(path, "a scalar, want a tensor");
   int64_t rows = 0, end = 0;
   for (const auto& [a, b] : ranges) {
     if (a < end || b <= a || b > ds.dims[0])
-      I.fail(path, fmt::format("rows [{}, {}) asked of extent {}: not sorted, disjoint and "
-                               "inside it (an internal error)",
-                               a, b, shape_str(ds.dims)));
+      fail(path, fmt::format("rows [{}, {}) asked of extent {}: not sorted, disjoint and "
+                             "inside it (an internal error)",
+                             a, b, shape_str(ds.dims)));
     rows += b - a;
     end = b;
   }
-  std::vector<float> out(static_cast<size_t>(rows * row));
-  if (out.empty()) return out;
-  // One hyperslab of the dataset per range, read in file order into `out` (H5Dread fills a
-  // selection of several blocks in row-major order of the file, which is the ranges' order).
+  return rows * (ds.numel / std::max<int64_t>(1, ds.dims[0]));
+}
+
+// Those rows as floats into `out` (rows_elements of them): the stored chunks inflated on every
+// core when the file holds the elements as they are wanted (float32, or the 16-bit patterns of
+// float16 / bfloat16, little-endian), else H5Dread of a hyperslab union; fails (CaptureError)
+// on a read that fails.
+void CaptureReader::Impl::read_rows_into(const Ds& ds, const std::string& path, DType dtype,
+                                         const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                                         int64_t n, float* out) const {
+  if (n == 0) return;
+  // One hyperslab of the dataset per range, read in file order (H5Dread fills a selection of
+  // several blocks in row-major order of the file, which is the ranges' order).
   const auto read_into = [&](hid_t mem_type, void* buf) {
     Hid fsp = h5::space_id(H5Dget_space(ds.d));
     H5Sselect_none(fsp);
@@ -817,37 +829,41 @@ std::vector<float> CaptureReader::read_rows(
       if (H5Sselect_hyperslab(fsp, H5S_SELECT_OR, start.data(), nullptr, count.data(), nullptr) < 0)
         return false;
     }
-    const hsize_t n = hsize_t(out.size());
-    Hid msp = h5::space_id(H5Screate_simple(1, &n, nullptr));
+    const hsize_t elems = hsize_t(n);
+    Hid msp = h5::space_id(H5Screate_simple(1, &elems, nullptr));
     return H5Dread(ds.d, mem_type, msp, fsp, H5P_DEFAULT, buf) >= 0;
   };
-  const auto failed = [&] {
-    I.fail(path, fmt::format("rows {}..{} of extent {}: read failed: {}", ranges.front().first,
+  const std::vector<std::pair<uint64_t, uint64_t>> rows_u(ranges.begin(), ranges.end());
+  const auto read = [&](hid_t mem_type, void* buf) {
+    if (H5Tequal(ds.t, mem_type) > 0 &&
+        h5::read_rows_parallel(ds.d, rows_u, buf, hardware_threads()))
+      return;
+    if (!read_into(mem_type, buf))
+      fail(path, fmt::format("rows {}..{} of extent {}: read failed: {}", ranges.front().first,
                              ranges.back().second, shape_str(ds.dims), h5::last_error()));
   };
-  // The stored chunks inflated on every core when the file holds the elements as they are
-  // wanted (float32, or the 16-bit patterns of float16 / bfloat16, little-endian), else H5Dread.
-  std::vector<std::pair<uint64_t, uint64_t>> rows_u(ranges.begin(), ranges.end());
-  const auto fast = [&](hid_t mem_type, void* buf) {
-    return H5Tequal(ds.t, mem_type) > 0 &&
-           h5::read_rows_parallel(ds.d, rows_u, buf, hardware_threads());
-  };
   if (dtype == DType::f32) {
-    if (!fast(H5T_NATIVE_FLOAT, out.data()) && !read_into(H5T_NATIVE_FLOAT, out.data())) failed();
-    return out;
+    read(H5T_NATIVE_FLOAT, out);
+    return;
   }
-  std::vector<uint16_t> bits(out.size());
+  std::vector<uint16_t> bits(static_cast<size_t>(n));
   Hid half = h5::make_f16_type();
-  const hid_t bits_type = dtype == DType::f16 ? half.get() : H5T_NATIVE_UINT16;
-  if (!fast(bits_type, bits.data()) && !read_into(bits_type, bits.data())) failed();
-  for (size_t i = 0; i < out.size(); ++i)
+  read(dtype == DType::f16 ? half.get() : H5T_NATIVE_UINT16, bits.data());
+  for (size_t i = 0; i < bits.size(); ++i)
     out[i] = dtype == DType::f16 ? f16_bits_to_f32(bits[i]) : bf16_bits_to_f32(bits[i]);
-  return out;
 }
 
-// Elements of rank r's rows [W], and the rows into out[r] (elements[r] floats each): every
-// rank's stored chunks inflated as one stream when the datasets hold float32, rank by rank
-// (read_rows) otherwise.
+std::vector<float> CaptureReader::read_rows(
+    int64_t k, int64_t rank, const char* name, DType dtype,
+    const std::vector<std::pair<int64_t, int64_t>>& ranges) const {
+  std::vector<RankRows> one(size_t(rank) + 1);
+  one[size_t(rank)] = ranges;
+  return std::move(read_rows(k, name, dtype, one)[size_t(rank)]);
+}
+
+// The rows of every rank r with ranges[r] into out(r) (elements[r] floats, set before out is
+// first called): the float32 datasets' stored chunks inflated as one stream, and whatever that
+// declines (16-bit elements, another layout) rank by rank.
 void CaptureReader::read_rank_rows(int64_t k, const char* name, DType dtype,
                                    const std::vector<RankRows>& ranges,
                                    std::vector<int64_t>& elements,
@@ -855,15 +871,14 @@ void CaptureReader::read_rank_rows(int64_t k, const char* name, DType dtype,
   const Impl& I = *impl_;
   const size_t W = ranges.size();
   std::vector<Impl::Ds> ds(W);
+  std::vector<std::string> path(W);
   elements.assign(W, 0);
   bool fast = dtype == DType::f32;
   for (size_t r = 0; r < W; ++r) {
     if (ranges[r].empty()) continue;
-    ds[r] = I.open(fmt::format("/batches/{}/rank{}/{}", k, r, name));
-    int64_t rows = 0;
-    for (const auto& [a, b] : ranges[r]) rows += b - a;  // read_rows checks them
-    elements[r] =
-        rows * (ds[r].numel / std::max<int64_t>(1, ds[r].dims.empty() ? 1 : ds[r].dims[0]));
+    path[r] = fmt::format("/batches/{}/rank{}/{}", k, r, name);
+    ds[r] = I.open(path[r]);
+    elements[r] = I.rows_elements(ds[r], path[r], ranges[r]);
     fast &= H5Tequal(ds[r].t, H5T_NATIVE_FLOAT) > 0;
   }
   std::vector<h5::RowsRead> reads;
@@ -871,13 +886,8 @@ void CaptureReader::read_rank_rows(int64_t k, const char* name, DType dtype,
     if (!ranges[r].empty())
       reads.push_back({ds[r].d, {ranges[r].begin(), ranges[r].end()}, out(r)});
   if (fast && h5::read_rows_parallel(reads, hardware_threads())) return;
-  for (size_t r = 0; r < W; ++r) {
-    if (ranges[r].empty()) continue;
-    const std::vector<float> v = read_rows(k, int64_t(r), name, dtype, ranges[r]);
-    if (int64_t(v.size()) != elements[r])
-      I.fail(fmt::format("/batches/{}/rank{}/{}", k, r, name), "rows read back short");
-    std::copy(v.begin(), v.end(), out(r));
-  }
+  for (size_t r = 0; r < W; ++r)
+    if (!ranges[r].empty()) I.read_rows_into(ds[r], path[r], dtype, ranges[r], elements[r], out(r));
 }
 
 std::vector<std::vector<float>> CaptureReader::read_rows(
@@ -896,6 +906,7 @@ std::vector<float> CaptureReader::read_rows_concat(int64_t k, const char* name, 
                                                    std::vector<int64_t>& offsets) const {
   std::vector<float> out;
   std::vector<int64_t> elements;
+  offsets.clear();
   read_rank_rows(k, name, dtype, ranges, elements, [&](size_t r) {
     if (offsets.empty()) {  // the first rank asked for: every rank's place is known by now
       offsets.assign(1, 0);
