@@ -10,6 +10,7 @@
 #include "common/error.hpp"
 #include "engine/backend.hpp"
 #include "engine/dist_checks.hpp"
+#include "engine/embedding_source.hpp"
 #include "engine/ops.hpp"
 #include "engine/parallel.hpp"
 
@@ -151,20 +152,12 @@ EmbTensor CpuBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
     int64_t f = std::upper_bound(bag0.begin(), bag0.end(), j0) - bag0.begin() - 1;
     for (int64_t j = j0; j < j1; ++j) {
       while (j >= bag0[f + 1]) ++f;
-      const int64_t D = plan.features[f].dim;
-      std::fill(acc.begin(), acc.begin() + D, 0.0f);
-      for (int64_t p = off[j]; p < off[j + 1]; ++p) {
-        const RowRef ref = resolve(plan, rank, k, f, j - bag0[f], p - off[j], p);
-        if (!ref.valid) continue;
-        source.row(plan.features[f].table, ref.g, row.data(), D);
-        const float w = weighted ? k.weights[p] : 1.0f;
-        for (int64_t d = 0; d < D; ++d) {
-          const float prod = weighted ? w * row[d] : row[d];  // no FMA: product rounded first
-          acc[d] += prod;
-        }
-      }
-      float* o = &out.data[dst[j]];
-      for (int64_t d = 0; d < D; ++d) o[d] = round_to(dt, acc[d]);
+      const auto row_of = [&](int64_t p) {
+        return resolve(plan, rank, k, f, j - bag0[f], p - off[j], p);
+      };
+      pool_bag(source, plan.features[f].table, plan.features[f].dim, dt, off[j], off[j + 1],
+               weighted ? k.weights.data() : nullptr, row_of, acc.data(), row.data(),
+               &out.data[dst[j]]);
     }
   });
   return out;

@@ -3,6 +3,7 @@
 // continuous table, or the raw key of a (hash_)roundrobin table.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -54,5 +55,34 @@ class DenseSource final : public EmbeddingSource {
   std::vector<std::optional<std::vector<float>>> weights_;
   std::shared_ptr<const EmbeddingSource> fallback_;
 };
+
+// One pooled bag as TBE makes it: out[0..D) = the fp32 sum, in id order, of weight_i * row_i
+// over the bag's ids i in [i0, i1) (each product rounded before it is added: no FMA), rounded
+// once to `dt`. `row_of(i)` is id i's RowRef (an invalid one adds nothing); `weights` is null
+// for an unweighted bag. `acc` and `row` are scratch of at least D floats. A bag with no row
+// (empty, or every id out of range) is zeros.
+template <class RowOf>
+void pool_bag(const EmbeddingSource& source, int table, int64_t D, DType dt, int64_t i0, int64_t i1,
+              const float* weights, RowOf&& row_of, float* acc, float* row, float* out) {
+  std::fill(acc, acc + D, 0.0f);
+  for (int64_t i = i0; i < i1; ++i) {
+    const auto ref = row_of(i);  // a RowRef (engine/ops.hpp)
+    if (!ref.valid) continue;
+    source.row(table, ref.g, row, D);
+    if (weights) {
+      const float w = weights[i];
+      for (int64_t d = 0; d < D; ++d) acc[d] += w * row[d];
+    } else {
+      for (int64_t d = 0; d < D; ++d) acc[d] += row[d];
+    }
+  }
+  // The dtype switch once per bag, not once per element: a lookup bag of a row-wise shard holds
+  // an id or two, so this loop is as hot as the sum.
+  if (dt == DType::f32) {
+    std::copy(acc, acc + D, out);
+  } else {
+    for (int64_t d = 0; d < D; ++d) out[d] = round_to(dt, acc[d]);
+  }
+}
 
 }  // namespace dynemb

@@ -190,19 +190,12 @@ EmbTensor reference_output(const Plan& plan, int rank, const Kjt& kjt,
           std::vector<float> row(static_cast<size_t>(D), 0.0f), acc(static_cast<size_t>(D), 0.0f);
           for (int64_t b = b0; b < b1; ++b) {
             const int64_t j = kjt.bag_begin(f) + b;
-            std::fill(acc.begin(), acc.end(), 0.0f);
-            for (int64_t i = off[j]; i < off[j + 1]; ++i) {
-              const RowRef ref = row_of(f, i);
-              if (!ref.valid) continue;
-              source.row(plan.features[f].table, ref.g, row.data(), D);
-              for (int64_t d = 0; d < D; ++d) {
-                const float prod = kjt.weighted ? kjt.weights[i] * row[d] : row[d];
-                acc[d] += prod;
-              }
-            }
             float* o = vbe ? &out.data[e1d + b * D]
                            : &out.data[b * plan.sum_dim + plan.features[f].column_offset];
-            for (int64_t d = 0; d < D; ++d) o[d] = round_to(dt, acc[d]);
+            pool_bag(
+                source, plan.features[f].table, D, dt, off[j], off[j + 1],
+                kjt.weighted ? kjt.weights.data() : nullptr,
+                [&](int64_t i) { return row_of(f, i); }, acc.data(), row.data(), o);
           }
         },
         /*grain=*/64);
