@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -33,6 +34,17 @@ namespace dynemb::cuda {
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 
 namespace dynemb::cuda {
+
+// Blocks of `threads` for a grid-stride loop over `work` items: enough to cover it, at most
+// `per_sm` per SM of the current device (8 x 256 threads fill an H100/H200 SM).
+inline unsigned grid_for(int64_t work, int threads, int per_sm = 8) {
+  int dev = 0, sms = 132;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int64_t need = (work + threads - 1) / threads;
+  return static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>(need, int64_t{sms} * per_sm)));
+}
 
 // What a kind of allocation has cost this process so far (all threads): `allocations` counts
 // the allocation calls made (never decreases), `bytes_held` the bytes live now. Tests read

@@ -15,15 +15,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-unsigned grid_for(int64_t work, int per_sm = 8) {
-  int dev = 0, sms = 132;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const int64_t need = (work + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(
-      std::max<int64_t>(1, std::min<int64_t>(need, int64_t{sms} * per_sm)));
-}
-
 // One warp per bag; lane d sums column d over the bag's ids in order (CPU order, no FMA).
 __global__ void pooled_lookup_kernel(PooledLookupArgs a) {
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
@@ -98,7 +89,7 @@ __global__ void codec_kernel(float* x, int64_t n, int t) {
 
 void launch_pooled_lookup(const PooledLookupArgs& a, cudaStream_t s) {
   if (a.num_bags <= 0) return;
-  pooled_lookup_kernel<<<grid_for(a.num_bags * 32, 16), kThreads, 0, s>>>(a);
+  pooled_lookup_kernel<<<grid_for(a.num_bags * 32, kThreads, 16), kThreads, 0, s>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -115,22 +106,23 @@ void launch_reduce(const float* parts, int64_t num_parts, int64_t stride, int64_
   if (vec) {
     const int64_t n4 = n / 4;
     if (round_dtype)
-      reduce4_kernel<true><<<grid_for(n4), kThreads, 0, s>>>(reinterpret_cast<const float4*>(parts),
-                                                             num_parts, stride / 4, n4, round_dtype,
-                                                             reinterpret_cast<float4*>(out));
+      reduce4_kernel<true><<<grid_for(n4, kThreads), kThreads, 0, s>>>(
+          reinterpret_cast<const float4*>(parts), num_parts, stride / 4, n4, round_dtype,
+          reinterpret_cast<float4*>(out));
     else
-      reduce4_kernel<false>
-          <<<grid_for(n4), kThreads, 0, s>>>(reinterpret_cast<const float4*>(parts), num_parts,
-                                             stride / 4, n4, 0, reinterpret_cast<float4*>(out));
+      reduce4_kernel<false><<<grid_for(n4, kThreads), kThreads, 0, s>>>(
+          reinterpret_cast<const float4*>(parts), num_parts, stride / 4, n4, 0,
+          reinterpret_cast<float4*>(out));
   } else {
-    reduce1_kernel<<<grid_for(n), kThreads, 0, s>>>(parts, num_parts, stride, n, round_dtype, out);
+    reduce1_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(parts, num_parts, stride, n,
+                                                              round_dtype, out);
   }
   CUDA_CHECK_LAUNCH();
 }
 
 void launch_codec(float* x, int64_t n, Precision dtype, cudaStream_t s) {
   if (n <= 0 || dtype == Precision::f32) return;
-  codec_kernel<<<grid_for(n), kThreads, 0, s>>>(x, n, static_cast<int>(dtype));
+  codec_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(x, n, static_cast<int>(dtype));
   CUDA_CHECK_LAUNCH();
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -47,41 +48,53 @@ void check_same(const TensorDiff& got, const TensorDiff& want) {
   for (size_t k = 0; k < got.first.size(); ++k) CHECK(got.first[k].flat == want.first[k].flat);
 }
 
-}  // namespace
+const Tolerance kTolerances[] = {Tolerance::exact(), Tolerance::ulp(2), Tolerance::rel(1e-3, 1e-5)};
 
-TEST_CASE("diff_tensors equals the element-by-element definition") {
-  std::mt19937_64 rng(7);
+// A random pair of up to 9,000 elements, b = a with up to 12 changes: an ulp, a larger step, a
+// special value (signed zeros, infinities, NaN, a tiny one) on one side or on both.
+void random_pair(std::mt19937_64& rng, EmbTensor& a, EmbTensor& b) {
   const float specials[] = {0.0f,
                             -0.0f,
                             std::numeric_limits<float>::infinity(),
                             -std::numeric_limits<float>::infinity(),
                             std::numeric_limits<float>::quiet_NaN(),
                             1e-30f};
-  const Tolerance tols[] = {Tolerance::exact(), Tolerance::ulp(2), Tolerance::rel(1e-3, 1e-5)};
+  const int64_t n = std::uniform_int_distribution<int64_t>(0, 9000)(rng);
+  a = EmbTensor::zeros(DType::f32, {n});
+  for (float& x : a.data) x = std::uniform_real_distribution<float>(-4, 4)(rng);
+  b = a;
+  const int changes = std::uniform_int_distribution<int>(0, 12)(rng);
+  for (int c = 0; c < changes && n > 0; ++c) {
+    const size_t i = size_t(std::uniform_int_distribution<int64_t>(0, n - 1)(rng));
+    switch (std::uniform_int_distribution<int>(0, 3)(rng)) {
+      case 0:
+        b.data[i] = std::nextafter(b.data[i], 10.0f);  // one ulp
+        break;
+      case 1:
+        b.data[i] += 0.25f;
+        break;
+      case 2:
+        b.data[i] = specials[std::uniform_int_distribution<int>(0, 5)(rng)];
+        break;
+      default:  // the same special value on both sides
+        a.data[i] = b.data[i] = specials[std::uniform_int_distribution<int>(0, 5)(rng)];
+    }
+  }
+}
+
+bool same_bits(float x, float y) {
+  return std::memcmp(&x, &y, sizeof x) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("diff_tensors equals the element-by-element definition") {
+  std::mt19937_64 rng(7);
   int64_t cases_with_mismatches = 0;
   for (int iter = 0; iter < 200; ++iter) {
-    const int64_t n = std::uniform_int_distribution<int64_t>(0, 9000)(rng);
-    EmbTensor a = EmbTensor::zeros(DType::f32, {n});
-    for (float& x : a.data) x = std::uniform_real_distribution<float>(-4, 4)(rng);
-    EmbTensor b = a;
-    const int changes = std::uniform_int_distribution<int>(0, 12)(rng);
-    for (int c = 0; c < changes && n > 0; ++c) {
-      const size_t i = size_t(std::uniform_int_distribution<int64_t>(0, n - 1)(rng));
-      switch (std::uniform_int_distribution<int>(0, 3)(rng)) {
-        case 0:
-          b.data[i] = std::nextafter(b.data[i], 10.0f);  // one ulp
-          break;
-        case 1:
-          b.data[i] += 0.25f;
-          break;
-        case 2:
-          b.data[i] = specials[std::uniform_int_distribution<int>(0, 5)(rng)];
-          break;
-        default:  // the same special value on both sides
-          a.data[i] = b.data[i] = specials[std::uniform_int_distribution<int>(0, 5)(rng)];
-      }
-    }
-    for (const Tolerance& tol : tols) {
+    EmbTensor a, b;
+    random_pair(rng, a, b);
+    for (const Tolerance& tol : kTolerances) {
       CAPTURE(iter);
       CAPTURE(tol.str());
       const TensorDiff want = reference_diff(a, b, tol, 5);
@@ -164,4 +177,52 @@ TEST_CASE("merge_diff of column slices equals the whole diff") {
       CHECK(to_string(merged.first[k].where) == to_string(whole.first[k].where));
     }
   }
+}
+
+// A lookup check from the tiles a backend says differ (Backend::lookup_differences): the tiles
+// are exactly those holding a pair of unequal bits, merged, with the lookup's values; the diff
+// made from them alone is the definition's, whatever the tile size.
+TEST_CASE("differing_tiles and diff_differences: the whole diff from the differing tiles") {
+  std::mt19937_64 rng(13);
+  int64_t ranges_seen = 0;
+  for (int iter = 0; iter < 200; ++iter) {
+    EmbTensor got, want;  // the captured lookup and the derived one
+    random_pair(rng, got, want);
+    const int64_t n = got.numel();
+    for (const int64_t tile : {int64_t(1), int64_t(3), int64_t(64), int64_t(1000), n + 5}) {
+      CAPTURE(iter);
+      CAPTURE(tile);
+      const std::vector<LookupDifference> diffs =
+          differing_tiles(want.data.data(), got.data.data(), n, tile);
+      std::vector<int> covered(size_t(n), 0);
+      int64_t end_before = -1;
+      for (const LookupDifference& r : diffs) {
+        const int64_t len = int64_t(r.want.size());
+        REQUIRE(len > 0);
+        CHECK(r.begin % tile == 0);
+        CHECK((len % tile == 0 || r.begin + len == n));
+        CHECK(r.begin > end_before);  // in order, adjacent tiles merged
+        end_before = r.begin + len;
+        for (int64_t t0 = r.begin; t0 < r.begin + len; t0 += tile) {
+          bool differs = false;  // every tile of a range holds a difference
+          for (int64_t e = t0; e < std::min(r.begin + len, t0 + tile); ++e)
+            differs |= !same_bits(got.data[size_t(e)], want.data[size_t(e)]);
+          CHECK(differs);
+        }
+        for (int64_t e = 0; e < len; ++e) {
+          CHECK(same_bits(r.want[size_t(e)], want.data[size_t(r.begin + e)]));
+          covered[size_t(r.begin + e)] = 1;
+        }
+      }
+      for (int64_t e = 0; e < n; ++e)
+        if (!covered[size_t(e)]) CHECK(same_bits(got.data[size_t(e)], want.data[size_t(e)]));
+      ranges_seen += int64_t(diffs.size());
+      for (const Tolerance& tol : kTolerances)
+        for (const int64_t maxm : {0, 2, 50})
+          check_same(diff_differences(
+                         got.data.data(), n, diffs, tol, [](int64_t e) { return e; }, maxm),
+                     reference_diff(got, want, tol, maxm));
+    }
+  }
+  CHECK(ranges_seen > 500);  // the tiles met real differences
 }

@@ -11,10 +11,12 @@
 #include <algorithm>
 #include <atomic>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "common/hash.hpp"
+#include "compare.hpp"
 #include "cuda_check.hpp"
 #include "dist_kernels.hpp"
 #include "engine/dist_checks.hpp"
@@ -83,6 +85,11 @@ class CudaBackend final : public Backend {
   BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) override;
   EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
                    const EmbeddingSource& source) override;
+  std::optional<std::vector<LookupDifference>> lookup_differences(const Plan& plan, int rank,
+                                                                  const LookupKjt& kjt,
+                                                                  const EmbeddingSource& source,
+                                                                  const float* captured, int64_t n,
+                                                                  int64_t tile) override;
   void sequence_output_dist(const Plan& plan, const std::vector<const EmbTensor*>& local_embs,
                             const std::vector<const ShardingContext*>& ctx,
                             const OutputSink& sink) override;
@@ -92,6 +99,16 @@ class CudaBackend final : public Backend {
                           const OutputSink& sink) override;
 
  private:
+  // The lookup made on the device into the workspace's rows_out; its shape, or nullopt when it
+  // is the host's to make (dense weights, malformed input, bounds_check=error hits).
+  std::optional<std::vector<int64_t>> lookup_on_device(const Plan& plan, int rank,
+                                                       const LookupKjt& kjt,
+                                                       const EmbeddingSource& source);
+  static EmbTensor host_lookup(const Plan& plan, int rank, const LookupKjt& kjt,
+                               const EmbeddingSource& source) {
+    return make_cpu_backend(hardware_threads())->lookup(plan, rank, kjt, source);
+  }
+
   int device_;
   std::string desc_;
   cudaStream_t stream_ = nullptr;
@@ -154,6 +171,59 @@ BucketizedKjt CudaBackend::bucketize(const Plan& plan, const Kjt& kjt) {
 
 EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
                               const EmbeddingSource& source) {
+  const std::optional<std::vector<int64_t>> shape = lookup_on_device(plan, rank, k, source);
+  if (!shape) return host_lookup(plan, rank, k, source);
+  EmbTensor out;
+  out.dtype = plan.data_type();
+  out.shape = *shape;
+  ws_->staging.download({into(out.data, ws_->rows_out)}, stream_);
+  return out;
+}
+
+// The captured lookup goes up (to rows_in, free between dists) and is compared where the
+// lookup was made; only the tiles' flags come back, and the lookup's values of the tiles that
+// differ.
+std::optional<std::vector<LookupDifference>> CudaBackend::lookup_differences(
+    const Plan& plan, int rank, const LookupKjt& k, const EmbeddingSource& source,
+    const float* captured, int64_t n, int64_t tile) {
+  const std::optional<std::vector<int64_t>> shape = lookup_on_device(plan, rank, k, source);
+  if (!shape) {
+    const EmbTensor want = host_lookup(plan, rank, k, source);
+    if (want.numel() != n || int64_t(want.data.size()) != n) return std::nullopt;
+    return differing_tiles(want.data.data(), captured, n, tile);
+  }
+  cuda::BackendWorkspace& ws = *ws_;
+  if (ws.rows_out.size() != n) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // every call ends with its stream drained
+    return std::nullopt;
+  }
+  tile = std::max<int64_t>(1, tile);
+  ws.rows_in.resize(n);
+  ws.staging.upload(ws.rows_in.data(), captured, sizeof(float) * size_t(n), stream_);
+  ws.tile_differs.resize((n + tile - 1) / tile);
+  if (n > 0)
+    CUDA_CHECK(cudaMemsetAsync(ws.tile_differs.data(), 0, size_t(ws.tile_differs.size()), stream_));
+  cuda::launch_differing_tiles(ws.rows_out.data(), ws.rows_in.data(), n, tile,
+                               ws.tile_differs.data(), stream_);
+  std::vector<uint8_t> differs(size_t(ws.tile_differs.size()));
+  std::vector<LookupDifference> out;
+  std::vector<ToHost> parts;
+  ws.staging.download({{differs.data(), ws.tile_differs.data(), differs.size()}}, stream_);
+  const std::vector<std::pair<int64_t, int64_t>> ranges = differing_ranges(differs, n, tile);
+  out.resize(ranges.size());
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const auto [e0, e1] = ranges[i];
+    out[i].begin = e0;
+    out[i].want.resize(size_t(e1 - e0));
+    parts.push_back({out[i].want.data(), ws.rows_out.data() + e0, sizeof(float) * size_t(e1 - e0)});
+  }
+  if (!parts.empty()) ws.staging.download(parts, stream_);
+  return out;
+}
+
+std::optional<std::vector<int64_t>> CudaBackend::lookup_on_device(const Plan& plan, int rank,
+                                                                  const LookupKjt& k,
+                                                                  const EmbeddingSource& source) {
   const std::optional<uint64_t> seed = source.oracle_seed();
   const int64_t F = k.num_features, W = k.world_size;
   const std::vector<int64_t> off = complete_cumsum(k.lengths);
@@ -162,8 +232,7 @@ EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
   // or a bounds_check=error hit also goes there, so the error text is the reference's.
   // (On every core: the reference's error is the same, its parallel loop rethrows the first
   // in id order; column slices of a derived lookup, which carry no oracle seed, come here too.)
-  auto host = [&] { return make_cpu_backend(hardware_threads())->lookup(plan, rank, k, source); };
-  if (!seed || off.back() != N) return host();
+  if (!seed || off.back() != N) return std::nullopt;
   CUDA_CHECK(cudaSetDevice(device_));
   std::vector<int64_t> bags_f(F, 0);
   for (int64_t f = 0; f < F; ++f)
@@ -173,7 +242,7 @@ EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
   std::vector<uint64_t> g(N);
   std::vector<uint8_t> valid(N);
   std::vector<int32_t> bag_feat(nbags);
-  if (!lookup_rows(plan, rank, k, off, bag0, g, valid, bag_feat)) return host();
+  if (!lookup_rows(plan, rank, k, off, bag0, g, valid, bag_feat)) return std::nullopt;
   std::vector<uint64_t> feat_seed(F);
   std::vector<int64_t> feat_dim(F);
   for (int64_t f = 0; f < F; ++f) {
@@ -196,21 +265,16 @@ EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
     d_out.resize(N * D);
     cuda::launch_oracle_rows(ws.lookup_g.data(), ws.lookup_tab.data(), ws.lookup_seed.data(), N, D,
                              d_out.data(), stream_);
-    EmbTensor out;
-    out.dtype = dt;
-    out.shape = {N, D};
-    st.download({into(out.data, d_out)}, stream_);
-    return out;
+    return std::vector<int64_t>{N, D};
   }
 
   // Pooled: output run of every lookup bag (f, s, b), as the reference lays it out.
   std::vector<int64_t> dst(nbags);
-  EmbTensor out;
-  out.dtype = dt;
+  std::vector<int64_t> shape;
   if (!k.variable_batch) {
     int64_t rows = 0;
     for (int64_t s = 0; s < W; ++s) rows += F ? k.stride_per_key_per_rank[0][s] : 0;
-    out.shape = {rows, plan.sum_dim};
+    shape = {rows, plan.sum_dim};
     for (int64_t f = 0; f < F; ++f)
       for (int64_t j = 0; j < bags_f[f]; ++j)
         dst[bag0[f] + j] = j * plan.sum_dim + plan.features[f].column_offset;
@@ -222,7 +286,7 @@ EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
         start[s][f] = acc;
         acc += k.stride_per_key_per_rank[f][s] * plan.features[f].dim;
       }
-    out.shape = {acc};
+    shape = {acc};
     for (int64_t f = 0; f < F; ++f) {
       int64_t j = bag0[f];
       for (int64_t s = 0; s < W; ++s)
@@ -230,7 +294,7 @@ EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
           dst[j++] = start[s][f] + b * plan.features[f].dim;
     }
   }
-  const int64_t numel = out.numel();
+  const int64_t numel = shape.size() == 1 ? shape[0] : shape[0] * shape[1];
   st.upload(ws.lookup_bag_off, off, stream_);
   st.upload(ws.lookup_bag_out, dst, stream_);
   st.upload(ws.lookup_feat_dim, feat_dim, stream_);
@@ -254,8 +318,7 @@ EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
   a.out_dtype = cuda::precision(dt);
   a.out = d_out.data();
   cuda::launch_pooled_lookup(a, stream_);
-  st.download({into(out.data, d_out)}, stream_);
-  return out;
+  return shape;
 }
 
 }  // namespace

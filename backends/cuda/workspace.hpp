@@ -8,7 +8,8 @@
 //
 // The two large float slots are shared by the stages that never run at the same time, so the
 // workspace holds about what the largest call needs, not the sum over stages:
-//   rows_in   the output dists' input: [sum_s rows_s, D] (sequence) or [W, n] (pooled)
+//   rows_in   the output dists' input: [sum_s rows_s, D] (sequence) or [W, n] (pooled), and
+//             the captured lookup lookup_differences() compares with rows_out
 //   rows_out  lookup output [N, D] / [B, sum_D] / VBE 1-D, and the output dists' output
 // Shapes below: N ids, F features, `bags` lookup bags of the rank's LookupKjt.
 #pragma once
@@ -42,6 +43,10 @@ struct BackendWorkspace {
   SeqDistDevice seq_tables;
 
   DeviceBuffer<float> rows_in, rows_out;  // see above
+
+  // lookup_differences(): the captured lookup goes to rows_in (no dist runs meanwhile) and is
+  // compared with the lookup in rows_out; a flag per tile, 1 where the two differ.
+  DeviceBuffer<uint8_t> tile_differs;  // [ceil(n / tile)]
 };
 
 }  // namespace dynemb::cuda

@@ -10,8 +10,10 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error.hpp"
@@ -58,6 +60,23 @@ class LookupBoundsError : public Error {
   int64_t local_row;    // the local id after bucketize
 };
 
+// Elements [begin, begin + want.size()) of a lookup that differ from the captured lookup in
+// some bit (some element of the range does), with the lookup's values there.
+struct LookupDifference {
+  int64_t begin = 0;
+  std::vector<float> want;
+};
+
+// The ranges of `want` and `captured` (n elements each) that differ in some bit, compared in
+// tiles of `tile` elements (the last one may be shorter), adjacent differing tiles merged into
+// one range, in order: the host's side of Backend::lookup_differences, on every core.
+std::vector<LookupDifference> differing_tiles(const float* want, const float* captured, int64_t n,
+                                              int64_t tile);
+// Those ranges' element bounds [begin, end) from the tiles' flags (differs[t] != 0: tile t
+// differs), without their values: what a device backend copies back.
+std::vector<std::pair<int64_t, int64_t>> differing_ranges(const std::vector<uint8_t>& differs,
+                                                          int64_t n, int64_t tile);
+
 // Receives the output of destination rank r: sequence [N_r, D], pooled [B_r, sum_D],
 // pooled VBE 1-D [sum_f B_{r,f} D_f]. Called once per rank, in rank order.
 using OutputSink = std::function<void(int rank, EmbTensor&& output)>;
@@ -79,6 +98,15 @@ class Backend {
   // naming rank, feature and position).
   virtual EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
                            const EmbeddingSource& source) = 0;
+  // lookup() compared bit for bit with `captured`, n elements in lookup()'s layout (a
+  // replay's lookup check): the tiles of `tile` elements where the two differ, merged and in
+  // order (differing_tiles), each with lookup()'s values; nullopt when lookup() has not n
+  // elements. Throws what lookup() throws. That is all a diff needs: a pair of equal bits adds
+  // nothing to it but its count (replay/diff.hpp). A device backend compares where it made
+  // the lookup, so a passing check copies nothing back; this default makes it on the host.
+  virtual std::optional<std::vector<LookupDifference>> lookup_differences(
+      const Plan& plan, int rank, const LookupKjt& kjt, const EmbeddingSource& source,
+      const float* captured, int64_t n, int64_t tile);
 
   // RwSequenceEmbeddingDist for all W ranks (§6): forward recat permute of each rank's
   // local_embs, all-to-all (send output_splits rows, receive input_splits rows), then

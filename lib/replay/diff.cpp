@@ -129,6 +129,23 @@ void merge_diff(TensorDiff& into, TensorDiff&& part, int64_t max_report) {
   into.first = std::move(first);
 }
 
+TensorDiff diff_differences(const float* got, int64_t n,
+                            const std::vector<LookupDifference>& differences, const Tolerance& tol,
+                            const std::function<int64_t(int64_t)>& to_whole, int64_t max_report) {
+  TensorDiff d;
+  d.compared = n;
+  for (const LookupDifference& r : differences) {
+    const int64_t len = int64_t(r.want.size());
+    d.compared -= len;  // merge_diff adds it back
+    merge_diff(d,
+               diff_part(
+                   got + r.begin, r.want.data(), len, tol,
+                   [&](int64_t e) { return to_whole(r.begin + e); }, max_report),
+               max_report);
+  }
+  return d;
+}
+
 void locate_mismatches(TensorDiff& d, const TensorLayout& layout) {
   for (ElementMismatch& m : d.first) m.where = layout(m.flat);
 }

@@ -1273,6 +1273,9 @@ struct DestUnit {
   int64_t r0 = 0, r1 = 0;
 };
 constexpr double kUnitBytes = 64.0 * (1 << 20);
+// Elements per tile of a lookup compared by the backend (Backend::lookup_differences): a
+// differing element brings its tile's lookup values back, a few hundred KiB.
+constexpr int64_t kCompareTile = int64_t(1) << 16;
 
 // The block of sender s in unit u.
 DestBlock unit_block(const std::vector<std::vector<DestBlock>>& where, int64_t s,
@@ -1415,15 +1418,15 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
       at("lookup", int(s));
       const DestBlock b = unit_block(where, s, u);
       const LookupKjt& lk = st.der.ranks[size_t(s)].lookup_kjt;
-      const EmbTensor want = backend_.lookup(
+      // Compared where the backend makes it: only the tiles that differ come back.
+      const float* got = rows.block(size_t(s));
+      const std::optional<std::vector<LookupDifference>> differ = backend_.lookup_differences(
           plan_, int(s), u.rows ? lookup_kjt_from(lk, d, u.r0, u.r1) : lookup_kjt_from(lk, d),
-          *source_);
-      if (want.shape != b.shape) return false;
+          *source_, got, b.numel(), kCompareTile);
+      if (!differ) return false;
       const auto to_whole = [&b](int64_t e) { return b.to_whole(e); };
-      merge_diff(
-          looked[size_t(s)],
-          diff_part(rows.block(size_t(s)), want.data.data(), b.numel(), tol_, to_whole, maxm),
-          maxm);
+      merge_diff(looked[size_t(s)], diff_differences(got, b.numel(), *differ, tol_, to_whole, maxm),
+                 maxm);
     }
     at("output dist", int(d));
     const EmbTensor out =

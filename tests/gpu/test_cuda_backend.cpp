@@ -6,6 +6,7 @@
 // reduce of more than 2^31 elements (64-bit indexing). Exits 77 when no GPU is present.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -120,6 +121,47 @@ Case random_case(std::mt19937_64& rng, int idx) {
   return c;
 }
 
+// The lookup check compared on the device (lookup_differences) == on the host: a captured
+// lookup with bits flipped at a few places (none for some ranks; a tile's first and last
+// element, signed zeros), in tiles of several sizes: the same ranges, the lookup's values
+// there bit for bit, exactly the tiles holding a flip; and nullopt for a wrong element count.
+void check_lookup_differences(const Plan& plan, int r, const LookupKjt& lk,
+                              const EmbeddingSource& source, const EmbTensor& lookup) {
+  const int64_t n = lookup.numel();
+  std::vector<float> captured = lookup.data;
+  captured.push_back(0.0f);  // room for the wrong-count call
+  std::vector<int64_t> flipped;
+  for (int64_t k = 0; n > 0 && k < r % 4; ++k) {
+    const int64_t i = k == 0 ? n - 1 : (int64_t(r) * 7919 + k * 104729) % n;
+    uint32_t bits;
+    std::memcpy(&bits, &captured[size_t(i)], 4);
+    bits ^= uint32_t(1) << ((r + k) % 32);
+    std::memcpy(&captured[size_t(i)], &bits, 4);
+    flipped.push_back(i);
+  }
+  for (const int64_t tile : {int64_t(1), int64_t(7), int64_t(64), int64_t(1) << 16}) {
+    INFO("lookup_differences rank " << r << " tile " << tile << " flips " << flipped.size());
+    const auto c = cpu().lookup_differences(plan, r, lk, source, captured.data(), n, tile);
+    const auto g = gpu().lookup_differences(plan, r, lk, source, captured.data(), n, tile);
+    REQUIRE(c.has_value());
+    REQUIRE(g.has_value());
+    REQUIRE(g->size() == c->size());
+    int64_t tiles = 0;
+    for (size_t i = 0; i < c->size(); ++i) {
+      CHECK((*g)[i].begin == (*c)[i].begin);
+      CHECK(same_bits((*g)[i].want, (*c)[i].want));
+      tiles += (int64_t((*c)[i].want.size()) + tile - 1) / tile;
+    }
+    std::vector<int64_t> want_tiles;
+    for (const int64_t i : flipped) want_tiles.push_back(i / tile);
+    std::sort(want_tiles.begin(), want_tiles.end());
+    want_tiles.erase(std::unique(want_tiles.begin(), want_tiles.end()), want_tiles.end());
+    CHECK(tiles == int64_t(want_tiles.size()));
+  }
+  CHECK_FALSE(gpu().lookup_differences(plan, r, lk, source, captured.data(), n + 1, 64));
+  CHECK_FALSE(cpu().lookup_differences(plan, r, lk, source, captured.data(), n + 1, 64));
+}
+
 // Runs one batch through both backends and compares every stage bit for bit.
 void compare_batch(const Plan& plan, const std::vector<const Kjt*>& kjts,
                    const EmbeddingSource& source, const std::string& desc) {
@@ -144,6 +186,8 @@ void compare_batch(const Plan& plan, const std::vector<const Kjt*>& kjts,
     CHECK(g.shape == local[r].shape);
     CHECK(same_bits(g.data, local[r].data));
   }
+  for (int64_t r = 0; r < W; ++r)
+    check_lookup_differences(plan, int(r), derived.ranks[r].lookup_kjt, source, local[r]);
   const std::vector<EmbTensor> out_cpu = test::run_output_dist(cpu(), plan, derived, local);
   const std::vector<EmbTensor> out_gpu = test::run_output_dist(gpu(), plan, derived, local);
   for (int64_t r = 0; r < W; ++r) {
