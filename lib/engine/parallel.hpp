@@ -1,12 +1,19 @@
-// A minimal fork-join loop for the CPU backend and the capture reader: splits [0, n) into `threads`
-// contiguous chunks, runs fn(begin, end) on std::threads and rethrows the first exception (lowest
-// chunk).
+// A minimal fork-join loop for the CPU backend, the capture reader and the replay: splits
+// [0, n) into `threads` contiguous chunks, runs fn(begin, end) on the process's worker pool and
+// the calling thread, and rethrows the first exception (lowest chunk).
+//
+// Why a pool: a replay one destination at a time calls this a few thousand times per batch
+// on pieces of a few MiB (a lookup, a tile compare, a staging copy), so starting and joining a
+// thread per chunk cost as much as the work. The pool's workers are started once; a call
+// queues one job whose chunks are claimed by index. The calling thread claims chunks too and
+// only waits for chunks other threads already run, so a call made from inside a chunk (nested)
+// or from two threads at once (the read-ahead thread and the replay) always makes progress.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <exception>
-#include <system_error>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -18,8 +25,13 @@ inline int hardware_threads() {
   return n;
 }
 
-// `grain`: the least work a thread is started for (elements by default; 1 for items that are
-// each large, such as compressed chunks).
+// Runs task(0), ..., task(n - 1) on the worker pool (hardware_threads() - 1 workers, started at
+// the first call; fewer when a thread cannot start, down to none) and on the calling thread;
+// returns when all have returned. `task` must not throw.
+void run_on_pool(int64_t n, const std::function<void(int64_t)>& task);
+
+// `grain`: the least work a thread is given (elements by default; 1 for items that are each
+// large, such as compressed chunks).
 template <class Fn>
 void parallel_for(int threads, int64_t n, Fn&& fn, int64_t grain = 4096) {
   const int64_t t = std::max<int64_t>(1, std::min<int64_t>(threads, n / grain + 1));
@@ -28,27 +40,13 @@ void parallel_for(int threads, int64_t n, Fn&& fn, int64_t grain = 4096) {
     return;
   }
   std::vector<std::exception_ptr> errs(static_cast<size_t>(t));
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<size_t>(t));
-  auto chunk = [&](int64_t i) {
+  run_on_pool(t, [&](int64_t i) {
     try {
       fn(n * i / t, n * (i + 1) / t);
     } catch (...) {
       errs[static_cast<size_t>(i)] = std::current_exception();
     }
-  };
-  // A thread that cannot be started (no memory for its stack, a process limit) leaves its
-  // chunk and the rest to the calling thread: the work is done, only with fewer threads.
-  int64_t started = 0;
-  for (; started < t; ++started) {
-    try {
-      pool.emplace_back(chunk, started);
-    } catch (const std::system_error&) {
-      break;
-    }
-  }
-  for (int64_t i = started; i < t; ++i) chunk(i);
-  for (auto& th : pool) th.join();
+  });
   for (auto& e : errs)
     if (e) std::rethrow_exception(e);
 }

@@ -1,0 +1,100 @@
+#include "engine/parallel.hpp"
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <system_error>
+
+namespace dynemb {
+namespace {
+
+// One run_on_pool call: chunks are claimed by `next`; `done` counts the finished ones.
+struct Job {
+  int64_t n = 0;
+  const std::function<void(int64_t)>* task = nullptr;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+  std::mutex m;
+  std::condition_variable finished;
+
+  // Runs unclaimed chunks until none is left; true when this thread finished the last one.
+  bool work() {
+    bool last = false;
+    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
+      (*task)(i);
+      last = done.fetch_add(1, std::memory_order_acq_rel) + 1 == n;
+    }
+    return last;
+  }
+};
+
+class Pool {
+ public:
+  Pool() {
+    for (int i = 1; i < hardware_threads(); ++i) {
+      try {
+        std::thread(&Pool::worker, this).detach();
+      } catch (const std::system_error&) {
+        break;  // no memory for a stack, a process limit: fewer workers
+      }
+    }
+  }
+
+  void run(int64_t n, const std::function<void(int64_t)>& task) {
+    auto job = std::make_shared<Job>();
+    job->n = n;
+    job->task = &task;
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      queue_.push_back(job);
+    }
+    ready_.notify_all();
+    if (job->work()) return;  // the calling thread ran the last chunk
+    std::unique_lock<std::mutex> lock(job->m);
+    job->finished.wait(lock, [&] { return job->done.load(std::memory_order_acquire) == n; });
+  }
+
+ private:
+  // Workers take the oldest job with chunks left; a job whose chunks are all claimed leaves
+  // the queue (its caller waits on the job itself, not on the queue).
+  void worker() {
+    for (;;) {
+      std::shared_ptr<Job> job;
+      {
+        std::unique_lock<std::mutex> lock(m_);
+        ready_.wait(lock, [&] {
+          while (!queue_.empty() &&
+                 queue_.front()->next.load(std::memory_order_relaxed) >= queue_.front()->n)
+            queue_.pop_front();
+          return !queue_.empty();
+        });
+        job = queue_.front();
+      }
+      if (job->work()) {
+        std::lock_guard<std::mutex> lock(job->m);
+        job->finished.notify_all();
+      }
+    }
+  }
+
+  std::mutex m_;
+  std::condition_variable ready_;
+  std::deque<std::shared_ptr<Job>> queue_;
+};
+
+}  // namespace
+
+void run_on_pool(int64_t n, const std::function<void(int64_t)>& task) {
+  if (n <= 0) return;
+  // Never destroyed: detached workers wait on it until the process exits.
+  static Pool* const pool = new Pool;
+  if (n == 1) {
+    task(0);
+    return;
+  }
+  pool->run(n, task);
+}
+
+}  // namespace dynemb
