@@ -225,7 +225,7 @@ std::optional<std::vector<int64_t>> CudaBackend::lookup_on_device(const Plan& pl
                                                                   const LookupKjt& k,
                                                                   const EmbeddingSource& source) {
   const std::optional<uint64_t> seed = source.oracle_seed();
-  const int64_t F = k.num_features, W = k.world_size;
+  const int64_t F = k.num_features;
   const std::vector<int64_t> off = complete_cumsum(k.lengths);
   const int64_t N = static_cast<int64_t>(k.values.size());
   // Dense weights live on the host: the CPU reference looks them up. Any malformed input
@@ -234,10 +234,8 @@ std::optional<std::vector<int64_t>> CudaBackend::lookup_on_device(const Plan& pl
   // in id order; column slices of a derived lookup, which carry no oracle seed, come here too.)
   if (!seed || off.back() != N) return std::nullopt;
   CUDA_CHECK(cudaSetDevice(device_));
-  std::vector<int64_t> bags_f(F, 0);
-  for (int64_t f = 0; f < F; ++f)
-    for (int64_t s = 0; s < W; ++s) bags_f[f] += k.stride_per_key_per_rank[f][s];
-  const std::vector<int64_t> bag0 = complete_cumsum(bags_f);
+  const LookupOutputLayout L = lookup_output_layout(plan, k);
+  const std::vector<int64_t>& bag0 = L.bag0;
   const int64_t nbags = bag0.back();
   std::vector<uint64_t> g(N);
   std::vector<uint8_t> valid(N);
@@ -265,38 +263,13 @@ std::optional<std::vector<int64_t>> CudaBackend::lookup_on_device(const Plan& pl
     d_out.resize(N * D);
     cuda::launch_oracle_rows(ws.lookup_g.data(), ws.lookup_tab.data(), ws.lookup_seed.data(), N, D,
                              d_out.data(), stream_);
-    return std::vector<int64_t>{N, D};
+    return L.shape;
   }
 
   // Pooled: output run of every lookup bag (f, s, b), as the reference lays it out.
-  std::vector<int64_t> dst(nbags);
-  std::vector<int64_t> shape;
-  if (!k.variable_batch) {
-    int64_t rows = 0;
-    for (int64_t s = 0; s < W; ++s) rows += F ? k.stride_per_key_per_rank[0][s] : 0;
-    shape = {rows, plan.sum_dim};
-    for (int64_t f = 0; f < F; ++f)
-      for (int64_t j = 0; j < bags_f[f]; ++j)
-        dst[bag0[f] + j] = j * plan.sum_dim + plan.features[f].column_offset;
-  } else {
-    int64_t acc = 0;
-    std::vector<std::vector<int64_t>> start(W, std::vector<int64_t>(F));
-    for (int64_t s = 0; s < W; ++s)
-      for (int64_t f = 0; f < F; ++f) {
-        start[s][f] = acc;
-        acc += k.stride_per_key_per_rank[f][s] * plan.features[f].dim;
-      }
-    shape = {acc};
-    for (int64_t f = 0; f < F; ++f) {
-      int64_t j = bag0[f];
-      for (int64_t s = 0; s < W; ++s)
-        for (int64_t b = 0; b < k.stride_per_key_per_rank[f][s]; ++b)
-          dst[j++] = start[s][f] + b * plan.features[f].dim;
-    }
-  }
-  const int64_t numel = shape.size() == 1 ? shape[0] : shape[0] * shape[1];
+  const int64_t numel = L.numel();
   st.upload(ws.lookup_bag_off, off, stream_);
-  st.upload(ws.lookup_bag_out, dst, stream_);
+  st.upload(ws.lookup_bag_out, L.dst, stream_);
   st.upload(ws.lookup_feat_dim, feat_dim, stream_);
   st.upload(ws.lookup_bag_feat, bag_feat, stream_);
   st.upload(ws.lookup_valid, valid, stream_);
@@ -318,7 +291,7 @@ std::optional<std::vector<int64_t>> CudaBackend::lookup_on_device(const Plan& pl
   a.out_dtype = cuda::precision(dt);
   a.out = d_out.data();
   cuda::launch_pooled_lookup(a, stream_);
-  return shape;
+  return L.shape;
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 // (int64 per row) instead of materializing W send/receive buffers; only one output tensor
 // is alive at a time besides the caller's local_embs.
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -16,10 +18,6 @@
 
 namespace dynemb {
 namespace {
-
-int64_t sum(const std::vector<int64_t>& v) {
-  return std::accumulate(v.begin(), v.end(), int64_t{0});
-}
 
 // (s, b) of bag `col` of a lookup-KJT feature row: col = sum_{s'<s} B_{s',f} + b.
 void split_col(const LookupKjt& k, int64_t f, int64_t col, int64_t& s, int64_t& b) {
@@ -49,6 +47,11 @@ class CpuBackend final : public Backend {
 
   EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
                    const EmbeddingSource& source) override;
+  std::optional<std::vector<LookupDifference>> lookup_differences(const Plan& plan, int rank,
+                                                                  const LookupKjt& kjt,
+                                                                  const EmbeddingSource& source,
+                                                                  const float* captured, int64_t n,
+                                                                  int64_t tile) override;
   void sequence_output_dist(const Plan& plan, const std::vector<const EmbTensor*>& local_embs,
                             const std::vector<const ShardingContext*>& ctx,
                             const OutputSink& sink) override;
@@ -58,6 +61,10 @@ class CpuBackend final : public Backend {
                           const OutputSink& sink) override;
 
  private:
+  template <class Emit>
+  void each_lookup_run(const Plan& plan, int rank, const LookupKjt& k,
+                       const EmbeddingSource& source, const LookupOutputLayout& L, Emit&& emit);
+
   int threads_;
 };
 
@@ -81,71 +88,24 @@ RowRef resolve(const Plan& plan, int rank, const LookupKjt& k, int64_t f, int64_
   return ref;
 }
 
-EmbTensor CpuBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
-                             const EmbeddingSource& source) {
-  const int64_t F = k.num_features, W = k.world_size;
-  // Bags per feature (f, s, b order) and their value offsets.
-  std::vector<int64_t> bags_f(F, 0);
-  for (int64_t f = 0; f < F; ++f)
-    for (int64_t s = 0; s < W; ++s) bags_f[f] += k.stride_per_key_per_rank[f][s];
-  const std::vector<int64_t> bag0 = complete_cumsum(bags_f);
+// Makes rank `rank`'s lookup of k run by run, on every core: emit(values, at, count) gets the
+// `count` values of the output's elements [at, at + count): per value p a row of D (zeros when
+// its row is not looked up), or per pooled bag its D_f sums (fp32 in bag order, one rounding
+// to the TBE output dtype). Every element of the layout is in exactly one run.
+template <class Emit>
+void CpuBackend::each_lookup_run(const Plan& plan, int rank, const LookupKjt& k,
+                                 const EmbeddingSource& source, const LookupOutputLayout& L,
+                                 Emit&& emit) {
+  const std::vector<int64_t>& bag0 = L.bag0;
   const std::vector<int64_t> off = complete_cumsum(k.lengths);
   if (off.back() != static_cast<int64_t>(k.values.size()))
     throw Error("rank " + std::to_string(rank) + ": lookup KJT lengths sum to " +
                 std::to_string(off.back()) + " but it has " + std::to_string(k.values.size()) +
                 " values");
-  const bool weighted = !k.weights.empty();
-
-  if (plan.module == ModuleKind::sequence) {
-    // [N_local, D]: row p = embedding of values[p]; exact copies of the source rows.
-    const int64_t D = plan.seq_dim(), N = static_cast<int64_t>(k.values.size());
-    EmbTensor out = EmbTensor::zeros(plan.data_type(), {N, D});
-    const int64_t nbags = bag0.back();
-    parallel_for(threads_, nbags, [&](int64_t j0, int64_t j1) {
-      int64_t f = std::upper_bound(bag0.begin(), bag0.end(), j0) - bag0.begin() - 1;
-      for (int64_t j = j0; j < j1; ++j) {
-        while (j >= bag0[f + 1]) ++f;
-        for (int64_t p = off[j]; p < off[j + 1]; ++p) {
-          const RowRef ref = resolve(plan, rank, k, f, j - bag0[f], p - off[j], p);
-          if (ref.valid) source.row(plan.features[f].table, ref.g, &out.data[p * D], D);
-        }
-      }
-    });
-    return out;
-  }
-
-  // Pooled: fp32 accumulation in bag order, one rounding to the TBE output dtype.
-  // dst[j] = first output element of lookup bag j (f, s, b):
-  //   non-VBE [sum_s B_s, sum_D]: row sum_{s'<s} B_s' + b, column offset of f;
-  //   VBE 1-D [s][f][b][d]: offset of block (s, f) + b*D_f.
+  const bool sequence = plan.module == ModuleKind::sequence;
+  const float* weights = k.weights.empty() ? nullptr : k.weights.data();
   const DType dt = plan.data_type();
-  std::vector<int64_t> dst(static_cast<size_t>(bag0.back()));
-  EmbTensor out;
-  if (!k.variable_batch) {
-    std::vector<int64_t> Bs(W, 0);
-    for (int64_t s = 0; s < W; ++s) Bs[s] = F ? k.stride_per_key_per_rank[0][s] : 0;
-    const int64_t rows = sum(Bs), sumD = plan.sum_dim;
-    out = EmbTensor::zeros(dt, {rows, sumD});
-    for (int64_t f = 0; f < F; ++f)
-      for (int64_t j = 0; j < bags_f[f]; ++j)
-        dst[bag0[f] + j] = j * sumD + plan.features[f].column_offset;
-  } else {
-    int64_t acc = 0;
-    std::vector<std::vector<int64_t>> start(W, std::vector<int64_t>(F));
-    for (int64_t s = 0; s < W; ++s)
-      for (int64_t f = 0; f < F; ++f) {
-        start[s][f] = acc;
-        acc += k.stride_per_key_per_rank[f][s] * plan.features[f].dim;
-      }
-    out = EmbTensor::zeros(dt, {acc});
-    for (int64_t f = 0; f < F; ++f) {
-      int64_t j = bag0[f];
-      for (int64_t s = 0; s < W; ++s)
-        for (int64_t b = 0; b < k.stride_per_key_per_rank[f][s]; ++b)
-          dst[j++] = start[s][f] + b * plan.features[f].dim;
-    }
-  }
-  int64_t maxD = 1;
+  int64_t maxD = sequence ? plan.seq_dim() : 1;
   for (const FeatureInfo& fi : plan.features) maxD = std::max(maxD, fi.dim);
   parallel_for(threads_, bag0.back(), [&](int64_t j0, int64_t j1) {
     std::vector<float> row(static_cast<size_t>(maxD)), acc(static_cast<size_t>(maxD));
@@ -155,12 +115,59 @@ EmbTensor CpuBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
       const auto row_of = [&](int64_t p) {
         return resolve(plan, rank, k, f, j - bag0[f], p - off[j], p);
       };
-      pool_bag(source, plan.features[f].table, plan.features[f].dim, dt, off[j], off[j + 1],
-               weighted ? k.weights.data() : nullptr, row_of, acc.data(), row.data(),
-               &out.data[dst[j]]);
+      const int table = plan.features[f].table;
+      if (sequence) {  // exact copies of the source rows
+        const int64_t D = plan.seq_dim();
+        for (int64_t p = off[j]; p < off[j + 1]; ++p) {
+          const RowRef ref = row_of(p);
+          if (ref.valid)
+            source.row(table, ref.g, row.data(), D);
+          else
+            std::fill(row.begin(), row.begin() + D, 0.0f);
+          emit(row.data(), p * D, D);
+        }
+      } else {
+        const int64_t D = plan.features[f].dim;
+        pool_bag(source, table, D, dt, off[j], off[j + 1], weights, row_of, acc.data(), row.data(),
+                 row.data());
+        emit(row.data(), L.dst[size_t(j)], D);
+      }
     }
   });
+}
+
+EmbTensor CpuBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
+                             const EmbeddingSource& source) {
+  const LookupOutputLayout L = lookup_output_layout(plan, k);
+  EmbTensor out = EmbTensor::zeros(plan.data_type(), L.shape);
+  each_lookup_run(plan, rank, k, source, L, [&](const float* v, int64_t at, int64_t count) {
+    std::copy(v, v + count, out.data.begin() + at);
+  });
   return out;
+}
+
+// One pass that makes each run and compares it with the captured one at once: a passing check
+// writes no lookup tensor. Only when some run differs is the lookup made whole, to give the
+// differing tiles their values.
+std::optional<std::vector<LookupDifference>> CpuBackend::lookup_differences(
+    const Plan& plan, int rank, const LookupKjt& k, const EmbeddingSource& source,
+    const float* captured, int64_t n, int64_t tile) {
+  const LookupOutputLayout L = lookup_output_layout(plan, k);
+  if (L.numel() != n) return std::nullopt;
+  // The runs cover every element (else the whole lookup decides: elements of no run are 0).
+  int64_t covered = n;
+  if (plan.module == ModuleKind::pooled) {
+    covered = 0;
+    for (int64_t f = 0; f < k.num_features; ++f)
+      covered += (L.bag0[f + 1] - L.bag0[f]) * plan.features[f].dim;
+  }
+  std::atomic<bool> differs{covered != n};
+  each_lookup_run(plan, rank, k, source, L, [&](const float* v, int64_t at, int64_t count) {
+    if (std::memcmp(v, captured + at, sizeof(float) * size_t(count)) != 0)
+      differs.store(true, std::memory_order_relaxed);
+  });
+  if (!differs) return std::vector<LookupDifference>{};
+  return Backend::lookup_differences(plan, rank, k, source, captured, n, tile);
 }
 
 void CpuBackend::sequence_output_dist(const Plan& plan,

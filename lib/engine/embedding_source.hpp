@@ -59,8 +59,8 @@ class DenseSource final : public EmbeddingSource {
 // One pooled bag as TBE makes it: out[0..D) = the fp32 sum, in id order, of weight_i * row_i
 // over the bag's ids i in [i0, i1) (each product rounded before it is added: no FMA), rounded
 // once to `dt`. `row_of(i)` is id i's RowRef (an invalid one adds nothing); `weights` is null
-// for an unweighted bag. `acc` and `row` are scratch of at least D floats. A bag with no row
-// (empty, or every id out of range) is zeros.
+// for an unweighted bag. `acc` and `row` are scratch of at least D floats (`out` may be
+// `row`). A bag with no row (empty, or every id out of range) is zeros.
 template <class RowOf>
 void pool_bag(const EmbeddingSource& source, int table, int64_t D, DType dt, int64_t i0, int64_t i1,
               const float* weights, RowOf&& row_of, float* acc, float* row, float* out) {

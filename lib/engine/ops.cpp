@@ -165,6 +165,51 @@ std::vector<int64_t> complete_cumsum(const std::vector<int64_t>& v) {
   return o;
 }
 
+int64_t LookupOutputLayout::numel() const {
+  int64_t n = shape.empty() ? 0 : 1;
+  for (const int64_t d : shape) n *= d;
+  return n;
+}
+
+LookupOutputLayout lookup_output_layout(const Plan& plan, const LookupKjt& k) {
+  const int64_t F = k.num_features, W = k.world_size;
+  LookupOutputLayout L;
+  std::vector<int64_t> bags_f(static_cast<size_t>(F), 0);
+  for (int64_t f = 0; f < F; ++f)
+    for (int64_t s = 0; s < W; ++s) bags_f[size_t(f)] += k.stride_per_key_per_rank[f][s];
+  L.bag0 = complete_cumsum(bags_f);
+  if (plan.module == ModuleKind::sequence) {
+    L.shape = {static_cast<int64_t>(k.values.size()), plan.seq_dim()};
+    return L;
+  }
+  L.dst.resize(size_t(L.bag0.back()));
+  if (!k.variable_batch) {
+    int64_t rows = 0;
+    for (int64_t s = 0; s < W; ++s) rows += F ? k.stride_per_key_per_rank[0][s] : 0;
+    L.shape = {rows, plan.sum_dim};
+    for (int64_t f = 0; f < F; ++f)
+      for (int64_t j = 0; j < bags_f[size_t(f)]; ++j)
+        L.dst[size_t(L.bag0[f] + j)] = j * plan.sum_dim + plan.features[f].column_offset;
+    return L;
+  }
+  int64_t acc = 0;
+  std::vector<std::vector<int64_t>> start(static_cast<size_t>(W),
+                                          std::vector<int64_t>(static_cast<size_t>(F)));
+  for (int64_t s = 0; s < W; ++s)
+    for (int64_t f = 0; f < F; ++f) {
+      start[size_t(s)][size_t(f)] = acc;
+      acc += k.stride_per_key_per_rank[f][s] * plan.features[f].dim;
+    }
+  L.shape = {acc};
+  for (int64_t f = 0; f < F; ++f) {
+    int64_t j = L.bag0[f];
+    for (int64_t s = 0; s < W; ++s)
+      for (int64_t b = 0; b < k.stride_per_key_per_rank[f][s]; ++b)
+        L.dst[size_t(j++)] = start[size_t(s)][size_t(f)] + b * plan.features[f].dim;
+  }
+  return L;
+}
+
 namespace {
 // Segment permute shared by the 1-D and 2-D ops: segment = `B` consecutive bags.
 SparseData permute_rows(const std::vector<int64_t>& permute, const std::vector<int64_t>& lengths,

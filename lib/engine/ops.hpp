@@ -90,6 +90,17 @@ SparseData permute_1D_sparse_data(const std::vector<int64_t>& permute,
 // Complete cumsum [n+1].
 std::vector<int64_t> complete_cumsum(const std::vector<int64_t>& v);
 
+// Where Backend::lookup puts a lookup KJT's output. Its bags are in (f, s, b) order, feature f's
+// from bag0[f] ([F+1]). Sequence: [N, D], row p for value p (dst empty). Pooled, dst[j] = the
+// first element of bag j's run of D_f sums ([bags]):
+//   non-VBE [sum_s B_s, sum_D]: row sum_{s'<s} B_s' + b, at feature f's column offset;
+//   VBE 1-D [s][f][b][d]: block (s, f)'s offset + b * D_f.
+struct LookupOutputLayout {
+  std::vector<int64_t> bag0, shape, dst;
+  int64_t numel() const;
+};
+LookupOutputLayout lookup_output_layout(const Plan& plan, const LookupKjt& k);
+
 // Sequence plans: EmbeddingCollection pads a VBE KJT's lengths to max_f B_f (§6.2).
 Kjt pad_vbe_kjt_lengths(const Kjt& kjt);
 
