@@ -85,34 +85,33 @@ LookupKjt lookup_kjt_from(const LookupKjt& k, int64_t d) {
 }
 
 LookupKjt lookup_kjt_from(const LookupKjt& k, int64_t d, int64_t b0, int64_t b1) {
+  return lookup_kjt_from(k, complete_cumsum(k.lengths), d, b0, b1);
+}
+
+LookupKjt lookup_kjt_from(const LookupKjt& k, const std::vector<int64_t>& value_off, int64_t d,
+                          int64_t b0, int64_t b1) {
   LookupKjt out;
   out.num_features = k.num_features;
   out.world_size = 1;
   out.variable_batch = k.variable_batch;
   out.stride_per_key_per_rank.resize(size_t(k.num_features));
   const bool weighted = !k.weights.empty();
-  int64_t j = 0, p = 0;  // first bag and first value of (f, s) as the walk reaches it
+  int64_t j = 0;  // first bag of (f, s) as the walk reaches it
   for (int64_t f = 0; f < k.num_features; ++f) {
     const std::vector<int64_t>& spr = k.stride_per_key_per_rank[size_t(f)];
     for (int64_t s = 0; s < k.world_size; ++s) {
       const int64_t nb = spr[size_t(s)];
-      int64_t n = 0;
-      for (int64_t b = 0; b < nb; ++b) n += k.lengths[size_t(j + b)];
-      if (s == d) {  // bags [c0, c1) of the nb, values [p + v0, p + v1)
+      if (s == d) {  // bags [j + c0, j + c1), values [v0, v1)
         const int64_t c0 = std::min(b0, nb), c1 = std::min(b1, nb);
-        int64_t v0 = 0, v1 = 0;
-        for (int64_t b = 0; b < c1; ++b) (b < c0 ? v0 : v1) += k.lengths[size_t(j + b)];
-        v1 += v0;
+        const int64_t v0 = value_off[size_t(j + c0)], v1 = value_off[size_t(j + c1)];
         out.stride_per_key_per_rank[size_t(f)] = {c1 - c0};
         out.lengths.insert(out.lengths.end(), k.lengths.begin() + j + c0,
                            k.lengths.begin() + j + c1);
-        out.values.insert(out.values.end(), k.values.begin() + p + v0, k.values.begin() + p + v1);
+        out.values.insert(out.values.end(), k.values.begin() + v0, k.values.begin() + v1);
         if (weighted)
-          out.weights.insert(out.weights.end(), k.weights.begin() + p + v0,
-                             k.weights.begin() + p + v1);
+          out.weights.insert(out.weights.end(), k.weights.begin() + v0, k.weights.begin() + v1);
       }
       j += nb;
-      p += n;
     }
   }
   return out;

@@ -23,6 +23,7 @@
 #include "engine/engine.hpp"
 #include "engine/mean_pooling.hpp"
 #include "engine/memory_estimate.hpp"
+#include "engine/ops.hpp"
 #include "engine/output_dist.hpp"
 #include "replay/column_slice.hpp"
 #include "replay/ctx_check.hpp"
@@ -1404,6 +1405,9 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
   const bool ahead = opt_.read_ahead > 0;  // --read-ahead 0: read, then check, in turn
   std::future<DestRows> next = read_ahead_task(read, size_t{0}, ahead);
   std::vector<TensorDiff> looked(static_cast<size_t>(W));  // [s]: the lookup check, merged
+  std::vector<std::vector<int64_t>> value_off(static_cast<size_t>(W));  // [s]: of its lookup KJT
+  for (int64_t s = 0; source_ && s < W; ++s)
+    value_off[size_t(s)] = complete_cumsum(st.der.ranks[size_t(s)].lookup_kjt.lengths);
   std::vector<std::optional<CheckResult>> gold(static_cast<size_t>(W)), ref(gold.size());
   TensorDiff gold_d, ref_d;              // destination d's output checks, merged over its units
   std::optional<EmbTensor> reference_d;  // d's unsharded reference while its units run
@@ -1420,9 +1424,11 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
       const LookupKjt& lk = st.der.ranks[size_t(s)].lookup_kjt;
       // Compared where the backend makes it: only the tiles that differ come back.
       const float* got = rows.block(size_t(s));
-      const std::optional<std::vector<LookupDifference>> differ = backend_.lookup_differences(
-          plan_, int(s), u.rows ? lookup_kjt_from(lk, d, u.r0, u.r1) : lookup_kjt_from(lk, d),
-          *source_, got, b.numel(), kCompareTile);
+      const std::optional<std::vector<LookupDifference>> differ =
+          backend_.lookup_differences(plan_, int(s),
+                                      lookup_kjt_from(lk, value_off[size_t(s)], d,
+                                                      u.rows ? u.r0 : 0, u.rows ? u.r1 : INT64_MAX),
+                                      *source_, got, b.numel(), kCompareTile);
       if (!differ) return false;
       const auto to_whole = [&b](int64_t e) { return b.to_whole(e); };
       merge_diff(looked[size_t(s)], diff_differences(got, b.numel(), *differ, tol_, to_whole, maxm),
