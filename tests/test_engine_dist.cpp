@@ -278,3 +278,35 @@ TEST_CASE("check_kjt names what and where") {
         std::string::npos);
   CHECK(msg(make_kjt(2, {1, 1}, {1, 2}, {}, {1.f})).find("weights") != std::string::npos);
 }
+
+// A pooled lookup or reference (not VBE) is made row by row, each row all features' bags, yet
+// a bounds_check=error names the first bad id in bag order (feature-major), as before. Rank
+// 0's KJT holds two bad ids: f0's 12 in sample 1 (rank 0, local 6 of 5 rows) and f1's 8 in
+// sample 0 (past blk * W = 6: rank 0, local 4 of 3 rows). Row by row meets f1's first.
+TEST_CASE("pooled bounds_check=error: the first bad id in bag order, made row by row") {
+  Plan p = example_plan(ModuleKind::pooled, BoundsCheck::error);
+  auto src = example_source(p);
+  auto be = make_cpu_backend(2);
+  std::vector<Kjt> k = {make_kjt(2, {1, 1, 1, 1}, {1, 12, 8, 0}), make_kjt(2, {0, 0, 0, 0}, {})};
+  DerivedBatch d = derive_input_dist(p, ptrs(k), *be);
+  const auto check_lookup_error = [&](const auto& call) {
+    try {
+      call();
+      FAIL("no error");
+    } catch (const LookupBoundsError& e) {
+      CHECK(e.feature == 0);
+      CHECK(e.sample == 1);
+      CHECK(e.local_row == 6);
+    }
+  };
+  const LookupKjt& lk = d.ranks[0].lookup_kjt;
+  check_lookup_error([&] { be->lookup(p, 0, lk, *src); });
+  const std::vector<float> zeros(16, 0.0f);  // [4 rows, sum_D 4]
+  check_lookup_error([&] { be->lookup_differences(p, 0, lk, *src, zeros.data(), 16, 4); });
+  const std::string want =
+      "batch 3: rank 0, feature f0: id 12 at position 1 is outside table t0 [0, 10) "
+      "(bounds_check=error)";
+  CHECK_THROWS_WITH(reference_output(p, 0, k[0], *src, 3), want.c_str());
+  CHECK_THROWS_WITH(be->reference_differences(p, 0, k[0], *src, 3, zeros.data(), 8, 4),
+                    want.c_str());
+}

@@ -192,11 +192,11 @@ TEST_CASE("differing_tiles and diff_differences: the whole diff from the differi
     for (const int64_t tile : {int64_t(1), int64_t(3), int64_t(64), int64_t(1000), n + 5}) {
       CAPTURE(iter);
       CAPTURE(tile);
-      const std::vector<LookupDifference> diffs =
+      const std::vector<DifferingRange> diffs =
           differing_tiles(want.data.data(), got.data.data(), n, tile);
       std::vector<int> covered(size_t(n), 0);
       int64_t end_before = -1;
-      for (const LookupDifference& r : diffs) {
+      for (const DifferingRange& r : diffs) {
         const int64_t len = int64_t(r.want.size());
         REQUIRE(len > 0);
         CHECK(r.begin % tile == 0);

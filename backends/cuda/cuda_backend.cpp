@@ -20,6 +20,7 @@
 #include "cuda_check.hpp"
 #include "dist_kernels.hpp"
 #include "engine/dist_checks.hpp"
+#include "engine/engine.hpp"
 #include "engine/ops.hpp"
 #include "engine/parallel.hpp"
 #include "workspace.hpp"
@@ -63,6 +64,18 @@ ToHost into(std::vector<T>& v, const DeviceBuffer<T>& d) {
   return {v.data(), d.data(), sizeof(T) * v.size()};
 }
 
+// An oracle lookup once the host has resolved every id, ready to be made on the device: what a
+// rank's lookup and the unsharded reference of its KJT have in common. N ids, F features.
+struct OracleRuns {
+  std::vector<int64_t> shape;     // of the output
+  std::vector<int64_t> off;       // [bags+1] id offsets of the bags
+  std::vector<int64_t> bag0;      // [F+1] first bag of each feature
+  std::vector<int64_t> dst;       // pooled: [bags] first output element of each bag's run
+  std::vector<int32_t> bag_feat;  // [bags] the bag's feature
+  std::vector<uint64_t> g;        // [N] unsharded row of each id
+  std::vector<uint8_t> valid;     // [N] 1 when the id's row is looked up
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {
@@ -85,11 +98,14 @@ class CudaBackend final : public Backend {
   BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) override;
   EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
                    const EmbeddingSource& source) override;
-  std::optional<std::vector<LookupDifference>> lookup_differences(const Plan& plan, int rank,
-                                                                  const LookupKjt& kjt,
-                                                                  const EmbeddingSource& source,
-                                                                  const float* captured, int64_t n,
-                                                                  int64_t tile) override;
+  std::optional<std::vector<DifferingRange>> lookup_differences(const Plan& plan, int rank,
+                                                                const LookupKjt& kjt,
+                                                                const EmbeddingSource& source,
+                                                                const float* captured, int64_t n,
+                                                                int64_t tile) override;
+  std::optional<std::vector<DifferingRange>> reference_differences(
+      const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source, int64_t batch,
+      const float* replayed, int64_t n, int64_t tile) override;
   void sequence_output_dist(const Plan& plan, const std::vector<const EmbTensor*>& local_embs,
                             const std::vector<const ShardingContext*>& ctx,
                             const OutputSink& sink) override;
@@ -99,15 +115,23 @@ class CudaBackend final : public Backend {
                           const OutputSink& sink) override;
 
  private:
-  // The lookup made on the device into the workspace's rows_out; its shape, or nullopt when it
-  // is the host's to make (dense weights, malformed input, bounds_check=error hits).
+  // The lookup, or the unsharded reference of a KJT, made on the device into the workspace's
+  // rows_out (left queued on the stream); its shape, or nullopt when it is the host's to make
+  // (dense weights, malformed input, bounds_check=error hits).
   std::optional<std::vector<int64_t>> lookup_on_device(const Plan& plan, int rank,
                                                        const LookupKjt& kjt,
                                                        const EmbeddingSource& source);
-  static EmbTensor host_lookup(const Plan& plan, int rank, const LookupKjt& kjt,
-                               const EmbeddingSource& source) {
-    return make_cpu_backend(hardware_threads())->lookup(plan, rank, kjt, source);
-  }
+  std::optional<std::vector<int64_t>> reference_on_device(const Plan& plan, const Kjt& kjt,
+                                                          const EmbeddingSource& source);
+  void make_on_device(const Plan& plan, uint64_t seed, const OracleRuns& r,
+                      const std::vector<float>& weights);
+  // rows_out (of `shape`) compared with n host floats, as Backend::lookup_differences says.
+  std::optional<std::vector<DifferingRange>> compare_on_device(const std::vector<int64_t>& shape,
+                                                               const float* host, int64_t n,
+                                                               int64_t tile);
+
+  // What the host makes: lookups from dense weights, errors in the reference's words.
+  std::unique_ptr<Backend> host_ = make_cpu_backend(hardware_threads());
 
   int device_;
   std::string desc_;
@@ -116,14 +140,16 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::BackendWorkspace> ws_;
 };
 
-// Per id of a lookup KJT: the unsharded row g and whether it is looked up (lookup_row, the
-// reference's rule), and each bag's feature, on every core (the host's share of a lookup: a
-// per-id table walk). off: bag offsets [bags+1]; bag0: first bag of each feature [F+1]. False
-// when an id is out of bounds under bounds_check=error (the caller leaves that to the CPU
-// reference, whose error text is the one to give).
-bool lookup_rows(const Plan& plan, int rank, const LookupKjt& k, const std::vector<int64_t>& off,
-                 const std::vector<int64_t>& bag0, std::vector<uint64_t>& g,
-                 std::vector<uint8_t>& valid, std::vector<int32_t>& bag_feat) {
+// Resolves every id on every core (the host's share: a per-id table walk): row_of(f, p) is id
+// p's RowRef (lookup_row, the reference's rule). False when an id is out of bounds under
+// bounds_check=error: the caller leaves that to the CPU reference, whose error text is the one
+// to give.
+template <class RowOf>
+bool resolve_ids(const Plan& plan, OracleRuns& r, RowOf&& row_of) {
+  const std::vector<int64_t>& bag0 = r.bag0;
+  r.g.resize(size_t(r.off.back()));
+  r.valid.resize(size_t(r.off.back()));
+  r.bag_feat.resize(size_t(bag0.back()));
   std::atomic<bool> oob_error{false};
   parallel_for(
       hardware_threads(), bag0.back(),
@@ -131,12 +157,12 @@ bool lookup_rows(const Plan& plan, int rank, const LookupKjt& k, const std::vect
         int64_t f = std::upper_bound(bag0.begin(), bag0.end(), j0) - bag0.begin() - 1;
         for (int64_t j = j0; j < j1; ++j) {
           while (j >= bag0[f + 1]) ++f;
-          bag_feat[j] = static_cast<int32_t>(f);
-          for (int64_t p = off[j]; p < off[j + 1]; ++p) {
-            const RowRef ref = lookup_row(plan, f, rank, k.values[p]);
+          r.bag_feat[j] = static_cast<int32_t>(f);
+          for (int64_t p = r.off[j]; p < r.off[j + 1]; ++p) {
+            const RowRef ref = row_of(f, p);
             if (ref.oob && plan.bounds_check == BoundsCheck::error) oob_error = true;
-            g[p] = ref.g;
-            valid[p] = ref.valid ? 1 : 0;
+            r.g[p] = ref.g;
+            r.valid[p] = ref.valid ? 1 : 0;
           }
         }
       },
@@ -172,7 +198,7 @@ BucketizedKjt CudaBackend::bucketize(const Plan& plan, const Kjt& kjt) {
 EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
                               const EmbeddingSource& source) {
   const std::optional<std::vector<int64_t>> shape = lookup_on_device(plan, rank, k, source);
-  if (!shape) return host_lookup(plan, rank, k, source);
+  if (!shape) return host_->lookup(plan, rank, k, source);
   EmbTensor out;
   out.dtype = plan.data_type();
   out.shape = *shape;
@@ -180,37 +206,47 @@ EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
   return out;
 }
 
-// The captured lookup goes up (to rows_in, free between dists) and is compared where the
-// lookup was made; only the tiles' flags come back, and the lookup's values of the tiles that
-// differ.
-std::optional<std::vector<LookupDifference>> CudaBackend::lookup_differences(
+std::optional<std::vector<DifferingRange>> CudaBackend::lookup_differences(
     const Plan& plan, int rank, const LookupKjt& k, const EmbeddingSource& source,
     const float* captured, int64_t n, int64_t tile) {
   const std::optional<std::vector<int64_t>> shape = lookup_on_device(plan, rank, k, source);
-  if (!shape) {
-    const EmbTensor want = host_lookup(plan, rank, k, source);
-    if (want.numel() != n || int64_t(want.data.size()) != n) return std::nullopt;
-    return differing_tiles(want.data.data(), captured, n, tile);
-  }
+  if (!shape) return host_->lookup_differences(plan, rank, k, source, captured, n, tile);
+  return compare_on_device(*shape, captured, n, tile);
+}
+
+std::optional<std::vector<DifferingRange>> CudaBackend::reference_differences(
+    const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source, int64_t batch,
+    const float* replayed, int64_t n, int64_t tile) {
+  const std::optional<std::vector<int64_t>> shape = reference_on_device(plan, kjt, source);
+  if (!shape)
+    return host_->reference_differences(plan, rank, kjt, source, batch, replayed, n, tile);
+  return compare_on_device(*shape, replayed, n, tile);
+}
+
+// `host` goes up (to rows_in, free between dists) and is compared with rows_out where it was
+// made; only the tiles' flags come back, and rows_out's values of the tiles that differ.
+std::optional<std::vector<DifferingRange>> CudaBackend::compare_on_device(
+    const std::vector<int64_t>& shape, const float* host, int64_t n, int64_t tile) {
   cuda::BackendWorkspace& ws = *ws_;
-  if (ws.rows_out.size() != n) {
+  int64_t numel = 1;
+  for (const int64_t d : shape) numel *= d;
+  if (numel != n || ws.rows_out.size() != n) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // every call ends with its stream drained
     return std::nullopt;
   }
   tile = std::max<int64_t>(1, tile);
   ws.rows_in.resize(n);
-  ws.staging.upload(ws.rows_in.data(), captured, sizeof(float) * size_t(n), stream_);
+  ws.staging.upload(ws.rows_in.data(), host, sizeof(float) * size_t(n), stream_);
   ws.tile_differs.resize((n + tile - 1) / tile);
   if (n > 0)
     CUDA_CHECK(cudaMemsetAsync(ws.tile_differs.data(), 0, size_t(ws.tile_differs.size()), stream_));
   cuda::launch_differing_tiles(ws.rows_out.data(), ws.rows_in.data(), n, tile,
                                ws.tile_differs.data(), stream_);
   std::vector<uint8_t> differs(size_t(ws.tile_differs.size()));
-  std::vector<LookupDifference> out;
-  std::vector<ToHost> parts;
   ws.staging.download({{differs.data(), ws.tile_differs.data(), differs.size()}}, stream_);
   const std::vector<std::pair<int64_t, int64_t>> ranges = differing_ranges(differs, n, tile);
-  out.resize(ranges.size());
+  std::vector<DifferingRange> out(ranges.size());
+  std::vector<ToHost> parts;
   for (size_t i = 0; i < ranges.size(); ++i) {
     const auto [e0, e1] = ranges[i];
     out[i].begin = e0;
@@ -221,61 +257,100 @@ std::optional<std::vector<LookupDifference>> CudaBackend::lookup_differences(
   return out;
 }
 
+// Dense weights live on the host: the CPU reference looks them up. Any malformed input or a
+// bounds_check=error hit also goes there, so the error text is the reference's. (Column slices
+// of a derived lookup, which carry no oracle seed, go there too.)
 std::optional<std::vector<int64_t>> CudaBackend::lookup_on_device(const Plan& plan, int rank,
                                                                   const LookupKjt& k,
                                                                   const EmbeddingSource& source) {
   const std::optional<uint64_t> seed = source.oracle_seed();
-  const int64_t F = k.num_features;
-  const std::vector<int64_t> off = complete_cumsum(k.lengths);
-  const int64_t N = static_cast<int64_t>(k.values.size());
-  // Dense weights live on the host: the CPU reference looks them up. Any malformed input
-  // or a bounds_check=error hit also goes there, so the error text is the reference's.
-  // (On every core: the reference's error is the same, its parallel loop rethrows the first
-  // in id order; column slices of a derived lookup, which carry no oracle seed, come here too.)
-  if (!seed || off.back() != N) return std::nullopt;
+  OracleRuns r;
+  r.off = complete_cumsum(k.lengths);
+  if (!seed || r.off.back() != static_cast<int64_t>(k.values.size())) return std::nullopt;
+  LookupOutputLayout L = lookup_output_layout(plan, k);
+  r.shape = std::move(L.shape);
+  r.bag0 = std::move(L.bag0);
+  r.dst = std::move(L.dst);
+  const auto row_of = [&](int64_t f, int64_t p) { return lookup_row(plan, f, rank, k.values[p]); };
+  if (!resolve_ids(plan, r, row_of)) return std::nullopt;
+  make_on_device(plan, *seed, r, k.weights);
+  return r.shape;
+}
+
+// The unsharded reference (reference_output): every id routed as the input dist routes it,
+// then looked up on the rank it lands on.
+std::optional<std::vector<int64_t>> CudaBackend::reference_on_device(
+    const Plan& plan, const Kjt& kjt, const EmbeddingSource& source) {
+  const std::optional<uint64_t> seed = source.oracle_seed();
+  if (!seed) return std::nullopt;
+  try {
+    check_kjt(plan, kjt, "");
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  const int64_t F = plan.num_features(), W = plan.world_size;
+  OracleRuns r;
+  r.shape = reference_shape(plan, kjt);
+  r.off = kjt.offsets();
+  r.bag0.resize(size_t(F + 1));
+  for (int64_t f = 0; f <= F; ++f) r.bag0[size_t(f)] = f < F ? kjt.bag_begin(f) : kjt.num_bags();
+  if (plan.module == ModuleKind::pooled) {
+    r.dst.resize(size_t(kjt.num_bags()));
+    int64_t e1d = 0;  // VBE 1-D [f][b][d]: where feature f's slices start
+    for (int64_t f = 0; f < F; ++f) {
+      const int64_t D = plan.features[f].dim;
+      for (int64_t b = 0; b < kjt.batch_size(f); ++b)
+        r.dst[size_t(r.bag0[f] + b)] =
+            kjt.is_vbe() ? e1d + b * D : b * plan.sum_dim + plan.features[f].column_offset;
+      e1d += kjt.batch_size(f) * D;
+    }
+  }
+  const auto row_of = [&](int64_t f, int64_t i) {
+    const FeatureInfo& fi = plan.features[f];
+    const Route rt = route_id(fi.dist_type, kjt.values[i], kjt.values_type, fi.block_size, W);
+    return lookup_row(plan, f, rt.dest, rt.local);
+  };
+  if (!resolve_ids(plan, r, row_of)) return std::nullopt;
+  make_on_device(plan, *seed, r, kjt.weighted ? kjt.weights : std::vector<float>{});
+  return r.shape;
+}
+
+// Uploads the runs and makes them into rows_out: oracle rows per id (sequence) or the pooled
+// sums per bag, rounded to the TBE dtype. Leaves the work queued on the stream.
+void CudaBackend::make_on_device(const Plan& plan, uint64_t seed, const OracleRuns& r,
+                                 const std::vector<float>& weights) {
   CUDA_CHECK(cudaSetDevice(device_));
-  const LookupOutputLayout L = lookup_output_layout(plan, k);
-  const std::vector<int64_t>& bag0 = L.bag0;
-  const int64_t nbags = bag0.back();
-  std::vector<uint64_t> g(N);
-  std::vector<uint8_t> valid(N);
-  std::vector<int32_t> bag_feat(nbags);
-  if (!lookup_rows(plan, rank, k, off, bag0, g, valid, bag_feat)) return std::nullopt;
-  std::vector<uint64_t> feat_seed(F);
-  std::vector<int64_t> feat_dim(F);
+  const int64_t F = plan.num_features(), N = r.off.back(), nbags = r.bag0.back();
+  std::vector<uint64_t> feat_seed(static_cast<size_t>(F));
+  std::vector<int64_t> feat_dim(static_cast<size_t>(F));
   for (int64_t f = 0; f < F; ++f) {
-    feat_seed[f] = oracle_table_seed(*seed, static_cast<uint64_t>(plan.features[f].table));
-    feat_dim[f] = plan.features[f].dim;
+    feat_seed[size_t(f)] = oracle_table_seed(seed, static_cast<uint64_t>(plan.features[f].table));
+    feat_dim[size_t(f)] = plan.features[f].dim;
   }
   cuda::BackendWorkspace& ws = *ws_;
   cuda::PinnedStaging& st = ws.staging;
   DeviceBuffer<float>& d_out = ws.rows_out;
-  st.upload(ws.lookup_g, g, stream_);
+  st.upload(ws.lookup_g, r.g, stream_);
   st.upload(ws.lookup_seed, feat_seed, stream_);
-  const DType dt = plan.data_type();
-
-  if (plan.module == ModuleKind::sequence) {
-    const int64_t D = plan.seq_dim();
-    std::vector<int32_t> tab(N);
-    for (int64_t j = 0; j < nbags; ++j)
-      for (int64_t p = off[j]; p < off[j + 1]; ++p) tab[p] = valid[p] ? bag_feat[j] : -1;
-    st.upload(ws.lookup_tab, tab, stream_);
-    d_out.resize(N * D);
-    cuda::launch_oracle_rows(ws.lookup_g.data(), ws.lookup_tab.data(), ws.lookup_seed.data(), N, D,
-                             d_out.data(), stream_);
-    return L.shape;
-  }
-
-  // Pooled: output run of every lookup bag (f, s, b), as the reference lays it out.
-  const int64_t numel = L.numel();
-  st.upload(ws.lookup_bag_off, off, stream_);
-  st.upload(ws.lookup_bag_out, L.dst, stream_);
-  st.upload(ws.lookup_feat_dim, feat_dim, stream_);
-  st.upload(ws.lookup_bag_feat, bag_feat, stream_);
-  st.upload(ws.lookup_valid, valid, stream_);
-  const bool weighted = !k.weights.empty();
-  if (weighted) st.upload(ws.lookup_weights, k.weights, stream_);
+  int64_t numel = 1;
+  for (const int64_t d : r.shape) numel *= d;
   d_out.resize(numel);
+  if (plan.module == ModuleKind::sequence) {
+    std::vector<int32_t> tab(static_cast<size_t>(N));
+    for (int64_t j = 0; j < nbags; ++j)
+      for (int64_t p = r.off[j]; p < r.off[j + 1]; ++p) tab[p] = r.valid[p] ? r.bag_feat[j] : -1;
+    st.upload(ws.lookup_tab, tab, stream_);
+    cuda::launch_oracle_rows(ws.lookup_g.data(), ws.lookup_tab.data(), ws.lookup_seed.data(), N,
+                             plan.seq_dim(), d_out.data(), stream_);
+    return;
+  }
+  st.upload(ws.lookup_bag_off, r.off, stream_);
+  st.upload(ws.lookup_bag_out, r.dst, stream_);
+  st.upload(ws.lookup_feat_dim, feat_dim, stream_);
+  st.upload(ws.lookup_bag_feat, r.bag_feat, stream_);
+  st.upload(ws.lookup_valid, r.valid, stream_);
+  const bool weighted = !weights.empty();
+  if (weighted) st.upload(ws.lookup_weights, weights, stream_);
   // Every output element belongs to exactly one bag, but zero first anyway (F == 0 etc.).
   if (numel > 0) CUDA_CHECK(cudaMemsetAsync(d_out.data(), 0, sizeof(float) * numel, stream_));
   cuda::PooledLookupArgs a;
@@ -288,10 +363,9 @@ std::optional<std::vector<int64_t>> CudaBackend::lookup_on_device(const Plan& pl
   a.weights = weighted ? ws.lookup_weights.data() : nullptr;
   a.feat_dim = ws.lookup_feat_dim.data();
   a.feat_seed = ws.lookup_seed.data();
-  a.out_dtype = cuda::precision(dt);
+  a.out_dtype = cuda::precision(plan.data_type());
   a.out = d_out.data();
   cuda::launch_pooled_lookup(a, stream_);
-  return L.shape;
 }
 
 }  // namespace

@@ -5,12 +5,13 @@
 #include <algorithm>
 #include <cstring>
 
+#include "engine/engine.hpp"
 #include "engine/parallel.hpp"
 
 namespace dynemb {
 
-std::vector<LookupDifference> differing_tiles(const float* want, const float* captured, int64_t n,
-                                              int64_t tile) {
+std::vector<DifferingRange> differing_tiles(const float* want, const float* captured, int64_t n,
+                                            int64_t tile) {
   tile = std::max<int64_t>(1, tile);
   const int64_t tiles = (n + tile - 1) / tile;
   std::vector<uint8_t> differs(static_cast<size_t>(tiles), 0);
@@ -24,7 +25,7 @@ std::vector<LookupDifference> differing_tiles(const float* want, const float* ca
         }
       },
       /*grain=*/16);
-  std::vector<LookupDifference> out;
+  std::vector<DifferingRange> out;
   for (const auto& [e0, e1] : differing_ranges(differs, n, tile))
     out.push_back({e0, std::vector<float>(want + e0, want + e1)});
   return out;
@@ -48,12 +49,20 @@ std::vector<std::pair<int64_t, int64_t>> differing_ranges(const std::vector<uint
   return out;
 }
 
-std::optional<std::vector<LookupDifference>> Backend::lookup_differences(
+std::optional<std::vector<DifferingRange>> Backend::lookup_differences(
     const Plan& plan, int rank, const LookupKjt& kjt, const EmbeddingSource& source,
     const float* captured, int64_t n, int64_t tile) {
   const EmbTensor want = lookup(plan, rank, kjt, source);
   if (want.numel() != n || int64_t(want.data.size()) != n) return std::nullopt;
   return differing_tiles(want.data.data(), captured, n, tile);
+}
+
+std::optional<std::vector<DifferingRange>> Backend::reference_differences(
+    const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source, int64_t batch,
+    const float* replayed, int64_t n, int64_t tile) {
+  const EmbTensor want = reference_output(plan, rank, kjt, source, batch);
+  if (want.numel() != n || int64_t(want.data.size()) != n) return std::nullopt;
+  return differing_tiles(want.data.data(), replayed, n, tile);
 }
 
 }  // namespace dynemb

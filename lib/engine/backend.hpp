@@ -62,7 +62,7 @@ class LookupBoundsError : public Error {
 
 // Elements [begin, begin + want.size()) of a lookup that differ from the captured lookup in
 // some bit (some element of the range does), with the lookup's values there.
-struct LookupDifference {
+struct DifferingRange {
   int64_t begin = 0;
   std::vector<float> want;
 };
@@ -70,8 +70,8 @@ struct LookupDifference {
 // The ranges of `want` and `captured` (n elements each) that differ in some bit, compared in
 // tiles of `tile` elements (the last one may be shorter), adjacent differing tiles merged into
 // one range, in order: the host's side of Backend::lookup_differences, on every core.
-std::vector<LookupDifference> differing_tiles(const float* want, const float* captured, int64_t n,
-                                              int64_t tile);
+std::vector<DifferingRange> differing_tiles(const float* want, const float* captured, int64_t n,
+                                            int64_t tile);
 // Those ranges' element bounds [begin, end) from the tiles' flags (differs[t] != 0: tile t
 // differs), without their values: what a device backend copies back.
 std::vector<std::pair<int64_t, int64_t>> differing_ranges(const std::vector<uint8_t>& differs,
@@ -104,9 +104,15 @@ class Backend {
   // elements. Throws what lookup() throws. That is all a diff needs: a pair of equal bits adds
   // nothing to it but its count (replay/diff.hpp). A device backend compares where it made
   // the lookup, so a passing check copies nothing back; this default makes it on the host.
-  virtual std::optional<std::vector<LookupDifference>> lookup_differences(
+  virtual std::optional<std::vector<DifferingRange>> lookup_differences(
       const Plan& plan, int rank, const LookupKjt& kjt, const EmbeddingSource& source,
       const float* captured, int64_t n, int64_t tile);
+  // The same for the unsharded reference of rank `rank`'s KJT (reference_output, engine.hpp;
+  // `batch` names it in errors) and the replayed output: compared where the backend makes the
+  // reference, only the differing tiles back with the reference's values there.
+  virtual std::optional<std::vector<DifferingRange>> reference_differences(
+      const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source, int64_t batch,
+      const float* replayed, int64_t n, int64_t tile);
 
   // RwSequenceEmbeddingDist for all W ranks (§6): forward recat permute of each rank's
   // local_embs, all-to-all (send output_splits rows, receive input_splits rows), then

@@ -13,6 +13,7 @@
 #include "engine/backend.hpp"
 #include "engine/dist_checks.hpp"
 #include "engine/embedding_source.hpp"
+#include "engine/engine.hpp"
 #include "engine/ops.hpp"
 #include "engine/parallel.hpp"
 
@@ -47,11 +48,14 @@ class CpuBackend final : public Backend {
 
   EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
                    const EmbeddingSource& source) override;
-  std::optional<std::vector<LookupDifference>> lookup_differences(const Plan& plan, int rank,
-                                                                  const LookupKjt& kjt,
-                                                                  const EmbeddingSource& source,
-                                                                  const float* captured, int64_t n,
-                                                                  int64_t tile) override;
+  std::optional<std::vector<DifferingRange>> lookup_differences(const Plan& plan, int rank,
+                                                                const LookupKjt& kjt,
+                                                                const EmbeddingSource& source,
+                                                                const float* captured, int64_t n,
+                                                                int64_t tile) override;
+  std::optional<std::vector<DifferingRange>> reference_differences(
+      const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source, int64_t batch,
+      const float* replayed, int64_t n, int64_t tile) override;
   void sequence_output_dist(const Plan& plan, const std::vector<const EmbTensor*>& local_embs,
                             const std::vector<const ShardingContext*>& ctx,
                             const OutputSink& sink) override;
@@ -107,6 +111,26 @@ void CpuBackend::each_lookup_run(const Plan& plan, int rank, const LookupKjt& k,
   const DType dt = plan.data_type();
   int64_t maxD = sequence ? plan.seq_dim() : 1;
   for (const FeatureInfo& fi : plan.features) maxD = std::max(maxD, fi.dim);
+  if (!sequence && !k.variable_batch) {
+    try {
+      pool_rows(
+          plan, L.shape[0], bag0,
+          [&](int64_t f, int64_t j, float* out) {
+            thread_local std::vector<float> row, acc;
+            row.resize(size_t(maxD));
+            acc.resize(size_t(maxD));
+            const auto row_of = [&](int64_t p) {
+              return resolve(plan, rank, k, f, j - bag0[f], p - off[j], p);
+            };
+            pool_bag(source, plan.features[f].table, plan.features[f].dim, dt, off[j], off[j + 1],
+                     weights, row_of, acc.data(), row.data(), out);
+          },
+          emit);
+      return;
+    } catch (const Error&) {
+      // The error to give is the first bad id in bag order: the walk below throws it.
+    }
+  }
   parallel_for(threads_, bag0.back(), [&](int64_t j0, int64_t j1) {
     std::vector<float> row(static_cast<size_t>(maxD)), acc(static_cast<size_t>(maxD));
     int64_t f = std::upper_bound(bag0.begin(), bag0.end(), j0) - bag0.begin() - 1;
@@ -149,7 +173,7 @@ EmbTensor CpuBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
 // One pass that makes each run and compares it with the captured one at once: a passing check
 // writes no lookup tensor. Only when some run differs is the lookup made whole, to give the
 // differing tiles their values.
-std::optional<std::vector<LookupDifference>> CpuBackend::lookup_differences(
+std::optional<std::vector<DifferingRange>> CpuBackend::lookup_differences(
     const Plan& plan, int rank, const LookupKjt& k, const EmbeddingSource& source,
     const float* captured, int64_t n, int64_t tile) {
   const LookupOutputLayout L = lookup_output_layout(plan, k);
@@ -166,8 +190,31 @@ std::optional<std::vector<LookupDifference>> CpuBackend::lookup_differences(
     if (std::memcmp(v, captured + at, sizeof(float) * size_t(count)) != 0)
       differs.store(true, std::memory_order_relaxed);
   });
-  if (!differs) return std::vector<LookupDifference>{};
+  if (!differs) return std::vector<DifferingRange>{};
   return Backend::lookup_differences(plan, rank, k, source, captured, n, tile);
+}
+
+// The same one pass for the unsharded reference.
+std::optional<std::vector<DifferingRange>> CpuBackend::reference_differences(
+    const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source, int64_t batch,
+    const float* replayed, int64_t n, int64_t tile) {
+  check_kjt(plan, kjt, "batch " + std::to_string(batch) + " rank" + std::to_string(rank));
+  int64_t numel = 1;
+  for (const int64_t d : reference_shape(plan, kjt)) numel *= d;
+  if (numel != n) return std::nullopt;
+  int64_t covered = n;
+  if (plan.module == ModuleKind::pooled) {
+    covered = 0;
+    for (int64_t f = 0; f < kjt.num_features; ++f)
+      covered += kjt.batch_size(f) * plan.features[f].dim;
+  }
+  std::atomic<bool> differs{covered != n};
+  reference_runs(plan, rank, kjt, source, batch, [&](const float* v, int64_t at, int64_t count) {
+    if (std::memcmp(v, replayed + at, sizeof(float) * size_t(count)) != 0)
+      differs.store(true, std::memory_order_relaxed);
+  });
+  if (!differs) return std::vector<DifferingRange>{};
+  return Backend::reference_differences(plan, rank, kjt, source, batch, replayed, n, tile);
 }
 
 void CpuBackend::sequence_output_dist(const Plan& plan,

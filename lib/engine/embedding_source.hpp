@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "engine/parallel.hpp"
 #include "plan/plan.hpp"
 
 namespace dynemb {
@@ -83,6 +84,27 @@ void pool_bag(const EmbeddingSource& source, int table, int64_t D, DType dt, int
   } else {
     for (int64_t d = 0; d < D; ++d) out[d] = round_to(dt, acc[d]);
   }
+}
+
+// A pooled output that is not VBE, [rows, sum_D], made a row at a time on every core: row r
+// holds bag bag0[f] + r of each feature f at f's column offset, made by make_bag(f, j, out)
+// into out[0..D_f); emit(row, r * sum_D, sum_D) then gets the whole row. Row by row, not bag
+// by bag, so that whoever compares the runs with a tensor reads it front to back.
+template <class MakeBag, class Emit>
+void pool_rows(const Plan& plan, int64_t rows, const std::vector<int64_t>& bag0, MakeBag&& make_bag,
+               Emit&& emit) {
+  const int64_t F = plan.num_features(), sum_D = plan.sum_dim;
+  parallel_for(
+      hardware_threads(), rows,
+      [&](int64_t r0, int64_t r1) {
+        std::vector<float> row(static_cast<size_t>(sum_D), 0.0f);  // columns of no feature: 0
+        for (int64_t r = r0; r < r1; ++r) {
+          for (int64_t f = 0; f < F; ++f)
+            make_bag(f, bag0[size_t(f)] + r, row.data() + plan.features[f].column_offset);
+          emit(row.data(), r * sum_D, sum_D);
+        }
+      },
+      /*grain=*/16);
 }
 
 }  // namespace dynemb

@@ -130,9 +130,16 @@ std::vector<EmbTensor> derive_local_embs(const Plan& plan, const DerivedBatch& d
   return out;
 }
 
-EmbTensor reference_output(const Plan& plan, int rank, const Kjt& kjt,
-                           const EmbeddingSource& source, int64_t batch) {
-  check_kjt(plan, kjt, "batch " + std::to_string(batch) + " rank" + std::to_string(rank));
+std::vector<int64_t> reference_shape(const Plan& plan, const Kjt& kjt) {
+  if (plan.module == ModuleKind::sequence) return {kjt.num_ids(), plan.seq_dim()};
+  if (!kjt.is_vbe()) return {kjt.stride(), plan.sum_dim};
+  int64_t n = 0;
+  for (int64_t f = 0; f < plan.num_features(); ++f) n += kjt.batch_size(f) * plan.features[f].dim;
+  return {n};
+}
+
+void reference_runs(const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source,
+                    int64_t batch, const ReferenceEmit& emit) {
   const int64_t F = plan.num_features(), W = plan.world_size;
   // The row an original id reads: route it as the input dist does, then the lookup's
   // bounds check on the rank it lands on (so warn_zero_row agrees with the sharded path).
@@ -149,58 +156,76 @@ EmbTensor reference_output(const Plan& plan, int rank, const Kjt& kjt,
     return ref;
   };
   const std::vector<int64_t> off = kjt.offsets();
-  if (plan.module == ModuleKind::sequence) {
-    const int64_t D = plan.seq_dim();
-    EmbTensor out = EmbTensor::zeros(output_dist_dtype(plan), {kjt.num_ids(), D});
-    // Every id writes its own row: the ids are split among the threads.
-    for (int64_t f = 0; f < F; ++f) {
-      const int64_t i0 = off[kjt.bag_begin(f)], i1 = off[kjt.bag_begin(f) + kjt.batch_size(f)];
-      parallel_for(
-          hardware_threads(), i1 - i0,
-          [&](int64_t b, int64_t e) {
-            for (int64_t i = i0 + b; i < i0 + e; ++i) {
-              const RowRef ref = row_of(f, i);
-              if (ref.valid) source.row(plan.features[f].table, ref.g, &out.data[i * D], D);
-            }
-          },
-          /*grain=*/1024);
-    }
-    return out;
-  }
-  // Pooled: one fp32 sum per bag in id order, rounded once to the TBE dtype (MEAN tables
-  // too: this is the reference of the dist, which carries sums).
+  const bool sequence = plan.module == ModuleKind::sequence, vbe = kjt.is_vbe();
+  // Feature f's bags are [bag0[f], bag0[f+1]); VBE: its 1-D slices start at e1d[f].
+  std::vector<int64_t> bag0(static_cast<size_t>(F + 1)), e1d(static_cast<size_t>(F + 1), 0);
+  for (int64_t f = 0; f <= F; ++f) bag0[size_t(f)] = f < F ? kjt.bag_begin(f) : kjt.num_bags();
+  for (int64_t f = 0; f < F; ++f)
+    e1d[size_t(f + 1)] = e1d[size_t(f)] + kjt.batch_size(f) * plan.features[f].dim;
+  int64_t maxD = sequence ? plan.seq_dim() : 1;
+  for (const FeatureInfo& fi : plan.features) maxD = std::max(maxD, fi.dim);
+  // Pooled: one fp32 sum per bag in id order, rounded once to the TBE dtype (MEAN tables too:
+  // this is the reference of the dist, which carries sums). The bags are split among the
+  // threads (a chunk throws at its first bad id, so the error is the first in bag order).
   const DType dt = plan.data_type();
-  const bool vbe = kjt.is_vbe();
-  EmbTensor out;
-  if (vbe) {
-    int64_t n = 0;
-    for (int64_t f = 0; f < F; ++f) n += kjt.batch_size(f) * plan.features[f].dim;
-    out = EmbTensor::zeros(output_dist_dtype(plan), {n});
-  } else {
-    out = EmbTensor::zeros(output_dist_dtype(plan), {kjt.stride(), plan.sum_dim});
-  }
-  // Every bag writes its own output row (or 1-D VBE slice): the bags of a feature are split
-  // among the threads; the sum over a bag's ids stays in id order.
-  int64_t e1d = 0;  // VBE: where feature f's slices start
-  for (int64_t f = 0; f < F; ++f) {
-    const int64_t D = plan.features[f].dim;
-    parallel_for(
-        hardware_threads(), kjt.batch_size(f),
-        [&](int64_t b0, int64_t b1) {
-          std::vector<float> row(static_cast<size_t>(D), 0.0f), acc(static_cast<size_t>(D), 0.0f);
-          for (int64_t b = b0; b < b1; ++b) {
-            const int64_t j = kjt.bag_begin(f) + b;
-            float* o = vbe ? &out.data[e1d + b * D]
-                           : &out.data[b * plan.sum_dim + plan.features[f].column_offset];
+  const float* weights = kjt.weighted ? kjt.weights.data() : nullptr;
+  if (!sequence && !vbe) {
+    try {
+      pool_rows(
+          plan, kjt.stride(), bag0,
+          [&](int64_t f, int64_t j, float* out) {
+            thread_local std::vector<float> row, acc;
+            row.resize(size_t(maxD));
+            acc.resize(size_t(maxD));
             pool_bag(
-                source, plan.features[f].table, D, dt, off[j], off[j + 1],
-                kjt.weighted ? kjt.weights.data() : nullptr,
-                [&](int64_t i) { return row_of(f, i); }, acc.data(), row.data(), o);
-          }
-        },
-        /*grain=*/64);
-    if (vbe) e1d += kjt.batch_size(f) * D;
+                source, plan.features[f].table, plan.features[f].dim, dt, off[size_t(j)],
+                off[size_t(j + 1)], weights, [&](int64_t i) { return row_of(f, i); }, acc.data(),
+                row.data(), out);
+          },
+          emit);
+      return;
+    } catch (const Error&) {
+      // The error to give is the first bad id in bag order: the walk below throws it.
+    }
   }
+  parallel_for(
+      hardware_threads(), bag0.back(),
+      [&](int64_t j0, int64_t j1) {
+        std::vector<float> row(static_cast<size_t>(maxD)), acc(static_cast<size_t>(maxD));
+        int64_t f = std::upper_bound(bag0.begin(), bag0.end(), j0) - bag0.begin() - 1;
+        for (int64_t j = j0; j < j1; ++j) {
+          while (j >= bag0[size_t(f + 1)]) ++f;
+          const int table = plan.features[f].table;
+          if (sequence) {  // every id its own row, an exact copy of the source row
+            const int64_t D = plan.seq_dim();
+            for (int64_t i = off[size_t(j)]; i < off[size_t(j + 1)]; ++i) {
+              const RowRef ref = row_of(f, i);
+              if (ref.valid)
+                source.row(table, ref.g, row.data(), D);
+              else
+                std::fill(row.begin(), row.begin() + D, 0.0f);
+              emit(row.data(), i * D, D);
+            }
+            continue;
+          }
+          const int64_t D = plan.features[f].dim, b = j - bag0[size_t(f)];
+          pool_bag(
+              source, table, D, dt, off[size_t(j)], off[size_t(j + 1)], weights,
+              [&](int64_t i) { return row_of(f, i); }, acc.data(), row.data(), row.data());
+          emit(row.data(),
+               vbe ? e1d[size_t(f)] + b * D : b * plan.sum_dim + plan.features[f].column_offset, D);
+        }
+      },
+      /*grain=*/64);
+}
+
+EmbTensor reference_output(const Plan& plan, int rank, const Kjt& kjt,
+                           const EmbeddingSource& source, int64_t batch) {
+  check_kjt(plan, kjt, "batch " + std::to_string(batch) + " rank" + std::to_string(rank));
+  EmbTensor out = EmbTensor::zeros(output_dist_dtype(plan), reference_shape(plan, kjt));
+  reference_runs(plan, rank, kjt, source, batch, [&](const float* v, int64_t at, int64_t count) {
+    std::copy(v, v + count, out.data.begin() + at);
+  });
   return out;
 }
 

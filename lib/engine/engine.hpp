@@ -57,6 +57,15 @@ std::string describe_lookup_bounds_error(const Plan& plan, const std::vector<con
 // path does (warn_zero_row: local row 0 of the rank the id is routed to).
 EmbTensor reference_output(const Plan& plan, int rank, const Kjt& kjt,
                            const EmbeddingSource& source, int64_t batch);
+// Its shape, and the reference made run by run on every core for a caller that needs no tensor
+// of it (a check comparing each run as it is made): emit(values, at, count) gets elements
+// [at, at + count), a row per id (sequence) or a bag's D_f sums (pooled); every element is in
+// exactly one run (pooled non-VBE: when sum_D is the sum of the features' dims). `kjt` must
+// have passed check_kjt; throws reference_output's bounds_check=error.
+using ReferenceEmit = std::function<void(const float* values, int64_t at, int64_t count)>;
+std::vector<int64_t> reference_shape(const Plan& plan, const Kjt& kjt);
+void reference_runs(const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source,
+                    int64_t batch, const ReferenceEmit& emit);
 
 // Checks a KJT against the plan (F, lengths >= 0, sum(lengths) == len(values), weights
 // length, VBE strides); throws Error naming `where` (e.g. "/batches/3/rank1") on failure.

@@ -117,6 +117,28 @@ LookupKjt lookup_kjt_from(const LookupKjt& k, const std::vector<int64_t>& value_
   return out;
 }
 
+Kjt kjt_samples(const Kjt& kjt, int64_t b0, int64_t b1) {
+  Kjt out;
+  out.num_features = kjt.num_features;
+  out.weighted = kjt.weighted;
+  out.lengths_type = kjt.lengths_type;
+  out.values_type = kjt.values_type;
+  const int64_t B = kjt.stride();
+  b0 = std::clamp<int64_t>(b0, 0, B);
+  b1 = std::clamp<int64_t>(b1, b0, B);
+  const std::vector<int64_t> off = kjt.offsets();
+  for (int64_t f = 0; f < kjt.num_features; ++f) {
+    const int64_t j0 = f * B + b0, j1 = f * B + b1;
+    out.lengths.insert(out.lengths.end(), kjt.lengths.begin() + j0, kjt.lengths.begin() + j1);
+    out.values.insert(out.values.end(), kjt.values.begin() + off[size_t(j0)],
+                      kjt.values.begin() + off[size_t(j1)]);
+    if (kjt.weighted)
+      out.weights.insert(out.weights.end(), kjt.weights.begin() + off[size_t(j0)],
+                         kjt.weights.begin() + off[size_t(j1)]);
+  }
+  return out;
+}
+
 EmbTensor sequence_destination_output(const Plan& plan, Backend& backend, const EmbTensor& recv,
                                       const ShardingContext& ctx) {
   Plan one = plan;

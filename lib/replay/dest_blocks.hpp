@@ -54,6 +54,9 @@ LookupKjt lookup_kjt_from(const LookupKjt& k, int64_t d);
 // The same for samples [b0, b1) of source rank d only (every feature's, a pooled non-VBE batch):
 // the lookup of rows [b0, b1) of the block of (s, d).
 LookupKjt lookup_kjt_from(const LookupKjt& k, int64_t d, int64_t b0, int64_t b1);
+// Samples [b0, b1) of a KJT that is not VBE (every feature's): its reference is rows [b0, b1)
+// of the whole KJT's pooled reference.
+Kjt kjt_samples(const Kjt& kjt, int64_t b0, int64_t b1);
 // The same with k's value offsets given (complete_cumsum(k.lengths)): the walk is then over
 // k's (f, s) pairs, not its bags, for a caller that takes many pieces of one k.
 LookupKjt lookup_kjt_from(const LookupKjt& k, const std::vector<int64_t>& value_off, int64_t d,

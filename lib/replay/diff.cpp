@@ -130,11 +130,11 @@ void merge_diff(TensorDiff& into, TensorDiff&& part, int64_t max_report) {
 }
 
 TensorDiff diff_differences(const float* got, int64_t n,
-                            const std::vector<LookupDifference>& differences, const Tolerance& tol,
+                            const std::vector<DifferingRange>& differences, const Tolerance& tol,
                             const std::function<int64_t(int64_t)>& to_whole, int64_t max_report) {
   TensorDiff d;
   d.compared = n;
-  for (const LookupDifference& r : differences) {
+  for (const DifferingRange& r : differences) {
     const int64_t len = int64_t(r.want.size());
     d.compared -= len;  // merge_diff adds it back
     merge_diff(d,

@@ -60,7 +60,7 @@ void merge_diff(TensorDiff& into, TensorDiff&& part, int64_t max_report);
 // ranges of Backend::lookup_differences, outside which the bits are equal. The same diff as
 // diff_part over the whole pair: equal pairs add nothing but their count.
 TensorDiff diff_differences(const float* got, int64_t n,
-                            const std::vector<LookupDifference>& differences, const Tolerance& tol,
+                            const std::vector<DifferingRange>& differences, const Tolerance& tol,
                             const std::function<int64_t(int64_t)>& to_whole, int64_t max_report);
 void locate_mismatches(TensorDiff& d, const TensorLayout& layout);
 

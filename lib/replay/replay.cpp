@@ -1285,12 +1285,6 @@ DestBlock unit_block(const std::vector<std::vector<DestBlock>>& where, int64_t s
   return u.rows ? block_rows(b, u.r0, u.r1) : b;
 }
 
-// Rows [r0, r1) of a 2-D tensor.
-EmbTensor tensor_rows(const EmbTensor& t, int64_t r0, int64_t r1) {
-  const int64_t c = t.cols();
-  return {t.dtype, {r1 - r0, c}, {t.data.begin() + r0 * c, t.data.begin() + r1 * c}};
-}
-
 // What a unit's checks read from the capture: the block of every sender and the unit's rows
 // of the golden output (when captured).
 struct DestRows {
@@ -1409,8 +1403,7 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
   for (int64_t s = 0; source_ && s < W; ++s)
     value_off[size_t(s)] = complete_cumsum(st.der.ranks[size_t(s)].lookup_kjt.lengths);
   std::vector<std::optional<CheckResult>> gold(static_cast<size_t>(W)), ref(gold.size());
-  TensorDiff gold_d, ref_d;              // destination d's output checks, merged over its units
-  std::optional<EmbTensor> reference_d;  // d's unsharded reference while its units run
+  TensorDiff gold_d, ref_d;  // destination d's output checks, merged over its units
   st.got.assign(size_t(W), false);
   for (size_t i = 0; i < units.size(); ++i) {
     const DestUnit& u = units[i];
@@ -1424,7 +1417,7 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
       const LookupKjt& lk = st.der.ranks[size_t(s)].lookup_kjt;
       // Compared where the backend makes it: only the tiles that differ come back.
       const float* got = rows.block(size_t(s));
-      const std::optional<std::vector<LookupDifference>> differ =
+      const std::optional<std::vector<DifferingRange>> differ =
           backend_.lookup_differences(plan_, int(s),
                                       lookup_kjt_from(lk, value_off[size_t(s)], d,
                                                       u.rows ? u.r0 : 0, u.rows ? u.r1 : INT64_MAX),
@@ -1451,18 +1444,18 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
     std::vector<int64_t> whole_shape = out.shape;  // of d's output
     if (u.rows) whole_shape = {st.golden[size_t(d)] ? st.golden[size_t(d)]->rows() : 0, out.cols()};
     if (source_) {
+      // Compared where the backend makes the reference (of the unit's samples): only the
+      // tiles that differ come back.
       at("reference", int(d));
-      if (!reference_d) reference_d = reference(st, int(d));
-      if (u.rows) whole_shape = reference_d->shape;
-      if (u.rows ? reference_d->cols() != out.cols() || reference_d->rows() < u.r1
-                 : reference_d->shape != out.shape)
-        return false;
-      if (u.rows)
-        merge_diff(ref_d,
-                   diff_part(out, tensor_rows(*reference_d, u.r0, u.r1), tol_, to_whole, maxm),
-                   maxm);
-      else
-        merge_diff(ref_d, diff_part(out, *reference_d, tol_, to_whole, maxm), maxm);
+      const Kjt& kjt_d = st.batch.ranks[size_t(d)].kjt;
+      if (u.rows) whole_shape = {kjt_d.stride(), out.cols()};
+      const std::optional<std::vector<DifferingRange>> differ = backend_.reference_differences(
+          plan_, int(d), u.rows ? kjt_samples(kjt_d, u.r0, u.r1) : kjt_d, *source_, k,
+          out.data.data(), out.numel(), kCompareTile);
+      if (!differ || int64_t(out.data.size()) != out.numel()) return false;
+      merge_diff(ref_d,
+                 diff_differences(out.data.data(), out.numel(), *differ, tol_, to_whole, maxm),
+                 maxm);
     }
     if (i + 1 < units.size() && units[i + 1].d == d) continue;
     // d's last unit: its checks, decided.
@@ -1480,7 +1473,6 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
       ref[size_t(d)] = tensor_check(k, int(d), "output", "reference", "replayed", "reference",
                                     std::exchange(ref_d, TensorDiff{}), tol_);
     }
-    reference_d.reset();
     progress_rank_done(k);
   }
   if (pooled_dist_ && !latched_batch_ && pooled_dist_->latched_variable_batch()) latched_batch_ = k;

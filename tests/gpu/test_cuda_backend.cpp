@@ -121,14 +121,16 @@ Case random_case(std::mt19937_64& rng, int idx) {
   return c;
 }
 
-// The lookup check compared on the device (lookup_differences) == on the host: a captured
-// lookup with bits flipped at a few places (none for some ranks; a tile's first and last
-// element, signed zeros), in tiles of several sizes: the same ranges, the lookup's values
-// there bit for bit, exactly the tiles holding a flip; and nullopt for a wrong element count.
-void check_lookup_differences(const Plan& plan, int r, const LookupKjt& lk,
-                              const EmbeddingSource& source, const EmbTensor& lookup) {
-  const int64_t n = lookup.numel();
-  std::vector<float> captured = lookup.data;
+// A check compared on the device (lookup_differences, reference_differences) == on the host:
+// `made` (what the backends make) against a copy with bits flipped at a few places (none for
+// some ranks; the last element, signed zeros), in tiles of several sizes: the same ranges, the
+// made values there bit for bit, exactly the tiles holding a flip; nullopt for a wrong element
+// count. differences(backend, captured, n, tile) runs the check on one backend.
+template <class Differences>
+void check_differences(const std::string& what, int r, const std::vector<float>& made,
+                       const Differences& differences) {
+  const int64_t n = static_cast<int64_t>(made.size());
+  std::vector<float> captured = made;
   captured.push_back(0.0f);  // room for the wrong-count call
   std::vector<int64_t> flipped;
   for (int64_t k = 0; n > 0 && k < r % 4; ++k) {
@@ -140,9 +142,9 @@ void check_lookup_differences(const Plan& plan, int r, const LookupKjt& lk,
     flipped.push_back(i);
   }
   for (const int64_t tile : {int64_t(1), int64_t(7), int64_t(64), int64_t(1) << 16}) {
-    INFO("lookup_differences rank " << r << " tile " << tile << " flips " << flipped.size());
-    const auto c = cpu().lookup_differences(plan, r, lk, source, captured.data(), n, tile);
-    const auto g = gpu().lookup_differences(plan, r, lk, source, captured.data(), n, tile);
+    INFO(what << " rank " << r << " tile " << tile << " flips " << flipped.size());
+    const auto c = differences(cpu(), captured.data(), n, tile);
+    const auto g = differences(gpu(), captured.data(), n, tile);
     REQUIRE(c.has_value());
     REQUIRE(g.has_value());
     REQUIRE(g->size() == c->size());
@@ -158,8 +160,8 @@ void check_lookup_differences(const Plan& plan, int r, const LookupKjt& lk,
     want_tiles.erase(std::unique(want_tiles.begin(), want_tiles.end()), want_tiles.end());
     CHECK(tiles == int64_t(want_tiles.size()));
   }
-  CHECK_FALSE(gpu().lookup_differences(plan, r, lk, source, captured.data(), n + 1, 64));
-  CHECK_FALSE(cpu().lookup_differences(plan, r, lk, source, captured.data(), n + 1, 64));
+  CHECK_FALSE(differences(gpu(), captured.data(), n + 1, 64));
+  CHECK_FALSE(differences(cpu(), captured.data(), n + 1, 64));
 }
 
 // Runs one batch through both backends and compares every stage bit for bit.
@@ -186,8 +188,19 @@ void compare_batch(const Plan& plan, const std::vector<const Kjt*>& kjts,
     CHECK(g.shape == local[r].shape);
     CHECK(same_bits(g.data, local[r].data));
   }
-  for (int64_t r = 0; r < W; ++r)
-    check_lookup_differences(plan, int(r), derived.ranks[r].lookup_kjt, source, local[r]);
+  for (int64_t r = 0; r < W; ++r) {
+    const LookupKjt& lk = derived.ranks[r].lookup_kjt;
+    check_differences("lookup_differences", int(r), local[r].data,
+                      [&](Backend& be, const float* captured, int64_t n, int64_t tile) {
+                        return be.lookup_differences(plan, int(r), lk, source, captured, n, tile);
+                      });
+    const EmbTensor ref = reference_output(plan, int(r), *kjts[r], source, 0);
+    check_differences("reference_differences", int(r), ref.data,
+                      [&](Backend& be, const float* replayed, int64_t n, int64_t tile) {
+                        return be.reference_differences(plan, int(r), *kjts[r], source, 0, replayed,
+                                                        n, tile);
+                      });
+  }
   const std::vector<EmbTensor> out_cpu = test::run_output_dist(cpu(), plan, derived, local);
   const std::vector<EmbTensor> out_gpu = test::run_output_dist(gpu(), plan, derived, local);
   for (int64_t r = 0; r < W; ++r) {
