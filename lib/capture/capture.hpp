@@ -115,8 +115,12 @@ class CaptureReader {
   // chunks of all of them are inflated as one stream (a few rows of each rank's tensor still
   // keep every core busy). [W] results, empty where ranges[r] is.
   using RankRows = std::vector<std::pair<int64_t, int64_t>>;
+  // `reuse`: buffers to read into, kept where they are large enough (a caller reading many
+  // pieces of one size hands the last ones back, so their memory is neither zeroed nor faulted
+  // in again).
   std::vector<std::vector<float>> read_rows(int64_t k, const char* name, DType dtype,
-                                            const std::vector<RankRows>& ranges) const;
+                                            const std::vector<RankRows>& ranges,
+                                            std::vector<std::vector<float>> reuse = {}) const;
   // The same rows in one buffer, rank after rank (what a sequence all-to-all receives);
   // offsets [W + 1]: where each rank's rows start in it, in elements.
   std::vector<float> read_rows_concat(int64_t k, const char* name, DType dtype,

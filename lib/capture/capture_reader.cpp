@@ -891,8 +891,12 @@ void CaptureReader::read_rank_rows(int64_t k, const char* name, DType dtype,
 }
 
 std::vector<std::vector<float>> CaptureReader::read_rows(
-    int64_t k, const char* name, DType dtype, const std::vector<RankRows>& ranges) const {
-  std::vector<std::vector<float>> out(ranges.size());
+    int64_t k, const char* name, DType dtype, const std::vector<RankRows>& ranges,
+    std::vector<std::vector<float>> reuse) const {
+  std::vector<std::vector<float>> out = std::move(reuse);
+  out.resize(ranges.size());
+  for (size_t r = 0; r < out.size(); ++r)
+    if (ranges[r].empty()) out[r] = {};
   std::vector<int64_t> elements;
   read_rank_rows(k, name, dtype, ranges, elements, [&](size_t r) {
     out[r].resize(size_t(elements[r]));

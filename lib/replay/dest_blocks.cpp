@@ -186,7 +186,6 @@ EmbTensor destination_output(const Plan& plan, Backend& backend, int64_t d,
     local[size_t(s)] = &blocks[size_t(s)];
   }
   backend.pooled_output_dist(plan, variable_batch, local, only_d_ptr, take);
-  blocks.clear();
   return out;
 }
 

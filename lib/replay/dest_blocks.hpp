@@ -66,13 +66,13 @@ LookupKjt lookup_kjt_from(const LookupKjt& k, const std::vector<int64_t>& value_
 // its senders' chunks row by row, so it can be made and checked a few rows at a time.
 DestBlock block_rows(const DestBlock& b, int64_t r0, int64_t r1);
 
-// Destination d's output from its blocks alone (`blocks[s]`: what rank s sends it, emptied
-// here), through the backend's dist, as the whole batch's dist makes it. Sequence: the blocks
-// in rank order are what d receives, so a one-rank dist (no exchange) applies d's
-// unbucketize_permute to them. Pooled: the reduce-scatter of W senders whose only chunk is
-// d's, summed in the same rank order. `ctx`: the contexts the whole batch's dist gets.
-// The sequence case on what d receives, already in one tensor (`recv`: the blocks of ranks
-// 0..W-1 one after the other); `ctx`: d's context.
+// Destination d's output from its blocks alone (`blocks[s]`: what rank s sends it; a sequence
+// destination's are emptied here, a pooled one's left for the caller to reuse), through the
+// backend's dist, as the whole batch's dist makes it. Sequence: the blocks in rank order are what d
+// receives, so a one-rank dist (no exchange) applies d's unbucketize_permute to them. Pooled: the
+// reduce-scatter of W senders whose only chunk is d's, summed in the same rank order. `ctx`: the
+// contexts the whole batch's dist gets. The sequence case on what d receives, already in one tensor
+// (`recv`: the blocks of ranks 0..W-1 one after the other); `ctx`: d's context.
 EmbTensor sequence_destination_output(const Plan& plan, Backend& backend, const EmbTensor& recv,
                                       const ShardingContext& ctx);
 EmbTensor destination_output(const Plan& plan, Backend& backend, int64_t d,

@@ -11,6 +11,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -1300,9 +1301,36 @@ struct DestRows {
 };
 
 // Unit u's rows, read on the calling thread (the only one calling libhdf5 meanwhile).
+// The float buffers of units already checked, handed back to the reader for the next ones: a
+// pooled destination's units are all one size, so their memory is neither zeroed nor faulted
+// in again. Holds one unit's worth at most; shared by the checking and the reading thread.
+class SpareRows {
+ public:
+  explicit SpareRows(size_t most) : most_(most) {}
+  std::vector<std::vector<float>> take(size_t n) {
+    std::lock_guard<std::mutex> lock(m_);
+    std::vector<std::vector<float>> out;
+    while (out.size() < n && !spare_.empty()) {
+      out.push_back(std::move(spare_.back()));
+      spare_.pop_back();
+    }
+    return out;
+  }
+  void give(std::vector<float>&& v) {
+    std::lock_guard<std::mutex> lock(m_);
+    if (spare_.size() < most_) spare_.push_back(std::move(v));
+  }
+
+ private:
+  std::mutex m_;
+  size_t most_;
+  std::vector<std::vector<float>> spare_;
+};
+
 DestRows read_unit(const CaptureReader& reader, int64_t k, const DestUnit& u, bool sequence,
                    const std::vector<std::vector<DestBlock>>& where,
-                   const std::vector<const EmbTensor*>& local, const EmbTensor* golden) {
+                   const std::vector<const EmbTensor*>& local, const EmbTensor* golden,
+                   SpareRows& spare) {
   const size_t W = where.size();
   std::vector<DestBlock> b;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> ranges(W);
@@ -1317,7 +1345,8 @@ DestRows read_unit(const CaptureReader& reader, int64_t k, const DestUnit& u, bo
     out.recv.data = reader.read_rows_concat(k, "local_embs", dt, ranges, out.recv_off);
     out.recv.shape = {out.recv_off.back() / std::max<int64_t>(1, b[0].row_elems), b[0].row_elems};
   } else {
-    std::vector<std::vector<float>> rows = reader.read_rows(k, "local_embs", dt, ranges);
+    std::vector<std::vector<float>> rows =
+        reader.read_rows(k, "local_embs", dt, ranges, spare.take(W));
     for (size_t s = 0; s < W; ++s) out.blocks.push_back({dt, b[s].shape, std::move(rows[s])});
   }
   if (!golden) return out;
@@ -1391,10 +1420,11 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
   std::vector<DestUnit> units;
   bool variable_batch = false;
   if (!plan_units(st, where, units, variable_batch)) return false;
+  SpareRows spare(static_cast<size_t>(W));
   const auto read = [&](size_t i) {
     h5::quiet();  // libhdf5's error printing is per thread: errors are reported, not dumped
     return read_unit(reader, k, units[i], seq_dist_ != nullptr, where, st.cap_local,
-                     st.golden[size_t(units[i].d)]);
+                     st.golden[size_t(units[i].d)], spare);
   };
   const bool ahead = opt_.read_ahead > 0;  // --read-ahead 0: read, then check, in turn
   std::future<DestRows> next = read_ahead_task(read, size_t{0}, ahead);
@@ -1432,6 +1462,8 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
         rows.blocks.empty()
             ? sequence_destination_output(plan_, backend_, rows.recv, *st.used_ptr[size_t(d)])
             : destination_output(plan_, backend_, d, rows.blocks, st.used_ptr, variable_batch);
+    for (EmbTensor& b : rows.blocks) spare.give(std::move(b.data));
+    rows.blocks.clear();
     rows.recv = EmbTensor{};
     at("output", int(d));
     const int64_t off = u.rows ? u.r0 * out.cols() : 0;  // out's first element in d's output
