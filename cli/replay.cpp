@@ -129,6 +129,7 @@ int run_replay_cli(const ReplayCliOptions& o) {
 
   ReplayCallbacks cb;
   cb.on_start = [&](const Report& r) {
+    progress.clear();  // the header may come after the first batch began (the capture's hash)
     std::fputs(text_header(r).c_str(), stdout);
     std::fflush(stdout);
   };

@@ -233,6 +233,7 @@ class Replayer {
       pending_.push_back(std::move(c));
       return;
     }
+    if (started_ && !header_shown_) start();  // the header waited for the capture's hash
     if (cb_.on_check && header_shown_) cb_.on_check(c);
     rep_.checks.push_back(std::move(c));
   }
@@ -364,6 +365,7 @@ class Replayer {
   // (only when someone shows progress), then advanced as each rank's output is checked.
   void measure_progress(const CaptureReader& reader);
   void progress_rank_done(int64_t k);
+  void show_header_when_hashed();  // the header, once the first batch began and the hash is in
   void progress_batch_done(int64_t k);
   ReplayProgress progress_;
   std::map<int64_t, double> batch_bytes_of_;
@@ -655,8 +657,18 @@ void Replayer::begin(int64_t k, const Batch& batch) {
                     "used where none was captured (--ctx derived says so explicitly)",
                     k));
   rep_.info.ctx_mode = use_captured_ ? "captured" : "derived";
-  start();
+  // The header names the capture's hash, still being computed on another thread for a large
+  // file: it is shown once the hash is there, or before the first check, whichever is first;
+  // the batch goes on meanwhile.
   started_ = true;
+  show_header_when_hashed();
+}
+
+void Replayer::show_header_when_hashed() {
+  using namespace std::chrono_literals;
+  if (started_ && !header_shown_ &&
+      (!capture_sha_.valid() || capture_sha_.wait_for(0s) == std::future_status::ready))
+    start();
 }
 
 // Batch k once read (nullopt: unreadable, its trouble recorded): checked, or only copied to
@@ -984,6 +996,7 @@ void Replayer::measure_progress(const CaptureReader& reader) {
 
 void Replayer::progress_rank_done(int64_t k) {
   if (!cb_.on_progress) return;
+  show_header_when_hashed();  // before the bar moves on under a missing header
   const int64_t W = std::max<int64_t>(1, plan_.world_size);
   if (ranks_done_in_batch_ >= W) return;
   ++ranks_done_in_batch_;
