@@ -125,13 +125,20 @@ class CudaBackend final : public Backend {
                                                           const EmbeddingSource& source);
   void make_on_device(const Plan& plan, uint64_t seed, const OracleRuns& r,
                       const std::vector<float>& weights);
-  // rows_out (of `shape`) compared with n host floats, as Backend::lookup_differences says.
+  // rows_out (of `shape`) compared with n host floats, as Backend::lookup_differences says;
+  // keep_rank >= 0: they go to that rank's slot of the W kept inputs of the next pooled dist.
   std::optional<std::vector<DifferingRange>> compare_on_device(const std::vector<int64_t>& shape,
                                                                const float* host, int64_t n,
-                                                               int64_t tile);
+                                                               int64_t tile, int keep_rank,
+                                                               int64_t W);
+  void forget_kept() { std::fill(kept_host_.begin(), kept_host_.end(), nullptr); }
 
   // What the host makes: lookups from dense weights, errors in the reference's words.
   std::unique_ptr<Backend> host_ = make_cpu_backend(hardware_threads());
+  // The host memory whose copy is in each rank's slot of the workspace's `kept` ([W], null: no
+  // copy), of n floats each: the next pooled dist's inputs when its local_embs are these.
+  std::vector<const float*> kept_host_;
+  int64_t kept_n_ = -1;
 
   int device_;
   std::string desc_;
@@ -210,8 +217,11 @@ std::optional<std::vector<DifferingRange>> CudaBackend::lookup_differences(
     const Plan& plan, int rank, const LookupKjt& k, const EmbeddingSource& source,
     const float* captured, int64_t n, int64_t tile) {
   const std::optional<std::vector<int64_t>> shape = lookup_on_device(plan, rank, k, source);
-  if (!shape) return host_->lookup_differences(plan, rank, k, source, captured, n, tile);
-  return compare_on_device(*shape, captured, n, tile);
+  if (!shape) {
+    forget_kept();
+    return host_->lookup_differences(plan, rank, k, source, captured, n, tile);
+  }
+  return compare_on_device(*shape, captured, n, tile, rank, plan.world_size);
 }
 
 std::optional<std::vector<DifferingRange>> CudaBackend::reference_differences(
@@ -220,28 +230,43 @@ std::optional<std::vector<DifferingRange>> CudaBackend::reference_differences(
   const std::optional<std::vector<int64_t>> shape = reference_on_device(plan, kjt, source);
   if (!shape)
     return host_->reference_differences(plan, rank, kjt, source, batch, replayed, n, tile);
-  return compare_on_device(*shape, replayed, n, tile);
+  return compare_on_device(*shape, replayed, n, tile, /*keep_rank=*/-1, 0);
 }
 
 // `host` goes up (to rows_in, free between dists) and is compared with rows_out where it was
 // made; only the tiles' flags come back, and rows_out's values of the tiles that differ.
 std::optional<std::vector<DifferingRange>> CudaBackend::compare_on_device(
-    const std::vector<int64_t>& shape, const float* host, int64_t n, int64_t tile) {
+    const std::vector<int64_t>& shape, const float* host, int64_t n, int64_t tile, int keep_rank,
+    int64_t W) {
   cuda::BackendWorkspace& ws = *ws_;
   int64_t numel = 1;
   for (const int64_t d : shape) numel *= d;
   if (numel != n || ws.rows_out.size() != n) {
+    forget_kept();
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // every call ends with its stream drained
     return std::nullopt;
   }
   tile = std::max<int64_t>(1, tile);
-  ws.rows_in.resize(n);
-  ws.staging.upload(ws.rows_in.data(), host, sizeof(float) * size_t(n), stream_);
+  // The rank's slot of `kept` (all slots start over when the size changes), else rows_in.
+  float* d_host = nullptr;
+  if (keep_rank >= 0 && keep_rank < W) {
+    if (kept_n_ != n || int64_t(kept_host_.size()) != W) {
+      kept_host_.assign(size_t(W), nullptr);
+      kept_n_ = n;
+      ws.kept.resize(W * n);
+    }
+    d_host = ws.kept.data() + keep_rank * n;
+    kept_host_[size_t(keep_rank)] = host;
+  } else {
+    ws.rows_in.resize(n);
+    d_host = ws.rows_in.data();
+  }
+  ws.staging.upload(d_host, host, sizeof(float) * size_t(n), stream_);
   ws.tile_differs.resize((n + tile - 1) / tile);
   if (n > 0)
     CUDA_CHECK(cudaMemsetAsync(ws.tile_differs.data(), 0, size_t(ws.tile_differs.size()), stream_));
-  cuda::launch_differing_tiles(ws.rows_out.data(), ws.rows_in.data(), n, tile,
-                               ws.tile_differs.data(), stream_);
+  cuda::launch_differing_tiles(ws.rows_out.data(), d_host, n, tile, ws.tile_differs.data(),
+                               stream_);
   std::vector<uint8_t> differs(size_t(ws.tile_differs.size()));
   ws.staging.download({{differs.data(), ws.tile_differs.data(), differs.size()}}, stream_);
   const std::vector<std::pair<int64_t, int64_t>> ranges = differing_ranges(differs, n, tile);
@@ -470,15 +495,25 @@ void CudaBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
   CUDA_CHECK(cudaSetDevice(device_));
   const int64_t n = W ? local_embs[0]->numel() : 0;  // all equal, checked above
   cuda::PinnedStaging& st = ws_->staging;
-  DeviceBuffer<float>& d_parts = ws_->rows_in;
   DeviceBuffer<float>& d_out = ws_->rows_out;
-  d_parts.resize(W * n);
-  for (int64_t d = 0; d < W; ++d)
-    st.upload(d_parts.data() + d * n, local_embs[d]->data.data(),
-              sizeof(float) * static_cast<size_t>(n), stream_);
-  if (codec) cuda::launch_codec(d_parts.data(), W * n, cuda::precision(rd), stream_);
+  // The inputs a lookup check just compared are on the device already (lookup_differences).
+  bool kept = kept_n_ == n && int64_t(kept_host_.size()) == W;
+  for (int64_t d = 0; kept && d < W; ++d)
+    kept = kept_host_[size_t(d)] == local_embs[d]->data.data();
+  forget_kept();  // used once: a later call's memory may be the same, its contents not
+  float* parts = nullptr;
+  if (kept) {
+    parts = ws_->kept.data();
+  } else {
+    ws_->rows_in.resize(W * n);
+    parts = ws_->rows_in.data();
+    for (int64_t d = 0; d < W; ++d)
+      st.upload(parts + d * n, local_embs[d]->data.data(), sizeof(float) * static_cast<size_t>(n),
+                stream_);
+  }
+  if (codec) cuda::launch_codec(parts, W * n, cuda::precision(rd), stream_);
   d_out.resize(n);
-  cuda::launch_reduce(d_parts.data(), W, n, n, cuda::precision(rd), d_out.data(), stream_);
+  cuda::launch_reduce(parts, W, n, n, cuda::precision(rd), d_out.data(), stream_);
   int64_t base = 0;
   for (int64_t r = 0; r < W; ++r) {
     const int64_t len = chunk_len[r];

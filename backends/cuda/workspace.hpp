@@ -47,6 +47,9 @@ struct BackendWorkspace {
   // lookup_differences(): the captured lookup goes to rows_in (no dist runs meanwhile) and is
   // compared with the lookup in rows_out; a flag per tile, 1 where the two differ.
   DeviceBuffer<uint8_t> tile_differs;  // [ceil(n / tile)]
+  // lookup_differences() compares the captured lookup of rank r here instead, at r * n, and the
+  // next pooled_output_dist() takes its inputs from here when they are those same lookups.
+  DeviceBuffer<float> kept;  // [W, n]
 };
 
 }  // namespace dynemb::cuda

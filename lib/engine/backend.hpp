@@ -104,6 +104,10 @@ class Backend {
   // elements. Throws what lookup() throws. That is all a diff needs: a pair of equal bits adds
   // nothing to it but its count (replay/diff.hpp). A device backend compares where it made
   // the lookup, so a passing check copies nothing back; this default makes it on the host.
+  // A device backend may also keep `captured` there as rank `rank`'s input of the next
+  // pooled_output_dist, whose local_embs[rank] is then that same memory, not copied again
+  // (a replay checks a unit's lookups, then runs its dist on them): the caller leaves
+  // `captured` unchanged until that dist.
   virtual std::optional<std::vector<DifferingRange>> lookup_differences(
       const Plan& plan, int rank, const LookupKjt& kjt, const EmbeddingSource& source,
       const float* captured, int64_t n, int64_t tile);

@@ -210,6 +210,17 @@ void compare_batch(const Plan& plan, const std::vector<const Kjt*>& kjts,
     CHECK(out_gpu[r].dtype == out_cpu[r].dtype);
     CHECK(same_bits(out_gpu[r].data, out_cpu[r].data));
   }
+  // The lookups checked on the device first (as a replay does): the pooled dist then takes the
+  // inputs kept there, and must give the same outputs.
+  if (plan.module != ModuleKind::pooled) return;
+  for (int64_t r = 0; r < W; ++r)
+    REQUIRE(gpu().lookup_differences(plan, int(r), derived.ranks[r].lookup_kjt, source,
+                                     local[r].data.data(), local[r].numel(), 64));
+  const std::vector<EmbTensor> out_kept = test::run_output_dist(gpu(), plan, derived, local);
+  for (int64_t r = 0; r < W; ++r) {
+    INFO("output dist on the kept lookups, rank " << r);
+    CHECK(same_bits(out_kept[r].data, out_cpu[r].data));
+  }
 }
 
 }  // namespace
