@@ -4,12 +4,16 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
+#include <climits>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <exception>
 #include <limits>
 #include <mutex>
+#include <string>
 #include <system_error>
 #include <thread>
 
@@ -19,9 +23,11 @@
 #include "common/error.hpp"
 #include "common/hash.hpp"
 #include "engine/backend.hpp"
+#include "engine/dest_blocks.hpp"
 #include "engine/embedding_source.hpp"
 #include "engine/engine.hpp"
 #include "engine/mean_pooling.hpp"
+#include "engine/ops.hpp"
 #include "engine/output_dist.hpp"
 #include "engine/parallel.hpp"
 
@@ -406,8 +412,14 @@ class WriteQueue {
 // does (when local_embs are stored), its outputs once the output dist has made them.
 class BatchWrites {
  public:
-  BatchWrites(WriteQueue& q, CaptureWriter& w, std::shared_ptr<Batch> batch)
-      : q_(q), w_(w), batch_(std::move(batch)), W_(static_cast<int64_t>(batch_->ranks.size())) {
+  // `drop_lookups`: a rank's local_embs are freed once written (no dist reads them later).
+  BatchWrites(WriteQueue& q, CaptureWriter& w, std::shared_ptr<Batch> batch,
+              bool drop_lookups = false)
+      : q_(q),
+        w_(w),
+        batch_(std::move(batch)),
+        W_(static_cast<int64_t>(batch_->ranks.size())),
+        drop_lookups_(drop_lookups) {
     out_task_.assign(static_cast<size_t>(W_), 0);
     const int64_t k = batch_->index;
     CaptureWriter* w_p = &w_;
@@ -419,7 +431,10 @@ class BatchWrites {
     while (true) {
       if (in_ == out_ && in_ < std::min(inputs, W_)) {
         const int64_t r = in_++;
-        q_.push([w, b = batch_, r] { w->write_rank_inputs(r, b->ranks[r]); });
+        in_task_.push_back(q_.push([w, b = batch_, r, drop = drop_lookups_] {
+          w->write_rank_inputs(r, b->ranks[r]);
+          if (drop) b->ranks[r].local_embs.reset();
+        }));
       } else if (out_ < in_ && out_ < outputs) {
         const int64_t r = out_++;
         out_task_[r] = q_.push([w, b = batch_, r] {
@@ -435,6 +450,8 @@ class BatchWrites {
   }
   // Returns once rank r's outputs are written.
   void wait_outputs(int64_t r) { q_.wait(out_task_[r]); }
+  // Returns once rank r's inputs are written.
+  void wait_inputs(int64_t r) { q_.wait(in_task_[size_t(r)]); }
   // Queues the end of the batch; returns its task number.
   uint64_t end() {
     ready(W_, W_);
@@ -447,10 +464,104 @@ class BatchWrites {
   CaptureWriter& w_;
   std::shared_ptr<Batch> batch_;
   int64_t W_, in_ = 0, out_ = 0;
-  std::vector<uint64_t> out_task_;
+  bool drop_lookups_;
+  std::vector<uint64_t> out_task_, in_task_;
 };
 
 }  // namespace
+
+bool synth_by_destination_allowed() {
+  const char* e = std::getenv("DYNEMB_SYNTH_BY_DESTINATION");
+  return !(e && std::string(e) == "off");
+}
+
+// Whether every id of every rank's lookup is inside its table, as bounds_check=error demands.
+// A batch with one that is not goes the whole way (derive_local_embs), so that its error names
+// the first bad id in the whole lookups' order, not in a block's.
+bool lookups_in_bounds(const Plan& plan, const DerivedBatch& derived) {
+  if (plan.bounds_check != BoundsCheck::error) return true;
+  std::atomic<bool> ok{true};
+  for (int64_t r = 0; r < plan.world_size && ok; ++r) {
+    const LookupKjt& lk = derived.ranks[r].lookup_kjt;
+    const std::vector<int64_t> bag0 = lookup_output_layout(plan, lk).bag0;
+    const std::vector<int64_t> off = complete_cumsum(lk.lengths);
+    if (off.back() != static_cast<int64_t>(lk.values.size())) return false;
+    parallel_for(hardware_threads(), bag0.back(), [&](int64_t j0, int64_t j1) {
+      int64_t f = std::upper_bound(bag0.begin(), bag0.end(), j0) - bag0.begin() - 1;
+      for (int64_t j = j0; j < j1; ++j) {
+        while (j >= bag0[f + 1]) ++f;
+        for (int64_t p = off[j]; p < off[j + 1]; ++p)
+          if (lookup_row(plan, f, r, lk.values[p]).oob) ok.store(false, std::memory_order_relaxed);
+      }
+    });
+  }
+  return ok;
+}
+
+// The output dist of batch k one destination rank at a time, in the file's rank order: rank
+// r's lookup (when stored), then its output from the blocks every rank s sends it, each the
+// lookup of the bags r sent to s alone (engine/dest_blocks.hpp), through the backend's dist.
+// Memory: one rank's lookup and 64 MiB of one destination's blocks, not the W lookups of the
+// batch (each rank's output needs all of them); the blocks cost a second pass of lookups. The
+// outputs are the whole dist's, bit for bit (tests/test_engine_dest_blocks.cpp), so the file is the
+// same.
+// Rows of a pooled destination made at once: 64 MiB of its blocks (`row_floats` per row, all
+// W blocks), at least one (the test hook DYNEMB_SYNTH_UNIT_ROWS=N: N).
+int64_t unit_rows(int64_t row_floats) {
+  if (const char* e = std::getenv("DYNEMB_SYNTH_UNIT_ROWS"); e && std::atoll(e) > 0)
+    return std::atoll(e);
+  constexpr int64_t kUnitFloats = int64_t(16) << 20;
+  return std::max<int64_t>(1, kUnitFloats / std::max<int64_t>(1, row_floats));
+}
+
+template <class Deliver>
+void synth_by_destination(const Plan& plan, Backend& backend, const EmbeddingSource& source,
+                          RwPooledEmbeddingDist* pooled, const DerivedBatch& derived, int64_t k,
+                          bool store_local_embs, Batch& batch, BatchWrites& writes,
+                          const Deliver& deliver) {
+  const int64_t W = plan.world_size;
+  std::vector<EmbTensor> shapes(static_cast<size_t>(W));  // the lookups' shapes, no data
+  std::vector<const EmbTensor*> lp(static_cast<size_t>(W));
+  std::vector<const ShardingContext*> cp(static_cast<size_t>(W));
+  std::vector<std::vector<int64_t>> value_off(static_cast<size_t>(W));
+  for (int64_t r = 0; r < W; ++r) {
+    const LookupKjt& lk = derived.ranks[r].lookup_kjt;
+    shapes[r].dtype = plan.data_type();
+    shapes[r].shape = lookup_output_layout(plan, lk).shape;
+    lp[r] = &shapes[r];
+    cp[r] = &derived.ranks[r].ctx;
+    value_off[r] = complete_cumsum(lk.lengths);
+  }
+  const bool variable_batch = pooled && pooled->check(k, lp, cp);  // latches as forward() does
+  for (int64_t r = 0; r < W; ++r) {
+    if (store_local_embs) {
+      if (r >= 1) writes.wait_inputs(r - 1);  // one rank's lookup at a time
+      batch.ranks[r].local_embs = backend.lookup(plan, int(r), derived.ranks[r].lookup_kjt, source);
+      writes.ready(r + 1, r);
+    }
+    // The blocks of a pooled destination (not VBE) a few of its rows at a time: its output is
+    // their sum row by row, so its rows [b0, b1) are made from rows [b0, b1) of every block.
+    const int64_t B = pooled && !variable_batch ? batch.ranks[r].kjt.stride() : 0;
+    const int64_t step = unit_rows(W * plan.sum_dim);
+    EmbTensor out;
+    for (int64_t b0 = 0; b0 < std::max<int64_t>(B, 1); b0 += step) {
+      const int64_t b1 = B > 0 ? std::min(B, b0 + step) : INT64_MAX;
+      std::vector<EmbTensor> blocks(static_cast<size_t>(W));
+      for (int64_t s = 0; s < W; ++s)
+        blocks[s] = backend.lookup(
+            plan, int(s), lookup_kjt_from(derived.ranks[s].lookup_kjt, value_off[s], r, b0, b1),
+            source);
+      EmbTensor part = destination_output(plan, backend, r, blocks, cp, variable_batch);
+      if (B == 0 || (b0 == 0 && b1 == B)) {
+        out = std::move(part);
+      } else {
+        if (b0 == 0) out = EmbTensor{part.dtype, {B, plan.sum_dim}, {}};
+        out.data.insert(out.data.end(), part.data.begin(), part.data.end());
+      }
+    }
+    deliver(int(r), std::move(out), r + 1);
+  }
+}
 
 // Per batch: inputs, context, lookups, output dist, each handing its ranks' writes to the
 // write queue as they complete, so that compressing and writing rank r overlaps deriving r + 1.
@@ -503,14 +614,41 @@ void synth_capture(const Plan& plan, const SynthOptions& o, std::shared_ptr<Outp
           c.batch_size_per_feature_pre_a2a.reset();  // not part of capture format v1
           batch->ranks[r].ctx = std::move(c);
         }
+      // What is left to make needs the lookup KJTs and the contexts, not the bucketize outputs
+      // (several times the ids of the batch).
+      for (DerivedRank& d : derived.ranks) d.bucketized = BucketizedKjt{};
     }
     // The previous batch is written (and its tensors freed) before this one's lookups make
     // theirs: one batch's lookup outputs in memory at a time.
     queue.wait(last_end);
     if (k > 0 && progress) progress(k - 1);
-    BatchWrites writes(queue, writer, batch);
+    // The output dist one destination at a time (synth_by_destination): what it needs of every
+    // rank's lookup is made for it, so a rank's local_embs go once written. Not when a planted
+    // fault changes the lookups the dist runs on (DYNEMB_SYNTH_BY_DESTINATION=off: never).
+    const bool by_destination = need_dist && o.plant != Plant::local_embs_means &&
+                                synth_by_destination_allowed() && lookups_in_bounds(plan, derived);
+    BatchWrites writes(queue, writer, batch, /*drop_lookups=*/by_destination);
     if (!need_lookup) {
       writes.ready(W, W);
+      last_end = writes.end();
+      continue;
+    }
+    // What the dist makes of rank r: the module output, the planted fault, kept for the writer,
+    // which is told that ranks [0, inputs) have their inputs.
+    const auto deliver = [&](int rank, EmbTensor&& out, int64_t inputs) {
+      RankBatch& rb = batch->ranks[rank];
+      if (o.store_module_output)
+        rb.module_output =
+            module_output(plan, rb.kjt, out, rb.inverse_indices ? &*rb.inverse_indices : nullptr);
+      if (o.plant == Plant::output_after_callback) out = mean_divided(plan, rb.kjt, out);
+      if (o.store_output) rb.output = std::move(out);
+      writes.ready(inputs, rank + 1);
+      // At most three ranks' outputs wait for the writer.
+      if (rank >= 2) writes.wait_outputs(rank - 2);
+    };
+    if (by_destination) {
+      synth_by_destination(plan, *backend, source, pooled ? &*pooled : nullptr, derived, k,
+                           o.store_local_embs, *batch, writes, deliver);
       last_end = writes.end();
       continue;
     }
@@ -532,17 +670,7 @@ void synth_capture(const Plan& plan, const SynthOptions& o, std::shared_ptr<Outp
         lp[r] = o.store_local_embs ? &*batch->ranks[r].local_embs : &local[r];
         cp[r] = &derived.ranks[r].ctx;
       }
-      auto sink = [&](int rank, EmbTensor&& out) {
-        RankBatch& rb = batch->ranks[rank];
-        if (o.store_module_output)
-          rb.module_output =
-              module_output(plan, rb.kjt, out, rb.inverse_indices ? &*rb.inverse_indices : nullptr);
-        if (o.plant == Plant::output_after_callback) out = mean_divided(plan, rb.kjt, out);
-        if (o.store_output) rb.output = std::move(out);
-        writes.ready(W, rank + 1);
-        // At most three ranks' outputs wait for the writer.
-        if (rank >= 2) writes.wait_outputs(rank - 2);
-      };
+      auto sink = [&](int rank, EmbTensor&& out) { deliver(rank, std::move(out), W); };
       if (plan.module == ModuleKind::sequence)
         RwSequenceEmbeddingDist(plan, *backend).forward(lp, cp, sink);
       else

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One destination rank at a time (lib/replay/dest_blocks.hpp): a batch whose lookups are all
+# One destination rank at a time (lib/engine/dest_blocks.hpp): a batch whose lookups are all
 # captured is replayed reading only the rows of one destination's output at a time; its report
 # must be exactly the whole batch's. Every capture below is replayed whole (the test hook
 # DYNEMB_BY_DESTINATION=off) and by destination (=report, which also says on stderr how each

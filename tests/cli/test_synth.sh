@@ -161,5 +161,35 @@ print(bad[:5]) if bad else None
 sys.exit(1 if bad else 0)
 PY
 
+# ---- the output dist one destination at a time (a rank's lookup freed once written) makes
+# the same file, byte for byte, as the whole batch's dist (DYNEMB_SYNTH_BY_DESTINATION=off);
+# a pooled destination of 40 rows in units of 7 (DYNEMB_SYNTH_UNIT_ROWS) too
+while IFS= read -r args; do
+  [ -z "$args" ] && continue
+  # shellcheck disable=SC2086
+  "$exe" synth $args -o "$tmp/dest.h5" --force >/dev/null 2>&1; a=$?
+  # shellcheck disable=SC2086
+  DYNEMB_SYNTH_BY_DESTINATION=off "$exe" synth $args -o "$tmp/whole.h5" --force >/dev/null 2>&1; b=$?
+  # shellcheck disable=SC2086
+  DYNEMB_SYNTH_UNIT_ROWS=7 "$exe" synth $args -o "$tmp/units.h5" --force >/dev/null 2>&1; c=$?
+  if [ $a = 0 ] && [ $b = 0 ] && [ $c = 0 ] && cmp -s "$tmp/dest.h5" "$tmp/whole.h5" &&
+     cmp -s "$tmp/units.h5" "$tmp/whole.h5"; then
+    ok "by destination == whole: $args"
+  else
+    fail "by destination != whole (rc $a/$b/$c): $args"
+  fi
+done <<'ARGS'
+--preset unit-seq-w2 --batches 2 --seed 3 --weighted
+--preset unit-seq-w8 --batch-size 40 --hotness 0..9 --batches 2 --vbe
+--preset unit-pooled-w8 --batch-size 40 --batches 2 --seed 4
+--preset unit-pooled-w8 --batch-size 40 --batches 2 --weighted --index-type int32
+--preset unit-pooled-w8 --batch-sizes 40,40,13,0,40,40,40,1 --batches 2 --vbe
+--preset unit-pooled-w8 --batch-sizes 40,9,13,0,40,40,40,1 --batches 2
+--preset pooled-mean-mixed-dims --batch-size 40 --batches 2 --store ctx,local_embs,output,module_output
+--preset pooled-mean-mixed-dims --batch-size 40 --plant output-after-callback
+--preset mixed-dist-types --batch-size 40 --batches 2 --store output
+--preset odd-dims-d15 --batch-size 40 --empty-rank 1
+ARGS
+
 echo "# $fails failure(s)"
 [ $fails = 0 ]

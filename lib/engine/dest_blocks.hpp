@@ -1,5 +1,5 @@
-// A replay one destination rank at a time, so that its memory is that of one rank's output,
-// not of the batch.
+// A batch one destination rank at a time, so that its memory is that of one rank's output,
+// not of the batch: how a replay checks a capture (replay.cpp) and how synth makes one.
 //
 // Both output dists build destination d's output from one block of every sender's
 // local_embs: the sequence dist gathers the rows rank s sends to d (its chunk of the
@@ -7,7 +7,7 @@
 // sender. Reading only those blocks from the capture, running the dist on them alone and
 // checking d's output gives exactly what the whole batch gives for d; the blocks of all d
 // cover every sender's rows once, so the lookup check of sender s is the merge of its blocks'
-// diffs (replay/diff.hpp).
+// diffs.
 //
 // The block of (s, d) as the lookup makes it: when the contexts are the derived ones, the
 // rows s sends to d are the lookups of the bags that source rank d sent to s, so the lookup

@@ -1,4 +1,4 @@
-#include "replay/dest_blocks.hpp"
+#include "engine/dest_blocks.hpp"
 
 #include <algorithm>
 #include <cstdint>

@@ -1,13 +1,13 @@
-// Replay one destination rank at a time (replay/dest_blocks.hpp), against the whole batch's
+// Replay one destination rank at a time (engine/dest_blocks.hpp), against the whole batch's
 // dist over random plans and batches.
 #include <doctest/doctest.h>
 
 #include <optional>
 #include <random>
 
+#include "engine/dest_blocks.hpp"
 #include "engine/dist_checks.hpp"
 #include "engine/ops.hpp"
-#include "replay/dest_blocks.hpp"
 #include "test_engine_util.hpp"
 
 using namespace dynemb;
@@ -21,7 +21,7 @@ bool uni_bit(std::mt19937_64& rng) {
 
 }  // namespace
 
-// A replay one destination at a time (replay/dest_blocks.hpp) rests on three facts, checked
+// A replay one destination at a time (engine/dest_blocks.hpp) rests on three facts, checked
 // here over random plans and batches, codecs included: the blocks of every destination cover
 // each sender's local_embs exactly once; the block of (s, d) is the lookup of the bags source
 // rank d sent to s (lookup_kjt_from), bit for bit; and d's output from its blocks alone is the
