@@ -468,8 +468,7 @@ class BatchWrites {
   std::vector<uint64_t> out_task_, in_task_;
 };
 
-}  // namespace
-
+// The test hook DYNEMB_SYNTH_BY_DESTINATION=off: every batch's output dist whole.
 bool synth_by_destination_allowed() {
   const char* e = std::getenv("DYNEMB_SYNTH_BY_DESTINATION");
   return !(e && std::string(e) == "off");
@@ -498,13 +497,6 @@ bool lookups_in_bounds(const Plan& plan, const DerivedBatch& derived) {
   return ok;
 }
 
-// The output dist of batch k one destination rank at a time, in the file's rank order: rank
-// r's lookup (when stored), then its output from the blocks every rank s sends it, each the
-// lookup of the bags r sent to s alone (engine/dest_blocks.hpp), through the backend's dist.
-// Memory: one rank's lookup and 64 MiB of one destination's blocks, not the W lookups of the
-// batch (each rank's output needs all of them); the blocks cost a second pass of lookups. The
-// outputs are the whole dist's, bit for bit (tests/test_engine_dest_blocks.cpp), so the file is the
-// same.
 // Rows of a pooled destination made at once: 64 MiB of its blocks (`row_floats` per row, all
 // W blocks), at least one (the test hook DYNEMB_SYNTH_UNIT_ROWS=N: N).
 int64_t unit_rows(int64_t row_floats) {
@@ -514,6 +506,13 @@ int64_t unit_rows(int64_t row_floats) {
   return std::max<int64_t>(1, kUnitFloats / std::max<int64_t>(1, row_floats));
 }
 
+// The output dist of batch k one destination rank at a time, in the file's rank order: rank
+// r's lookup (when stored), then its output from the blocks every rank s sends it, each the
+// lookup of the bags r sent to s alone (engine/dest_blocks.hpp), through the backend's dist.
+// Memory: one rank's lookup and 64 MiB of one destination's blocks, not the W lookups of the
+// batch (each rank's output needs all of them); the blocks cost a second pass of lookups. The
+// outputs are the whole dist's, bit for bit (tests/test_engine_dest_blocks.cpp), so the file
+// is the same.
 template <class Deliver>
 void synth_by_destination(const Plan& plan, Backend& backend, const EmbeddingSource& source,
                           RwPooledEmbeddingDist* pooled, const DerivedBatch& derived, int64_t k,
@@ -562,6 +561,8 @@ void synth_by_destination(const Plan& plan, Backend& backend, const EmbeddingSou
     deliver(int(r), std::move(out), r + 1);
   }
 }
+
+}  // namespace
 
 // Per batch: inputs, context, lookups, output dist, each handing its ranks' writes to the
 // write queue as they complete, so that compressing and writing rank r overlaps deriving r + 1.
