@@ -49,20 +49,27 @@ std::vector<std::pair<int64_t, int64_t>> differing_ranges(const std::vector<uint
   return out;
 }
 
+namespace {
+
+// differing_tiles of a tensor made whole on the host; nullopt when it has not n elements.
+std::optional<std::vector<DifferingRange>> tiles_of(const EmbTensor& want, const float* host,
+                                                    int64_t n, int64_t tile) {
+  if (want.numel() != n || int64_t(want.data.size()) != n) return std::nullopt;
+  return differing_tiles(want.data.data(), host, n, tile);
+}
+
+}  // namespace
+
 std::optional<std::vector<DifferingRange>> Backend::lookup_differences(
     const Plan& plan, int rank, const LookupKjt& kjt, const EmbeddingSource& source,
     const float* captured, int64_t n, int64_t tile) {
-  const EmbTensor want = lookup(plan, rank, kjt, source);
-  if (want.numel() != n || int64_t(want.data.size()) != n) return std::nullopt;
-  return differing_tiles(want.data.data(), captured, n, tile);
+  return tiles_of(lookup(plan, rank, kjt, source), captured, n, tile);
 }
 
 std::optional<std::vector<DifferingRange>> Backend::reference_differences(
     const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source, int64_t batch,
     const float* replayed, int64_t n, int64_t tile) {
-  const EmbTensor want = reference_output(plan, rank, kjt, source, batch);
-  if (want.numel() != n || int64_t(want.data.size()) != n) return std::nullopt;
-  return differing_tiles(want.data.data(), replayed, n, tile);
+  return tiles_of(reference_output(plan, rank, kjt, source, batch), replayed, n, tile);
 }
 
 }  // namespace dynemb

@@ -30,6 +30,21 @@ void split_col(const LookupKjt& k, int64_t f, int64_t col, int64_t& s, int64_t& 
   b = col;
 }
 
+// Whether the runs make(emit) makes (emit(values, at, count), on any thread) all equal `host` at
+// their places and cover its n elements (`covered`: the elements in runs): a lookup or
+// reference check that passes needs nothing more. Elements of no run would be zeros, which
+// only the whole tensor shows, so runs that do not cover say "differs".
+template <class Make>
+bool runs_equal(const float* host, int64_t n, int64_t covered, Make&& make) {
+  if (covered != n) return false;
+  std::atomic<bool> differs{false};
+  make([&](const float* v, int64_t at, int64_t count) {
+    if (std::memcmp(v, host + at, sizeof(float) * size_t(count)) != 0)
+      differs.store(true, std::memory_order_relaxed);
+  });
+  return !differs;
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) : threads_(threads > 0 ? threads : hardware_threads()) {}
@@ -178,19 +193,15 @@ std::optional<std::vector<DifferingRange>> CpuBackend::lookup_differences(
     const float* captured, int64_t n, int64_t tile) {
   const LookupOutputLayout L = lookup_output_layout(plan, k);
   if (L.numel() != n) return std::nullopt;
-  // The runs cover every element (else the whole lookup decides: elements of no run are 0).
   int64_t covered = n;
   if (plan.module == ModuleKind::pooled) {
     covered = 0;
     for (int64_t f = 0; f < k.num_features; ++f)
       covered += (L.bag0[f + 1] - L.bag0[f]) * plan.features[f].dim;
   }
-  std::atomic<bool> differs{covered != n};
-  each_lookup_run(plan, rank, k, source, L, [&](const float* v, int64_t at, int64_t count) {
-    if (std::memcmp(v, captured + at, sizeof(float) * size_t(count)) != 0)
-      differs.store(true, std::memory_order_relaxed);
-  });
-  if (!differs) return std::vector<DifferingRange>{};
+  if (runs_equal(captured, n, covered,
+                 [&](const auto& emit) { each_lookup_run(plan, rank, k, source, L, emit); }))
+    return std::vector<DifferingRange>{};
   return Backend::lookup_differences(plan, rank, k, source, captured, n, tile);
 }
 
@@ -208,12 +219,9 @@ std::optional<std::vector<DifferingRange>> CpuBackend::reference_differences(
     for (int64_t f = 0; f < kjt.num_features; ++f)
       covered += kjt.batch_size(f) * plan.features[f].dim;
   }
-  std::atomic<bool> differs{covered != n};
-  reference_runs(plan, rank, kjt, source, batch, [&](const float* v, int64_t at, int64_t count) {
-    if (std::memcmp(v, replayed + at, sizeof(float) * size_t(count)) != 0)
-      differs.store(true, std::memory_order_relaxed);
-  });
-  if (!differs) return std::vector<DifferingRange>{};
+  if (runs_equal(replayed, n, covered,
+                 [&](const auto& emit) { reference_runs(plan, rank, kjt, source, batch, emit); }))
+    return std::vector<DifferingRange>{};
   return Backend::reference_differences(plan, rank, kjt, source, batch, replayed, n, tile);
 }
 
