@@ -20,7 +20,7 @@
 #include "progress.hpp"
 #include "registry.hpp"
 #include "replay/replay.hpp"
-#include "replay/tolerance.hpp"
+#include "engine/tolerance.hpp"
 
 namespace dynemb::cli {
 namespace {

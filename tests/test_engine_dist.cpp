@@ -302,11 +302,12 @@ TEST_CASE("pooled bounds_check=error: the first bad id in bag order, made row by
   const LookupKjt& lk = d.ranks[0].lookup_kjt;
   check_lookup_error([&] { be->lookup(p, 0, lk, *src); });
   const std::vector<float> zeros(16, 0.0f);  // [4 rows, sum_D 4]
-  check_lookup_error([&] { be->lookup_differences(p, 0, lk, *src, zeros.data(), 16, 4); });
+  const TileCompare how{Tolerance::exact(), 4, 10};
+  check_lookup_error([&] { be->lookup_differences(p, 0, lk, *src, zeros.data(), 16, how); });
   const std::string want =
       "batch 3: rank 0, feature f0: id 12 at position 1 is outside table t0 [0, 10) "
       "(bounds_check=error)";
   CHECK_THROWS_WITH(reference_output(p, 0, k[0], *src, 3), want.c_str());
-  CHECK_THROWS_WITH(be->reference_differences(p, 0, k[0], *src, 3, zeros.data(), 8, 4),
+  CHECK_THROWS_WITH(be->reference_differences(p, 0, k[0], *src, 3, zeros.data(), -1, 8, how),
                     want.c_str());
 }

@@ -179,50 +179,65 @@ TEST_CASE("merge_diff of column slices equals the whole diff") {
   }
 }
 
-// A lookup check from the tiles a backend says differ (Backend::lookup_differences): the tiles
-// are exactly those holding a pair of unequal bits, merged, with the lookup's values; the diff
-// made from them alone is the definition's, whatever the tile size.
-TEST_CASE("differing_tiles and diff_differences: the whole diff from the differing tiles") {
+// A check from the tiles a backend compared (Backend::lookup_differences and the others): the
+// tiles listed are exactly those whose pairs add something, each with its own statistics, and
+// both sides' values exactly on the tiles up to the first max_report mismatches; the diff made
+// from them alone is the definition's, whatever the tile size.
+TEST_CASE("tile_diffs and diff_tiles: the whole diff from the tiles that add to it") {
   std::mt19937_64 rng(13);
-  int64_t ranges_seen = 0;
+  int64_t tiles_seen = 0, with_values = 0;
   for (int iter = 0; iter < 200; ++iter) {
-    EmbTensor got, want;  // the captured lookup and the derived one
+    EmbTensor got, want;  // e.g. the captured lookup and the derived one
     random_pair(rng, got, want);
     const int64_t n = got.numel();
-    for (const int64_t tile : {int64_t(1), int64_t(3), int64_t(64), int64_t(1000), n + 5}) {
-      CAPTURE(iter);
-      CAPTURE(tile);
-      const std::vector<DifferingRange> diffs =
-          differing_tiles(want.data.data(), got.data.data(), n, tile);
-      std::vector<int> covered(size_t(n), 0);
-      int64_t end_before = -1;
-      for (const DifferingRange& r : diffs) {
-        const int64_t len = int64_t(r.want.size());
-        REQUIRE(len > 0);
-        CHECK(r.begin % tile == 0);
-        CHECK((len % tile == 0 || r.begin + len == n));
-        CHECK(r.begin > end_before);  // in order, adjacent tiles merged
-        end_before = r.begin + len;
-        for (int64_t t0 = r.begin; t0 < r.begin + len; t0 += tile) {
-          bool differs = false;  // every tile of a range holds a difference
-          for (int64_t e = t0; e < std::min(r.begin + len, t0 + tile); ++e)
-            differs |= !same_bits(got.data[size_t(e)], want.data[size_t(e)]);
-          CHECK(differs);
-        }
-        for (int64_t e = 0; e < len; ++e) {
-          CHECK(same_bits(r.want[size_t(e)], want.data[size_t(r.begin + e)]));
-          covered[size_t(r.begin + e)] = 1;
-        }
-      }
-      for (int64_t e = 0; e < n; ++e)
-        if (!covered[size_t(e)]) CHECK(same_bits(got.data[size_t(e)], want.data[size_t(e)]));
-      ranges_seen += int64_t(diffs.size());
+    for (const int64_t tile : {int64_t(1), int64_t(3), int64_t(64), int64_t(1000), n + 5})
       for (const Tolerance& tol : kTolerances)
-        for (const int64_t maxm : {0, 2, 50})
-          check_same(diff_differences(
-                         got.data.data(), n, diffs, tol, [](int64_t e) { return e; }, maxm),
+        for (const int64_t maxm : {0, 2, 50}) {
+          CAPTURE(iter);
+          CAPTURE(tile);
+          CAPTURE(maxm);
+          const TileCompare how{tol, tile, maxm};
+          const std::vector<TileDiff> tiles = tile_diffs(got.data.data(), want.data.data(), n, how);
+          std::vector<int> listed(size_t((n + tile - 1) / tile), 0);
+          int64_t end_before = -1, mismatches_before = 0;
+          for (const TileDiff& t : tiles) {
+            REQUIRE(t.begin % tile == 0);
+            CHECK(t.end == std::min(n, t.begin + tile));
+            CHECK(t.begin >= end_before);  // in order
+            end_before = t.end;
+            listed[size_t(t.begin / tile)] = 1;
+            const TileStats s = pair_stats(got.data.data() + t.begin, want.data.data() + t.begin,
+                                           t.end - t.begin, tol);
+            CHECK_FALSE(s.adds_nothing());
+            CHECK(t.stats.mismatches == s.mismatches);
+            CHECK(t.stats.max_abs_err == s.max_abs_err);
+            CHECK(t.stats.max_rel_err == s.max_rel_err);
+            CHECK(t.stats.max_ulp == s.max_ulp);
+            // Values exactly where a first mismatch may be: a tile with mismatches while fewer
+            // than maxm were found before it.
+            const bool needed = s.mismatches > 0 && mismatches_before < maxm;
+            mismatches_before += s.mismatches;
+            CHECK(t.got.empty() == !needed);
+            if (t.got.empty()) continue;
+            ++with_values;
+            REQUIRE(int64_t(t.got.size()) == t.end - t.begin);
+            REQUIRE(int64_t(t.want.size()) == t.end - t.begin);
+            for (int64_t e = t.begin; e < t.end; ++e) {
+              CHECK(same_bits(t.got[size_t(e - t.begin)], got.data[size_t(e)]));
+              CHECK(same_bits(t.want[size_t(e - t.begin)], want.data[size_t(e)]));
+            }
+          }
+          for (size_t i = 0; i < listed.size(); ++i) {
+            if (listed[i]) continue;
+            const int64_t e0 = int64_t(i) * tile, len = std::min(n, e0 + tile) - e0;
+            CHECK(pair_stats(got.data.data() + e0, want.data.data() + e0, len, tol).adds_nothing());
+          }
+          tiles_seen += int64_t(tiles.size());
+          check_same(diff_tiles(
+                         n, tiles, tol, [](int64_t e) { return e; }, maxm),
                      reference_diff(got, want, tol, maxm));
-    }
+        }
   }
-  CHECK(ranges_seen > 500);  // the tiles met real differences
+  CHECK(tiles_seen > 500);  // the tiles met real differences
+  CHECK(with_values > 100);
 }

@@ -7,7 +7,7 @@
 
 #include "common/error.hpp"
 #include "replay/diff.hpp"
-#include "replay/tolerance.hpp"
+#include "engine/tolerance.hpp"
 
 using namespace dynemb;
 

@@ -1,7 +1,8 @@
 // Host dispatch of the CUDA backend: validates the contexts exactly as the CPU reference does
 // (same ranks, fields and failures), builds the small index tables (offsets, recat segments,
 // splits prefixes), uploads, launches the kernels of dist_kernels.hpp and hands each rank's
-// output to the sink. Device buffers and the pinned staging of the copies are the backend's
+// output to the sink (or holds it on the device for the replay's checks: hold_outputs). Device
+// buffers and the pinned staging of the copies are the backend's
 // workspace (workspace.hpp), kept across calls. Lookups from dense weights (not the oracle) run on
 // the host through the CPU backend: only oracle rows can be generated on the device.
 #include "cuda_backend.hpp"
@@ -98,14 +99,22 @@ class CudaBackend final : public Backend {
   BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) override;
   EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
                    const EmbeddingSource& source) override;
-  std::optional<std::vector<DifferingRange>> lookup_differences(const Plan& plan, int rank,
-                                                                const LookupKjt& kjt,
-                                                                const EmbeddingSource& source,
-                                                                const float* captured, int64_t n,
-                                                                int64_t tile) override;
-  std::optional<std::vector<DifferingRange>> reference_differences(
+  std::optional<std::vector<TileDiff>> lookup_differences(const Plan& plan, int rank,
+                                                          const LookupKjt& kjt,
+                                                          const EmbeddingSource& source,
+                                                          const float* captured, int64_t n,
+                                                          const TileCompare& how) override;
+  std::optional<std::vector<TileDiff>> reference_differences(
       const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source, int64_t batch,
-      const float* replayed, int64_t n, int64_t tile) override;
+      const float* replayed, int held_rank, int64_t n, const TileCompare& how) override;
+  bool hold_outputs(bool on) override {
+    hold_ = on;
+    held_.clear();
+    return true;
+  }
+  std::optional<std::vector<TileDiff>> held_output_differences(int rank, const float* want,
+                                                               int64_t n,
+                                                               const TileCompare& how) override;
   void sequence_output_dist(const Plan& plan, const std::vector<const EmbTensor*>& local_embs,
                             const std::vector<const ShardingContext*>& ctx,
                             const OutputSink& sink) override;
@@ -125,12 +134,20 @@ class CudaBackend final : public Backend {
                                                           const EmbeddingSource& source);
   void make_on_device(const Plan& plan, uint64_t seed, const OracleRuns& r,
                       const std::vector<float>& weights);
-  // rows_out (of `shape`) compared with n host floats, as Backend::lookup_differences says;
-  // keep_rank >= 0: they go to that rank's slot of the W kept inputs of the next pooled dist.
-  std::optional<std::vector<DifferingRange>> compare_on_device(const std::vector<int64_t>& shape,
-                                                               const float* host, int64_t n,
-                                                               int64_t tile, int keep_rank,
-                                                               int64_t W);
+  // rows_out (of `shape`, the device side: want) compared with n host floats (got), as
+  // Backend::lookup_differences says; keep_rank >= 0: they go to that rank's slot of the W kept
+  // inputs of the next pooled dist.
+  std::optional<std::vector<TileDiff>> compare_on_device(const std::vector<int64_t>& shape,
+                                                         const float* host, int64_t n,
+                                                         const TileCompare& how, int keep_rank,
+                                                         int64_t W);
+  // got against want, n device floats each: the tiles' statistics come back, then both sides'
+  // values of the tiles of the first mismatches (tiles_with_first). Ends with the stream drained.
+  std::vector<TileDiff> tile_diffs_on_device(const float* got, const float* want, int64_t n,
+                                             const TileCompare& how);
+  // The held output of rank r ([begin, begin + n) of held_out), or nullptr when none of n
+  // elements is held for r.
+  const float* held(int r, int64_t n) const;
   void forget_kept() { std::fill(kept_host_.begin(), kept_host_.end(), nullptr); }
 
   // What the host makes: lookups from dense weights, errors in the reference's words.
@@ -139,6 +156,10 @@ class CudaBackend final : public Backend {
   // copy), of n floats each: the next pooled dist's inputs when its local_embs are these.
   std::vector<const float*> kept_host_;
   int64_t kept_n_ = -1;
+  // hold_outputs(): whether the dists hold their outputs, and where the last dist's output of
+  // each rank lies in the workspace's held_out ([W] of {first element, elements}).
+  bool hold_ = false;
+  std::vector<std::pair<int64_t, int64_t>> held_;
 
   int device_;
   std::string desc_;
@@ -213,31 +234,66 @@ EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
   return out;
 }
 
-std::optional<std::vector<DifferingRange>> CudaBackend::lookup_differences(
+std::optional<std::vector<TileDiff>> CudaBackend::lookup_differences(
     const Plan& plan, int rank, const LookupKjt& k, const EmbeddingSource& source,
-    const float* captured, int64_t n, int64_t tile) {
+    const float* captured, int64_t n, const TileCompare& how) {
   const std::optional<std::vector<int64_t>> shape = lookup_on_device(plan, rank, k, source);
   if (!shape) {
     forget_kept();
-    return host_->lookup_differences(plan, rank, k, source, captured, n, tile);
+    return host_->lookup_differences(plan, rank, k, source, captured, n, how);
   }
-  return compare_on_device(*shape, captured, n, tile, rank, plan.world_size);
+  return compare_on_device(*shape, captured, n, how, rank, plan.world_size);
 }
 
-std::optional<std::vector<DifferingRange>> CudaBackend::reference_differences(
+std::optional<std::vector<TileDiff>> CudaBackend::reference_differences(
     const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source, int64_t batch,
-    const float* replayed, int64_t n, int64_t tile) {
+    const float* replayed, int held_rank, int64_t n, const TileCompare& how) {
+  if (held_rank < 0) {
+    const std::optional<std::vector<int64_t>> shape = reference_on_device(plan, kjt, source);
+    if (!shape)
+      return host_->reference_differences(plan, rank, kjt, source, batch, replayed, -1, n, how);
+    return compare_on_device(*shape, replayed, n, how, /*keep_rank=*/-1, 0);
+  }
+  const float* got = held(held_rank, n);
+  if (!got) return std::nullopt;
   const std::optional<std::vector<int64_t>> shape = reference_on_device(plan, kjt, source);
-  if (!shape)
-    return host_->reference_differences(plan, rank, kjt, source, batch, replayed, n, tile);
-  return compare_on_device(*shape, replayed, n, tile, /*keep_rank=*/-1, 0);
+  if (!shape) {  // the host makes the reference: the held output goes there
+    std::vector<float> host(static_cast<size_t>(n));
+    ws_->staging.download({{host.data(), got, sizeof(float) * host.size()}}, stream_);
+    return host_->reference_differences(plan, rank, kjt, source, batch, host.data(), -1, n, how);
+  }
+  int64_t numel = 1;
+  for (const int64_t d : *shape) numel *= d;
+  if (numel != n) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // every call ends with its stream drained
+    return std::nullopt;
+  }
+  return tile_diffs_on_device(got, ws_->rows_out.data(), n, how);
 }
 
-// `host` goes up (to rows_in, free between dists) and is compared with rows_out where it was
-// made; only the tiles' flags come back, and rows_out's values of the tiles that differ.
-std::optional<std::vector<DifferingRange>> CudaBackend::compare_on_device(
-    const std::vector<int64_t>& shape, const float* host, int64_t n, int64_t tile, int keep_rank,
-    int64_t W) {
+std::optional<std::vector<TileDiff>> CudaBackend::held_output_differences(int rank,
+                                                                          const float* want,
+                                                                          int64_t n,
+                                                                          const TileCompare& how) {
+  const float* got = held(rank, n);
+  if (!got) return std::nullopt;
+  ws_->rows_in.resize(n);  // free: the dist that made the output has read its inputs
+  ws_->staging.upload(ws_->rows_in.data(), want, sizeof(float) * size_t(n), stream_);
+  return tile_diffs_on_device(got, ws_->rows_in.data(), n, how);
+}
+
+const float* CudaBackend::held(int r, int64_t n) const {
+  if (r < 0 || size_t(r) >= held_.size() || held_[size_t(r)].first < 0 ||
+      held_[size_t(r)].second != n)
+    return nullptr;
+  return ws_->held_out.data() + held_[size_t(r)].first;
+}
+
+// `host` goes up (to its kept slot, or to rows_in, free between dists) and is compared with
+// rows_out where it was made.
+std::optional<std::vector<TileDiff>> CudaBackend::compare_on_device(
+    const std::vector<int64_t>& shape, const float* host, int64_t n, const TileCompare& how,
+    int keep_rank, int64_t W) {
   cuda::BackendWorkspace& ws = *ws_;
   int64_t numel = 1;
   for (const int64_t d : shape) numel *= d;
@@ -246,7 +302,6 @@ std::optional<std::vector<DifferingRange>> CudaBackend::compare_on_device(
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // every call ends with its stream drained
     return std::nullopt;
   }
-  tile = std::max<int64_t>(1, tile);
   // The rank's slot of `kept` (all slots start over when the size changes), else rows_in.
   float* d_host = nullptr;
   if (keep_rank >= 0 && keep_rank < W) {
@@ -262,24 +317,51 @@ std::optional<std::vector<DifferingRange>> CudaBackend::compare_on_device(
     d_host = ws.rows_in.data();
   }
   ws.staging.upload(d_host, host, sizeof(float) * size_t(n), stream_);
-  ws.tile_differs.resize((n + tile - 1) / tile);
-  if (n > 0)
-    CUDA_CHECK(cudaMemsetAsync(ws.tile_differs.data(), 0, size_t(ws.tile_differs.size()), stream_));
-  cuda::launch_differing_tiles(ws.rows_out.data(), d_host, n, tile, ws.tile_differs.data(),
-                               stream_);
-  std::vector<uint8_t> differs(size_t(ws.tile_differs.size()));
-  ws.staging.download({{differs.data(), ws.tile_differs.data(), differs.size()}}, stream_);
-  const std::vector<std::pair<int64_t, int64_t>> ranges = differing_ranges(differs, n, tile);
-  std::vector<DifferingRange> out(ranges.size());
+  return tile_diffs_on_device(d_host, ws.rows_out.data(), n, how);
+}
+
+std::vector<TileDiff> CudaBackend::tile_diffs_on_device(const float* got, const float* want,
+                                                        int64_t n, const TileCompare& how) {
+  cuda::BackendWorkspace& ws = *ws_;
+  const int64_t tile = std::max<int64_t>(1, how.tile);
+  cuda::ToleranceArgs tol;
+  tol.kind = how.tol.kind == Tolerance::Kind::ulp   ? cuda::ToleranceArgs::ulp
+             : how.tol.kind == Tolerance::Kind::rel ? cuda::ToleranceArgs::rel
+                                                    : cuda::ToleranceArgs::exact;
+  tol.ulps = how.tol.ulps;
+  tol.rtol = how.tol.rtol;
+  tol.atol = how.tol.atol;
+  ws.tile_stats.resize((n + tile - 1) / tile);
+  cuda::launch_tile_stats(got, want, n, tile, tol, ws.tile_stats.data(), stream_);
+  const std::vector<cuda::TileStatsOut> out = ws.staging.download(ws.tile_stats, stream_);
+  std::vector<TileStats> stats(out.size());
+  for (size_t t = 0; t < out.size(); ++t)
+    stats[t] = {out[t].mismatches, out[t].max_abs_err, out[t].max_rel_err, out[t].max_ulp};
+  const std::vector<int64_t> first = tiles_with_first(stats, how.max_report);
+  std::vector<TileDiff> tiles;
   std::vector<ToHost> parts;
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    const auto [e0, e1] = ranges[i];
-    out[i].begin = e0;
-    out[i].want.resize(size_t(e1 - e0));
-    parts.push_back({out[i].want.data(), ws.rows_out.data() + e0, sizeof(float) * size_t(e1 - e0)});
+  size_t next_first = 0;
+  for (int64_t t = 0; t < int64_t(stats.size()); ++t) {
+    if (stats[size_t(t)].adds_nothing()) continue;
+    TileDiff d;
+    d.begin = t * tile;
+    d.end = std::min(n, d.begin + tile);
+    d.stats = stats[size_t(t)];
+    if (next_first < first.size() && first[next_first] == t) {
+      d.got.resize(size_t(d.end - d.begin));
+      d.want.resize(d.got.size());
+      ++next_first;
+    }
+    tiles.push_back(std::move(d));
   }
+  for (TileDiff& d : tiles)  // after the vector stops moving: the copies write into d's values
+    if (!d.got.empty()) {
+      const size_t bytes = sizeof(float) * d.got.size();
+      parts.push_back({d.got.data(), got + d.begin, bytes});
+      parts.push_back({d.want.data(), want + d.begin, bytes});
+    }
   if (!parts.empty()) ws.staging.download(parts, stream_);
-  return out;
+  return tiles;
 }
 
 // Dense weights live on the host: the CPU reference looks them up. Any malformed input or a
@@ -460,7 +542,8 @@ void CudaBackend::sequence_output_dist(const Plan& plan,
   CUDA_CHECK(cudaSetDevice(device_));
   cuda::PinnedStaging& st = ws_->staging;
   DeviceBuffer<float>& d_local = ws_->rows_in;
-  DeviceBuffer<float>& d_out = ws_->rows_out;
+  DeviceBuffer<float>& d_out = hold_ ? ws_->held_out : ws_->rows_out;
+  held_.assign(size_t(W), {-1, 0});
   d_local.resize(local_row_off.back() * D);
   for (int64_t s = 0; s < W; ++s)
     st.upload(d_local.data() + local_row_off[s] * D, local_embs[s]->data.data(),
@@ -474,9 +557,13 @@ void CudaBackend::sequence_output_dist(const Plan& plan,
     EmbTensor out;
     out.dtype = output_dist_dtype(plan);
     out.shape = {n, D};
-    out.data.resize(static_cast<size_t>(n * D));
-    st.download({{out.data.data(), d_out.data() + out_row_off[d] * D, sizeof(float) * n * D}},
-                stream_);
+    if (hold_) {
+      held_[size_t(d)] = {out_row_off[d] * D, n * D};
+    } else {
+      out.data.resize(static_cast<size_t>(n * D));
+      st.download({{out.data.data(), d_out.data() + out_row_off[d] * D, sizeof(float) * n * D}},
+                  stream_);
+    }
     sink(static_cast<int>(d), std::move(out));
   }
 }
@@ -495,7 +582,8 @@ void CudaBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
   CUDA_CHECK(cudaSetDevice(device_));
   const int64_t n = W ? local_embs[0]->numel() : 0;  // all equal, checked above
   cuda::PinnedStaging& st = ws_->staging;
-  DeviceBuffer<float>& d_out = ws_->rows_out;
+  DeviceBuffer<float>& d_out = hold_ ? ws_->held_out : ws_->rows_out;
+  held_.assign(size_t(W), {-1, 0});
   // The inputs a lookup check just compared are on the device already (lookup_differences).
   bool kept = kept_n_ == n && int64_t(kept_host_.size()) == W;
   for (int64_t d = 0; kept && d < W; ++d)
@@ -522,8 +610,12 @@ void CudaBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
     out.shape = variable_batch
                     ? std::vector<int64_t>{len}
                     : std::vector<int64_t>{len / std::max<int64_t>(1, plan.sum_dim), plan.sum_dim};
-    out.data.resize(static_cast<size_t>(len));
-    st.download({{out.data.data(), d_out.data() + base, sizeof(float) * len}}, stream_);
+    if (hold_) {
+      held_[size_t(r)] = {base, len};
+    } else {
+      out.data.resize(static_cast<size_t>(len));
+      st.download({{out.data.data(), d_out.data() + base, sizeof(float) * len}}, stream_);
+    }
     base += len;
     sink(static_cast<int>(r), std::move(out));
   }

@@ -10,12 +10,14 @@
 // workspace holds about what the largest call needs, not the sum over stages:
 //   rows_in   the output dists' input: [sum_s rows_s, D] (sequence) or [W, n] (pooled), and
 //             the captured lookup lookup_differences() compares with rows_out
-//   rows_out  lookup output [N, D] / [B, sum_D] / VBE 1-D, and the output dists' output
+//   rows_out  lookup output [N, D] / [B, sum_D] / VBE 1-D, and the output dists' output (unless
+//             held: held_out below)
 // Shapes below: N ids, F features, `bags` lookup bags of the rank's LookupKjt.
 #pragma once
 
 #include <cstdint>
 
+#include "compare.hpp"
 #include "cuda_backend.hpp"
 #include "cuda_check.hpp"
 #include "staging.hpp"
@@ -44,12 +46,17 @@ struct BackendWorkspace {
 
   DeviceBuffer<float> rows_in, rows_out;  // see above
 
-  // lookup_differences(): the captured lookup goes to rows_in (no dist runs meanwhile) and is
-  // compared with the lookup in rows_out; a flag per tile, 1 where the two differ.
-  DeviceBuffer<uint8_t> tile_differs;  // [ceil(n / tile)]
+  // The checks (lookup_differences and the others): the host side of a comparison goes to
+  // rows_in (no dist runs meanwhile) and is compared with the device side; what each tile adds
+  // to the diff (compare.hpp) comes back.
+  DeviceBuffer<TileStatsOut> tile_stats;  // [ceil(n / tile)]
   // lookup_differences() compares the captured lookup of rank r here instead, at r * n, and the
   // next pooled_output_dist() takes its inputs from here when they are those same lookups.
   DeviceBuffer<float> kept;  // [W, n]
+  // The output dists' outputs while the backend holds them (hold_outputs): the outputs of all
+  // ranks, one after the other, as rows_out would hold them; the reference of a check is made
+  // in rows_out meanwhile.
+  DeviceBuffer<float> held_out;
 };
 
 }  // namespace dynemb::cuda

@@ -18,6 +18,7 @@
 
 #include "common/error.hpp"
 #include "engine/embedding_source.hpp"
+#include "engine/tile_diff.hpp"
 #include "engine/types.hpp"
 #include "plan/plan.hpp"
 
@@ -60,23 +61,6 @@ class LookupBoundsError : public Error {
   int64_t local_row;    // the local id after bucketize
 };
 
-// Elements [begin, begin + want.size()) of a lookup that differ from the captured lookup in
-// some bit (some element of the range does), with the lookup's values there.
-struct DifferingRange {
-  int64_t begin = 0;
-  std::vector<float> want;
-};
-
-// The ranges of `want` and `captured` (n elements each) that differ in some bit, compared in
-// tiles of `tile` elements (the last one may be shorter), adjacent differing tiles merged into
-// one range, in order: the host's side of Backend::lookup_differences, on every core.
-std::vector<DifferingRange> differing_tiles(const float* want, const float* captured, int64_t n,
-                                            int64_t tile);
-// Those ranges' element bounds [begin, end) from the tiles' flags (differs[t] != 0: tile t
-// differs), without their values: what a device backend copies back.
-std::vector<std::pair<int64_t, int64_t>> differing_ranges(const std::vector<uint8_t>& differs,
-                                                          int64_t n, int64_t tile);
-
 // Receives the output of destination rank r: sequence [N_r, D], pooled [B_r, sum_D],
 // pooled VBE 1-D [sum_f B_{r,f} D_f]. Called once per rank, in rank order.
 using OutputSink = std::function<void(int rank, EmbTensor&& output)>;
@@ -98,25 +82,38 @@ class Backend {
   // naming rank, feature and position).
   virtual EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
                            const EmbeddingSource& source) = 0;
-  // lookup() compared bit for bit with `captured`, n elements in lookup()'s layout (a
-  // replay's lookup check): the tiles of `tile` elements where the two differ, merged and in
-  // order (differing_tiles), each with lookup()'s values; nullopt when lookup() has not n
-  // elements. Throws what lookup() throws. That is all a diff needs: a pair of equal bits adds
-  // nothing to it but its count (replay/diff.hpp). A device backend compares where it made
-  // the lookup, so a passing check copies nothing back; this default makes it on the host.
-  // A device backend may also keep `captured` there as rank `rank`'s input of the next
-  // pooled_output_dist, whose local_embs[rank] is then that same memory, not copied again
-  // (a replay checks a unit's lookups, then runs its dist on them): the caller leaves
-  // `captured` unchanged until that dist.
-  virtual std::optional<std::vector<DifferingRange>> lookup_differences(
-      const Plan& plan, int rank, const LookupKjt& kjt, const EmbeddingSource& source,
-      const float* captured, int64_t n, int64_t tile);
-  // The same for the unsharded reference of rank `rank`'s KJT (reference_output, engine.hpp;
-  // `batch` names it in errors) and the replayed output: compared where the backend makes the
-  // reference, only the differing tiles back with the reference's values there.
-  virtual std::optional<std::vector<DifferingRange>> reference_differences(
+  // The checks of a replay, made where the backend makes the tensors: each compares two tensors
+  // of n elements in tiles (tile_diff.hpp) and returns the tiles that add something to the
+  // diff, with values only where the first mismatches are. A device backend compares on the
+  // device, so a passing check copies nothing back; the defaults here compare on the host.
+  //
+  // lookup() (want) against `captured` (got, n host floats in lookup()'s layout): a replay's
+  // lookup check. nullopt when lookup() has not n elements; throws what lookup() throws. A
+  // device backend may also keep `captured` there as rank `rank`'s input of the next
+  // pooled_output_dist, whose local_embs[rank] is then that same memory, not copied again (a
+  // replay checks a unit's lookups, then runs its dist on them): the caller leaves `captured`
+  // unchanged until that dist.
+  virtual std::optional<std::vector<TileDiff>> lookup_differences(const Plan& plan, int rank,
+                                                                  const LookupKjt& kjt,
+                                                                  const EmbeddingSource& source,
+                                                                  const float* captured, int64_t n,
+                                                                  const TileCompare& how);
+  // The unsharded reference of rank `rank`'s KJT (want; reference_output, engine.hpp, `batch`
+  // names it in errors) against the replayed output (got): n host floats at `replayed` when
+  // held_rank < 0, else the output the last output dist held for rank `held_rank` (hold_outputs).
+  virtual std::optional<std::vector<TileDiff>> reference_differences(
       const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source, int64_t batch,
-      const float* replayed, int64_t n, int64_t tile);
+      const float* replayed, int held_rank, int64_t n, const TileCompare& how);
+  // While on, the output dists leave their outputs where they make them and hand the sink each
+  // output's dtype and shape with no data; the output of rank r is held until the next dist, to
+  // be compared there (held_output_differences, reference_differences). Returns whether this
+  // backend holds them: the default does not, and its sinks get the data as always.
+  virtual bool hold_outputs(bool on);
+  // The held output of rank `rank` (got) against `want` (n host floats): a replay's golden
+  // check. nullopt when no output of n elements is held for that rank.
+  virtual std::optional<std::vector<TileDiff>> held_output_differences(int rank, const float* want,
+                                                                       int64_t n,
+                                                                       const TileCompare& how);
 
   // RwSequenceEmbeddingDist for all W ranks (§6): forward recat permute of each rank's
   // local_embs, all-to-all (send output_splits rows, receive input_splits rows), then

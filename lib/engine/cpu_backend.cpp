@@ -63,14 +63,14 @@ class CpuBackend final : public Backend {
 
   EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
                    const EmbeddingSource& source) override;
-  std::optional<std::vector<DifferingRange>> lookup_differences(const Plan& plan, int rank,
-                                                                const LookupKjt& kjt,
-                                                                const EmbeddingSource& source,
-                                                                const float* captured, int64_t n,
-                                                                int64_t tile) override;
-  std::optional<std::vector<DifferingRange>> reference_differences(
+  std::optional<std::vector<TileDiff>> lookup_differences(const Plan& plan, int rank,
+                                                          const LookupKjt& kjt,
+                                                          const EmbeddingSource& source,
+                                                          const float* captured, int64_t n,
+                                                          const TileCompare& how) override;
+  std::optional<std::vector<TileDiff>> reference_differences(
       const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source, int64_t batch,
-      const float* replayed, int64_t n, int64_t tile) override;
+      const float* replayed, int held_rank, int64_t n, const TileCompare& how) override;
   void sequence_output_dist(const Plan& plan, const std::vector<const EmbTensor*>& local_embs,
                             const std::vector<const ShardingContext*>& ctx,
                             const OutputSink& sink) override;
@@ -188,9 +188,9 @@ EmbTensor CpuBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
 // One pass that makes each run and compares it with the captured one at once: a passing check
 // writes no lookup tensor. Only when some run differs is the lookup made whole, to give the
 // differing tiles their values.
-std::optional<std::vector<DifferingRange>> CpuBackend::lookup_differences(
+std::optional<std::vector<TileDiff>> CpuBackend::lookup_differences(
     const Plan& plan, int rank, const LookupKjt& k, const EmbeddingSource& source,
-    const float* captured, int64_t n, int64_t tile) {
+    const float* captured, int64_t n, const TileCompare& how) {
   const LookupOutputLayout L = lookup_output_layout(plan, k);
   if (L.numel() != n) return std::nullopt;
   int64_t covered = n;
@@ -201,14 +201,16 @@ std::optional<std::vector<DifferingRange>> CpuBackend::lookup_differences(
   }
   if (runs_equal(captured, n, covered,
                  [&](const auto& emit) { each_lookup_run(plan, rank, k, source, L, emit); }))
-    return std::vector<DifferingRange>{};
-  return Backend::lookup_differences(plan, rank, k, source, captured, n, tile);
+    return std::vector<TileDiff>{};
+  return Backend::lookup_differences(plan, rank, k, source, captured, n, how);
 }
 
-// The same one pass for the unsharded reference.
-std::optional<std::vector<DifferingRange>> CpuBackend::reference_differences(
+// The same one pass for the unsharded reference. This backend holds no outputs (the default
+// hold_outputs): `replayed` is always the output.
+std::optional<std::vector<TileDiff>> CpuBackend::reference_differences(
     const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source, int64_t batch,
-    const float* replayed, int64_t n, int64_t tile) {
+    const float* replayed, int held_rank, int64_t n, const TileCompare& how) {
+  if (held_rank >= 0) return std::nullopt;
   check_kjt(plan, kjt, "batch " + std::to_string(batch) + " rank" + std::to_string(rank));
   int64_t numel = 1;
   for (const int64_t d : reference_shape(plan, kjt)) numel *= d;
@@ -221,8 +223,9 @@ std::optional<std::vector<DifferingRange>> CpuBackend::reference_differences(
   }
   if (runs_equal(replayed, n, covered,
                  [&](const auto& emit) { reference_runs(plan, rank, kjt, source, batch, emit); }))
-    return std::vector<DifferingRange>{};
-  return Backend::reference_differences(plan, rank, kjt, source, batch, replayed, n, tile);
+    return std::vector<TileDiff>{};
+  return Backend::reference_differences(plan, rank, kjt, source, batch, replayed, held_rank, n,
+                                        how);
 }
 
 void CpuBackend::sequence_output_dist(const Plan& plan,

@@ -33,28 +33,21 @@ TensorDiff diff_range(const float* gp, const float* wp, const Tolerance& tol, in
                       const Keep& keep, int64_t i0, int64_t i1) {
   TensorDiff d;
   d.compared = i1 - i0;
-  // A pair with the same bits adds nothing: no error, and every tolerance accepts it (NaN
-  // matches NaN). Blocks that compare equal as bytes are skipped at memcmp speed, so a
-  // passing replay pays for one pass over memory, not for the per-element arithmetic.
+  // Blocks equal as bytes add nothing (pair_stats) and are skipped at memcmp speed.
   constexpr int64_t kBlock = 2048;
+  TileStats s;
   for (int64_t b0 = i0; b0 < i1; b0 += kBlock) {
     const int64_t b1 = std::min(i1, b0 + kBlock);
     if (std::memcmp(gp + b0, wp + b0, sizeof(float) * size_t(b1 - b0)) == 0) continue;
     for (int64_t i = b0; i < b1; ++i) {
-      const float g = gp[i], w = wp[i];
-      if (!std::isnan(g) && !std::isnan(w)) {
-        const double diff = std::fabs(double(g) - double(w));
-        if (std::isfinite(diff)) {
-          d.max_abs_err = std::max(d.max_abs_err, diff);
-          if (w != 0) d.max_rel_err = std::max(d.max_rel_err, diff / std::fabs(double(w)));
-          d.max_ulp = std::max(d.max_ulp, ulp_distance(g, w));
-        }
-      }
-      if (tol.accepts(g, w)) continue;
-      ++d.mismatches;
-      if (int64_t(d.first.size()) < max_report) d.first.push_back(keep(i, g, w));
+      if (add_pair(s, gp[i], wp[i], tol)) continue;
+      if (int64_t(d.first.size()) < max_report) d.first.push_back(keep(i, gp[i], wp[i]));
     }
   }
+  d.mismatches = s.mismatches;
+  d.max_abs_err = s.max_abs_err;
+  d.max_rel_err = s.max_rel_err;
+  d.max_ulp = s.max_ulp;
   return d;
 }
 
@@ -129,20 +122,23 @@ void merge_diff(TensorDiff& into, TensorDiff&& part, int64_t max_report) {
   into.first = std::move(first);
 }
 
-TensorDiff diff_differences(const float* got, int64_t n,
-                            const std::vector<DifferingRange>& differences, const Tolerance& tol,
-                            const std::function<int64_t(int64_t)>& to_whole, int64_t max_report) {
+TensorDiff diff_tiles(int64_t n, const std::vector<TileDiff>& tiles, const Tolerance& tol,
+                      const std::function<int64_t(int64_t)>& to_whole, int64_t max_report) {
   TensorDiff d;
-  d.compared = n;
-  for (const DifferingRange& r : differences) {
-    const int64_t len = int64_t(r.want.size());
-    d.compared -= len;  // merge_diff adds it back
-    merge_diff(d,
-               diff_part(
-                   got + r.begin, r.want.data(), len, tol,
-                   [&](int64_t e) { return to_whole(r.begin + e); }, max_report),
-               max_report);
+  for (const TileDiff& t : tiles) {
+    TensorDiff part;
+    part.mismatches = t.stats.mismatches;
+    part.max_abs_err = t.stats.max_abs_err;
+    part.max_rel_err = t.stats.max_rel_err;
+    part.max_ulp = t.stats.max_ulp;
+    if (!t.got.empty())  // a tile of the first mismatches: they come from its values
+      part.first = diff_part(
+                       t.got.data(), t.want.data(), int64_t(t.got.size()), tol,
+                       [&](int64_t e) { return to_whole(t.begin + e); }, max_report)
+                       .first;
+    merge_diff(d, std::move(part), max_report);
   }
+  d.compared = n;
   return d;
 }
 

@@ -8,9 +8,10 @@
 #include <vector>
 
 #include "engine/backend.hpp"
+#include "engine/tile_diff.hpp"
+#include "engine/tolerance.hpp"
 #include "engine/types.hpp"
 #include "replay/coords.hpp"
-#include "replay/tolerance.hpp"
 
 namespace dynemb {
 
@@ -56,12 +57,12 @@ TensorDiff diff_part(const EmbTensor& got, const EmbTensor& want, const Toleranc
 TensorDiff diff_part(const float* got, const float* want, int64_t n, const Tolerance& tol,
                      const std::function<int64_t(int64_t)>& to_whole, int64_t max_report);
 void merge_diff(TensorDiff& into, TensorDiff&& part, int64_t max_report);
-// diff_part of `got` (n elements) and a tensor known only where it differs from `got`: the
-// ranges of Backend::lookup_differences, outside which the bits are equal. The same diff as
-// diff_part over the whole pair: equal pairs add nothing but their count.
-TensorDiff diff_differences(const float* got, int64_t n,
-                            const std::vector<DifferingRange>& differences, const Tolerance& tol,
-                            const std::function<int64_t(int64_t)>& to_whole, int64_t max_report);
+// The diff of a pair of n elements from the tiles a backend compared (Backend::lookup_differences
+// and the other checks, engine/tile_diff.hpp): tiles that add nothing are not there, the others
+// bring their statistics and, up to the first max_report mismatches, both sides' values. The
+// same diff as diff_part over the whole pair.
+TensorDiff diff_tiles(int64_t n, const std::vector<TileDiff>& tiles, const Tolerance& tol,
+                      const std::function<int64_t(int64_t)>& to_whole, int64_t max_report);
 void locate_mismatches(TensorDiff& d, const TensorLayout& layout);
 
 }  // namespace dynemb

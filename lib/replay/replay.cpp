@@ -359,6 +359,14 @@ class Replayer {
   }
   bool replay_by_destination(const CaptureReader& reader, int64_t k);
   bool stream_batch(const CaptureReader& reader, BatchState& st);
+  // A destination's output checks, merged over its units (stream_batch).
+  struct DestChecks {
+    TensorDiff gold, ref;
+    std::vector<int64_t> whole_shape;  // of d's output
+  };
+  bool check_unit_output(BatchState& st, const DestUnit& u, const EmbTensor& out,
+                         const std::optional<EmbTensor>& golden, const TileCompare& how, bool held,
+                         DestChecks& dest);
   bool plan_units(BatchState& st, std::vector<std::vector<DestBlock>>& where,
                   std::vector<DestUnit>& units, bool& variable_batch);
   // Progress: the logical bytes of each selected batch, read from the file's metadata up front
@@ -1288,9 +1296,20 @@ struct DestUnit {
   int64_t r0 = 0, r1 = 0;
 };
 constexpr double kUnitBytes = 64.0 * (1 << 20);
-// Elements per tile of a lookup compared by the backend (Backend::lookup_differences): a
-// differing element brings its tile's lookup values back, a few hundred KiB.
+// Elements per tile of a check made by the backend (Backend::lookup_differences and the other
+// checks): a tile of the first mismatches brings both sides' values back, half a MiB.
 constexpr int64_t kCompareTile = int64_t(1) << 16;
+
+// The backend holds the output dists' outputs while this lives (Backend::hold_outputs); `on`:
+// whether it does.
+struct HeldOutputs {
+  explicit HeldOutputs(Backend& b) : backend(b), on(b.hold_outputs(true)) {}
+  ~HeldOutputs() { backend.hold_outputs(false); }
+  HeldOutputs(const HeldOutputs&) = delete;
+  HeldOutputs& operator=(const HeldOutputs&) = delete;
+  Backend& backend;
+  const bool on;
+};
 
 // The block of sender s in unit u.
 DestBlock unit_block(const std::vector<std::vector<DestBlock>>& where, int64_t s,
@@ -1416,6 +1435,43 @@ bool Replayer::plan_units(BatchState& st, std::vector<std::vector<DestBlock>>& w
   return true;
 }
 
+// Unit u's output checks, merged into d's: `out` (the unit's rows of d's output, as the dist
+// handed it to its sink; held by the backend when `held`) against the unit's golden rows and
+// against the unsharded reference of its samples, each compared where the backend has them.
+// False when the unit cannot be checked this way (the batch then runs whole).
+bool Replayer::check_unit_output(BatchState& st, const DestUnit& u, const EmbTensor& out,
+                                 const std::optional<EmbTensor>& golden, const TileCompare& how,
+                                 bool held, DestChecks& dest) {
+  const int64_t d = u.d, maxm = how.max_report;
+  const int64_t off = u.rows ? u.r0 * out.cols() : 0;  // out's first element in d's output
+  const auto to_whole = [off](int64_t e) { return off + e; };
+  // The dist's output of d: rank d's of the pooled dist, the one rank's of the sequence
+  // destination's dist (destination_output).
+  const int held_rank = held ? int(seq_dist_ ? 0 : d) : -1;
+  if (!held && int64_t(out.data.size()) != out.numel()) return false;
+  if (golden) {
+    if (golden->shape != out.shape) return false;
+    const std::optional<std::vector<TileDiff>> tiles =
+        held ? backend_.held_output_differences(held_rank, golden->data.data(), out.numel(), how)
+             : tile_diffs(out.data.data(), golden->data.data(), out.numel(), how);
+    if (!tiles) return false;
+    merge_diff(dest.gold, diff_tiles(out.numel(), *tiles, tol_, to_whole, maxm), maxm);
+  }
+  dest.whole_shape = out.shape;  // of d's output
+  if (u.rows)
+    dest.whole_shape = {st.golden[size_t(d)] ? st.golden[size_t(d)]->rows() : 0, out.cols()};
+  if (!source_) return true;
+  at("reference", int(d));
+  const Kjt& kjt_d = st.batch.ranks[size_t(d)].kjt;
+  if (u.rows) dest.whole_shape = {kjt_d.stride(), out.cols()};
+  const std::optional<std::vector<TileDiff>> tiles =
+      backend_.reference_differences(plan_, int(d), u.rows ? kjt_samples(kjt_d, u.r0, u.r1) : kjt_d,
+                                     *source_, st.k, out.data.data(), held_rank, out.numel(), how);
+  if (!tiles) return false;
+  merge_diff(dest.ref, diff_tiles(out.numel(), *tiles, tol_, to_whole, maxm), maxm);
+  return true;
+}
+
 // The steps of replay_batch with the data read block by block: for each unit (a destination d,
 // or some rows of it), the block of every sender (a part of its lookup check), the unit's
 // output from those blocks alone and its part of d's output checks, while the next unit's rows
@@ -1434,6 +1490,10 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
   bool variable_batch = false;
   if (!plan_units(st, where, units, variable_batch)) return false;
   SpareRows spare(static_cast<size_t>(W));
+  // Compared where the backend makes them: only the tiles that add to a diff come back, and the
+  // dist's outputs stay where it makes them (a device backend's memory) for their checks.
+  const TileCompare how{tol_, kCompareTile, maxm};
+  const HeldOutputs held(backend_);
   const auto read = [&](size_t i) {
     h5::quiet();  // libhdf5's error printing is per thread: errors are reported, not dumped
     return read_unit(reader, k, units[i], seq_dist_ != nullptr, where, st.cap_local,
@@ -1446,7 +1506,7 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
   for (int64_t s = 0; source_ && s < W; ++s)
     value_off[size_t(s)] = complete_cumsum(st.der.ranks[size_t(s)].lookup_kjt.lengths);
   std::vector<std::optional<CheckResult>> gold(static_cast<size_t>(W)), ref(gold.size());
-  TensorDiff gold_d, ref_d;  // destination d's output checks, merged over its units
+  DestChecks dest;  // destination d's output checks, merged over its units
   st.got.assign(size_t(W), false);
   for (size_t i = 0; i < units.size(); ++i) {
     const DestUnit& u = units[i];
@@ -1460,15 +1520,14 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
       const LookupKjt& lk = st.der.ranks[size_t(s)].lookup_kjt;
       // Compared where the backend makes it: only the tiles that differ come back.
       const float* got = rows.block(size_t(s));
-      const std::optional<std::vector<DifferingRange>> differ =
+      const std::optional<std::vector<TileDiff>> tiles =
           backend_.lookup_differences(plan_, int(s),
                                       lookup_kjt_from(lk, value_off[size_t(s)], d,
                                                       u.rows ? u.r0 : 0, u.rows ? u.r1 : INT64_MAX),
-                                      *source_, got, b.numel(), kCompareTile);
-      if (!differ) return false;
+                                      *source_, got, b.numel(), how);
+      if (!tiles) return false;
       const auto to_whole = [&b](int64_t e) { return b.to_whole(e); };
-      merge_diff(looked[size_t(s)], diff_differences(got, b.numel(), *differ, tol_, to_whole, maxm),
-                 maxm);
+      merge_diff(looked[size_t(s)], diff_tiles(b.numel(), *tiles, tol_, to_whole, maxm), maxm);
     }
     at("output dist", int(d));
     const EmbTensor out =
@@ -1479,44 +1538,23 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
     rows.blocks.clear();
     rows.recv = EmbTensor{};
     at("output", int(d));
-    const int64_t off = u.rows ? u.r0 * out.cols() : 0;  // out's first element in d's output
-    const auto to_whole = [off](int64_t e) { return off + e; };
-    if (rows.golden) {
-      if (rows.golden->shape != out.shape) return false;
-      merge_diff(gold_d, diff_part(out, *rows.golden, tol_, to_whole, maxm), maxm);
-    }
+    if (!check_unit_output(st, u, out, rows.golden, how, held.on, dest)) return false;
     rows.golden.reset();
-    std::vector<int64_t> whole_shape = out.shape;  // of d's output
-    if (u.rows) whole_shape = {st.golden[size_t(d)] ? st.golden[size_t(d)]->rows() : 0, out.cols()};
-    if (source_) {
-      // Compared where the backend makes the reference (of the unit's samples): only the
-      // tiles that differ come back.
-      at("reference", int(d));
-      const Kjt& kjt_d = st.batch.ranks[size_t(d)].kjt;
-      if (u.rows) whole_shape = {kjt_d.stride(), out.cols()};
-      const std::optional<std::vector<DifferingRange>> differ = backend_.reference_differences(
-          plan_, int(d), u.rows ? kjt_samples(kjt_d, u.r0, u.r1) : kjt_d, *source_, k,
-          out.data.data(), out.numel(), kCompareTile);
-      if (!differ || int64_t(out.data.size()) != out.numel()) return false;
-      merge_diff(ref_d,
-                 diff_differences(out.data.data(), out.numel(), *differ, tol_, to_whole, maxm),
-                 maxm);
-    }
     if (i + 1 < units.size() && units[i + 1].d == d) continue;
     // d's last unit: its checks, decided.
     st.got[size_t(d)] = true;
     EmbTensor shape;
-    shape.shape = whole_shape;
+    shape.shape = dest.whole_shape;
     const TensorLayout layout = output_layout(st.batch.ranks[size_t(d)].kjt, shape);
     if (st.golden[size_t(d)]) {
-      locate_mismatches(gold_d, layout);
+      locate_mismatches(dest.gold, layout);
       gold[size_t(d)] = tensor_check(k, int(d), "output", "golden", "replayed", "golden",
-                                     std::exchange(gold_d, TensorDiff{}), tol_);
+                                     std::exchange(dest.gold, TensorDiff{}), tol_);
     }
     if (source_) {
-      locate_mismatches(ref_d, layout);
+      locate_mismatches(dest.ref, layout);
       ref[size_t(d)] = tensor_check(k, int(d), "output", "reference", "replayed", "reference",
-                                    std::exchange(ref_d, TensorDiff{}), tol_);
+                                    std::exchange(dest.ref, TensorDiff{}), tol_);
     }
     progress_rank_done(k);
   }

@@ -18,7 +18,7 @@
 #include "common/output_file.hpp"
 #include "engine/backend.hpp"
 #include "replay/report.hpp"
-#include "replay/tolerance.hpp"
+#include "engine/tolerance.hpp"
 
 namespace dynemb {
 

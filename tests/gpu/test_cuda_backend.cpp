@@ -121,47 +121,104 @@ Case random_case(std::mt19937_64& rng, int idx) {
   return c;
 }
 
+// `made` with bits flipped at a few places (none for some ranks; always the last element when
+// any): low mantissa bits (within ulp:2 or rtol), high ones and exponent bits (mismatches, NaN
+// and infinity among them), sign bits (signed zeros). Room for one more element at the end.
+std::vector<float> flipped_copy(const std::vector<float>& made, int r) {
+  const int64_t n = static_cast<int64_t>(made.size());
+  std::vector<float> captured = made;
+  captured.push_back(0.0f);  // room for the wrong-count call
+  for (int64_t k = 0; n > 0 && k < r % 5; ++k) {
+    const int64_t i = k == 0 ? n - 1 : (int64_t(r) * 7919 + k * 104729) % n;
+    uint32_t bits;
+    std::memcpy(&bits, &captured[size_t(i)], 4);
+    bits ^= uint32_t(1) << ((r + 5 * k) % 32);
+    std::memcpy(&captured[size_t(i)], &bits, 4);
+  }
+  return captured;
+}
+
+// The same tiles, statistics bit for bit and values, from both backends' checks.
+void check_same_tiles(const std::vector<TileDiff>& g, const std::vector<TileDiff>& c) {
+  REQUIRE(g.size() == c.size());
+  for (size_t i = 0; i < c.size(); ++i) {
+    INFO("tile " << i << " at " << c[i].begin);
+    CHECK(g[i].begin == c[i].begin);
+    CHECK(g[i].end == c[i].end);
+    CHECK(g[i].stats.mismatches == c[i].stats.mismatches);
+    CHECK(std::memcmp(&g[i].stats.max_abs_err, &c[i].stats.max_abs_err, sizeof(double)) == 0);
+    CHECK(std::memcmp(&g[i].stats.max_rel_err, &c[i].stats.max_rel_err, sizeof(double)) == 0);
+    CHECK(g[i].stats.max_ulp == c[i].stats.max_ulp);
+    CHECK(same_bits(g[i].got, c[i].got));
+    CHECK(same_bits(g[i].want, c[i].want));
+  }
+}
+
+// How the checks are drawn: tiles of several sizes, every tolerance kind, values of none or a
+// few mismatches.
+std::vector<TileCompare> compare_modes() {
+  std::vector<TileCompare> out;
+  for (const int64_t tile : {int64_t(1), int64_t(7), int64_t(64), int64_t(1) << 16})
+    for (const Tolerance& tol :
+         {Tolerance::exact(), Tolerance::ulp(2), Tolerance::rel(1.0 / 1024, 1.0 / 1024)})
+      for (const int64_t maxm : {int64_t(0), int64_t(3)}) out.push_back({tol, tile, maxm});
+  return out;
+}
+
 // A check compared on the device (lookup_differences, reference_differences) == on the host:
-// `made` (what the backends make) against a copy with bits flipped at a few places (none for
-// some ranks; the last element, signed zeros), in tiles of several sizes: the same ranges, the
-// made values there bit for bit, exactly the tiles holding a flip; nullopt for a wrong element
-// count. differences(backend, captured, n, tile) runs the check on one backend.
+// `made` (what the backends make) against a copy with bits flipped (flipped_copy), every
+// compare_modes(): the same tiles, statistics and values; nullopt for a wrong element count.
+// differences(backend, captured, n, how) runs the check on one backend.
 template <class Differences>
 void check_differences(const std::string& what, int r, const std::vector<float>& made,
                        const Differences& differences) {
   const int64_t n = static_cast<int64_t>(made.size());
-  std::vector<float> captured = made;
-  captured.push_back(0.0f);  // room for the wrong-count call
-  std::vector<int64_t> flipped;
-  for (int64_t k = 0; n > 0 && k < r % 4; ++k) {
-    const int64_t i = k == 0 ? n - 1 : (int64_t(r) * 7919 + k * 104729) % n;
-    uint32_t bits;
-    std::memcpy(&bits, &captured[size_t(i)], 4);
-    bits ^= uint32_t(1) << ((r + k) % 32);
-    std::memcpy(&captured[size_t(i)], &bits, 4);
-    flipped.push_back(i);
-  }
-  for (const int64_t tile : {int64_t(1), int64_t(7), int64_t(64), int64_t(1) << 16}) {
-    INFO(what << " rank " << r << " tile " << tile << " flips " << flipped.size());
-    const auto c = differences(cpu(), captured.data(), n, tile);
-    const auto g = differences(gpu(), captured.data(), n, tile);
+  const std::vector<float> captured = flipped_copy(made, r);
+  for (const TileCompare& how : compare_modes()) {
+    INFO(what << " rank " << r << " tile " << how.tile << " " << how.tol.str() << " max "
+              << how.max_report);
+    const auto c = differences(cpu(), captured.data(), n, how);
+    const auto g = differences(gpu(), captured.data(), n, how);
     REQUIRE(c.has_value());
     REQUIRE(g.has_value());
-    REQUIRE(g->size() == c->size());
-    int64_t tiles = 0;
-    for (size_t i = 0; i < c->size(); ++i) {
-      CHECK((*g)[i].begin == (*c)[i].begin);
-      CHECK(same_bits((*g)[i].want, (*c)[i].want));
-      tiles += (int64_t((*c)[i].want.size()) + tile - 1) / tile;
-    }
-    std::vector<int64_t> want_tiles;
-    for (const int64_t i : flipped) want_tiles.push_back(i / tile);
-    std::sort(want_tiles.begin(), want_tiles.end());
-    want_tiles.erase(std::unique(want_tiles.begin(), want_tiles.end()), want_tiles.end());
-    CHECK(tiles == int64_t(want_tiles.size()));
+    check_same_tiles(*g, *c);
   }
-  CHECK_FALSE(differences(gpu(), captured.data(), n + 1, 64));
-  CHECK_FALSE(differences(cpu(), captured.data(), n + 1, 64));
+  CHECK_FALSE(differences(gpu(), captured.data(), n + 1, compare_modes()[0]));
+  CHECK_FALSE(differences(cpu(), captured.data(), n + 1, compare_modes()[0]));
+}
+
+// The output dist with its outputs held on the device (hold_outputs), as a replay checks them:
+// the sinks get shapes and no data, and the golden and reference checks of the held outputs
+// == the host's checks of the CPU backend's outputs.
+void check_held_outputs(const Plan& plan, const std::vector<const Kjt*>& kjts,
+                        const EmbeddingSource& source, const DerivedBatch& derived,
+                        const std::vector<EmbTensor>& local,
+                        const std::vector<EmbTensor>& out_cpu) {
+  REQUIRE(gpu().hold_outputs(true));
+  const std::vector<EmbTensor> held = test::run_output_dist(gpu(), plan, derived, local);
+  for (size_t r = 0; r < held.size(); ++r) {
+    INFO("held output, rank " << r);
+    CHECK(held[r].shape == out_cpu[r].shape);
+    CHECK(held[r].data.empty());
+    const int64_t n = out_cpu[r].numel();
+    const std::vector<float> golden = flipped_copy(out_cpu[r].data, int(r) + 1);
+    for (const TileCompare& how : compare_modes()) {
+      INFO(how.tol.str() << " tile " << how.tile);
+      const auto g = gpu().held_output_differences(int(r), golden.data(), n, how);
+      REQUIRE(g.has_value());
+      check_same_tiles(*g, tile_diffs(out_cpu[r].data.data(), golden.data(), n, how));
+      const auto gr =
+          gpu().reference_differences(plan, int(r), *kjts[r], source, 0, nullptr, int(r), n, how);
+      const auto cr = cpu().reference_differences(plan, int(r), *kjts[r], source, 0,
+                                                  out_cpu[r].data.data(), -1, n, how);
+      REQUIRE(gr.has_value());
+      REQUIRE(cr.has_value());
+      check_same_tiles(*gr, *cr);
+    }
+    CHECK_FALSE(gpu().held_output_differences(int(r), golden.data(), n + 1, compare_modes()[0]));
+  }
+  gpu().hold_outputs(false);
+  CHECK_FALSE(gpu().held_output_differences(0, nullptr, 0, compare_modes()[0]));
 }
 
 // Runs one batch through both backends and compares every stage bit for bit.
@@ -191,14 +248,14 @@ void compare_batch(const Plan& plan, const std::vector<const Kjt*>& kjts,
   for (int64_t r = 0; r < W; ++r) {
     const LookupKjt& lk = derived.ranks[r].lookup_kjt;
     check_differences("lookup_differences", int(r), local[r].data,
-                      [&](Backend& be, const float* captured, int64_t n, int64_t tile) {
-                        return be.lookup_differences(plan, int(r), lk, source, captured, n, tile);
+                      [&](Backend& be, const float* captured, int64_t n, const TileCompare& how) {
+                        return be.lookup_differences(plan, int(r), lk, source, captured, n, how);
                       });
     const EmbTensor ref = reference_output(plan, int(r), *kjts[r], source, 0);
     check_differences("reference_differences", int(r), ref.data,
-                      [&](Backend& be, const float* replayed, int64_t n, int64_t tile) {
+                      [&](Backend& be, const float* replayed, int64_t n, const TileCompare& how) {
                         return be.reference_differences(plan, int(r), *kjts[r], source, 0, replayed,
-                                                        n, tile);
+                                                        -1, n, how);
                       });
   }
   const std::vector<EmbTensor> out_cpu = test::run_output_dist(cpu(), plan, derived, local);
@@ -210,12 +267,13 @@ void compare_batch(const Plan& plan, const std::vector<const Kjt*>& kjts,
     CHECK(out_gpu[r].dtype == out_cpu[r].dtype);
     CHECK(same_bits(out_gpu[r].data, out_cpu[r].data));
   }
+  check_held_outputs(plan, kjts, source, derived, local, out_cpu);
   // The lookups checked on the device first (as a replay does): the pooled dist then takes the
   // inputs kept there, and must give the same outputs.
   if (plan.module != ModuleKind::pooled) return;
   for (int64_t r = 0; r < W; ++r)
     REQUIRE(gpu().lookup_differences(plan, int(r), derived.ranks[r].lookup_kjt, source,
-                                     local[r].data.data(), local[r].numel(), 64));
+                                     local[r].data.data(), local[r].numel(), compare_modes()[0]));
   const std::vector<EmbTensor> out_kept = test::run_output_dist(gpu(), plan, derived, local);
   for (int64_t r = 0; r < W; ++r) {
     INFO("output dist on the kept lookups, rank " << r);

@@ -1,4 +1,4 @@
-#include "replay/tolerance.hpp"
+#include "engine/tolerance.hpp"
 
 #include <fmt/core.h>
 

@@ -1,0 +1,75 @@
+#include "engine/tile_diff.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/parallel.hpp"
+
+namespace dynemb {
+
+void TileStats::merge(const TileStats& o) {
+  mismatches += o.mismatches;
+  max_abs_err = std::max(max_abs_err, o.max_abs_err);
+  max_rel_err = std::max(max_rel_err, o.max_rel_err);
+  max_ulp = std::max(max_ulp, o.max_ulp);
+}
+
+TileStats pair_stats(const float* got, const float* want, int64_t n, const Tolerance& tol) {
+  TileStats s;
+  // A pair with the same bits adds nothing: no error, and every tolerance accepts it (NaN
+  // matches NaN). Blocks equal as bytes are skipped, so a passing check costs one pass over
+  // memory, not the per-element arithmetic.
+  constexpr int64_t kBlock = 2048;
+  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+    const int64_t b1 = std::min(n, b0 + kBlock);
+    if (std::memcmp(got + b0, want + b0, sizeof(float) * size_t(b1 - b0)) == 0) continue;
+    for (int64_t i = b0; i < b1; ++i) add_pair(s, got[i], want[i], tol);
+  }
+  return s;
+}
+
+std::vector<int64_t> tiles_with_first(const std::vector<TileStats>& stats, int64_t max_report) {
+  std::vector<int64_t> out;
+  int64_t covered = 0;
+  for (size_t t = 0; t < stats.size() && covered < max_report; ++t) {
+    if (stats[t].mismatches == 0) continue;
+    out.push_back(int64_t(t));
+    covered += stats[t].mismatches;
+  }
+  return out;
+}
+
+std::vector<TileDiff> tile_diffs(const float* got, const float* want, int64_t n,
+                                 const TileCompare& how) {
+  const int64_t tile = std::max<int64_t>(1, how.tile);
+  const int64_t tiles = (n + tile - 1) / tile;
+  std::vector<TileStats> stats(static_cast<size_t>(tiles));
+  parallel_for(
+      hardware_threads(), tiles,
+      [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t e0 = t * tile, len = std::min(n, e0 + tile) - e0;
+          stats[size_t(t)] = pair_stats(got + e0, want + e0, len, how.tol);
+        }
+      },
+      /*grain=*/16);
+  const std::vector<int64_t> first = tiles_with_first(stats, how.max_report);
+  std::vector<TileDiff> out;
+  size_t next_first = 0;
+  for (int64_t t = 0; t < tiles; ++t) {
+    if (stats[size_t(t)].adds_nothing()) continue;
+    TileDiff d;
+    d.begin = t * tile;
+    d.end = std::min(n, d.begin + tile);
+    d.stats = stats[size_t(t)];
+    if (next_first < first.size() && first[next_first] == t) {
+      d.got.assign(got + d.begin, got + d.end);
+      d.want.assign(want + d.begin, want + d.end);
+      ++next_first;
+    }
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+}  // namespace dynemb
