@@ -337,24 +337,9 @@ std::vector<TileDiff> CudaBackend::tile_diffs_on_device(const float* got, const 
   std::vector<TileStats> stats(out.size());
   for (size_t t = 0; t < out.size(); ++t)
     stats[t] = {out[t].mismatches, out[t].max_abs_err, out[t].max_rel_err, out[t].max_ulp};
-  const std::vector<int64_t> first = tiles_with_first(stats, how.max_report);
-  std::vector<TileDiff> tiles;
+  std::vector<TileDiff> tiles = tiles_from_stats(stats, n, how);
   std::vector<ToHost> parts;
-  size_t next_first = 0;
-  for (int64_t t = 0; t < int64_t(stats.size()); ++t) {
-    if (stats[size_t(t)].adds_nothing()) continue;
-    TileDiff d;
-    d.begin = t * tile;
-    d.end = std::min(n, d.begin + tile);
-    d.stats = stats[size_t(t)];
-    if (next_first < first.size() && first[next_first] == t) {
-      d.got.resize(size_t(d.end - d.begin));
-      d.want.resize(d.got.size());
-      ++next_first;
-    }
-    tiles.push_back(std::move(d));
-  }
-  for (TileDiff& d : tiles)  // after the vector stops moving: the copies write into d's values
+  for (TileDiff& d : tiles)  // the values of the tiles of the first mismatches
     if (!d.got.empty()) {
       const size_t bytes = sizeof(float) * d.got.size();
       parts.push_back({d.got.data(), got + d.begin, bytes});

@@ -39,6 +39,28 @@ std::vector<int64_t> tiles_with_first(const std::vector<TileStats>& stats, int64
   return out;
 }
 
+std::vector<TileDiff> tiles_from_stats(const std::vector<TileStats>& stats, int64_t n,
+                                       const TileCompare& how) {
+  const int64_t tile = std::max<int64_t>(1, how.tile);
+  const std::vector<int64_t> first = tiles_with_first(stats, how.max_report);
+  std::vector<TileDiff> out;
+  size_t next_first = 0;
+  for (int64_t t = 0; t < int64_t(stats.size()); ++t) {
+    if (stats[size_t(t)].adds_nothing()) continue;
+    TileDiff d;
+    d.begin = t * tile;
+    d.end = std::min(n, d.begin + tile);
+    d.stats = stats[size_t(t)];
+    if (next_first < first.size() && first[next_first] == t) {
+      d.got.resize(size_t(d.end - d.begin));
+      d.want.resize(d.got.size());
+      ++next_first;
+    }
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
 std::vector<TileDiff> tile_diffs(const float* got, const float* want, int64_t n,
                                  const TileCompare& how) {
   const int64_t tile = std::max<int64_t>(1, how.tile);
@@ -53,21 +75,10 @@ std::vector<TileDiff> tile_diffs(const float* got, const float* want, int64_t n,
         }
       },
       /*grain=*/16);
-  const std::vector<int64_t> first = tiles_with_first(stats, how.max_report);
-  std::vector<TileDiff> out;
-  size_t next_first = 0;
-  for (int64_t t = 0; t < tiles; ++t) {
-    if (stats[size_t(t)].adds_nothing()) continue;
-    TileDiff d;
-    d.begin = t * tile;
-    d.end = std::min(n, d.begin + tile);
-    d.stats = stats[size_t(t)];
-    if (next_first < first.size() && first[next_first] == t) {
-      d.got.assign(got + d.begin, got + d.end);
-      d.want.assign(want + d.begin, want + d.end);
-      ++next_first;
-    }
-    out.push_back(std::move(d));
+  std::vector<TileDiff> out = tiles_from_stats(stats, n, how);
+  for (TileDiff& d : out) {
+    std::copy(got + d.begin, got + d.begin + int64_t(d.got.size()), d.got.begin());
+    std::copy(want + d.begin, want + d.begin + int64_t(d.want.size()), d.want.begin());
   }
   return out;
 }

@@ -70,6 +70,11 @@ struct TileDiff {
 // in order, until max_report mismatches are covered.
 std::vector<int64_t> tiles_with_first(const std::vector<TileStats>& stats, int64_t max_report);
 
+// The TileDiff of each tile of n elements whose `stats` add something, in order; those of
+// tiles_with_first have their values sized, for the caller to fill from wherever the tensors are.
+std::vector<TileDiff> tiles_from_stats(const std::vector<TileStats>& stats, int64_t n,
+                                       const TileCompare& how);
+
 // The tiles of got and want (n floats each, host memory) that add something, in order, on
 // every core: what a backend returns for its comparisons.
 std::vector<TileDiff> tile_diffs(const float* got, const float* want, int64_t n,
