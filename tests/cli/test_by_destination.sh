@@ -119,6 +119,15 @@ with h5py.File("seq-damaged.h5", "r") as f:
 with open("seq-damaged.h5", "r+b") as f:
     f.seek(info.byte_offset + info.size // 2)
     f.write(b"\xff" * 64)
+# dense weights for t0 and t2 (they win over /oracle): the lookups and references of their
+# features made from them, unlike the captured ones
+rng = np.random.default_rng(7)
+for src in ("seq", "pooled"):
+    shutil.copy(src + ".h5", src + "-dense.h5")
+    with h5py.File(src + "-dense.h5", "r+") as f:
+        for name, rows in (("t0", 1000), ("t2", 2047)):
+            w = rng.integers(-64, 64, size=(rows, 128)).astype(np.float32) / 64
+            f.create_dataset("tables/%s/weight" % name, data=w)
 EOF
 same pooled-gold pooled-gold.h5 "one destination at a time" --max-mismatches 2
 same pooled-gold-all pooled-gold.h5 "one destination at a time"
@@ -128,6 +137,11 @@ same pooled-local pooled-local.h5 "one destination at a time" --max-mismatches 2
 same seq-perm seq-perm.h5 "$(printf 'one destination at a time\nwhole')"
 same pooled-bspr pooled-bspr.h5 "$(printf 'one destination at a time\nwhole')"
 same seq-damaged seq-damaged.h5 "$(printf 'one destination at a time\nwhole')"
+for c in seq pooled; do
+  same "$c-dense" "$c-dense.h5" "one destination at a time" --max-mismatches 3
+  same "$c-dense-rtol" "$c-dense.h5" "one destination at a time" --tolerance rtol:0.5,atol:0.5
+done
+grep -q '"status": "fail"' pooled-dense.dest.json || fail "pooled-dense: no failed check"
 grep -q '"column"' pooled-gold.dest.json || fail "pooled-gold: no mismatch coordinates"
 grep -q '"status": "fail"' seq-local.dest.json || fail "seq-local: no failed check"
 grep -q '"check": "trouble"' seq-damaged.dest.json || fail "seq-damaged: no trouble reported"
