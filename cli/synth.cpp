@@ -147,7 +147,8 @@ SynthOptions synth_options(const SynthArgs& a) {
   return o;
 }
 
-// Size up front: one batch of every rank is in memory at once (W^2 context terms); throws
+// Size up front: one batch's ids and contexts of every rank are in memory at once (W^2 context
+// terms), and every rank's lookups too unless the dist runs one destination at a time; throws
 // Error when that is more than this machine has.
 void check_synth_memory(const Plan& plan, const SynthOptions& o) {
   int64_t b = 0;
@@ -157,9 +158,12 @@ void check_synth_memory(const Plan& plan, const SynthOptions& o) {
   len /= double(std::max<size_t>(1, o.hotness.size()));
   MemoryEstimate m = estimate_batch_memory(plan, b, len);
   const bool engine = o.store_ctx || o.store_local_embs || o.store_output;
-  const double need = !engine                                  ? m.ids
-                      : (o.store_local_embs || o.store_output) ? m.synth
-                                                               : m.ids + m.context;
+  double need = !engine ? m.ids : m.ids + m.context;
+  if (synth_by_destination_planned(plan, o))
+    need = m.synth_by_destination -
+           (o.store_local_embs ? 0 : std::min(2.0, double(plan.world_size)) * m.synth_one_lookup);
+  else if (o.store_local_embs || o.store_output || o.store_module_output)
+    need = m.synth;
   const uint64_t have = usable_memory_bytes();
   if (have > 0 && need > double(have))
     throw Error(fmt::format(

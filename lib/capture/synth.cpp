@@ -564,6 +564,13 @@ void synth_by_destination(const Plan& plan, Backend& backend, const EmbeddingSou
 
 }  // namespace
 
+bool synth_by_destination_planned(const Plan& plan, const SynthOptions& o) {
+  const bool need_dist = o.store_output || o.store_module_output;
+  const bool in_bounds = plan.bounds_check != BoundsCheck::error || o.oob_fraction == 0;
+  return need_dist && o.plant != SynthOptions::Plant::local_embs_means &&
+         synth_by_destination_allowed() && in_bounds;
+}
+
 // Per batch: inputs, context, lookups, output dist, each handing its ranks' writes to the
 // write queue as they complete, so that compressing and writing rank r overlaps deriving r + 1.
 void synth_capture(const Plan& plan, const SynthOptions& o, std::shared_ptr<OutputFile> out,
@@ -626,8 +633,8 @@ void synth_capture(const Plan& plan, const SynthOptions& o, std::shared_ptr<Outp
     // The output dist one destination at a time (synth_by_destination): what it needs of every
     // rank's lookup is made for it, so a rank's local_embs go once written. Not when a planted
     // fault changes the lookups the dist runs on (DYNEMB_SYNTH_BY_DESTINATION=off: never).
-    const bool by_destination = need_dist && o.plant != Plant::local_embs_means &&
-                                synth_by_destination_allowed() && lookups_in_bounds(plan, derived);
+    const bool by_destination =
+        synth_by_destination_planned(plan, o) && lookups_in_bounds(plan, derived);
     BatchWrites writes(queue, writer, batch, /*drop_lookups=*/by_destination);
     if (!need_lookup) {
       writes.ready(W, W);

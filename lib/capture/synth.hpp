@@ -74,6 +74,12 @@ SynthOptions preset_workload(const std::string& name);
 // Checks options against the plan (list lengths, ranges, int32 fit); throws UsageError.
 void check_synth_options(const Plan& plan, const SynthOptions& opt);
 
+// Whether synth_capture makes the output dist one destination rank at a time, holding one
+// rank's lookup (MemoryEstimate::synth_by_destination), not every rank's: when it makes outputs,
+// no planted fault changes the lookups, and no id can be outside its table under
+// bounds_check: error (such a batch goes the whole way, so that its error names the same id).
+bool synth_by_destination_planned(const Plan& plan, const SynthOptions& opt);
+
 // The W local KJTs of batch `batch`.
 std::vector<Kjt> synth_kjts(const Plan& plan, const SynthOptions& opt, int64_t batch);
 // The VBE inverse indices of rank r's KJT in batch `batch` ([F * B_r], each < B_{r,f}).

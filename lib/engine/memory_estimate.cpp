@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "common/memory.hpp"
 
 namespace dynemb {
@@ -30,6 +32,11 @@ MemoryEstimate estimate_batch_memory(const Plan& plan, int64_t batch_size, doubl
     m.output = 4.0 * W * B * double(plan.sum_dim);
   }
   m.synth = m.ids + m.context + m.lookup + m.output;
+  m.synth_one_lookup = m.lookup / W;
+  const double one_output = m.output / W;
+  const double blocks = sequence ? 2 * one_output : std::min(64.0 * (1 << 20), W * one_output);
+  m.synth_by_destination = m.ids + m.context + std::min(2.0, W) * m.synth_one_lookup +
+                           std::min(4.0, W) * one_output + blocks;
   // Replay of a capture holding every part: captured and derived contexts, lookups and
   // outputs (the golden one and the replayed one).
   m.replay = m.ids + 2 * m.context + 2 * m.lookup + 2 * m.output;
@@ -40,8 +47,9 @@ std::string MemoryEstimate::summary() const {
   return fmt::format(
       "replay ~{}, synth ~{} per batch (B = {} per rank, {:g} ids per bag: context {} of which "
       "{} in W^2 terms, ids {}, lookup output {}, output {})",
-      human_bytes(replay), human_bytes(synth), batch_size, mean_bag_length, human_bytes(context),
-      human_bytes(context_w2), human_bytes(ids), human_bytes(lookup), human_bytes(output));
+      human_bytes(replay), human_bytes(synth_by_destination), batch_size, mean_bag_length,
+      human_bytes(context), human_bytes(context_w2), human_bytes(ids), human_bytes(lookup),
+      human_bytes(output));
 }
 
 }  // namespace dynemb

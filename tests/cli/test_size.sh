@@ -36,7 +36,9 @@ start=$(date +%s)
 DYNEMB_MEMORY_LIMIT=64G "$DYNEMB" synth w65536.yaml --batch-size 8 --hotness 4 -o w.h5 >synth.out 2>&1
 expect_rc synth_w65536 2 $?
 (($(date +%s) - start < 10)) || fail "synth_w65536: took $(($(date +%s) - start)) s to refuse"
-has_text synth.out "synth: one batch needs about 658.10 GiB, more than the 64.00 GiB this machine has" synth_w65536
+# ids 256.09 + context 400.02 GiB, and (one destination at a time) two ranks' lookups, four
+# ranks' outputs and one destination's blocks of 16 KiB each.
+has_text synth.out "synth: one batch needs about 656.10 GiB, more than the 64.00 GiB this machine has" synth_w65536
 has_text synth.out "W = 65536" synth_w65536
 [[ ! -e w.h5 ]] || fail "synth_w65536: w.h5 was created"
 [[ "$(sha w65536.yaml)" == "$plan_sha" ]] || fail "synth_w65536: the plan was changed"
@@ -45,6 +47,17 @@ no_temps "$tmp" synth_w65536
 # A job that fits runs (the same limit).
 DYNEMB_MEMORY_LIMIT=64G "$DYNEMB" synth --preset unit-seq-w8 --batches 1 -o small.h5 >/dev/null 2>&1
 expect_rc synth_fits 0 $?
+# synth makes its output dist one destination at a time, with one rank's lookup in memory, and
+# is sized so: a batch whose every lookup at once would not fit (696 MiB) is made in 400 MiB
+# (it peaks near 240 MiB), and refused when the dist runs whole (the test hook).
+pooled=(--preset unit-pooled-w8 --batch-size 4096 --batches 1)
+DYNEMB_MEMORY_LIMIT=400M "$DYNEMB" synth "${pooled[@]}" -o bydest.h5 >bydest.out 2>&1
+expect_rc synth_by_destination_fits 0 $?
+DYNEMB_SYNTH_BY_DESTINATION=off DYNEMB_MEMORY_LIMIT=400M "$DYNEMB" synth "${pooled[@]}" \
+  -o whole.h5 >whole.out 2>&1
+expect_rc synth_whole_refused 2 $?
+has_text whole.out "synth: one batch needs about 696.00 MiB, more than the 400.00 MiB" synth_whole
+[[ ! -e whole.h5 ]] || fail "synth_whole: whole.h5 was created"
 # replay refuses a batch that cannot fit, before replaying it; the reports are still written.
 # (small.h5 holds every rank's local_embs, so it is replayed one destination rank at a time,
 # in about 8 MiB.)
