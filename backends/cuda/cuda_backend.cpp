@@ -182,9 +182,7 @@ bool resolve_ids(const Plan& plan, OracleRuns& r, RowOf&& row_of) {
   parallel_for(
       hardware_threads(), bag0.back(),
       [&](int64_t j0, int64_t j1) {
-        int64_t f = std::upper_bound(bag0.begin(), bag0.end(), j0) - bag0.begin() - 1;
-        for (int64_t j = j0; j < j1; ++j) {
-          while (j >= bag0[f + 1]) ++f;
+        each_bag(bag0, j0, j1, [&](int64_t f, int64_t j) {
           r.bag_feat[j] = static_cast<int32_t>(f);
           for (int64_t p = r.off[j]; p < r.off[j + 1]; ++p) {
             const RowRef ref = row_of(f, p);
@@ -192,7 +190,7 @@ bool resolve_ids(const Plan& plan, OracleRuns& r, RowOf&& row_of) {
             r.g[p] = ref.g;
             r.valid[p] = ref.valid ? 1 : 0;
           }
-        }
+        });
       },
       /*grain=*/1024);
   return !oob_error;

@@ -486,12 +486,10 @@ bool lookups_in_bounds(const Plan& plan, const DerivedBatch& derived) {
     const std::vector<int64_t> off = complete_cumsum(lk.lengths);
     if (off.back() != static_cast<int64_t>(lk.values.size())) return false;
     parallel_for(hardware_threads(), bag0.back(), [&](int64_t j0, int64_t j1) {
-      int64_t f = std::upper_bound(bag0.begin(), bag0.end(), j0) - bag0.begin() - 1;
-      for (int64_t j = j0; j < j1; ++j) {
-        while (j >= bag0[f + 1]) ++f;
+      each_bag(bag0, j0, j1, [&](int64_t f, int64_t j) {
         for (int64_t p = off[j]; p < off[j + 1]; ++p)
           if (lookup_row(plan, f, r, lk.values[p]).oob) ok.store(false, std::memory_order_relaxed);
-      }
+      });
     });
   }
   return ok;

@@ -14,6 +14,7 @@
 #include "engine/dist_checks.hpp"
 #include "engine/embedding_source.hpp"
 #include "engine/engine.hpp"
+#include "engine/lookup_runs.hpp"
 #include "engine/ops.hpp"
 #include "engine/parallel.hpp"
 
@@ -121,58 +122,14 @@ void CpuBackend::each_lookup_run(const Plan& plan, int rank, const LookupKjt& k,
     throw Error("rank " + std::to_string(rank) + ": lookup KJT lengths sum to " +
                 std::to_string(off.back()) + " but it has " + std::to_string(k.values.size()) +
                 " values");
-  const bool sequence = plan.module == ModuleKind::sequence;
   const float* weights = k.weights.empty() ? nullptr : k.weights.data();
-  const DType dt = plan.data_type();
-  int64_t maxD = sequence ? plan.seq_dim() : 1;
-  for (const FeatureInfo& fi : plan.features) maxD = std::max(maxD, fi.dim);
-  if (!sequence && !k.variable_batch) {
-    try {
-      pool_rows(
-          plan, L.shape[0], bag0,
-          [&](int64_t f, int64_t j, float* out) {
-            thread_local std::vector<float> row, acc;
-            row.resize(size_t(maxD));
-            acc.resize(size_t(maxD));
-            const auto row_of = [&](int64_t p) {
-              return resolve(plan, rank, k, f, j - bag0[f], p - off[j], p);
-            };
-            pool_bag(source, plan.features[f].table, plan.features[f].dim, dt, off[j], off[j + 1],
-                     weights, row_of, acc.data(), row.data(), out);
-          },
-          emit);
-      return;
-    } catch (const Error&) {
-      // The error to give is the first bad id in bag order: the walk below throws it.
-    }
-  }
-  parallel_for(threads_, bag0.back(), [&](int64_t j0, int64_t j1) {
-    std::vector<float> row(static_cast<size_t>(maxD)), acc(static_cast<size_t>(maxD));
-    int64_t f = std::upper_bound(bag0.begin(), bag0.end(), j0) - bag0.begin() - 1;
-    for (int64_t j = j0; j < j1; ++j) {
-      while (j >= bag0[f + 1]) ++f;
-      const auto row_of = [&](int64_t p) {
+  const bool rows = plan.module == ModuleKind::pooled && !k.variable_batch;
+  bag_runs(
+      plan, source, bag0, off, weights, rows ? L.shape[0] : -1, threads_, /*grain=*/4096,
+      [&](int64_t f, int64_t j, int64_t p) {
         return resolve(plan, rank, k, f, j - bag0[f], p - off[j], p);
-      };
-      const int table = plan.features[f].table;
-      if (sequence) {  // exact copies of the source rows
-        const int64_t D = plan.seq_dim();
-        for (int64_t p = off[j]; p < off[j + 1]; ++p) {
-          const RowRef ref = row_of(p);
-          if (ref.valid)
-            source.row(table, ref.g, row.data(), D);
-          else
-            std::fill(row.begin(), row.begin() + D, 0.0f);
-          emit(row.data(), p * D, D);
-        }
-      } else {
-        const int64_t D = plan.features[f].dim;
-        pool_bag(source, table, D, dt, off[j], off[j + 1], weights, row_of, acc.data(), row.data(),
-                 row.data());
-        emit(row.data(), L.dst[size_t(j)], D);
-      }
-    }
-  });
+      },
+      [&](int64_t, int64_t j) { return L.dst[size_t(j)]; }, emit);
 }
 
 EmbTensor CpuBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,

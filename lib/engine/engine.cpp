@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "common/error.hpp"
+#include "engine/lookup_runs.hpp"
 #include "engine/ops.hpp"
 #include "engine/parallel.hpp"
 
@@ -162,61 +163,17 @@ void reference_runs(const Plan& plan, int rank, const Kjt& kjt, const EmbeddingS
   for (int64_t f = 0; f <= F; ++f) bag0[size_t(f)] = f < F ? kjt.bag_begin(f) : kjt.num_bags();
   for (int64_t f = 0; f < F; ++f)
     e1d[size_t(f + 1)] = e1d[size_t(f)] + kjt.batch_size(f) * plan.features[f].dim;
-  int64_t maxD = sequence ? plan.seq_dim() : 1;
-  for (const FeatureInfo& fi : plan.features) maxD = std::max(maxD, fi.dim);
   // Pooled: one fp32 sum per bag in id order, rounded once to the TBE dtype (MEAN tables too:
-  // this is the reference of the dist, which carries sums). The bags are split among the
-  // threads (a chunk throws at its first bad id, so the error is the first in bag order).
-  const DType dt = plan.data_type();
+  // this is the reference of the dist, which carries sums).
   const float* weights = kjt.weighted ? kjt.weights.data() : nullptr;
-  if (!sequence && !vbe) {
-    try {
-      pool_rows(
-          plan, kjt.stride(), bag0,
-          [&](int64_t f, int64_t j, float* out) {
-            thread_local std::vector<float> row, acc;
-            row.resize(size_t(maxD));
-            acc.resize(size_t(maxD));
-            pool_bag(
-                source, plan.features[f].table, plan.features[f].dim, dt, off[size_t(j)],
-                off[size_t(j + 1)], weights, [&](int64_t i) { return row_of(f, i); }, acc.data(),
-                row.data(), out);
-          },
-          emit);
-      return;
-    } catch (const Error&) {
-      // The error to give is the first bad id in bag order: the walk below throws it.
-    }
-  }
-  parallel_for(
-      hardware_threads(), bag0.back(),
-      [&](int64_t j0, int64_t j1) {
-        std::vector<float> row(static_cast<size_t>(maxD)), acc(static_cast<size_t>(maxD));
-        int64_t f = std::upper_bound(bag0.begin(), bag0.end(), j0) - bag0.begin() - 1;
-        for (int64_t j = j0; j < j1; ++j) {
-          while (j >= bag0[size_t(f + 1)]) ++f;
-          const int table = plan.features[f].table;
-          if (sequence) {  // every id its own row, an exact copy of the source row
-            const int64_t D = plan.seq_dim();
-            for (int64_t i = off[size_t(j)]; i < off[size_t(j + 1)]; ++i) {
-              const RowRef ref = row_of(f, i);
-              if (ref.valid)
-                source.row(table, ref.g, row.data(), D);
-              else
-                std::fill(row.begin(), row.begin() + D, 0.0f);
-              emit(row.data(), i * D, D);
-            }
-            continue;
-          }
-          const int64_t D = plan.features[f].dim, b = j - bag0[size_t(f)];
-          pool_bag(
-              source, table, D, dt, off[size_t(j)], off[size_t(j + 1)], weights,
-              [&](int64_t i) { return row_of(f, i); }, acc.data(), row.data(), row.data());
-          emit(row.data(),
-               vbe ? e1d[size_t(f)] + b * D : b * plan.sum_dim + plan.features[f].column_offset, D);
-        }
+  bag_runs(
+      plan, source, bag0, off, weights, !sequence && !vbe ? kjt.stride() : -1, hardware_threads(),
+      /*grain=*/64, [&](int64_t f, int64_t, int64_t i) { return row_of(f, i); },
+      [&](int64_t f, int64_t j) {
+        const int64_t D = plan.features[f].dim, b = j - bag0[size_t(f)];
+        return vbe ? e1d[size_t(f)] + b * D : b * plan.sum_dim + plan.features[f].column_offset;
       },
-      /*grain=*/64);
+      emit);
 }
 
 EmbTensor reference_output(const Plan& plan, int rank, const Kjt& kjt,

@@ -6,6 +6,7 @@
 // that do not add up); the output dists turn that into OutputDistFailure naming rank + field.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -100,6 +101,18 @@ struct LookupOutputLayout {
   int64_t numel() const;
 };
 LookupOutputLayout lookup_output_layout(const Plan& plan, const LookupKjt& k);
+
+// fn(f, j) for the bags j of [j0, j1) in order, f the feature of bag j: feature f holds bags
+// [bag0[f], bag0[f + 1]) ([F + 1], some features may have none). The feature is searched once
+// and then stepped along: how a chunk of a parallel walk over a KJT's bags knows its features.
+template <class Fn>
+void each_bag(const std::vector<int64_t>& bag0, int64_t j0, int64_t j1, Fn&& fn) {
+  int64_t f = std::upper_bound(bag0.begin(), bag0.end(), j0) - bag0.begin() - 1;
+  for (int64_t j = j0; j < j1; ++j) {
+    while (j >= bag0[size_t(f + 1)]) ++f;
+    fn(f, j);
+  }
+}
 
 // Sequence plans: EmbeddingCollection pads a VBE KJT's lengths to max_f B_f (§6.2).
 Kjt pad_vbe_kjt_lengths(const Kjt& kjt);
