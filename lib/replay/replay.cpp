@@ -1518,7 +1518,7 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
       at("lookup", int(s));
       const DestBlock b = unit_block(where, s, u);
       const LookupKjt& lk = st.der.ranks[size_t(s)].lookup_kjt;
-      // Compared where the backend makes it: only the tiles that differ come back.
+      // Compared where the backend makes it: only the tiles that add to the diff come back.
       const float* got = rows.block(size_t(s));
       const std::optional<std::vector<TileDiff>> tiles =
           backend_.lookup_differences(plan_, int(s),
