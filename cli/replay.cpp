@@ -17,10 +17,10 @@
 #include "common/memory.hpp"
 #include "common/output_file.hpp"
 #include "engine/backend.hpp"
+#include "engine/tolerance.hpp"
 #include "progress.hpp"
 #include "registry.hpp"
 #include "replay/replay.hpp"
-#include "engine/tolerance.hpp"
 
 namespace dynemb::cli {
 namespace {

@@ -6,8 +6,8 @@
 #include <limits>
 
 #include "common/error.hpp"
-#include "replay/diff.hpp"
 #include "engine/tolerance.hpp"
+#include "replay/diff.hpp"
 
 using namespace dynemb;
 

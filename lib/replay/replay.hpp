@@ -17,8 +17,8 @@
 
 #include "common/output_file.hpp"
 #include "engine/backend.hpp"
-#include "replay/report.hpp"
 #include "engine/tolerance.hpp"
+#include "replay/report.hpp"
 
 namespace dynemb {
 
