@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Bounded memory with captured lookups: a pooled capture whose whole batch is about 600 MiB of
-# captured floats (W = 8 local_embs of [8 x 2048, 512] and the outputs) replays one destination
+# Bounded memory with captured lookups: a pooled capture whose whole batch is about 550 MiB of
+# captured floats (W = 16 local_embs of [16 x 1024, 512] and the outputs) replays one destination
 # rank at a time in a small part of what the whole batch takes (DYNEMB_BY_DESTINATION=off), both
 # passing with the same report; and a --max-memory that admits one destination's share but not
 # the whole batch is enough. A budget below even one destination's share is refused up front,
@@ -12,8 +12,20 @@ set -u
 skip_rss_under_asan
 cd "$tmp" || exit 1
 
-"$DYNEMB" synth --preset unit-pooled-w8 --batch-size 2048 -o big.h5 >/dev/null 2>&1 ||
-  fail "synth"
+# unit-pooled-w8's tables at W = 16: the whole batch grows as W^2 B, one destination's share as
+# W B, so what the design saves shows well above the ids and contexts both hold.
+cat >w16.yaml <<'YAML'
+format_version: 1
+world_size: 16
+module: pooled
+comm_precision: fp32
+tables:
+  - {name: t0, num_embeddings: 1000, embedding_dim: 128, data_type: fp32, features: [f0]}
+  - {name: t1, num_embeddings: 1001, embedding_dim: 128, data_type: fp32, features: [f1]}
+  - {name: t2, num_embeddings: 2047, embedding_dim: 128, data_type: fp32, features: [f2]}
+  - {name: t3, num_embeddings: 17, embedding_dim: 128, data_type: fp32, features: [f3]}
+YAML
+"$DYNEMB" synth w16.yaml --batch-size 1024 -o big.h5 >/dev/null 2>&1 || fail "synth"
 
 "$DYNEMB_PYTHON" - "$DYNEMB" "$(dirname "$0")" <<'EOF' || fails=$((fails + 1))
 import json, sys
