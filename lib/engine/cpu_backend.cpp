@@ -83,7 +83,8 @@ class CpuBackend final : public Backend {
  private:
   template <class Emit>
   void each_lookup_run(const Plan& plan, int rank, const LookupKjt& k,
-                       const EmbeddingSource& source, const LookupOutputLayout& L, Emit&& emit);
+                       const EmbeddingSource& source, const LookupOutputLayout& L, Emit&& emit,
+                       float* into = nullptr);
 
   int threads_;
 };
@@ -111,11 +112,12 @@ RowRef resolve(const Plan& plan, int rank, const LookupKjt& k, int64_t f, int64_
 // Makes rank `rank`'s lookup of k run by run, on every core: emit(values, at, count) gets the
 // `count` values of the output's elements [at, at + count): per value p a row of D (zeros when
 // its row is not looked up), or per pooled bag its D_f sums (fp32 in bag order, one rounding
-// to the TBE output dtype). Every element of the layout is in exactly one run.
+// to the TBE output dtype). Every element of the layout is in exactly one run. `into`: the
+// whole output, where runs may be made in place instead of emitted (bag_runs).
 template <class Emit>
 void CpuBackend::each_lookup_run(const Plan& plan, int rank, const LookupKjt& k,
                                  const EmbeddingSource& source, const LookupOutputLayout& L,
-                                 Emit&& emit) {
+                                 Emit&& emit, float* into) {
   const std::vector<int64_t>& bag0 = L.bag0;
   const std::vector<int64_t> off = complete_cumsum(k.lengths);
   if (off.back() != static_cast<int64_t>(k.values.size()))
@@ -129,16 +131,19 @@ void CpuBackend::each_lookup_run(const Plan& plan, int rank, const LookupKjt& k,
       [&](int64_t f, int64_t j, int64_t p) {
         return resolve(plan, rank, k, f, j - bag0[f], p - off[j], p);
       },
-      [&](int64_t, int64_t j) { return L.dst[size_t(j)]; }, emit);
+      [&](int64_t, int64_t j) { return L.dst[size_t(j)]; }, emit, into);
 }
 
 EmbTensor CpuBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
                              const EmbeddingSource& source) {
   const LookupOutputLayout L = lookup_output_layout(plan, k);
   EmbTensor out = EmbTensor::zeros(plan.data_type(), L.shape);
-  each_lookup_run(plan, rank, k, source, L, [&](const float* v, int64_t at, int64_t count) {
-    std::copy(v, v + count, out.data.begin() + at);
-  });
+  each_lookup_run(
+      plan, rank, k, source, L,
+      [&](const float* v, int64_t at, int64_t count) {
+        std::copy(v, v + count, out.data.begin() + at);
+      },
+      out.data.data());
   return out;
 }
 
@@ -210,17 +215,24 @@ void CpuBackend::sequence_output_dist(const Plan& plan,
     const std::vector<int64_t>& ro = recv_off[d];
     const int64_t N = static_cast<int64_t>(perm.size());
     EmbTensor out = EmbTensor::zeros(output_dist_dtype(plan), {N, D});
-    // out[i] = recv[perm[i]], recv = concat over s of rank s's chunk for d; the codec
-    // rounds each element exactly once (encode before, decode after the exchange).
+    // recv[p]: the row that lands at position p of what d receives (rank s's chunk for d at
+    // [ro[s], ro[s + 1]), in its send order), found once per position, not by a search per
+    // output row: the rows are often narrow (a replay over column slices), the search costlier
+    // than the copy.
+    std::vector<const float*> recv(static_cast<size_t>(ro.back()));
+    for (int64_t s = 0; s < W; ++s) {
+      const int64_t* rows = send_rows[s].data() + send_off[s][W == 1 ? 0 : d];
+      const float* base = local_embs[s]->data.data();
+      for (int64_t p = ro[s]; p < ro[s + 1]; ++p) recv[size_t(p)] = base + rows[p - ro[s]] * D;
+    }
+    // out[i] = recv[perm[i]]; the codec rounds each element exactly once (encode before,
+    // decode after the exchange).
     parallel_for(threads_, N, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
-        const int64_t p = perm[i];
-        const int64_t s = std::upper_bound(ro.begin(), ro.end(), p) - ro.begin() - 1;
-        const int64_t row = send_rows[s][send_off[s][W == 1 ? 0 : d] + (p - ro[s])];
-        const float* src = &local_embs[s]->data[row * D];
+        const float* src = recv[size_t(perm[i])];
         float* o = &out.data[i * D];
         if (codec == DType::f32)
-          std::copy(src, src + D, o);
+          for (int64_t e = 0; e < D; ++e) o[e] = src[e];
         else
           for (int64_t e = 0; e < D; ++e) o[e] = codec_encode(codec, src[e]);
       }

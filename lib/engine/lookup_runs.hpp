@@ -75,11 +75,13 @@ void pool_rows(const Plan& plan, int64_t rows, const std::vector<int64_t>& bag0,
 // tensor is [rows, sum_D]) made row by row (pool_rows), so that whoever compares the runs reads
 // the tensor front to back. emit(values, at, count) is called on any thread. An error thrown is
 // the first bad id in bag order: after one from the row-by-row walk the bags are walked again
-// in order, `threads` at a time in chunks of at least `grain` bags.
+// in order, `threads` at a time in chunks of at least `grain` bags. With `into` (the whole
+// tensor, for a caller that makes it), the runs of that walk are made in place and not emitted:
+// a sequence lookup is rows of a few columns, each copied once more otherwise.
 template <class RowOf, class Dst, class Emit>
 void bag_runs(const Plan& plan, const EmbeddingSource& source, const std::vector<int64_t>& bag0,
               const std::vector<int64_t>& off, const float* weights, int64_t rows, int threads,
-              int64_t grain, RowOf&& row_of, Dst&& dst, Emit&& emit) {
+              int64_t grain, RowOf&& row_of, Dst&& dst, Emit&& emit, float* into = nullptr) {
   const bool sequence = plan.module == ModuleKind::sequence;
   const DType dt = plan.data_type();
   int64_t maxD = sequence ? plan.seq_dim() : 1;
@@ -114,18 +116,20 @@ void bag_runs(const Plan& plan, const EmbeddingSource& source, const std::vector
             const int64_t D = plan.seq_dim();
             for (int64_t i = off[size_t(j)]; i < off[size_t(j + 1)]; ++i) {
               const auto ref = row_of_id(i);
+              float* out = into ? into + i * D : row.data();
               if (ref.valid)
-                source.row(table, ref.g, row.data(), D);
+                source.row(table, ref.g, out, D);
               else
-                std::fill(row.begin(), row.begin() + D, 0.0f);
-              emit(row.data(), i * D, D);
+                std::fill(out, out + D, 0.0f);
+              if (!into) emit(out, i * D, D);
             }
             return;
           }
           const int64_t D = plan.features[f].dim;
+          float* out = into ? into + dst(f, j) : row.data();
           pool_bag(source, table, D, dt, off[size_t(j)], off[size_t(j + 1)], weights, row_of_id,
-                   acc.data(), row.data(), row.data());
-          emit(row.data(), dst(f, j), D);
+                   acc.data(), row.data(), out);
+          if (!into) emit(out, dst(f, j), D);
         });
       },
       grain);

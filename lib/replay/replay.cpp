@@ -219,6 +219,9 @@ std::vector<std::pair<int64_t, int64_t>> whole_rows(const EmbTensor& t) {
 }
 
 struct DestUnit;  // a unit of a batch replayed by destination (replay_by_destination)
+// Elements per tile of a check made by the backend (Backend::lookup_differences and the other
+// checks): a tile of the first mismatches brings both sides' values back, half a MiB.
+constexpr int64_t kCompareTile = int64_t(1) << 16;
 
 class Replayer {
  public:
@@ -1214,14 +1217,28 @@ void Replayer::check_output_slice(BatchState& st, int r, const ColumnSlice& slic
   }
   if (d.ref && !d.ref->shape_ok) return;
   at("reference", r);
-  const EmbTensor want = reference(st, r, &slice);
   if (!d.ref) {
+    const EmbTensor want{out.dtype, reference_shape(slice.plan, rb.kjt), {}};
     const SliceLayout lw = output_slice_layout(plan_, slice, want, rb.kjt);
     d.ref = lw.whole_shape == l.whole_shape ? TensorDiff{}
                                             : shape_mismatch(l.whole_shape, lw.whole_shape);
     if (!d.ref->shape_ok) return;
   }
-  merge_diff(*d.ref, diff_part(out, want, tol_, to_whole, maxm), maxm);
+  // Compared as the backend makes the reference's runs: no reference tensor when they agree.
+  std::optional<std::vector<TileDiff>> tiles;
+  try {
+    tiles =
+        backend_.reference_differences(slice.plan, r, rb.kjt, *slice.source, st.k, out.data.data(),
+                                       -1, out.numel(), TileCompare{tol_, kCompareTile, maxm});
+  } catch (const CaptureError&) {
+    throw;
+  } catch (const Error& e) {
+    throw Error(fmt::format("unsharded reference: {}", e.what()));
+  }
+  if (!tiles)
+    throw Error(fmt::format("unsharded reference of batch {} rank {}: not {} elements", st.k, r,
+                            out.numel()));
+  merge_diff(*d.ref, diff_tiles(out.numel(), *tiles, tol_, to_whole, maxm), maxm);
 }
 
 // The crash a real rank would have had: a context mismatch finding, not trouble; no output
@@ -1296,10 +1313,6 @@ struct DestUnit {
   int64_t r0 = 0, r1 = 0;
 };
 constexpr double kUnitBytes = 64.0 * (1 << 20);
-// Elements per tile of a check made by the backend (Backend::lookup_differences and the other
-// checks): a tile of the first mismatches brings both sides' values back, half a MiB.
-constexpr int64_t kCompareTile = int64_t(1) << 16;
-
 // The backend holds the output dists' outputs while this lives (Backend::hold_outputs); `on`:
 // whether it does.
 struct HeldOutputs {
