@@ -1,30 +1,14 @@
 #include "engine/tile_diff.hpp"
 
 #include <algorithm>
-#include <cstring>
 
 #include "engine/parallel.hpp"
 
 namespace dynemb {
 
-void TileStats::merge(const TileStats& o) {
-  mismatches += o.mismatches;
-  max_abs_err = std::max(max_abs_err, o.max_abs_err);
-  max_rel_err = std::max(max_rel_err, o.max_rel_err);
-  max_ulp = std::max(max_ulp, o.max_ulp);
-}
-
 TileStats pair_stats(const float* got, const float* want, int64_t n, const Tolerance& tol) {
   TileStats s;
-  // A pair with the same bits adds nothing: no error, and every tolerance accepts it (NaN
-  // matches NaN). Blocks equal as bytes are skipped, so a passing check costs one pass over
-  // memory, not the per-element arithmetic.
-  constexpr int64_t kBlock = 2048;
-  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
-    const int64_t b1 = std::min(n, b0 + kBlock);
-    if (std::memcmp(got + b0, want + b0, sizeof(float) * size_t(b1 - b0)) == 0) continue;
-    for (int64_t i = b0; i < b1; ++i) add_pair(s, got[i], want[i], tol);
-  }
+  each_unequal_pair(got, want, 0, n, [&](int64_t i) { add_pair(s, got[i], want[i], tol); });
   return s;
 }
 

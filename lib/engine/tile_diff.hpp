@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "engine/tolerance.hpp"
@@ -30,8 +31,21 @@ struct TileStats {
   bool adds_nothing() const {
     return mismatches == 0 && max_abs_err == 0 && max_rel_err == 0 && max_ulp == 0;
   }
-  void merge(const TileStats& o);
 };
+
+// fn(i) for the pairs i of [i0, i1) that may add something to a diff: blocks of pairs equal as
+// bytes are skipped at memcmp speed (a pair with the same bits has no error, and every tolerance
+// accepts it, NaN matching NaN), so a passing check costs one pass over memory, not the
+// per-element arithmetic.
+template <class Fn>
+void each_unequal_pair(const float* got, const float* want, int64_t i0, int64_t i1, Fn&& fn) {
+  constexpr int64_t kBlock = 2048;
+  for (int64_t b0 = i0; b0 < i1; b0 += kBlock) {
+    const int64_t b1 = b0 + kBlock < i1 ? b0 + kBlock : i1;
+    if (std::memcmp(got + b0, want + b0, sizeof(float) * size_t(b1 - b0)) == 0) continue;
+    for (int64_t i = b0; i < b1; ++i) fn(i);
+  }
+}
 
 // One pair's share of a diff, added to `s`; returns whether the tolerance accepts it. The one
 // definition: the device kernel (kernels/compare.cu) follows it operation for operation, in
@@ -54,7 +68,7 @@ inline bool add_pair(TileStats& s, float got, float want, const Tolerance& tol) 
   return false;
 }
 
-// What n pairs add; pairs with equal bits add nothing and are skipped at memcmp speed.
+// What n pairs add (each_unequal_pair).
 TileStats pair_stats(const float* got, const float* want, int64_t n, const Tolerance& tol);
 
 // A tile whose pairs add something to the diff.

@@ -3,8 +3,6 @@
 #include <fmt/core.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <iterator>
 
 #include "engine/parallel.hpp"
@@ -26,6 +24,14 @@ TensorDiff shape_mismatch(const std::vector<int64_t>& got, const std::vector<int
 
 namespace {
 
+// A diff's counts and maxima from the statistics of its pairs.
+void set_stats(TensorDiff& d, const TileStats& s) {
+  d.mismatches = s.mismatches;
+  d.max_abs_err = s.max_abs_err;
+  d.max_rel_err = s.max_rel_err;
+  d.max_ulp = s.max_ulp;
+}
+
 // The diff of elements [i0, i1) of two tensors of one shape; a mismatch kept is recorded by
 // `keep(i, got, want)`.
 template <typename Keep>
@@ -33,21 +39,12 @@ TensorDiff diff_range(const float* gp, const float* wp, const Tolerance& tol, in
                       const Keep& keep, int64_t i0, int64_t i1) {
   TensorDiff d;
   d.compared = i1 - i0;
-  // Blocks equal as bytes add nothing (pair_stats) and are skipped at memcmp speed.
-  constexpr int64_t kBlock = 2048;
   TileStats s;
-  for (int64_t b0 = i0; b0 < i1; b0 += kBlock) {
-    const int64_t b1 = std::min(i1, b0 + kBlock);
-    if (std::memcmp(gp + b0, wp + b0, sizeof(float) * size_t(b1 - b0)) == 0) continue;
-    for (int64_t i = b0; i < b1; ++i) {
-      if (add_pair(s, gp[i], wp[i], tol)) continue;
-      if (int64_t(d.first.size()) < max_report) d.first.push_back(keep(i, gp[i], wp[i]));
-    }
-  }
-  d.mismatches = s.mismatches;
-  d.max_abs_err = s.max_abs_err;
-  d.max_rel_err = s.max_rel_err;
-  d.max_ulp = s.max_ulp;
+  each_unequal_pair(gp, wp, i0, i1, [&](int64_t i) {
+    if (!add_pair(s, gp[i], wp[i], tol) && int64_t(d.first.size()) < max_report)
+      d.first.push_back(keep(i, gp[i], wp[i]));
+  });
+  set_stats(d, s);
   return d;
 }
 
@@ -127,10 +124,7 @@ TensorDiff diff_tiles(int64_t n, const std::vector<TileDiff>& tiles, const Toler
   TensorDiff d;
   for (const TileDiff& t : tiles) {
     TensorDiff part;
-    part.mismatches = t.stats.mismatches;
-    part.max_abs_err = t.stats.max_abs_err;
-    part.max_rel_err = t.stats.max_rel_err;
-    part.max_ulp = t.stats.max_ulp;
+    set_stats(part, t.stats);
     if (!t.got.empty())  // a tile of the first mismatches: they come from its values
       part.first = diff_part(
                        t.got.data(), t.want.data(), int64_t(t.got.size()), tol,
