@@ -260,9 +260,7 @@ std::optional<std::vector<TileDiff>> CudaBackend::reference_differences(
     ws_->staging.download({{host.data(), got, sizeof(float) * host.size()}}, stream_);
     return host_->reference_differences(plan, rank, kjt, source, batch, host.data(), -1, n, how);
   }
-  int64_t numel = 1;
-  for (const int64_t d : *shape) numel *= d;
-  if (numel != n) {
+  if (shape_numel(*shape) != n) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // every call ends with its stream drained
     return std::nullopt;
   }
@@ -293,9 +291,7 @@ std::optional<std::vector<TileDiff>> CudaBackend::compare_on_device(
     const std::vector<int64_t>& shape, const float* host, int64_t n, const TileCompare& how,
     int keep_rank, int64_t W) {
   cuda::BackendWorkspace& ws = *ws_;
-  int64_t numel = 1;
-  for (const int64_t d : shape) numel *= d;
-  if (numel != n || ws.rows_out.size() != n) {
+  if (shape_numel(shape) != n || ws.rows_out.size() != n) {
     forget_kept();
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // every call ends with its stream drained
     return std::nullopt;
@@ -422,8 +418,7 @@ void CudaBackend::make_on_device(const Plan& plan, uint64_t seed, const OracleRu
   DeviceBuffer<float>& d_out = ws.rows_out;
   st.upload(ws.lookup_g, r.g, stream_);
   st.upload(ws.lookup_seed, feat_seed, stream_);
-  int64_t numel = 1;
-  for (const int64_t d : r.shape) numel *= d;
+  const int64_t numel = shape_numel(r.shape);
   d_out.resize(numel);
   if (plan.module == ModuleKind::sequence) {
     std::vector<int32_t> tab(static_cast<size_t>(N));

@@ -174,9 +174,7 @@ std::optional<std::vector<TileDiff>> CpuBackend::reference_differences(
     const float* replayed, int held_rank, int64_t n, const TileCompare& how) {
   if (held_rank >= 0) return std::nullopt;
   check_kjt(plan, kjt, "batch " + std::to_string(batch) + " rank" + std::to_string(rank));
-  int64_t numel = 1;
-  for (const int64_t d : reference_shape(plan, kjt)) numel *= d;
-  if (numel != n) return std::nullopt;
+  if (shape_numel(reference_shape(plan, kjt)) != n) return std::nullopt;
   int64_t covered = n;
   if (plan.module == ModuleKind::pooled) {
     covered = 0;

@@ -87,16 +87,19 @@ struct ShardingContext {
 //   sequence local_embs [sum_s output_splits[s], D], output [N_r, D]
 //   pooled   local_embs [sum_s B_s, sum_D],          output [B_r, sum_D]
 //   pooled VBE: 1-D [sum_s sum_f B_{s,f} D_f] / [sum_f B_{r,f} D_f]
+// Elements of a tensor of this shape (0 for no shape).
+inline int64_t shape_numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return shape.empty() ? 0 : n;
+}
+
 struct EmbTensor {
   DType dtype = DType::f32;
   std::vector<int64_t> shape;
   std::vector<float> data;
 
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int64_t s : shape) n *= s;
-    return shape.empty() ? 0 : n;
-  }
+  int64_t numel() const { return shape_numel(shape); }
   int64_t rows() const { return shape.empty() ? 0 : shape[0]; }
   int64_t cols() const { return shape.size() < 2 ? 1 : shape[1]; }
   static EmbTensor zeros(DType t, std::vector<int64_t> shape_) {
