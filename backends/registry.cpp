@@ -3,9 +3,11 @@
 
 #include <fmt/core.h>
 
+#include <cstdlib>
 #include <vector>
 
 #include "common/error.hpp"
+#include "engine/holding_backend.hpp"
 #if defined(DYNEMB_HAVE_CUDA)
 #include "cuda/cuda_backend.hpp"
 #endif
@@ -56,7 +58,13 @@ namespace {
 std::unique_ptr<Backend> make_backend(const std::string& name, const std::string& devices) {
   if (!devices.empty() && name != "nccl")
     throw UsageError("--devices applies to --backend nccl only");
-  if (name == "cpu") return make_cpu_backend();
+  if (name == "cpu") {
+    // Test hook: the CPU reference holding its outputs as a device backend does, so that the
+    // replay's held-output checks run without a GPU (engine/holding_backend.hpp).
+    if (const char* e = std::getenv("DYNEMB_HOLD_OUTPUTS"); e && std::string(e) == "host")
+      return make_holding_backend(make_cpu_backend());
+    return make_cpu_backend();
+  }
   if (name == "auto") {
     // docs/cli.md: auto picks cuda when a GPU is present, else cpu. The CUDA backend matches
     // the CPU reference bit for bit (tests/gpu/test_cuda_backend.cpp).

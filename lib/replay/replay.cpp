@@ -223,6 +223,17 @@ struct DestUnit;  // a unit of a batch replayed by destination (replay_by_destin
 // checks): a tile of the first mismatches brings both sides' values back, half a MiB.
 constexpr int64_t kCompareTile = int64_t(1) << 16;
 
+// The backend holds the output dists' outputs while this lives (Backend::hold_outputs); `on`:
+// whether it does.
+struct HeldOutputs {
+  explicit HeldOutputs(Backend& b) : backend(b), on(b.hold_outputs(true)) {}
+  ~HeldOutputs() { backend.hold_outputs(false); }
+  HeldOutputs(const HeldOutputs&) = delete;
+  HeldOutputs& operator=(const HeldOutputs&) = delete;
+  Backend& backend;
+  const bool on;
+};
+
 class Replayer {
  public:
   Replayer(const ReplayOptions& opt, Backend& backend, const ReplayCallbacks& cb, Report& rep)
@@ -330,10 +341,24 @@ class Replayer {
   void choose_contexts(BatchState& st);
   void check_lookup(BatchState& st);
   std::vector<EmbTensor> lookup(const BatchState& st, int r, const ColumnSlice* slice = nullptr);
+  // fn() with a lookup's errors said in the capture's words: the file, the batch, and for an id
+  // outside its table under bounds_check=error, the id as the user sent it.
+  template <class Fn>
+  auto lookup_errors(const BatchState& st, Fn&& fn) -> decltype(fn());
+  std::optional<TensorDiff> lookup_diff_where_made(const BatchState& st, int r,
+                                                   const EmbTensor& got,
+                                                   const TensorLayout& layout);
   EmbTensor reference(const BatchState& st, int r, const ColumnSlice* slice = nullptr);
   std::vector<std::optional<EmbTensor>> run_output_dist(BatchState& st);
+  // Whether this batch's outputs may stay where the backend makes them (Backend::hold_outputs):
+  // not when the host needs them whole (--write-output, module_output, a MEAN diagnosis).
+  bool outputs_may_stay(const BatchState& st) const;
   void check_output(BatchState& st, int r, EmbTensor&& out,
-                    std::vector<std::optional<EmbTensor>>& kept);
+                    std::vector<std::optional<EmbTensor>>& kept, bool held);
+  TensorDiff held_golden_diff(const BatchState& st, int r, const EmbTensor& out,
+                              const TensorLayout& layout);
+  TensorDiff held_reference_diff(const BatchState& st, int r, const EmbTensor& out,
+                                 const TensorLayout& layout);
   void emit_output_checks(BatchState& st, int r, std::optional<CheckResult> gold,
                           std::optional<CheckResult> ref, const EmbTensor* out);
   void output_dist_failed(BatchState& st, const OutputDistFailure& e);
@@ -347,7 +372,7 @@ class Replayer {
   void run_output_dist_sliced(BatchState& st, int64_t width);
   static void drop_derived_extras(BatchState& st);
   void check_output_slice(BatchState& st, int r, const ColumnSlice& slice, const EmbTensor& out,
-                          SlicedDiffs& d);
+                          bool held, SlicedDiffs& d);
   void skip_outputs(const BatchState& st, const std::string& why);
   TensorLayout lookup_layout(const BatchState& st, int r) const;
   // The batch one destination rank at a time (dest_blocks.hpp): only the rows each rank's
@@ -850,20 +875,49 @@ void Replayer::choose_contexts(BatchState& st) {
 // The lookup of rank r (all ranks when r < 0) from the embedding source, with the file and the
 // batch named on trouble (an out-of-table id gets the id, sample and routing).
 // `slice`: only its columns (its plan and source).
-std::vector<EmbTensor> Replayer::lookup(const BatchState& st, int r, const ColumnSlice* slice) {
-  const Plan& plan = slice ? slice->plan : plan_;
-  const EmbeddingSource& source = slice ? *slice->source : *source_;
+template <class Fn>
+auto Replayer::lookup_errors(const BatchState& st, Fn&& fn) -> decltype(fn()) {
   try {
-    if (r < 0) return derive_local_embs(plan, st.der, source, backend_, st.k);
-    std::vector<EmbTensor> one;
-    one.push_back(backend_.lookup(plan, r, st.der.ranks[size_t(r)].lookup_kjt, source));
-    return one;
+    return fn();
   } catch (const LookupBoundsError& e) {
     throw Error(fmt::format("{}:/batches/{}: {}", opt_.capture_path, st.k,
                             describe_lookup_bounds_error(plan_, st.kjts, st.der, e)));
   } catch (const Error& e) {  // bounds_check=error: name the file and the batch
     throw Error(fmt::format("{}:/batches/{}: {}", opt_.capture_path, st.k, e.what()));
   }
+}
+
+std::vector<EmbTensor> Replayer::lookup(const BatchState& st, int r, const ColumnSlice* slice) {
+  const Plan& plan = slice ? slice->plan : plan_;
+  const EmbeddingSource& source = slice ? *slice->source : *source_;
+  return lookup_errors(st, [&] {
+    if (r < 0) return derive_local_embs(plan, st.der, source, backend_, st.k);
+    std::vector<EmbTensor> one;
+    one.push_back(backend_.lookup(plan, r, st.der.ranks[size_t(r)].lookup_kjt, source));
+    return one;
+  });
+}
+
+// Rank r's lookup against the captured `got`, compared where the backend makes the lookup
+// (Backend::lookup_differences: a device backend brings back only the tiles that differ, and
+// keeps `got` for the pooled dist that follows). nullopt when the shapes differ: the host's diff
+// says how.
+std::optional<TensorDiff> Replayer::lookup_diff_where_made(const BatchState& st, int r,
+                                                           const EmbTensor& got,
+                                                           const TensorLayout& layout) {
+  const LookupKjt& lk = st.der.ranks[size_t(r)].lookup_kjt;
+  const int64_t n = got.numel(), maxm = opt_.max_mismatches;
+  if (lookup_output_layout(plan_, lk).shape != got.shape || int64_t(got.data.size()) != n)
+    return std::nullopt;
+  const std::optional<std::vector<TileDiff>> tiles = lookup_errors(st, [&] {
+    return backend_.lookup_differences(plan_, r, lk, *source_, got.data.data(), n,
+                                       TileCompare{tol_, kCompareTile, maxm});
+  });
+  if (!tiles) return std::nullopt;
+  TensorDiff d = diff_tiles(
+      n, *tiles, tol_, [](int64_t e) { return e; }, maxm);
+  locate_mismatches(d, layout);
+  return d;
 }
 
 // 3. Lookup: captured local_embs vs the lookup derived from the embedding source. When the
@@ -881,15 +935,23 @@ void Replayer::check_lookup(BatchState& st) {
   for (int64_t r = 0; r < W; ++r) {
     if (!st.cap_local[size_t(r)]) continue;
     at("lookup", int(r));
-    std::vector<EmbTensor> one;
-    if (!need_all_derived) one = lookup(st, int(r));
-    const EmbTensor& want = need_all_derived ? st.derived_local[size_t(r)] : one[0];
     const TensorLayout layout = lookup_layout(st, int(r));
     const EmbTensor& got = *st.cap_local[size_t(r)];
+    // Rank by rank, where the backend makes the lookup; the host makes it whole only when the
+    // shapes differ or a MEAN diagnosis needs its sums.
+    std::optional<TensorDiff> diff;
+    if (!need_all_derived) diff = lookup_diff_where_made(st, int(r), got, layout);
+    std::vector<EmbTensor> one;
+    auto want = [&]() -> const EmbTensor& {
+      if (need_all_derived) return st.derived_local[size_t(r)];
+      if (one.empty()) one = lookup(st, int(r));
+      return one[0];
+    };
+    if (!diff) diff = diff_tensors(got, want(), tol_, layout, opt_.max_mismatches);
     CheckResult c = tensor_check(st.k, int(r), "lookup", "local_embs", "captured", "derived",
-                                 diff_tensors(got, want, tol_, layout, opt_.max_mismatches), tol_);
+                                 std::move(*diff), tol_);
     if (c.status == CheckStatus::fail && plan_.any_mean && plan_.module == ModuleKind::pooled)
-      diagnose_local_means(c, got, want, st.der.ranks[size_t(r)].lookup_kjt, layout);
+      diagnose_local_means(c, got, want(), st.der.ranks[size_t(r)].lookup_kjt, layout);
     st.lookup_bad |= c.status == CheckStatus::fail;
     emit(std::move(c));
   }
@@ -915,8 +977,10 @@ std::string Replayer::BatchState::cause_before_output() const {
 
 // 4a. Rank r's output as the output dist hands it over: vs golden, vs the unsharded reference,
 // and the module's output after the mean-pooling step.
+// `held`: the backend holds the output (out has its shape, no data), and both checks are made
+// where it is.
 void Replayer::check_output(BatchState& st, int r, EmbTensor&& out,
-                            std::vector<std::optional<EmbTensor>>& kept) {
+                            std::vector<std::optional<EmbTensor>>& kept, bool held) {
   const int64_t k = st.k, maxm = opt_.max_mismatches;
   at("output", r);
   st.got[size_t(r)] = true;
@@ -925,15 +989,67 @@ void Replayer::check_output(BatchState& st, int r, EmbTensor&& out,
   std::optional<CheckResult> gold, ref;
   if (rb.output)
     gold = tensor_check(k, r, "output", "golden", "replayed", "golden",
-                        diff_tensors(out, *rb.output, tol_, layout, maxm), tol_);
+                        held ? held_golden_diff(st, r, out, layout)
+                             : diff_tensors(out, *rb.output, tol_, layout, maxm),
+                        tol_);
   if (source_) {
     at("reference", r);
-    const EmbTensor want = reference(st, r);
-    ref = tensor_check(k, r, "output", "reference", "replayed", "reference",
-                       diff_tensors(out, want, tol_, layout, maxm), tol_);
+    TensorDiff d = held ? held_reference_diff(st, r, out, layout)
+                        : diff_tensors(out, reference(st, r), tol_, layout, maxm);
+    ref = tensor_check(k, r, "output", "reference", "replayed", "reference", std::move(d), tol_);
   }
-  emit_output_checks(st, r, std::move(gold), std::move(ref), &out);
+  emit_output_checks(st, r, std::move(gold), std::move(ref), held ? nullptr : &out);
   if (!opt_.write_output.empty()) kept[size_t(r)] = std::move(out);
+}
+
+bool Replayer::outputs_may_stay(const BatchState& st) const {
+  if (!opt_.write_output.empty()) return false;
+  for (const RankBatch& rb : st.batch.ranks) {
+    if (rb.module_output) return false;
+    if (rb.output && plan_.any_mean && plan_.module == ModuleKind::pooled) return false;
+  }
+  return true;
+}
+
+// The held output of rank r against its golden output: what diff_tensors says of the pair.
+TensorDiff Replayer::held_golden_diff(const BatchState& st, int r, const EmbTensor& out,
+                                      const TensorLayout& layout) {
+  const EmbTensor& golden = *st.batch.ranks[size_t(r)].output;
+  const int64_t n = out.numel(), maxm = opt_.max_mismatches;
+  if (golden.shape != out.shape || int64_t(golden.data.size()) != n)
+    return shape_mismatch(out.shape, golden.shape);
+  const std::optional<std::vector<TileDiff>> tiles = backend_.held_output_differences(
+      r, golden.data.data(), n, TileCompare{tol_, kCompareTile, maxm});
+  if (!tiles)
+    throw Error(
+        fmt::format("batch {} rank {}: the backend holds no output of {} elements", st.k, r, n));
+  TensorDiff d = diff_tiles(
+      n, *tiles, tol_, [](int64_t e) { return e; }, maxm);
+  locate_mismatches(d, layout);
+  return d;
+}
+
+// The held output of rank r against its unsharded reference, made and compared where the
+// output is: what diff_tensors says of the pair.
+TensorDiff Replayer::held_reference_diff(const BatchState& st, int r, const EmbTensor& out,
+                                         const TensorLayout& layout) {
+  const Kjt& kjt = st.batch.ranks[size_t(r)].kjt;
+  const int64_t n = out.numel(), maxm = opt_.max_mismatches;
+  std::optional<std::vector<TileDiff>> tiles;
+  try {
+    tiles = backend_.reference_differences(plan_, r, kjt, *source_, st.k, nullptr, r, n,
+                                           TileCompare{tol_, kCompareTile, maxm});
+  } catch (const CaptureError&) {
+    throw;
+  } catch (const Error& e) {
+    throw Error(fmt::format("unsharded reference: {}", e.what()));
+  }
+  const std::vector<int64_t> want = reference_shape(plan_, kjt);
+  if (!tiles || want != out.shape) return shape_mismatch(out.shape, want);
+  TensorDiff d = diff_tiles(
+      n, *tiles, tol_, [](int64_t e) { return e; }, maxm);
+  locate_mismatches(d, layout);
+  return d;
 }
 
 // The unsharded reference of rank r (`slice`: its columns).
@@ -1067,8 +1183,12 @@ std::vector<std::optional<EmbTensor>> Replayer::run_output_dist(BatchState& st) 
     return kept;
   }
   at("output dist", -1);
+  // Outputs checked where the backend makes them when the host needs none of them whole.
+  std::optional<HeldOutputs> held;
+  if (outputs_may_stay(st)) held.emplace(backend_);
+  const bool on = held && held->on;
   auto sink = [&](int r, EmbTensor&& out) {
-    check_output(st, r, std::move(out), kept);
+    check_output(st, r, std::move(out), kept, on);
     at("output dist", -1);
   };
   try {
@@ -1124,6 +1244,9 @@ void Replayer::run_output_dist_sliced(BatchState& st, int64_t width) {
   std::vector<EmbTensor> local;  // [W]: the slice of every rank's lookup
   std::vector<const EmbTensor*> local_ptr(static_cast<size_t>(W));
   bool variable_batch = false;
+  // Each output slice checked where the backend makes it (slice_width: the host needs none
+  // whole).
+  const HeldOutputs held(backend_);
   for (int64_t c0 = 0; c0 < C; c0 += width) {
     ColumnSlice slice = make_column_slice(plan_, source_, c0, std::min(C, c0 + width));
     // warn_zero_row warns of out-of-table ids once per lookup of the batch: on the first slice.
@@ -1151,7 +1274,7 @@ void Replayer::run_output_dist_sliced(BatchState& st, int64_t width) {
           variable_batch = pooled_dist_->check(k, whole_ptr, st.used_ptr);
       }
       auto sink = [&](int r, EmbTensor&& out) {
-        check_output_slice(st, r, slice, out, diffs[size_t(r)]);
+        check_output_slice(st, r, slice, out, held.on, diffs[size_t(r)]);
         at("output dist", -1);
       };
       if (seq_dist_)
@@ -1193,9 +1316,10 @@ void Replayer::drop_derived_extras(BatchState& st) {
 
 // Rank r's output slice `out`: diffed with the same columns of its golden output and of its
 // unsharded reference, merged into `d`. A pair whose whole shapes differ is decided on the
-// first slice (shape_mismatch, as the whole diff says it) and not compared further.
+// first slice (shape_mismatch, as the whole diff says it) and not compared further. `held`: the
+// backend holds the slice (out has its shape, no data), and both are compared where it is.
 void Replayer::check_output_slice(BatchState& st, int r, const ColumnSlice& slice,
-                                  const EmbTensor& out, SlicedDiffs& d) {
+                                  const EmbTensor& out, bool held, SlicedDiffs& d) {
   const int64_t maxm = opt_.max_mismatches;
   at("output", r);
   const RankBatch& rb = st.batch.ranks[size_t(r)];
@@ -1213,7 +1337,16 @@ void Replayer::check_output_slice(BatchState& st, int r, const ColumnSlice& slic
   if (d.gold && d.gold->shape_ok) {
     EmbTensor want{rb.output->dtype, out.shape, std::vector<float>(size_t(out.numel()))};
     l.gather(rb.output->data.data(), want.data.data());
-    merge_diff(*d.gold, diff_part(out, want, tol_, to_whole, maxm), maxm);
+    if (!held) {
+      merge_diff(*d.gold, diff_part(out, want, tol_, to_whole, maxm), maxm);
+    } else {
+      const std::optional<std::vector<TileDiff>> tiles = backend_.held_output_differences(
+          r, want.data.data(), out.numel(), TileCompare{tol_, kCompareTile, maxm});
+      if (!tiles)
+        throw Error(fmt::format("batch {} rank {}: the backend holds no output of {} elements",
+                                st.k, r, out.numel()));
+      merge_diff(*d.gold, diff_tiles(out.numel(), *tiles, tol_, to_whole, maxm), maxm);
+    }
   }
   if (d.ref && !d.ref->shape_ok) return;
   at("reference", r);
@@ -1227,9 +1360,9 @@ void Replayer::check_output_slice(BatchState& st, int r, const ColumnSlice& slic
   // Compared as the backend makes the reference's runs: no reference tensor when they agree.
   std::optional<std::vector<TileDiff>> tiles;
   try {
-    tiles =
-        backend_.reference_differences(slice.plan, r, rb.kjt, *slice.source, st.k, out.data.data(),
-                                       -1, out.numel(), TileCompare{tol_, kCompareTile, maxm});
+    tiles = backend_.reference_differences(slice.plan, r, rb.kjt, *slice.source, st.k,
+                                           held ? nullptr : out.data.data(), held ? r : -1,
+                                           out.numel(), TileCompare{tol_, kCompareTile, maxm});
   } catch (const CaptureError&) {
     throw;
   } catch (const Error& e) {
@@ -1313,16 +1446,6 @@ struct DestUnit {
   int64_t r0 = 0, r1 = 0;
 };
 constexpr double kUnitBytes = 64.0 * (1 << 20);
-// The backend holds the output dists' outputs while this lives (Backend::hold_outputs); `on`:
-// whether it does.
-struct HeldOutputs {
-  explicit HeldOutputs(Backend& b) : backend(b), on(b.hold_outputs(true)) {}
-  ~HeldOutputs() { backend.hold_outputs(false); }
-  HeldOutputs(const HeldOutputs&) = delete;
-  HeldOutputs& operator=(const HeldOutputs&) = delete;
-  Backend& backend;
-  const bool on;
-};
 
 // The block of sender s in unit u.
 DestBlock unit_block(const std::vector<std::vector<DestBlock>>& where, int64_t s,

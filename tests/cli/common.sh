@@ -44,6 +44,17 @@ for key in ("checks", "summary", "warnings", "trouble"):
         sys.exit(1)
 EOF
 }
+# strip_datasets CAPTURE SUFFIX...: the capture's datasets whose paths end so, removed.
+strip_datasets() {
+  "${DYNEMB_PYTHON:-python3}" - "$@" <<'EOF'
+import sys, h5py
+with h5py.File(sys.argv[1], "r+") as f:
+    drop = []
+    f.visit(lambda n: drop.append(n) if n.endswith(tuple(sys.argv[2:])) else None)
+    for n in drop:
+        del f[n]
+EOF
+}
 # skip_rss_under_asan: a test that judges peak RSS skips itself (77) on an ASan build, whose
 # RSS is the sanitizer's shadow memory and quarantine, not the tool's.
 skip_rss_under_asan() {

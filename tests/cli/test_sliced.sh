@@ -39,27 +39,16 @@ same() {
   ok "$name (exit $rc_whole)"
 }
 
-# strip CAPTURE SUFFIX...: the datasets ending so removed.
-strip() {
-  "$DYNEMB_PYTHON" - "$@" <<'EOF'
-import sys, h5py
-with h5py.File(sys.argv[1], "r+") as f:
-    drop = []
-    f.visit(lambda n: drop.append(n) if n.endswith(tuple(sys.argv[2:])) else None)
-    for n in drop:
-        del f[n]
-EOF
-}
 # Fixtures without their captured lookups and module outputs: the lookups are derived. A MEAN
 # pooled capture with golden outputs stays whole (the MEAN diagnosis divides whole outputs);
 # without them it is sliced.
 for fx in "$DYNEMB_SRC"/fixtures/*.h5; do
   base=$(basename "$fx" .h5)
   cp "$fx" "$base.h5"
-  strip "$base.h5" /local_embs /module_output
+  strip_datasets "$base.h5" /local_embs /module_output
   if [[ $base == pooled-mean* ]]; then
     WHOLE=1 same "fixture-$base-golden" "$base.h5" 3
-    strip "$base.h5" /output
+    strip_datasets "$base.h5" /output
   fi
   same "fixture-$base" "$base.h5" 3
 done

@@ -1,0 +1,107 @@
+#include "engine/holding_backend.hpp"
+
+#include <cstdio>
+#include <utility>
+#include <vector>
+
+#include "engine/engine.hpp"
+
+namespace dynemb {
+namespace {
+
+class HoldingBackend final : public Backend {
+ public:
+  explicit HoldingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  // What a test needs to know the held paths ran, not only that the reports agree.
+  ~HoldingBackend() override {
+    std::fprintf(stderr, "DYNEMB_HOLD_OUTPUTS: %lld outputs held, %lld checks made on them\n",
+                 static_cast<long long>(outputs_held_), static_cast<long long>(checks_held_));
+  }
+  std::string name() const override { return inner_->name(); }
+  std::string device() const override { return inner_->device(); }
+
+  BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) override {
+    return inner_->bucketize(plan, kjt);
+  }
+  EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
+                   const EmbeddingSource& source) override {
+    return inner_->lookup(plan, rank, kjt, source);
+  }
+  std::optional<std::vector<TileDiff>> lookup_differences(const Plan& plan, int rank,
+                                                          const LookupKjt& kjt,
+                                                          const EmbeddingSource& source,
+                                                          const float* captured, int64_t n,
+                                                          const TileCompare& how) override {
+    return inner_->lookup_differences(plan, rank, kjt, source, captured, n, how);
+  }
+  std::optional<std::vector<TileDiff>> reference_differences(
+      const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source, int64_t batch,
+      const float* replayed, int held_rank, int64_t n, const TileCompare& how) override {
+    if (held_rank < 0)
+      return inner_->reference_differences(plan, rank, kjt, source, batch, replayed, -1, n, how);
+    const EmbTensor* got = held(held_rank, n);
+    if (!got) return std::nullopt;
+    ++checks_held_;
+    return inner_->reference_differences(plan, rank, kjt, source, batch, got->data.data(), -1, n,
+                                         how);
+  }
+  bool hold_outputs(bool on) override {
+    hold_ = on;
+    held_.clear();
+    return true;
+  }
+  std::optional<std::vector<TileDiff>> held_output_differences(int rank, const float* want,
+                                                               int64_t n,
+                                                               const TileCompare& how) override {
+    const EmbTensor* got = held(rank, n);
+    if (!got) return std::nullopt;
+    ++checks_held_;
+    return tile_diffs(got->data.data(), want, n, how);
+  }
+  void sequence_output_dist(const Plan& plan, const std::vector<const EmbTensor*>& local_embs,
+                            const std::vector<const ShardingContext*>& ctx,
+                            const OutputSink& sink) override {
+    held_.clear();  // the previous dist's outputs are dropped before this one runs
+    inner_->sequence_output_dist(plan, local_embs, ctx, holding(sink));
+  }
+  void pooled_output_dist(const Plan& plan, bool variable_batch,
+                          const std::vector<const EmbTensor*>& local_embs,
+                          const std::vector<const ShardingContext*>& ctx,
+                          const OutputSink& sink) override {
+    held_.clear();
+    inner_->pooled_output_dist(plan, variable_batch, local_embs, ctx, holding(sink));
+  }
+
+ private:
+  // `sink` as is while not holding; else each output kept as rank r's and the sink handed its
+  // dtype and shape only.
+  OutputSink holding(const OutputSink& sink) {
+    if (!hold_) return sink;
+    return [this, &sink](int r, EmbTensor&& out) {
+      if (r >= 0 && size_t(r) >= held_.size()) held_.resize(size_t(r) + 1);
+      EmbTensor shape{out.dtype, out.shape, {}};
+      if (r >= 0) held_[size_t(r)] = std::move(out);
+      ++outputs_held_;
+      sink(r, std::move(shape));
+    };
+  }
+  // The held output of rank r, or nullptr when none of n elements is held for it.
+  const EmbTensor* held(int r, int64_t n) const {
+    if (r < 0 || size_t(r) >= held_.size() || !held_[size_t(r)]) return nullptr;
+    const EmbTensor& t = *held_[size_t(r)];
+    return t.numel() == n && int64_t(t.data.size()) == n ? &t : nullptr;
+  }
+
+  std::unique_ptr<Backend> inner_;
+  bool hold_ = false;
+  std::vector<std::optional<EmbTensor>> held_;  // [rank] of the last dist, while holding
+  int64_t outputs_held_ = 0, checks_held_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_holding_backend(std::unique_ptr<Backend> inner) {
+  return std::make_unique<HoldingBackend>(std::move(inner));
+}
+
+}  // namespace dynemb

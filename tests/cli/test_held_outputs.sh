@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Outputs held where the backend makes them (Backend::hold_outputs): a replay on a device
+# backend compares the dist's outputs there with the golden output and the unsharded
+# reference, and brings back only the tiles that differ. Those paths are the same code on the
+# host when the CPU reference is wrapped to hold its outputs as a device does (the test hook
+# DYNEMB_HOLD_OUTPUTS=host, engine/holding_backend.hpp, which says on stderr how many outputs it
+# held and how many checks were made on them). Every capture below is replayed both ways, and
+# the JSON reports must agree check for check (messages, counts, first mismatch coordinates,
+# causes), the exit codes and stderr too; and the held paths must have run (or, where the host
+# needs whole outputs, must not have). Each of the replay's three ways is covered: one
+# destination at a time (the fixtures as they are), the whole batch (DYNEMB_BY_DESTINATION=off)
+# and column slices (DYNEMB_SLICE_COLUMNS), on clean captures and on ones with planted faults.
+# Env (tests/CMakeLists.txt): DYNEMB (binary), DYNEMB_SRC, DYNEMB_PYTHON (python3 + h5py).
+set -u
+: "${DYNEMB:?}" "${DYNEMB_SRC:?}" "${DYNEMB_PYTHON:=python3}"
+"$DYNEMB_PYTHON" -c 'import h5py, numpy' 2>/dev/null || { echo "no h5py for $DYNEMB_PYTHON"; exit 77; }
+. "$(dirname "$0")/common.sh"
+cd "$tmp" || exit 1
+
+# same NAME CAPTURE [REPLAY ARGS...]: unheld vs held. HELD=0 when no output may be held.
+same() {
+  local name=$1 cap=$2
+  shift 2
+  "$DYNEMB" replay "$cap" --backend cpu --quiet --json "$name.host.json" "$@" \
+    >/dev/null 2>"$name.host.err"
+  local rc_host=$?
+  DYNEMB_HOLD_OUTPUTS=host "$DYNEMB" replay "$cap" --backend cpu --quiet \
+    --json "$name.held.json" "$@" >/dev/null 2>"$name.held.err"
+  local rc_held=$?
+  [[ $rc_host == "$rc_held" ]] || fail "$name: exit $rc_host unheld, $rc_held held"
+  ((rc_host < 2)) || fail "$name: exit $rc_host: $(head -3 "$name.host.err")"
+  local line
+  line=$(grep "^DYNEMB_HOLD_OUTPUTS:" "$name.held.err")
+  local checks
+  checks=$(sed -n 's/.* held, \([0-9]*\) checks .*/\1/p' <<<"$line")
+  if [[ "${HELD:-1}" == 0 ]]; then
+    [[ "$checks" == 0 ]] || fail "$name: $line, want no held check"
+  else
+    [[ -n "$checks" && "$checks" -gt 0 ]] || fail "$name: '$line', want held checks"
+  fi
+  grep -v "^DYNEMB_HOLD_OUTPUTS:" "$name.held.err" | cmp -s - "$name.host.err" ||
+    fail "$name: stderr differs"
+  reports_equal "$name.host.json" "$name.held.json" || fail "$name: reports differ"
+  ok "$name (exit $rc_host, $checks held checks)"
+}
+
+# plant CAPTURE: golden outputs and captured lookups changed at a few elements of every rank of
+# batch 0 (first, middle and last element, and one made NaN), so that the held checks must
+# find the same mismatches, first coordinates and maxima as the host's.
+plant() {
+  "$DYNEMB_PYTHON" - "$1" <<'PY'
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r+") as f:
+    for r in f["batches/0"]:
+        g = f["batches/0"][r]
+        for name in ("output", "local_embs"):
+            if name not in g or g[name].size == 0:
+                continue
+            a = g[name][...]
+            flat = a.reshape(-1)
+            for i, delta in ((0, 0.5), (flat.size // 2, -3.0), (flat.size - 1, 1e-3)):
+                flat[i] = flat[i] + np.float32(delta)
+            if flat.size > 3 and np.issubdtype(flat.dtype, np.floating):
+                flat[flat.size // 3] = np.nan
+            g[name][...] = a
+PY
+}
+
+for fx in "$DYNEMB_SRC"/fixtures/*.h5; do
+  base=$(basename "$fx" .h5)
+  # module_output, or a MEAN pooled golden output, needs whole outputs on the host.
+  held=1
+  [[ $base == pooled-mean* ]] && held=0
+  HELD=$held same "$base" "$fx"
+  DYNEMB_BY_DESTINATION=off HELD=$held same "$base-whole" "$fx"
+  cp "$fx" "$base.h5"
+  plant "$base.h5"
+  HELD=$held same "$base-planted" "$base.h5" --max-mismatches 2
+  DYNEMB_BY_DESTINATION=off HELD=$held same "$base-planted-whole" "$base.h5" --max-mismatches 2
+  # Lookups derived and the batch over column slices of 3 (MEAN without golden outputs).
+  strip_datasets "$base.h5" /local_embs /module_output
+  [[ $base == pooled-mean* ]] && strip_datasets "$base.h5" /output
+  DYNEMB_SLICE_COLUMNS=3 same "$base-sliced" "$base.h5"
+done
+# --write-output keeps whole outputs for the file: nothing held.
+HELD=0 DYNEMB_BY_DESTINATION=off same write-output "$DYNEMB_SRC/fixtures/seq-w2.h5" \
+  --write-output out.h5
+
+# Synth'd captures of more ranks, variable batch and codecs.
+synth() { "$DYNEMB" synth "$@" --seed 5 >/dev/null 2>&1 || fail "synth $*"; }
+synth --preset unit-seq-w8 -o seq.h5 --batches 2
+synth --preset unit-pooled-w8 -o pooled.h5 --batches 2
+synth --preset unit-pooled-w8 -o vbe.h5 --vbe --batches 2
+synth --preset unit-seq-w8 --store ctx,output -o seqctx.h5 --vbe --batch-sizes 8,8,5,0,8,3,8,8
+for c in seq pooled vbe; do
+  plant "$c.h5"
+  same "$c" "$c.h5"
+  DYNEMB_BY_DESTINATION=off same "$c-whole" "$c.h5"
+done
+DYNEMB_SLICE_COLUMNS=5 same seqctx-sliced seqctx.h5
+
+echo "$fails failure(s)"
+[[ $fails -eq 0 ]]
