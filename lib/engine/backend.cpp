@@ -32,6 +32,11 @@ std::optional<std::vector<TileDiff>> Backend::reference_differences(
   return tiles_of(replayed, reference_output(plan, rank, kjt, source, batch), n, how);
 }
 
+EmbTensor Backend::lookup_for_dist(const Plan& plan, int rank, const LookupKjt& kjt,
+                                   const EmbeddingSource& source) {
+  return lookup(plan, rank, kjt, source);
+}
+
 bool Backend::hold_outputs(bool /*on*/) {
   return false;
 }

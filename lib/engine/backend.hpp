@@ -82,6 +82,13 @@ class Backend {
   // naming rank, feature and position).
   virtual EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
                            const EmbeddingSource& source) = 0;
+  // The same lookup when it is only the input of an output dist (a replay's derived lookups):
+  // a device backend may keep it where it makes it, as rank `rank`'s, and hand back its dtype
+  // and shape with no data. An output dist given a local_embs tensor with no data (and
+  // elements) takes it from there: rank r's kept lookup, until the next lookup_for_dist of
+  // rank r. The default is lookup().
+  virtual EmbTensor lookup_for_dist(const Plan& plan, int rank, const LookupKjt& kjt,
+                                    const EmbeddingSource& source);
   // The checks of a replay, made where the backend makes the tensors: each compares two tensors
   // of n elements in tiles (tile_diff.hpp) and returns the tiles that add something to the
   // diff, with values only where the first mismatches are. A device backend compares on the

@@ -88,10 +88,14 @@ DerivedBatch derive_input_dist(const Plan& plan, const std::vector<const Kjt*>& 
   return out;
 }
 
-std::vector<EmbTensor> derive_local_embs(const Plan& plan, const DerivedBatch& derived,
-                                         const EmbeddingSource& source, Backend& backend,
-                                         int64_t batch,
-                                         const std::function<void(int64_t, EmbTensor&)>& done) {
+namespace {
+
+// The W lookups of derived.ranks, each made by look(rank, lookup_kjt), with the batch's
+// warnings and error words.
+template <class Look>
+std::vector<EmbTensor> derive_lookups(const Plan& plan, const DerivedBatch& derived, int64_t batch,
+                                      const std::function<void(int64_t, EmbTensor&)>& done,
+                                      Look&& look) {
   const int64_t W = static_cast<int64_t>(derived.ranks.size());
   if (plan.bounds_check == BoundsCheck::warn_zero_row) {
     // TorchRec's TBE warns; we warn once per batch and feature, with the count over all ranks.
@@ -118,7 +122,7 @@ std::vector<EmbTensor> derive_local_embs(const Plan& plan, const DerivedBatch& d
   out.reserve(W);
   for (int64_t r = 0; r < W; ++r) {
     try {
-      out.push_back(backend.lookup(plan, static_cast<int>(r), derived.ranks[r].lookup_kjt, source));
+      out.push_back(look(static_cast<int>(r), derived.ranks[r].lookup_kjt));
     } catch (const OutputDistFailure&) {
       throw;
     } catch (const LookupBoundsError&) {
@@ -129,6 +133,25 @@ std::vector<EmbTensor> derive_local_embs(const Plan& plan, const DerivedBatch& d
     if (done) done(r, out.back());
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<EmbTensor> derive_local_embs(const Plan& plan, const DerivedBatch& derived,
+                                         const EmbeddingSource& source, Backend& backend,
+                                         int64_t batch,
+                                         const std::function<void(int64_t, EmbTensor&)>& done) {
+  return derive_lookups(plan, derived, batch, done, [&](int r, const LookupKjt& k) {
+    return backend.lookup(plan, r, k, source);
+  });
+}
+
+std::vector<EmbTensor> derive_dist_inputs(const Plan& plan, const DerivedBatch& derived,
+                                          const EmbeddingSource& source, Backend& backend,
+                                          int64_t batch) {
+  return derive_lookups(plan, derived, batch, {}, [&](int r, const LookupKjt& k) {
+    return backend.lookup_for_dist(plan, r, k, source);
+  });
 }
 
 std::vector<int64_t> reference_shape(const Plan& plan, const Kjt& kjt) {

@@ -41,6 +41,11 @@ std::vector<EmbTensor> derive_local_embs(const Plan& plan, const DerivedBatch& d
                                          const EmbeddingSource& source, Backend& backend,
                                          int64_t batch,
                                          const std::function<void(int64_t, EmbTensor&)>& done = {});
+// The same lookups as the next output dist's inputs only (Backend::lookup_for_dist): a device
+// backend keeps them there, and the tensors may hold shapes and no data.
+std::vector<EmbTensor> derive_dist_inputs(const Plan& plan, const DerivedBatch& derived,
+                                          const EmbeddingSource& source, Backend& backend,
+                                          int64_t batch);
 
 // The message for a LookupBoundsError of `derived` (derived from `kjts`), in the user's terms:
 // the id itself, its feature, rank, sample and position in its original bag, where it was

@@ -891,6 +891,8 @@ std::vector<EmbTensor> Replayer::lookup(const BatchState& st, int r, const Colum
   const Plan& plan = slice ? slice->plan : plan_;
   const EmbeddingSource& source = slice ? *slice->source : *source_;
   return lookup_errors(st, [&] {
+    // A slice's lookups are only its dist's inputs: a device backend keeps them (lookup_for_dist).
+    if (r < 0 && slice) return derive_dist_inputs(plan, st.der, source, backend_, st.k);
     if (r < 0) return derive_local_embs(plan, st.der, source, backend_, st.k);
     std::vector<EmbTensor> one;
     one.push_back(backend_.lookup(plan, r, st.der.ranks[size_t(r)].lookup_kjt, source));

@@ -4,7 +4,8 @@
 # reference, and brings back only the tiles that differ. Those paths are the same code on the
 # host when the CPU reference is wrapped to hold its outputs as a device does (the test hook
 # DYNEMB_HOLD_OUTPUTS=host, engine/holding_backend.hpp, which says on stderr how many outputs it
-# held and how many checks were made on them). Every capture below is replayed both ways, and
+# held, how many checks were made on them and how many lookups it kept for a dist, as a device
+# keeps a column slice's: Backend::lookup_for_dist). Every capture below is replayed both ways, and
 # the JSON reports must agree check for check (messages, counts, first mismatch coordinates,
 # causes), the exit codes and stderr too; and the held paths must have run (or, where the host
 # needs whole outputs, must not have). Each of the replay's three ways is covered: one
@@ -17,7 +18,8 @@ set -u
 . "$(dirname "$0")/common.sh"
 cd "$tmp" || exit 1
 
-# same NAME CAPTURE [REPLAY ARGS...]: unheld vs held. HELD=0 when no output may be held.
+# same NAME CAPTURE [REPLAY ARGS...]: unheld vs held. HELD=0 when no output may be held;
+# KEPT=1 when the dist's lookups must have been kept (column slices: Backend::lookup_for_dist).
 same() {
   local name=$1 cap=$2
   shift 2
@@ -33,6 +35,11 @@ same() {
   line=$(grep "^DYNEMB_HOLD_OUTPUTS:" "$name.held.err")
   local checks
   checks=$(sed -n 's/.* held, \([0-9]*\) checks .*/\1/p' <<<"$line")
+  local kept
+  kept=$(sed -n 's/.* them, \([0-9]*\) lookups kept.*/\1/p' <<<"$line")
+  if [[ "${KEPT:-0}" == 1 ]]; then
+    [[ -n "$kept" && "$kept" -gt 0 ]] || fail "$name: '$line', want lookups kept"
+  fi
   if [[ "${HELD:-1}" == 0 ]]; then
     [[ "$checks" == 0 ]] || fail "$name: $line, want no held check"
   else
@@ -41,7 +48,7 @@ same() {
   grep -v "^DYNEMB_HOLD_OUTPUTS:" "$name.held.err" | cmp -s - "$name.host.err" ||
     fail "$name: stderr differs"
   reports_equal "$name.host.json" "$name.held.json" || fail "$name: reports differ"
-  ok "$name (exit $rc_host, $checks held checks)"
+  ok "$name (exit $rc_host, $checks held checks, ${kept:-0} lookups kept)"
 }
 
 # plant CAPTURE: golden outputs and captured lookups changed at a few elements of every rank of
@@ -80,7 +87,7 @@ for fx in "$DYNEMB_SRC"/fixtures/*.h5; do
   # Lookups derived and the batch over column slices of 3 (MEAN without golden outputs).
   strip_datasets "$base.h5" /local_embs /module_output
   [[ $base == pooled-mean* ]] && strip_datasets "$base.h5" /output
-  DYNEMB_SLICE_COLUMNS=3 same "$base-sliced" "$base.h5"
+  KEPT=1 DYNEMB_SLICE_COLUMNS=3 same "$base-sliced" "$base.h5"
 done
 # --write-output keeps whole outputs for the file: nothing held.
 HELD=0 DYNEMB_BY_DESTINATION=off same write-output "$DYNEMB_SRC/fixtures/seq-w2.h5" \
@@ -97,7 +104,7 @@ for c in seq pooled vbe; do
   same "$c" "$c.h5"
   DYNEMB_BY_DESTINATION=off same "$c-whole" "$c.h5"
 done
-DYNEMB_SLICE_COLUMNS=5 same seqctx-sliced seqctx.h5
+KEPT=1 DYNEMB_SLICE_COLUMNS=5 same seqctx-sliced seqctx.h5
 
 echo "$fails failure(s)"
 [[ $fails -eq 0 ]]
