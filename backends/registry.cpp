@@ -8,6 +8,7 @@
 
 #include "common/error.hpp"
 #include "engine/holding_backend.hpp"
+#include "engine/starting_backend.hpp"
 #if defined(DYNEMB_HAVE_CUDA)
 #include "cuda/cuda_backend.hpp"
 #endif
@@ -54,6 +55,15 @@ namespace {
 }
 
 }  // namespace
+
+std::unique_ptr<Backend> start_backend(const std::string& name, const std::string& devices) {
+#if defined(DYNEMB_HAVE_CUDA)
+  // Refused as make_backend refuses it, here and now; only the making itself waits.
+  if (devices.empty() && (name == "cuda" || name == "auto") && cuda_device_available())
+    return make_starting_backend("cuda", [] { return make_cuda_backend(0); });
+#endif
+  return make_backend(name, devices);
+}
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const std::string& devices) {
   if (!devices.empty() && name != "nccl")

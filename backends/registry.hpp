@@ -26,4 +26,12 @@ bool cuda_backend_usable();
 // or `devices` with a backend other than nccl; DeviceError when the device cannot be used.
 std::unique_ptr<Backend> make_backend(const std::string& name, const std::string& devices = "");
 
+// make_backend, with the CUDA backend (cuda, or auto on a machine with a GPU) made on another
+// thread while the caller goes on: creating its context and workspace takes a sizeable part of
+// a second, which a replay spends opening the capture and reading its first batch instead.
+// What make_backend refuses (usage, no usable device) it refuses here, at once and alike; the
+// backend's name() is known at once, its other calls wait until it is made and rethrow what
+// making it threw.
+std::unique_ptr<Backend> start_backend(const std::string& name, const std::string& devices = "");
+
 }  // namespace dynemb

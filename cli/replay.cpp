@@ -121,7 +121,8 @@ int run_replay_cli(const ReplayCliOptions& o) {
   if (!o.json.empty()) json_out = std::make_unique<OutputFile>(o.json);
   if (!o.junit.empty()) junit_out = std::make_unique<OutputFile>(o.junit);
   if (!o.write_output.empty()) opt.write_output_file = std::make_shared<OutputFile>(o.write_output);
-  std::unique_ptr<Backend> backend = make_backend(o.backend, o.devices);
+  // A GPU backend starts while the capture is opened and its first batch read.
+  std::unique_ptr<Backend> backend = start_backend(o.backend, o.devices);
 
   const char* no_color = std::getenv("NO_COLOR");
   const bool colour = ::isatty(STDOUT_FILENO) && !(no_color && *no_color);

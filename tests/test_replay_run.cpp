@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <future>
 #include <string>
 
 #include "capture/capture.hpp"
 #include "capture/synth.hpp"
 #include "common/error.hpp"
+#include "engine/starting_backend.hpp"
 #include "replay/replay.hpp"
 
 using namespace dynemb;
@@ -143,5 +145,56 @@ TEST_CASE("run_replay: clean capture, then a planted context defect") {
     opt.write_output = clean;
     CHECK(run_replay(opt, *cpu, {}).trouble.find("that is the input capture") != std::string::npos);
   }
+  std::remove(clean.c_str());
+}
+
+// A backend still being made on another thread (engine/starting_backend.hpp, what start_backend
+// gives a GPU replay): the replay's report is the one of the backend made up front, name() does
+// not wait for the making, and what the making threw is the run's trouble.
+TEST_CASE("run_replay on a starting backend") {
+  const std::string clean = make_capture("test_replay_run_starting.h5");
+  ReplayOptions opt;
+  opt.capture_path = clean;
+  std::unique_ptr<Backend> cpu = make_cpu_backend(1);
+  const Report want = run_replay(opt, *cpu, {});
+  REQUIRE(want.trouble == "");
+
+  // The making waits until the test lets it go, after name() answered: a name() that waited
+  // for it would never return.
+  std::promise<void> go;
+  std::shared_future<void> released = go.get_future().share();
+  std::unique_ptr<Backend> starting = make_starting_backend("cpu", [released] {
+    released.wait();
+    return make_cpu_backend(1);
+  });
+  CHECK(starting->name() == "cpu");
+  go.set_value();
+  int checks = 0;
+  ReplayCallbacks cb;
+  std::string device_at_header;
+  cb.on_start = [&](const Report& r) { device_at_header = r.info.device; };
+  cb.on_check = [&](const CheckResult&) { ++checks; };
+  const Report got = run_replay(opt, *starting, cb);
+  CHECK(got.trouble == "");
+  CHECK(got.info.device == want.info.device);
+  CHECK(device_at_header == want.info.device);
+  CHECK(checks == int(got.checks.size()));
+  REQUIRE(got.checks.size() == want.checks.size());
+  for (size_t i = 0; i < got.checks.size(); ++i) {
+    CAPTURE(want.checks[i].name());
+    CHECK(got.checks[i].name() == want.checks[i].name());
+    CHECK(got.checks[i].status == want.checks[i].status);
+    CHECK(got.checks[i].message == want.checks[i].message);
+  }
+
+  // A backend that cannot be made: every call rethrows its error, and the run says it.
+  std::unique_ptr<Backend> broken = make_starting_backend(
+      "cuda", []() -> std::unique_ptr<Backend> { throw DeviceError("CUDA device 0 is gone"); });
+  CHECK(broken->name() == "cuda");
+  CHECK_THROWS_WITH_AS(broken->device(), "CUDA device 0 is gone", DeviceError);
+  CHECK_THROWS_WITH_AS(broken->hold_outputs(true), "CUDA device 0 is gone", DeviceError);
+  const Report failed = run_replay(opt, *broken, {});
+  CHECK(failed.trouble.find("CUDA device 0 is gone") != std::string::npos);
+  CHECK(failed.checks.empty());
   std::remove(clean.c_str());
 }

@@ -7,11 +7,12 @@
 
 #include "common/error.hpp"
 #include "engine/engine.hpp"
+#include "engine/forwarding_backend.hpp"
 
 namespace dynemb {
 namespace {
 
-class HoldingBackend final : public Backend {
+class HoldingBackend final : public ForwardingBackend {
  public:
   explicit HoldingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
   // What a test needs to know the held paths ran, not only that the reports agree.
@@ -21,16 +22,6 @@ class HoldingBackend final : public Backend {
                  "kept for a dist\n",
                  static_cast<long long>(outputs_held_), static_cast<long long>(checks_held_),
                  static_cast<long long>(lookups_kept_));
-  }
-  std::string name() const override { return inner_->name(); }
-  std::string device() const override { return inner_->device(); }
-
-  BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) override {
-    return inner_->bucketize(plan, kjt);
-  }
-  EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
-                   const EmbeddingSource& source) override {
-    return inner_->lookup(plan, rank, kjt, source);
   }
   // Kept here as rank's, handed back as a shape, as a device keeps it.
   EmbTensor lookup_for_dist(const Plan& plan, int rank, const LookupKjt& kjt,
@@ -42,13 +33,6 @@ class HoldingBackend final : public Backend {
     kept_[size_t(rank)] = std::move(made);
     ++lookups_kept_;
     return shape;
-  }
-  std::optional<std::vector<TileDiff>> lookup_differences(const Plan& plan, int rank,
-                                                          const LookupKjt& kjt,
-                                                          const EmbeddingSource& source,
-                                                          const float* captured, int64_t n,
-                                                          const TileCompare& how) override {
-    return inner_->lookup_differences(plan, rank, kjt, source, captured, n, how);
   }
   std::optional<std::vector<TileDiff>> reference_differences(
       const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source, int64_t batch,
@@ -87,6 +71,9 @@ class HoldingBackend final : public Backend {
     held_.clear();
     inner_->pooled_output_dist(plan, variable_batch, with_kept(local_embs), ctx, holding(sink));
   }
+
+ protected:
+  Backend& inner() const override { return *inner_; }
 
  private:
   // `sink` as is while not holding; else each output kept as rank r's and the sink handed its

@@ -150,6 +150,12 @@ run ctx_bad 2 replay "$tmp/seq.h5" --ctx sometimes
 if [[ "${DYNEMB_HAVE_CUDA:-OFF}" != "ON" ]]; then
   run cuda 2 replay "$tmp/seq.h5" --backend cuda
   has cuda "--backend cuda: this build has no CUDA backend"
+elif ! nvidia-smi -L >/dev/null 2>&1; then
+  # The CUDA backend starts on another thread where there is a GPU (start_backend); without
+  # one it is refused at once, before the capture is read.
+  run cuda 2 replay "$tmp/seq.h5" --backend cuda
+  has cuda "CUDA device 0 is not available"
+  hasnt cuda "# capture"
 fi
 # --backend nccl is trouble without an NCCL build or a GPU; with both it is a normal replay.
 if "$DYNEMB" --version | grep -q nccl && nvidia-smi -L >/dev/null 2>&1; then
