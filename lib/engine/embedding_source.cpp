@@ -1,5 +1,6 @@
 #include "engine/embedding_source.hpp"
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,18 @@ void EmbeddingSource::row_columns(int table, uint64_t g, int64_t c0, int64_t n, 
   std::vector<float> whole(static_cast<size_t>(c0 + n));
   row(table, g, whole.data(), c0 + n);
   for (int64_t c = 0; c < n; ++c) out[c] = whole[static_cast<size_t>(c0 + c)];
+}
+
+EmbeddingSource::TableRows EmbeddingSource::table_rows(int table) const {
+  TableRows t;
+  if (const std::optional<uint64_t> seed = oracle_seed())
+    t.oracle_table_seed = oracle_table_seed(*seed, static_cast<uint64_t>(table));
+  return t;
+}
+
+EmbeddingSource::EmbeddingSource() {
+  static std::atomic<uint64_t> next{1};
+  uid_ = next.fetch_add(1);
 }
 
 OracleSource::OracleSource(uint64_t seed, const Plan& plan) : seed_(seed) {
@@ -64,6 +77,16 @@ DenseSource::DenseSource(const Plan& plan, std::vector<std::optional<std::vector
     if (!weights_[t] && !fallback_)
       throw Error("table " + tc.name + " has neither dense weights nor an oracle");
   }
+}
+
+EmbeddingSource::TableRows DenseSource::table_rows(int table) const {
+  const auto& w = weights_[static_cast<size_t>(table)];
+  if (!w) return fallback_->table_rows(table);
+  TableRows t;
+  t.weights = &*w;
+  t.weights_owner = uid();
+  t.stride = dims_[static_cast<size_t>(table)];
+  return t;
 }
 
 void DenseSource::row(int table, uint64_t g, float* out, int64_t dim) const {

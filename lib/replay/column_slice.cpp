@@ -10,7 +10,7 @@ namespace dynemb {
 namespace {
 
 // Table t of a slice plan reads columns [col0[t], col0[t] + dim) of table table_of[t] of the
-// whole source.
+// whole source. A device backend may make its rows from the whole table's (table_rows).
 class SliceSource final : public EmbeddingSource {
  public:
   SliceSource(std::shared_ptr<const EmbeddingSource> whole, std::vector<int> table_of,
@@ -21,6 +21,12 @@ class SliceSource final : public EmbeddingSource {
   }
   void row_columns(int table, uint64_t g, int64_t c0, int64_t n, float* out) const override {
     whole_->row_columns(table_of_[size_t(table)], g, col0_[size_t(table)] + c0, n, out);
+  }
+  // The whole table's rows, from the slice's first column on.
+  TableRows table_rows(int table) const override {
+    TableRows t = whole_->table_rows(table_of_[size_t(table)]);
+    t.col0 += col0_[size_t(table)];
+    return t;
   }
 
  private:

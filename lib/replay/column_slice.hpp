@@ -36,8 +36,9 @@ struct ColumnSlice {
   // Feature f's columns in the slice are columns [col0[f], col0[f] + plan.features[f].dim)
   // of its table's rows.
   std::vector<int64_t> col0;
-  // Rows of the slice's tables: those columns of the whole source's rows. No oracle seed: a
-  // device lookup that generates whole rows from the seed must not be used on a slice.
+  // Rows of the slice's tables: those columns of the whole source's rows. No oracle seed (a
+  // slice's rows are not whole oracle rows); its table_rows give the whole table's oracle seed or
+  // dense weights with the slice's first column, from which a device backend may make them.
   std::shared_ptr<const EmbeddingSource> source;
 };
 
