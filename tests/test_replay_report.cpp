@@ -2,8 +2,11 @@
 // text lines, atomic file writes.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -130,6 +133,24 @@ TEST_CASE("text: failing check lines with details, '#' summary, colour only when
   CHECK(text_summary(r, true).find("\x1b[31;1mFAIL") != std::string::npos);
   CHECK(text_header(r).find("# capture    c.h5  sha256 aaaa") ==
         0 + text_header(r).find("# capture"));
+}
+
+TEST_CASE("value_text: shortest round-trip text; every NaN as nan, whatever its sign") {
+  CHECK(value_text(1.5f) == "1.5");
+  CHECK(value_text(-0.671875f) == "-0.671875");
+  CHECK(value_text(0.1f) == "0.1");
+  CHECK(value_text(-0.0f) == "-0");
+  CHECK(value_text(std::numeric_limits<float>::infinity()) == "inf");
+  CHECK(value_text(-std::numeric_limits<float>::infinity()) == "-inf");
+  // A bf16 NaN with its sign bit set (0xFFFD), widened as the codecs do, and CUDA's canonical NaN.
+  float neg_nan, cuda_nan;
+  const uint32_t neg_bits = 0xFFFD0000u, cuda_bits = 0x7FFFFFFFu;
+  std::memcpy(&neg_nan, &neg_bits, 4);
+  std::memcpy(&cuda_nan, &cuda_bits, 4);
+  REQUIRE(std::signbit(neg_nan));
+  CHECK(value_text(neg_nan) == "nan");
+  CHECK(value_text(cuda_nan) == "nan");
+  CHECK(value_text(std::numeric_limits<float>::quiet_NaN()) == "nan");
 }
 
 TEST_CASE("write_file_atomic writes the whole content and leaves no temporary") {

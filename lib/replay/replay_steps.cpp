@@ -43,10 +43,6 @@ ShardingContext merge_ctx(const ShardingContext& cap, ShardingContext& der) {
   return m;
 }
 
-std::string fmt_float(float v) {
-  return fmt::format("{}", v);
-}
-
 }  // namespace
 
 // A CheckResult from a tensor diff. `what` names the pair, e.g. "replayed vs golden".
@@ -72,7 +68,7 @@ CheckResult tensor_check(int64_t batch, int rank, const std::string& stage,
   c.max_abs_err = d.max_abs_err;
   c.max_rel_err = d.max_rel_err;
   for (const ElementMismatch& m : d.first)
-    c.details.push_back({m.where, fmt_float(m.got), fmt_float(m.want), ""});
+    c.details.push_back({m.where, value_text(m.got), value_text(m.want), ""});
   if (d.mismatches == 0) {
     c.message = fmt::format("{} elements within {} (max abs err {:g}, max rel err {:g})",
                             d.compared, tol.str(), d.max_abs_err, d.max_rel_err);
@@ -83,7 +79,7 @@ CheckResult tensor_check(int64_t batch, int rank, const std::string& stage,
   if (!d.first.empty()) {
     const ElementMismatch& m = d.first.front();
     c.message += fmt::format("; first at {}: {} {}, {} {}", to_string(m.where), got_label,
-                             fmt_float(m.got), want_label, fmt_float(m.want));
+                             value_text(m.got), want_label, value_text(m.want));
   }
   c.message += fmt::format("; max abs err {:g}, max rel err {:g}", d.max_abs_err, d.max_rel_err);
   return c;

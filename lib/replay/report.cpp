@@ -30,6 +30,11 @@ const char* to_string(CheckStatus s) {
   return "?";
 }
 
+std::string value_text(float v) {
+  if (std::isnan(v)) return "nan";
+  return fmt::format("{}", v);
+}
+
 std::string CheckResult::name() const {
   std::string n;
   if (batch >= 0) n += fmt::format("batch{}.", batch);

@@ -14,6 +14,12 @@ namespace dynemb {
 enum class CheckStatus : uint8_t { pass, fail, error, skipped };
 const char* to_string(CheckStatus s);
 
+// An element's value as a report writes it: the shortest text that reads back to the same float,
+// and every NaN as "nan". A NaN's sign is not part of the result: IEEE 754 leaves it open for
+// arithmetic, x86 carries an operand's through a sum while CUDA makes every NaN its canonical
+// positive one, so a report must not differ between backends by it.
+std::string value_text(float v);
+
 // One differing element of a checked field or tensor.
 struct Detail {
   Coords where;
