@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common/hash.hpp"
+#include "dist_kernels.hpp"
 
 namespace dynemb::cuda {
 
@@ -81,6 +82,12 @@ __device__ __forceinline__ float d_codec_encode(int t, float x) {
   if (t == 0 || x != x) return x;
   const float lim = t == 1 ? 65504.0f : d_bf16_bits_to_f32(0x7f7fu);
   return d_round_to(t, x < -lim ? -lim : (x > lim ? lim : x));
+}
+
+// Column c of row g of a table's rows (DeviceRows): its dense weights, or the oracle.
+__device__ __forceinline__ float d_row_value(const DeviceRows& t, uint64_t g, int64_t c) {
+  if (t.dense) return t.dense[static_cast<int64_t>(g) * t.stride + t.col0 + c];
+  return oracle_value(t.seed, g, static_cast<uint64_t>(t.col0 + c));
 }
 
 // Largest i in [0, n) with a[i] <= x, for a non-decreasing a with a[0] <= x.

@@ -48,13 +48,25 @@ void launch_seq_exchange(const SeqDistArgs& a, const float* send, float* recv, c
 void launch_gather_rows(const float* src, const int64_t* rowidx, int64_t nrows, int64_t dim,
                         float* out, cudaStream_t s);
 
-// Device oracle rows: out[k, c] = oracle(table_seed[table[k]], g[k], c), [n, D]; 0 where
-// table[k] < 0.
-void launch_oracle_rows(const uint64_t* g, const int32_t* table, const uint64_t* table_seeds,
-                        int64_t n, int64_t dim, float* out, cudaStream_t s);
+// Where the rows of a feature's table come from on the device (EmbeddingSource::TableRows,
+// resolved by the backend): column c of row g is dense[g * stride + col0 + c] when `dense` is set
+// (the table's weights, uploaded; the host has checked g against their rows), else column
+// col0 + c of the hash64 oracle row of `seed` (oracle_table_seed of the source's table). col0 > 0
+// for a column slice of the table.
+struct DeviceRows {
+  const float* dense = nullptr;
+  uint64_t seed = 0;
+  int64_t stride = 0;
+  int64_t col0 = 0;
+};
+
+// Sequence lookup rows: out[k, c] = column c of row g[k] of rows[feat[k]], [n, D]; 0 where
+// feat[k] < 0 (no row: an empty shard under warn_zero_row / ignore).
+void launch_lookup_rows(const uint64_t* g, const int32_t* feat, const DeviceRows* rows, int64_t n,
+                        int64_t dim, float* out, cudaStream_t s);
 
 // ------------------------------------------------ pooled (docs/semantics.md §5, §7)
-// Segment sums of oracle rows: bag j (ids [bag_offsets[j], bag_offsets[j+1])) of feature
+// Segment sums of table rows: bag j (ids [bag_offsets[j], bag_offsets[j+1])) of feature
 // bag_feat[j] writes D_f sums at out[bag_out[j] ...]; fp32 in id order, acc += w*v without
 // FMA, then rounded to out_dtype (the TBE output cast).
 struct PooledLookupArgs {
@@ -66,7 +78,7 @@ struct PooledLookupArgs {
   const uint8_t* valid = nullptr;        // [N] 0: skip the id (out of bounds, empty shard)
   const float* weights = nullptr;        // [N] or null
   const int64_t* feat_dim = nullptr;     // [F]
-  const uint64_t* feat_seed = nullptr;   // [F] oracle table seed of the feature's table
+  const DeviceRows* rows = nullptr;      // [F] the rows of the feature's table
   Precision out_dtype = Precision::f32;
   float* out = nullptr;
 };

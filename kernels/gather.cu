@@ -190,15 +190,14 @@ void launch_any(const float* src, float* out, int64_t nrows, int64_t dim, int co
     launch_vb<4>(src, out, nrows, dim, codec, idx, s);
 }
 
-__global__ void oracle_rows_kernel(const uint64_t* g, const int32_t* table,
-                                   const uint64_t* table_seeds, int64_t n, int64_t dim,
-                                   float* out) {
+__global__ void lookup_rows_kernel(const uint64_t* g, const int32_t* feat, const DeviceRows* rows,
+                                   int64_t n, int64_t dim, float* out) {
   const int64_t total = n * dim;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t k = e / dim;
-    const int32_t t = table[k];  // < 0: no row (empty shard under warn_zero_row / ignore)
-    out[e] = t < 0 ? 0.0f : oracle_value(table_seeds[t], g[k], static_cast<uint64_t>(e - k * dim));
+    const int32_t f = feat[k];  // < 0: no row (empty shard under warn_zero_row / ignore)
+    out[e] = f < 0 ? 0.0f : d_row_value(rows[f], g[k], e - k * dim);
   }
 }
 
@@ -221,13 +220,13 @@ void launch_seq_exchange(const SeqDistArgs& a, const float* send, float* recv, c
   launch_any(send, recv, a.total_out_rows, a.dim, static_cast<int>(a.codec), ExchangeIdx{a}, s);
 }
 
-void launch_oracle_rows(const uint64_t* g, const int32_t* table, const uint64_t* table_seeds,
-                        int64_t n, int64_t dim, float* out, cudaStream_t s) {
+void launch_lookup_rows(const uint64_t* g, const int32_t* feat, const DeviceRows* rows, int64_t n,
+                        int64_t dim, float* out, cudaStream_t s) {
   if (n <= 0 || dim <= 0) return;
   const int64_t total = n * dim;
   const unsigned blocks =
       static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 132 * 16));
-  oracle_rows_kernel<<<blocks, kThreads, 0, s>>>(g, table, table_seeds, n, dim, out);
+  lookup_rows_kernel<<<blocks, kThreads, 0, s>>>(g, feat, rows, n, dim, out);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,9 +1,9 @@
-// Pooled path (docs/semantics.md §5, §7, §8): oracle segment sums (the TBE lookup of one rank),
-// the reduce of W partial buffers and the codec (MEAN tables are summed: the dist carries
-// sums, the module divides later). Equal, unequal and VBE
-// reduce-scatters are one kernel: in all three, destination r's output is chunk r of every
-// source's buffer and the chunks are in rank order, so the W outputs together are the
-// elementwise sum of the W whole partial buffers (each [sum_s B_s, sum_D] or 1-D VBE).
+// Pooled path (docs/semantics.md §5, §7, §8): segment sums of table rows (the TBE lookup of one
+// rank), the reduce of W partial buffers and the codec (MEAN tables are summed: the dist carries
+// sums, the module divides later). Equal, unequal and VBE reduce-scatters are one kernel: in all
+// three, destination r's output is chunk r of every source's buffer and the chunks are in rank
+// order, so the W outputs together are the elementwise sum of the W whole partial buffers (each
+// [sum_s B_s, sum_D] or 1-D VBE).
 #include <algorithm>
 
 #include "cuda_check.hpp"
@@ -23,13 +23,13 @@ __global__ void pooled_lookup_kernel(PooledLookupArgs a) {
   for (int64_t j = warp; j < a.num_bags; j += nwarps) {
     const int32_t f = a.bag_feat[j];
     const int64_t D = a.feat_dim[f];
-    const uint64_t seed = a.feat_seed[f];
+    const DeviceRows rows = a.rows[f];
     const int64_t p0 = a.bag_offsets[j], p1 = a.bag_offsets[j + 1];
     for (int64_t d = lane; d < D; d += 32) {
       float acc = 0.0f;
       for (int64_t p = p0; p < p1; ++p) {
         if (a.valid && !a.valid[p]) continue;
-        const float v = oracle_value(seed, a.g[p], static_cast<uint64_t>(d));
+        const float v = d_row_value(rows, a.g[p], d);
         acc = __fadd_rn(acc, a.weights ? __fmul_rn(a.weights[p], v) : v);
       }
       a.out[a.bag_out[j] + d] = d_round_to(static_cast<int>(a.out_dtype), acc);

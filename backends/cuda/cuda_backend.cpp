@@ -3,14 +3,18 @@
 // splits prefixes), uploads, launches the kernels of dist_kernels.hpp and hands each rank's
 // output to the sink (or holds it on the device for the replay's checks: hold_outputs). Device
 // buffers and the pinned staging of the copies are the backend's
-// workspace (workspace.hpp), kept across calls. Lookups from dense weights (not the oracle) run on
-// the host through the CPU backend: only oracle rows can be generated on the device.
+// workspace (workspace.hpp), kept across calls. Lookups and unsharded references are made on the
+// device from each table's rows (the hash64 oracle, or dense weights uploaded once and kept),
+// whole tables or column slices of them; the host only resolves ids to rows. What the device
+// cannot make (rows only a source's row() knows, dense weights past the device's share, errors
+// to report) runs on the host through the CPU backend, whose words the errors then are.
 #include "cuda_backend.hpp"
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -65,9 +69,9 @@ ToHost into(std::vector<T>& v, const DeviceBuffer<T>& d) {
   return {v.data(), d.data(), sizeof(T) * v.size()};
 }
 
-// An oracle lookup once the host has resolved every id, ready to be made on the device: what a
+// A lookup once the host has resolved every id to its row, ready to be made on the device: what a
 // rank's lookup and the unsharded reference of its KJT have in common. N ids, F features.
-struct OracleRuns {
+struct ResolvedRuns {
   std::vector<int64_t> shape;     // of the output
   std::vector<int64_t> off;       // [bags+1] id offsets of the bags
   std::vector<int64_t> bag0;      // [F+1] first bag of each feature
@@ -76,6 +80,19 @@ struct OracleRuns {
   std::vector<uint64_t> g;        // [N] unsharded row of each id
   std::vector<uint8_t> valid;     // [N] 1 when the id's row is looked up
 };
+
+// Where each feature's table rows are for the device (EmbeddingSource::TableRows resolved): F
+// features. An id whose row is past a dense table's rows is row()'s error, given by the host.
+struct FeatureRows {
+  std::vector<cuda::DeviceRows> rows;  // [F]
+  // [F] rows of the dense weights; nullopt for the oracle, which makes every key's row (a raw
+  // key of -1 is row 2^64-1: no sentinel value can stand for "no limit").
+  std::vector<std::optional<uint64_t>> limit;
+};
+
+// Dense weights kept on the device take at most this share of its memory; past it, lookups of
+// those tables are the host's (the device still runs the dists and the checks).
+constexpr double kDenseShare = 0.25;
 
 class CudaBackend final : public Backend {
  public:
@@ -87,6 +104,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaGetDeviceProperties(&p, device_));
     desc_ = std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) + ")";
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    dense_budget_ = static_cast<int64_t>(kDenseShare * static_cast<double>(p.totalGlobalMem));
     ws_ = std::make_unique<cuda::BackendWorkspace>();
   }
   ~CudaBackend() override {
@@ -99,6 +117,8 @@ class CudaBackend final : public Backend {
   BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) override;
   EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
                    const EmbeddingSource& source) override;
+  EmbTensor lookup_for_dist(const Plan& plan, int rank, const LookupKjt& kjt,
+                            const EmbeddingSource& source) override;
   std::optional<std::vector<TileDiff>> lookup_differences(const Plan& plan, int rank,
                                                           const LookupKjt& kjt,
                                                           const EmbeddingSource& source,
@@ -124,16 +144,26 @@ class CudaBackend final : public Backend {
                           const OutputSink& sink) override;
 
  private:
-  // The lookup, or the unsharded reference of a KJT, made on the device into the workspace's
-  // rows_out (left queued on the stream); its shape, or nullopt when it is the host's to make
-  // (dense weights, malformed input, bounds_check=error hits).
+  // The lookup, or the unsharded reference of a KJT, made on the device into `out` (the
+  // workspace's rows_out unless given; left queued on the stream); its shape, or nullopt when it
+  // is the host's to make (rows the device cannot make, malformed input, errors to report).
   std::optional<std::vector<int64_t>> lookup_on_device(const Plan& plan, int rank,
                                                        const LookupKjt& kjt,
-                                                       const EmbeddingSource& source);
+                                                       const EmbeddingSource& source,
+                                                       DeviceBuffer<float>* out = nullptr);
   std::optional<std::vector<int64_t>> reference_on_device(const Plan& plan, const Kjt& kjt,
                                                           const EmbeddingSource& source);
-  void make_on_device(const Plan& plan, uint64_t seed, const OracleRuns& r,
-                      const std::vector<float>& weights);
+  void make_on_device(const Plan& plan, const FeatureRows& rows, const ResolvedRuns& r,
+                      const std::vector<float>& weights, DeviceBuffer<float>& out);
+  // Where each feature's table rows are on the device, uploading dense weights not there yet;
+  // nullopt when some table's rows are the host's to make (see FeatureRows).
+  std::optional<FeatureRows> resolve_rows(const Plan& plan, const EmbeddingSource& source);
+  // The device copy of a table's dense weights (uploaded on first use), or nullptr when they do
+  // not fit the backend's share of the device.
+  const float* device_rows(const EmbeddingSource::TableRows& t);
+  // Rank s's input of an output dist to `dst` (numel floats): uploaded from its data, or copied
+  // on the device from the lookup kept for rank s (lookup_for_dist) when it has none.
+  void put_local(float* dst, const EmbTensor& t, int64_t s);
   // rows_out (of `shape`, the device side: want) compared with n host floats (got), as
   // Backend::lookup_differences says; keep_rank >= 0: they go to that rank's slot of the W kept
   // inputs of the next pooled dist.
@@ -149,8 +179,12 @@ class CudaBackend final : public Backend {
   // elements is held for r.
   const float* held(int r, int64_t n) const;
   void forget_kept() { std::fill(kept_host_.begin(), kept_host_.end(), nullptr); }
+  // True when rank s's local_embs is the captured lookup lookup_differences() kept for it.
+  bool is_kept(size_t s, const EmbTensor& t) const {
+    return s < kept_host_.size() && kept_host_[s] && kept_host_[s] == t.data.data();
+  }
 
-  // What the host makes: lookups from dense weights, errors in the reference's words.
+  // What the host makes: rows the device cannot make, errors in the reference's words.
   std::unique_ptr<Backend> host_ = make_cpu_backend(hardware_threads());
   // The host memory whose copy is in each rank's slot of the workspace's `kept` ([W], null: no
   // copy), of n floats each: the next pooled dist's inputs when its local_embs are these.
@@ -160,6 +194,10 @@ class CudaBackend final : public Backend {
   // each rank lies in the workspace's held_out ([W] of {first element, elements}).
   bool hold_ = false;
   std::vector<std::pair<int64_t, int64_t>> held_;
+  // The shape of the lookup kept for each rank by lookup_for_dist (workspace's kept_lookups).
+  std::vector<std::optional<std::vector<int64_t>>> kept_lookup_shape_;
+  // Dense weights stay on the device up to this many bytes (kDenseShare of its memory).
+  int64_t dense_budget_ = 0;
 
   int device_;
   std::string desc_;
@@ -170,10 +208,11 @@ class CudaBackend final : public Backend {
 
 // Resolves every id on every core (the host's share: a per-id table walk): row_of(f, p) is id
 // p's RowRef (lookup_row, the reference's rule). False when an id is out of bounds under
-// bounds_check=error: the caller leaves that to the CPU reference, whose error text is the one
-// to give.
+// bounds_check=error, or its row is past feature f's dense rows (limit[f]): the caller leaves
+// those to the CPU reference, whose error text is the one to give.
 template <class RowOf>
-bool resolve_ids(const Plan& plan, OracleRuns& r, RowOf&& row_of) {
+bool resolve_ids(const Plan& plan, const std::vector<std::optional<uint64_t>>& limit,
+                 ResolvedRuns& r, RowOf&& row_of) {
   const std::vector<int64_t>& bag0 = r.bag0;
   r.g.resize(size_t(r.off.back()));
   r.valid.resize(size_t(r.off.back()));
@@ -186,7 +225,9 @@ bool resolve_ids(const Plan& plan, OracleRuns& r, RowOf&& row_of) {
           r.bag_feat[j] = static_cast<int32_t>(f);
           for (int64_t p = r.off[j]; p < r.off[j + 1]; ++p) {
             const RowRef ref = row_of(f, p);
-            if (ref.oob && plan.bounds_check == BoundsCheck::error) oob_error = true;
+            if ((ref.oob && plan.bounds_check == BoundsCheck::error) ||
+                (ref.valid && limit[size_t(f)] && ref.g >= *limit[size_t(f)]))
+              oob_error = true;
             r.g[p] = ref.g;
             r.valid[p] = ref.valid ? 1 : 0;
           }
@@ -229,6 +270,26 @@ EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
   out.dtype = plan.data_type();
   out.shape = *shape;
   ws_->staging.download({into(out.data, ws_->rows_out)}, stream_);
+  return out;
+}
+
+// Made into the rank's kept slot: nothing comes back but the shape, and the work is left queued
+// on the stream (the dist that takes it is ordered after it).
+EmbTensor CudaBackend::lookup_for_dist(const Plan& plan, int rank, const LookupKjt& k,
+                                       const EmbeddingSource& source) {
+  if (rank < 0) return lookup(plan, rank, k, source);
+  const size_t r = size_t(rank);
+  if (r < kept_lookup_shape_.size()) kept_lookup_shape_[r].reset();  // until made again
+  std::vector<DeviceBuffer<float>>& kept = ws_->kept_lookups;
+  if (kept.size() <= r) kept.resize(r + 1);
+  const std::optional<std::vector<int64_t>> shape =
+      lookup_on_device(plan, rank, k, source, &kept[r]);
+  if (!shape) return host_->lookup(plan, rank, k, source);
+  if (kept_lookup_shape_.size() <= r) kept_lookup_shape_.resize(r + 1);
+  kept_lookup_shape_[r] = *shape;
+  EmbTensor out;
+  out.dtype = plan.data_type();
+  out.shape = *shape;
   return out;
 }
 
@@ -343,23 +404,25 @@ std::vector<TileDiff> CudaBackend::tile_diffs_on_device(const float* got, const 
   return tiles;
 }
 
-// Dense weights live on the host: the CPU reference looks them up. Any malformed input or a
-// bounds_check=error hit also goes there, so the error text is the reference's. (Column slices
-// of a derived lookup, which carry no oracle seed, go there too.)
+// Any malformed input, a bounds_check=error hit or a row past dense weights goes to the CPU
+// reference, so the error text is the reference's; so do tables whose rows the device cannot
+// make (resolve_rows).
 std::optional<std::vector<int64_t>> CudaBackend::lookup_on_device(const Plan& plan, int rank,
                                                                   const LookupKjt& k,
-                                                                  const EmbeddingSource& source) {
-  const std::optional<uint64_t> seed = source.oracle_seed();
-  OracleRuns r;
+                                                                  const EmbeddingSource& source,
+                                                                  DeviceBuffer<float>* out) {
+  ResolvedRuns r;
   r.off = complete_cumsum(k.lengths);
-  if (!seed || r.off.back() != static_cast<int64_t>(k.values.size())) return std::nullopt;
+  if (r.off.back() != static_cast<int64_t>(k.values.size())) return std::nullopt;
+  const std::optional<FeatureRows> rows = resolve_rows(plan, source);
+  if (!rows) return std::nullopt;
   LookupOutputLayout L = lookup_output_layout(plan, k);
   r.shape = std::move(L.shape);
   r.bag0 = std::move(L.bag0);
   r.dst = std::move(L.dst);
   const auto row_of = [&](int64_t f, int64_t p) { return lookup_row(plan, f, rank, k.values[p]); };
-  if (!resolve_ids(plan, r, row_of)) return std::nullopt;
-  make_on_device(plan, *seed, r, k.weights);
+  if (!resolve_ids(plan, rows->limit, r, row_of)) return std::nullopt;
+  make_on_device(plan, *rows, r, k.weights, out ? *out : ws_->rows_out);
   return r.shape;
 }
 
@@ -367,15 +430,15 @@ std::optional<std::vector<int64_t>> CudaBackend::lookup_on_device(const Plan& pl
 // then looked up on the rank it lands on.
 std::optional<std::vector<int64_t>> CudaBackend::reference_on_device(
     const Plan& plan, const Kjt& kjt, const EmbeddingSource& source) {
-  const std::optional<uint64_t> seed = source.oracle_seed();
-  if (!seed) return std::nullopt;
   try {
     check_kjt(plan, kjt, "");
   } catch (const Error&) {
     return std::nullopt;
   }
+  const std::optional<FeatureRows> rows = resolve_rows(plan, source);
+  if (!rows) return std::nullopt;
   const int64_t F = plan.num_features(), W = plan.world_size;
-  OracleRuns r;
+  ResolvedRuns r;
   r.shape = reference_shape(plan, kjt);
   r.off = kjt.offsets();
   r.bag0.resize(size_t(F + 1));
@@ -396,28 +459,85 @@ std::optional<std::vector<int64_t>> CudaBackend::reference_on_device(
     const Route rt = route_id(fi.dist_type, kjt.values[i], kjt.values_type, fi.block_size, W);
     return lookup_row(plan, f, rt.dest, rt.local);
   };
-  if (!resolve_ids(plan, r, row_of)) return std::nullopt;
-  make_on_device(plan, *seed, r, kjt.weighted ? kjt.weights : std::vector<float>{});
+  if (!resolve_ids(plan, rows->limit, r, row_of)) return std::nullopt;
+  make_on_device(plan, *rows, r, kjt.weighted ? kjt.weights : std::vector<float>{}, ws_->rows_out);
   return r.shape;
 }
 
-// Uploads the runs and makes them into rows_out: oracle rows per id (sequence) or the pooled
-// sums per bag, rounded to the TBE dtype. Leaves the work queued on the stream.
-void CudaBackend::make_on_device(const Plan& plan, uint64_t seed, const OracleRuns& r,
-                                 const std::vector<float>& weights) {
+// The table rows of each feature: the oracle's seed, or dense weights on the device (uploaded
+// here the first time), from the slice's first column on. nullopt: some table's rows only the
+// source's row() knows, or its weights are past the device's share.
+std::optional<FeatureRows> CudaBackend::resolve_rows(const Plan& plan,
+                                                     const EmbeddingSource& source) {
+  const size_t F = size_t(plan.num_features());
+  std::vector<std::optional<std::pair<cuda::DeviceRows, std::optional<uint64_t>>>> table(
+      plan.tables.size());
+  FeatureRows out;
+  out.rows.resize(F);
+  out.limit.resize(F);
+  for (size_t f = 0; f < F; ++f) {
+    const size_t t = size_t(plan.features[f].table);
+    if (!table[t]) {
+      const EmbeddingSource::TableRows tr = source.table_rows(int(t));
+      cuda::DeviceRows d;
+      d.col0 = tr.col0;
+      std::optional<uint64_t> limit;
+      if (tr.weights) {
+        if (tr.stride <= 0) return std::nullopt;
+        d.dense = device_rows(tr);
+        if (!d.dense) return std::nullopt;
+        d.stride = tr.stride;
+        limit = tr.weights->size() / static_cast<size_t>(tr.stride);
+      } else if (tr.oracle_table_seed) {
+        d.seed = *tr.oracle_table_seed;
+      } else {
+        return std::nullopt;
+      }
+      table[t] = std::make_pair(d, limit);
+    }
+    out.rows[f] = table[t]->first;
+    out.limit[f] = table[t]->second;
+  }
+  return out;
+}
+
+// A source's tables are uploaded once and kept while they fit the share (a replay has one source
+// at a time, a test several). When another table would not fit, the tables of other sources go
+// first; what still does not fit is the host's to look up.
+const float* CudaBackend::device_rows(const EmbeddingSource::TableRows& t) {
+  std::vector<cuda::BackendWorkspace::DenseTable>& kept = ws_->dense_tables;
+  int64_t in_use = 0;
+  for (const auto& d : kept) {
+    if (d.owner == t.weights_owner && d.host == t.weights) return d.dev.data();
+    in_use += static_cast<int64_t>(sizeof(float)) * d.dev.size();
+  }
+  const int64_t bytes = static_cast<int64_t>(sizeof(float) * t.weights->size());
+  if (in_use + bytes > dense_budget_) {
+    kept.erase(std::remove_if(kept.begin(), kept.end(),
+                              [&](const auto& d) { return d.owner != t.weights_owner; }),
+               kept.end());
+    in_use = 0;
+    for (const auto& d : kept) in_use += static_cast<int64_t>(sizeof(float)) * d.dev.size();
+    if (in_use + bytes > dense_budget_) return nullptr;
+  }
+  CUDA_CHECK(cudaSetDevice(device_));
+  kept.push_back({t.weights_owner, t.weights, DeviceBuffer<float>()});
+  ws_->staging.upload(kept.back().dev, *t.weights, stream_);
+  return kept.back().dev.data();
+}
+
+// Uploads the runs and makes them into d_out: table rows per id (sequence) or the pooled sums
+// per bag, rounded to the TBE dtype. Leaves the work queued on the stream.
+void CudaBackend::make_on_device(const Plan& plan, const FeatureRows& rows, const ResolvedRuns& r,
+                                 const std::vector<float>& weights, DeviceBuffer<float>& d_out) {
   CUDA_CHECK(cudaSetDevice(device_));
   const int64_t F = plan.num_features(), N = r.off.back(), nbags = r.bag0.back();
-  std::vector<uint64_t> feat_seed(static_cast<size_t>(F));
   std::vector<int64_t> feat_dim(static_cast<size_t>(F));
-  for (int64_t f = 0; f < F; ++f) {
-    feat_seed[size_t(f)] = oracle_table_seed(seed, static_cast<uint64_t>(plan.features[f].table));
-    feat_dim[size_t(f)] = plan.features[f].dim;
-  }
+  for (int64_t f = 0; f < F; ++f) feat_dim[size_t(f)] = plan.features[f].dim;
   cuda::BackendWorkspace& ws = *ws_;
   cuda::PinnedStaging& st = ws.staging;
-  DeviceBuffer<float>& d_out = ws.rows_out;
   st.upload(ws.lookup_g, r.g, stream_);
-  st.upload(ws.lookup_seed, feat_seed, stream_);
+  st.upload(ws.lookup_rows, rows.rows, stream_);
   const int64_t numel = shape_numel(r.shape);
   d_out.resize(numel);
   if (plan.module == ModuleKind::sequence) {
@@ -425,7 +545,7 @@ void CudaBackend::make_on_device(const Plan& plan, uint64_t seed, const OracleRu
     for (int64_t j = 0; j < nbags; ++j)
       for (int64_t p = r.off[j]; p < r.off[j + 1]; ++p) tab[p] = r.valid[p] ? r.bag_feat[j] : -1;
     st.upload(ws.lookup_tab, tab, stream_);
-    cuda::launch_oracle_rows(ws.lookup_g.data(), ws.lookup_tab.data(), ws.lookup_seed.data(), N,
+    cuda::launch_lookup_rows(ws.lookup_g.data(), ws.lookup_tab.data(), ws.lookup_rows.data(), N,
                              plan.seq_dim(), d_out.data(), stream_);
     return;
   }
@@ -447,7 +567,7 @@ void CudaBackend::make_on_device(const Plan& plan, uint64_t seed, const OracleRu
   a.valid = ws.lookup_valid.data();
   a.weights = weighted ? ws.lookup_weights.data() : nullptr;
   a.feat_dim = ws.lookup_feat_dim.data();
-  a.feat_seed = ws.lookup_seed.data();
+  a.rows = ws.lookup_rows.data();
   a.out_dtype = cuda::precision(plan.data_type());
   a.out = d_out.data();
   cuda::launch_pooled_lookup(a, stream_);
@@ -509,6 +629,20 @@ SeqDistTables build_seq_dist_tables(const Plan& plan,
 
 namespace {
 
+void CudaBackend::put_local(float* dst, const EmbTensor& t, int64_t s) {
+  const int64_t n = t.numel();
+  if (int64_t(t.data.size()) == n) {
+    ws_->staging.upload(dst, t.data.data(), sizeof(float) * static_cast<size_t>(n), stream_);
+    return;
+  }
+  const size_t r = size_t(s);
+  if (r >= kept_lookup_shape_.size() || kept_lookup_shape_[r] != t.shape)
+    throw Error("output dist: local_embs of rank " + std::to_string(s) +
+                " has no data, and no lookup of its shape is kept for it");
+  CUDA_CHECK(cudaMemcpyAsync(dst, ws_->kept_lookups[r].data(), sizeof(float) * size_t(n),
+                             cudaMemcpyDeviceToDevice, stream_));
+}
+
 void CudaBackend::sequence_output_dist(const Plan& plan,
                                        const std::vector<const EmbTensor*>& local_embs,
                                        const std::vector<const ShardingContext*>& ctx,
@@ -524,8 +658,7 @@ void CudaBackend::sequence_output_dist(const Plan& plan,
   held_.assign(size_t(W), {-1, 0});
   d_local.resize(local_row_off.back() * D);
   for (int64_t s = 0; s < W; ++s)
-    st.upload(d_local.data() + local_row_off[s] * D, local_embs[s]->data.data(),
-              sizeof(float) * static_cast<size_t>(local_embs[s]->numel()), stream_);
+    put_local(d_local.data() + local_row_off[s] * D, *local_embs[s], s);
   ws_->seq_tables.assign(t, stream_, &st);
   d_out.resize(out_row_off.back() * D);
   cuda::launch_seq_fused(ws_->seq_tables.args(plan, d_local.data()), d_out.data(), stream_);
@@ -564,8 +697,7 @@ void CudaBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
   held_.assign(size_t(W), {-1, 0});
   // The inputs a lookup check just compared are on the device already (lookup_differences).
   bool kept = kept_n_ == n && int64_t(kept_host_.size()) == W;
-  for (int64_t d = 0; kept && d < W; ++d)
-    kept = kept_host_[size_t(d)] == local_embs[d]->data.data();
+  for (int64_t d = 0; kept && d < W; ++d) kept = is_kept(size_t(d), *local_embs[d]);
   forget_kept();  // used once: a later call's memory may be the same, its contents not
   float* parts = nullptr;
   if (kept) {
@@ -573,9 +705,7 @@ void CudaBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
   } else {
     ws_->rows_in.resize(W * n);
     parts = ws_->rows_in.data();
-    for (int64_t d = 0; d < W; ++d)
-      st.upload(parts + d * n, local_embs[d]->data.data(), sizeof(float) * static_cast<size_t>(n),
-                stream_);
+    for (int64_t d = 0; d < W; ++d) put_local(parts + d * n, *local_embs[d], d);
   }
   if (codec) cuda::launch_codec(parts, W * n, cuda::precision(rd), stream_);
   d_out.resize(n);

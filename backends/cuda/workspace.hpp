@@ -3,8 +3,10 @@
 // uses with DeviceBuffer::resize, which reallocates only when growing, so once a call of a
 // given size has run, the same call allocates nothing (no cudaMalloc, no cudaFree and its
 // device-wide synchronisation). Stream-ordered reuse is safe: the backend has one stream and
-// every call ends by downloading its result, i.e. with that stream drained. Calls on one
-// backend must therefore not overlap (one thread at a time, as the engine and replay call it).
+// every call ends by downloading its result, i.e. with that stream drained, except
+// lookup_for_dist, whose lookup stays queued into its own slot (kept_lookups) for the dist that
+// follows it on the stream. Calls on one backend must therefore not overlap (one thread at a
+// time, as the engine and replay call it).
 //
 // The two large float slots are shared by the stages that never run at the same time, so the
 // workspace holds about what the largest call needs, not the sum over stages:
@@ -16,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "compare.hpp"
 #include "cuda_backend.hpp"
@@ -32,7 +35,7 @@ struct BackendWorkspace {
 
   // lookup() from the oracle, per id and per bag of the LookupKjt.
   DeviceBuffer<uint64_t> lookup_g;        // [N] unsharded row of each id
-  DeviceBuffer<uint64_t> lookup_seed;     // [F] oracle seed of the feature's table
+  DeviceBuffer<DeviceRows> lookup_rows;   // [F] where the feature's table rows are
   DeviceBuffer<int32_t> lookup_tab;       // [N] sequence: the id's feature, -1 when invalid
   DeviceBuffer<int64_t> lookup_bag_off;   // [bags+1] pooled: id offsets of the bags
   DeviceBuffer<int64_t> lookup_bag_out;   // [bags] pooled: first output element of the bag
@@ -57,6 +60,19 @@ struct BackendWorkspace {
   // ranks, one after the other, as rows_out would hold them; the reference of a check is made
   // in rows_out meanwhile.
   DeviceBuffer<float> held_out;
+  // lookup_for_dist(): rank r's lookup, made here and kept for the next output dist ([W]
+  // buffers, one rank's lookup output each).
+  std::vector<DeviceBuffer<float>> kept_lookups;
+
+  // Dense weights uploaded (EmbeddingSource::TableRows::weights): the copy of `host`, owned by
+  // the source whose uid() is `owner`, kept while lookups keep asking for it and it fits the
+  // backend's share of the device (CudaBackend::device_rows).
+  struct DenseTable {
+    uint64_t owner = 0;
+    const std::vector<float>* host = nullptr;
+    DeviceBuffer<float> dev;
+  };
+  std::vector<DenseTable> dense_tables;
 };
 
 }  // namespace dynemb::cuda

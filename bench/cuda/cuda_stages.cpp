@@ -61,15 +61,18 @@ bool device_equal(const float* x, const float* y, int64_t n) {
 void fill_rows(float* dst, int64_t rows, int64_t D, cudaStream_t s) {
   const int64_t chunk = int64_t{1} << 24;
   std::vector<uint64_t> g(static_cast<size_t>(std::min(rows, chunk)));
-  DeviceBuffer<uint64_t> d_g, d_seed;
+  DeviceBuffer<uint64_t> d_g;
+  DeviceBuffer<cuda::DeviceRows> d_rows;
   DeviceBuffer<int32_t> d_t;
-  d_seed.upload(std::vector<uint64_t>{0x1234567ULL}, s);
+  cuda::DeviceRows oracle;
+  oracle.seed = 0x1234567ULL;
+  d_rows.upload(std::vector<cuda::DeviceRows>{oracle}, s);
   d_t.upload(std::vector<int32_t>(g.size(), 0), s);
   for (int64_t o = 0; o < rows; o += chunk) {
     const int64_t m = std::min(chunk, rows - o);
     for (int64_t i = 0; i < m; ++i) g[i] = static_cast<uint64_t>(o + i);
     d_g.upload(g.data(), m, s);
-    cuda::launch_oracle_rows(d_g.data(), d_t.data(), d_seed.data(), m, D, dst + o * D, s);
+    cuda::launch_lookup_rows(d_g.data(), d_t.data(), d_rows.data(), m, D, dst + o * D, s);
     CUDA_CHECK(cudaStreamSynchronize(s));
   }
 }

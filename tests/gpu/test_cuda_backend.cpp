@@ -2,11 +2,14 @@
 // pooled output dists on a few hundred random plans/batches covering the edge cases of
 // docs/semantics.md (W = 1, empty ranks, zero-length bags, unequal batch per rank, VBE,
 // ids past the last shard, negative and int32 ids, mixed dist types, fp16/bf16 data and
-// codecs, MEAN, weights); every fixture under fixtures/ when present; and one gather and one
-// reduce of more than 2^31 elements (64-bit indexing). Exits 77 when no GPU is present.
+// codecs, MEAN, weights); every fixture under fixtures/ when present; sources of dense weights
+// and column slices of tables, looked up on the device (no row made on the host); and one
+// gather, one dense lookup and one reduce of more than 2^31 elements (64-bit indexing).
+// Exits 77 when no GPU is present.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +25,7 @@
 #include "engine/engine.hpp"
 #include "engine/ops.hpp"
 #include "gpu_test_support.hpp"
+#include "replay/column_slice.hpp"
 
 using namespace dynemb;
 using dynemb::cuda::DeviceBuffer;
@@ -45,6 +49,11 @@ struct Case {
   Plan plan;
   std::vector<Kjt> kjts;
   std::string desc;
+  std::vector<const Kjt*> kjt_ptrs() const {
+    std::vector<const Kjt*> p;
+    for (const Kjt& k : kjts) p.push_back(&k);
+    return p;
+  }
 };
 
 Case random_case(std::mt19937_64& rng, int idx) {
@@ -268,6 +277,28 @@ void compare_batch(const Plan& plan, const std::vector<const Kjt*>& kjts,
     CHECK(same_bits(out_gpu[r].data, out_cpu[r].data));
   }
   check_held_outputs(plan, kjts, source, derived, local, out_cpu);
+  // The lookups made only as the dist's inputs (lookup_for_dist, as a column slice's are): kept
+  // on the device, handed back as shapes; the dist takes them from there, held or not.
+  const std::vector<EmbTensor> for_dist = derive_dist_inputs(plan, derived, source, gpu(), 0);
+  for (int64_t r = 0; r < W; ++r) {
+    INFO("lookup_for_dist rank " << r);
+    CHECK(for_dist[r].shape == local[r].shape);
+    CHECK(for_dist[r].dtype == local[r].dtype);
+    CHECK(for_dist[r].data.empty());  // made and kept on the device
+  }
+  const std::vector<EmbTensor> out_for_dist = test::run_output_dist(gpu(), plan, derived, for_dist);
+  REQUIRE(gpu().hold_outputs(true));
+  test::run_output_dist(gpu(), plan, derived, for_dist);
+  for (int64_t r = 0; r < W; ++r) {
+    INFO("output dist on the lookups kept for it, rank "
+         << r << " first diff " << first_diff(out_cpu[r].data, out_for_dist[r].data));
+    CHECK(same_bits(out_for_dist[r].data, out_cpu[r].data));
+    const auto held = gpu().held_output_differences(int(r), out_cpu[r].data.data(),
+                                                    out_cpu[r].numel(), compare_modes()[0]);
+    REQUIRE(held.has_value());
+    CHECK(held->empty());  // every element equal: no tile adds anything
+  }
+  gpu().hold_outputs(false);
   // The lookups checked on the device first (as a replay does): the pooled dist then takes the
   // inputs kept there, and must give the same outputs.
   if (plan.module != ModuleKind::pooled) return;
@@ -281,14 +312,100 @@ void compare_batch(const Plan& plan, const std::vector<const Kjt*>& kjts,
   }
 }
 
+// Counts the rows the host makes (row(), row_columns()); the device's rows come from
+// table_rows() and are not counted.
+class CountingSource final : public EmbeddingSource {
+ public:
+  explicit CountingSource(std::shared_ptr<const EmbeddingSource> inner)
+      : inner_(std::move(inner)) {}
+  void row(int table, uint64_t g, float* out, int64_t dim) const override {
+    ++host_rows;
+    inner_->row(table, g, out, dim);
+  }
+  void row_columns(int table, uint64_t g, int64_t c0, int64_t n, float* out) const override {
+    ++host_rows;
+    inner_->row_columns(table, g, c0, n, out);
+  }
+  std::optional<uint64_t> oracle_seed() const override { return inner_->oracle_seed(); }
+  TableRows table_rows(int table) const override { return inner_->table_rows(table); }
+  mutable std::atomic<int64_t> host_rows{0};
+
+ private:
+  std::shared_ptr<const EmbeddingSource> inner_;
+};
+
+// The oracle, or dense weights for about three tables in four (values multiples of 1/64 in
+// [-2, 2), exact in every dtype) and the oracle for the rest.
+std::shared_ptr<const EmbeddingSource> random_source(std::mt19937_64& rng, const Plan& plan,
+                                                     uint64_t seed, bool dense) {
+  auto oracle = std::make_shared<OracleSource>(seed, plan);
+  if (!dense) return oracle;
+  std::vector<std::optional<std::vector<float>>> w(plan.tables.size());
+  for (size_t t = 0; t < plan.tables.size(); ++t) {
+    if (rng() % 4 == 0) continue;  // this table from the oracle
+    const TableConfig& tc = plan.tables[t];
+    std::vector<float> v(static_cast<size_t>(tc.num_embeddings * tc.embedding_dim));
+    for (float& x : v) x = static_cast<float>(static_cast<int>(rng() % 256) - 128) / 64.0f;
+    w[t] = std::move(v);
+  }
+  return std::make_shared<DenseSource>(plan, std::move(w), oracle);
+}
+
+// compare_batch, then the same lookups and references again with every row made on the device:
+// `counted` (source, or what it wraps) must make none on the host. Where the CPU reference
+// refuses the batch (an id whose row a table's dense weights do not have), the device backend's
+// lookups must refuse it in the same words; returns false then.
+bool compare_on_device(const Plan& plan, const std::vector<const Kjt*>& kjts,
+                       const EmbeddingSource& source, const CountingSource& counted,
+                       const std::string& desc) {
+  INFO(desc);
+  const DerivedBatch derived = derive_input_dist(plan, kjts, cpu());
+  std::string want, got;
+  try {
+    derive_local_embs(plan, derived, source, cpu(), 0);
+  } catch (const Error& e) {
+    want = e.what();
+  }
+  if (!want.empty()) {
+    try {
+      derive_local_embs(plan, derived, source, gpu(), 0);
+    } catch (const Error& e) {
+      got = e.what();
+    }
+    CHECK(got == want);
+    return false;
+  }
+  compare_batch(plan, kjts, source, desc);
+  std::vector<EmbTensor> refs;
+  for (int64_t r = 0; r < plan.world_size; ++r)
+    refs.push_back(reference_output(plan, int(r), *kjts[r], source, 0));
+  counted.host_rows = 0;
+  for (int64_t r = 0; r < plan.world_size; ++r) {
+    const LookupKjt& lk = derived.ranks[r].lookup_kjt;
+    gpu().lookup(plan, int(r), lk, source);
+    gpu().lookup_for_dist(plan, int(r), lk, source);
+    const auto d =
+        gpu().reference_differences(plan, int(r), *kjts[r], source, 0, refs[r].data.data(), -1,
+                                    refs[r].numel(), compare_modes()[0]);
+    REQUIRE(d.has_value());
+    CHECK(d->empty());
+  }
+  CHECK(counted.host_rows == 0);
+  return true;
+}
+
+// DYNEMB_GPU_CASES trims the count under compute-sanitizer (slow).
+int gpu_cases(int default_cases) {
+  const char* env = std::getenv("DYNEMB_GPU_CASES");
+  return env ? std::max(1, std::atoi(env)) : default_cases;
+}
+
 }  // namespace
 
 TEST_CASE("cuda == cpu on random batches (bit for bit)") {
   require_gpu();
   std::mt19937_64 rng(20261202);
-  // DYNEMB_GPU_CASES trims the count under compute-sanitizer (slow); default 300.
-  const char* env = std::getenv("DYNEMB_GPU_CASES");
-  const int cases = env ? std::max(1, std::atoi(env)) : 300;
+  const int cases = gpu_cases(300);
   int n = 0;
   for (int i = 0; i < cases; ++i) {
     Case c = random_case(rng, i);
@@ -299,6 +416,101 @@ TEST_CASE("cuda == cpu on random batches (bit for bit)") {
     ++n;
   }
   CHECK(n == cases);
+}
+
+TEST_CASE("dense weights: lookups and references made on the device == cpu") {
+  require_gpu();
+  std::mt19937_64 rng(20261205);
+  const int cases = gpu_cases(150);
+  int compared = 0, refused = 0;
+  for (int i = 0; i < cases; ++i) {
+    const Case c = random_case(rng, i);
+    const std::vector<const Kjt*> kp = c.kjt_ptrs();
+    const CountingSource source(random_source(rng, c.plan, 0xde75e000ULL + uint64_t(i), true));
+    if (compare_on_device(c.plan, kp, source, source, c.desc + " dense"))
+      ++compared;
+    else
+      ++refused;
+  }
+  MESSAGE(compared << " batches compared, " << refused << " refused alike by both backends");
+  CHECK(compared + refused == cases);
+  // Both outcomes are exercised: a hashed table's raw keys are mostly past its dense rows, so
+  // many random batches are refused; continuous tables' are not.
+  CHECK(compared > 0);
+  CHECK(refused > 0);
+}
+
+TEST_CASE("column slices: lookups and references made on the device == cpu") {
+  require_gpu();
+  std::mt19937_64 rng(20261206);
+  const int cases = gpu_cases(150);
+  int compared = 0, slices = 0;
+  for (int i = 0; i < cases; ++i) {
+    const Case c = random_case(rng, i);
+    const std::vector<const Kjt*> kp = c.kjt_ptrs();
+    auto counted = std::make_shared<CountingSource>(
+        random_source(rng, c.plan, 0x511ce000ULL + uint64_t(i), i % 2 == 1));
+    // Two to four slices of random widths covering every column.
+    const int64_t C = embedding_columns(c.plan);
+    std::vector<int64_t> cuts = {0, C};
+    for (int k = 0; k < 3 && C > 1; ++k) cuts.push_back(1 + int64_t(rng() % uint64_t(C - 1)));
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    bool all = true;
+    for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+      const ColumnSlice s = make_column_slice(c.plan, counted, cuts[k], cuts[k + 1]);
+      all = compare_on_device(s.plan, kp, *s.source, *counted,
+                              c.desc + " columns [" + std::to_string(cuts[k]) + ", " +
+                                  std::to_string(cuts[k + 1]) + ")") &&
+            all;
+      ++slices;
+    }
+    compared += all ? 1 : 0;
+  }
+  MESSAGE(compared << " of " << cases << " batches compared in " << slices << " slices");
+  CHECK(compared >= cases / 2);
+}
+
+// Rows only row() knows (no oracle seed, no dense weights): the device cannot make them.
+class HostOnlySource final : public EmbeddingSource {
+ public:
+  explicit HostOnlySource(const EmbeddingSource& inner) : inner_(inner) {}
+  void row(int table, uint64_t g, float* out, int64_t dim) const override {
+    inner_.row(table, g, out, dim);
+  }
+
+ private:
+  const EmbeddingSource& inner_;
+};
+
+TEST_CASE("lookup_for_dist: rows only the host can make; an input neither given nor kept") {
+  require_gpu();
+  std::mt19937_64 rng(7);
+  int refused = 0;
+  for (int i = 0; i < 20; ++i) {
+    const Case c = random_case(rng, i);
+    const std::vector<const Kjt*> kp = c.kjt_ptrs();
+    const DerivedBatch derived = derive_input_dist(c.plan, kp, cpu());
+    const OracleSource oracle(11 + uint64_t(i), c.plan);
+    std::vector<EmbTensor> local = derive_local_embs(c.plan, derived, oracle, cpu(), 0);
+    const HostOnlySource host_only(oracle);
+    for (int64_t r = 0; r < c.plan.world_size; ++r) {
+      // Made on the host and handed back whole; the rank's kept lookup is gone.
+      const EmbTensor made =
+          gpu().lookup_for_dist(c.plan, int(r), derived.ranks[r].lookup_kjt, host_only);
+      INFO(c.desc << " rank " << r);
+      CHECK(made.shape == local[r].shape);
+      CHECK(same_bits(made.data, local[r].data));
+    }
+    int64_t r = 0;
+    while (r < c.plan.world_size && local[r].numel() == 0) ++r;
+    if (r == c.plan.world_size) continue;
+    local[r].data.clear();
+    CHECK_THROWS_WITH_AS(test::run_output_dist(gpu(), c.plan, derived, local),
+                         doctest::Contains("no lookup of its shape is kept"), Error);
+    ++refused;
+  }
+  CHECK(refused > 10);
 }
 
 // The batched bucketize of all W ranks in one launch (what `bench` times), through both
@@ -874,27 +1086,45 @@ TEST_CASE("64-bit indexing: gather and reduce of more than 2^31 elements") {
     perm[r] = rows - 1 - r;
   }
   const uint64_t seed = oracle_table_seed(99, 0);
-  DeviceBuffer<uint64_t> d_g, d_seed;
+  std::vector<uint64_t> g_rev(rows);
+  for (int64_t r = 0; r < rows; ++r) g_rev[r] = static_cast<uint64_t>(perm[r]);
+  DeviceBuffer<uint64_t> d_g, d_g_rev;
   DeviceBuffer<int32_t> d_tab;
   DeviceBuffer<int64_t> d_perm;
+  DeviceBuffer<cuda::DeviceRows> d_oracle, d_dense;
   d_g.upload(g);
+  d_g_rev.upload(g_rev);
   d_tab.upload(tab);
   d_perm.upload(perm);
-  d_seed.upload(std::vector<uint64_t>{seed});
+  cuda::DeviceRows oracle;
+  oracle.seed = seed;
+  d_oracle.upload(std::vector<cuda::DeviceRows>{oracle});
   DeviceBuffer<float> src(n), out(n);
-  cuda::launch_oracle_rows(d_g.data(), d_tab.data(), d_seed.data(), rows, D, src.data(), nullptr);
-  CUDA_CHECK(cudaMemset(out.data(), 0xff, sizeof(float) * n));  // poison: NaN everywhere
-  cuda::launch_gather_rows(src.data(), d_perm.data(), rows, D, out.data(), nullptr);
-  CUDA_CHECK(cudaDeviceSynchronize());
+  cuda::launch_lookup_rows(d_g.data(), d_tab.data(), d_oracle.data(), rows, D, src.data(), nullptr);
+  // out row r = src row rows-1-r, twice: the unbucketize gather, and a lookup of dense weights
+  // (src as the table's weights: row offsets past 2^31 there too).
   std::vector<float> row(D);
-  for (int64_t r : {int64_t{0}, int64_t{1}, rows / 2, rows - 2, rows - 1, int64_t{16'777'215},
-                    int64_t{16'777'216}, int64_t{16'900'001}}) {
-    CUDA_CHECK(cudaMemcpy(row.data(), out.data() + r * D, 4 * D, cudaMemcpyDeviceToHost));
-    bool ok = true;
-    for (int64_t c = 0; c < D; ++c)
-      ok = ok && row[c] == oracle_value(seed, static_cast<uint64_t>(rows - 1 - r), c);
-    INFO("output row " << r);
-    CHECK(ok);
+  cuda::DeviceRows dense;
+  dense.dense = src.data();
+  dense.stride = D;
+  d_dense.upload(std::vector<cuda::DeviceRows>{dense});
+  for (const char* how : {"gather", "dense lookup"}) {
+    CUDA_CHECK(cudaMemset(out.data(), 0xff, sizeof(float) * n));  // poison: NaN everywhere
+    if (how[0] == 'g')
+      cuda::launch_gather_rows(src.data(), d_perm.data(), rows, D, out.data(), nullptr);
+    else
+      cuda::launch_lookup_rows(d_g_rev.data(), d_tab.data(), d_dense.data(), rows, D, out.data(),
+                               nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    for (int64_t r : {int64_t{0}, int64_t{1}, rows / 2, rows - 2, rows - 1, int64_t{16'777'215},
+                      int64_t{16'777'216}, int64_t{16'900'001}}) {
+      CUDA_CHECK(cudaMemcpy(row.data(), out.data() + r * D, 4 * D, cudaMemcpyDeviceToHost));
+      bool ok = true;
+      for (int64_t c = 0; c < D; ++c)
+        ok = ok && row[c] == oracle_value(seed, static_cast<uint64_t>(rows - 1 - r), c);
+      INFO(how << ": output row " << r);
+      CHECK(ok);
+    }
   }
   // Reduce of W = 2 buffers of n elements each (src and the gathered copy): element e is
   // src[e] + src[mirror(e)], both exact multiples of 1/64, so the sum is exact.

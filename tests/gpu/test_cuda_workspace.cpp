@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -17,6 +19,7 @@
 #include "cuda/cuda_backend.hpp"
 #include "cuda/staging.hpp"
 #include "cuda_check.hpp"
+#include "engine/embedding_source.hpp"
 #include "engine/engine.hpp"
 #include "gpu_test_support.hpp"
 
@@ -50,6 +53,9 @@ struct PresetBatch {
   std::string name;
   Plan plan;
   std::vector<Kjt> kjts;
+  // Dense weights for the plan's continuous tables (the oracle for the others): one source for
+  // both rounds, so its tables are uploaded in the first only.
+  std::shared_ptr<const EmbeddingSource> dense;
 };
 PresetBatch preset_batch(const std::string& preset, bool vbe_weighted) {
   PresetBatch b;
@@ -60,11 +66,22 @@ PresetBatch preset_batch(const std::string& preset, bool vbe_weighted) {
   opt.vbe = opt.weighted = vbe_weighted;
   check_synth_options(b.plan, opt);
   b.kjts = synth_kjts(b.plan, opt, 0);
+  std::vector<std::optional<std::vector<float>>> w(b.plan.tables.size());
+  std::mt19937_64 rng(26);
+  for (size_t t = 0; t < w.size(); ++t) {
+    const TableConfig& tc = b.plan.tables[t];
+    if (tc.dist_type != DistType::continuous) continue;
+    w[t].emplace(static_cast<size_t>(tc.num_embeddings * tc.embedding_dim));
+    for (float& x : *w[t]) x = static_cast<float>(static_cast<int>(rng() % 256) - 128) / 64.0f;
+  }
+  b.dense = std::make_shared<DenseSource>(b.plan, std::move(w),
+                                          std::make_shared<OracleSource>(0x27, b.plan));
   return b;
 }
 
-// Bucketize, lookup and the output dist of one batch on `gpu`, each compared with the CPU
-// reference bit for bit; returns the number of mismatching stages (0 when all agree).
+// Bucketize, lookup and the output dist of one batch on `gpu`, then the dist of lookups made
+// from dense weights and kept on the device for it, each compared with the CPU reference bit for
+// bit; returns the number of mismatching stages (0 when all agree).
 int run_and_compare(Backend& gpu, const PresetBatch& b) {
   INFO(b.name);
   const Plan& plan = b.plan;
@@ -104,6 +121,18 @@ int run_and_compare(Backend& gpu, const PresetBatch& b) {
     const std::string at = "output dist rank " + std::to_string(r);
     expect(got[r].shape == want[r].shape && got[r].dtype == want[r].dtype, at + " shape/dtype");
     expect(same_bits(got[r].data, want[r].data), at + " data");
+  }
+  // The lookups made for the dist only (lookup_for_dist), from the dense weights on the device,
+  // kept there for the dist.
+  const std::vector<EmbTensor> dense_local = derive_local_embs(plan, derived, *b.dense, cpu(), 0);
+  const std::vector<EmbTensor> kept = derive_dist_inputs(plan, derived, *b.dense, gpu, 0);
+  const std::vector<EmbTensor> want_dense =
+      test::run_output_dist(cpu(), plan, derived, dense_local);
+  const std::vector<EmbTensor> got_dense = test::run_output_dist(gpu, plan, derived, kept);
+  for (int64_t r = 0; r < W; ++r) {
+    const std::string at = "dense lookups kept for the dist, rank " + std::to_string(r);
+    expect(kept[r].data.empty() && kept[r].shape == dense_local[r].shape, at + " kept");
+    expect(same_bits(got_dense[r].data, want_dense[r].data), at + " output");
   }
   return bad;
 }
