@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <limits>
 #include <numeric>
 #include <optional>
 #include <string>
