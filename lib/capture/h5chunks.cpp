@@ -6,6 +6,9 @@
 #endif
 
 #include <fmt/format.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -150,9 +153,69 @@ void transpose(const unsigned char* in, size_t elems, size_t es_dyn, unsigned ch
         out[i * es + b] = in[b * elems + i];
     }
 }
+#if defined(__SSE2__)
+// The unshuffle of 16 elements at a time for 2-, 4- and 8-byte elements: one 16-byte load from
+// each byte plane, then log2(es) rounds of byte/word/dword interleaves put each element's bytes
+// together (the scalar loop's gather of one byte per plane does not vectorise). Returns how
+// many leading elements it did; the caller does the rest.
+size_t unshuffle_sse2(const unsigned char* in, size_t elems, size_t es, unsigned char* out) {
+  const size_t done = elems / 16 * 16;
+  auto plane = [&](size_t b, size_t i) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + b * elems + i));
+  };
+  auto store = [&](size_t i, size_t k, __m128i v) {  // the k-th 16 bytes of elements i..i+15
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i * es + 16 * k), v);
+  };
+  for (size_t i = 0; i < done; i += 16) {
+    if (es == 2) {
+      const __m128i p0 = plane(0, i), p1 = plane(1, i);
+      store(i, 0, _mm_unpacklo_epi8(p0, p1));
+      store(i, 1, _mm_unpackhi_epi8(p0, p1));
+    } else if (es == 4) {
+      const __m128i p0 = plane(0, i), p1 = plane(1, i), p2 = plane(2, i), p3 = plane(3, i);
+      // [bytes 0,1] and [bytes 2,3] of elements 0-7 (lo) and 8-15 (hi)
+      const __m128i a_lo = _mm_unpacklo_epi8(p0, p1), a_hi = _mm_unpackhi_epi8(p0, p1);
+      const __m128i b_lo = _mm_unpacklo_epi8(p2, p3), b_hi = _mm_unpackhi_epi8(p2, p3);
+      store(i, 0, _mm_unpacklo_epi16(a_lo, b_lo));
+      store(i, 1, _mm_unpackhi_epi16(a_lo, b_lo));
+      store(i, 2, _mm_unpacklo_epi16(a_hi, b_hi));
+      store(i, 3, _mm_unpackhi_epi16(a_hi, b_hi));
+    } else {               // es == 8
+      __m128i pair[4][2];  // pair[j]: bytes 2j, 2j+1 of elements 0-7 ([0]) and 8-15 ([1])
+      for (size_t j = 0; j < 4; ++j) {
+        const __m128i lo = plane(2 * j, i), hi = plane(2 * j + 1, i);
+        pair[j][0] = _mm_unpacklo_epi8(lo, hi);
+        pair[j][1] = _mm_unpackhi_epi8(lo, hi);
+      }
+      for (size_t h = 0; h < 2; ++h) {  // elements 8h .. 8h+7
+        // qAB: bytes 0-3 (A = 0) or 4-7 (A = 1) of elements 8h+4B .. 8h+4B+3
+        const __m128i q00 = _mm_unpacklo_epi16(pair[0][h], pair[1][h]);
+        const __m128i q01 = _mm_unpackhi_epi16(pair[0][h], pair[1][h]);
+        const __m128i q10 = _mm_unpacklo_epi16(pair[2][h], pair[3][h]);
+        const __m128i q11 = _mm_unpackhi_epi16(pair[2][h], pair[3][h]);
+        store(i, 4 * h + 0, _mm_unpacklo_epi32(q00, q10));
+        store(i, 4 * h + 1, _mm_unpackhi_epi32(q00, q10));
+        store(i, 4 * h + 2, _mm_unpacklo_epi32(q01, q11));
+        store(i, 4 * h + 3, _mm_unpackhi_epi32(q01, q11));
+      }
+    }
+  }
+  return done;
+}
+#endif
+
 template <bool Forward>
 void transpose_any(const unsigned char* in, size_t n, size_t es, unsigned char* out) {
   const size_t elems = n / es;
+#if defined(__SSE2__)
+  if (!Forward && (es == 2 || es == 4 || es == 8)) {
+    const size_t done = unshuffle_sse2(in, elems, es, out);
+    for (size_t i = done; i < elems; ++i)
+      for (size_t b = 0; b < es; ++b) out[i * es + b] = in[b * elems + i];
+    std::memcpy(out + elems * es, in + elems * es, n - elems * es);
+    return;
+  }
+#endif
   switch (es) {
     case 2:
       transpose<2, Forward>(in, elems, es, out);
