@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "common/hash.hpp"
+#include "common/trace.hpp"
 #include "compare.hpp"
 #include "cuda_check.hpp"
 #include "dist_kernels.hpp"
@@ -212,6 +213,7 @@ class CudaBackend final : public Backend {
 template <class RowOf>
 bool resolve_ids(const Plan& plan, const std::vector<std::optional<uint64_t>>& limit,
                  ResolvedRuns& r, RowOf&& row_of) {
+  const TraceSpan span("resolve ids");
   const std::vector<int64_t>& bag0 = r.bag0;
   r.g.resize(size_t(r.off.back()));
   r.valid.resize(size_t(r.off.back()));
@@ -248,9 +250,13 @@ BucketizedKjt CudaBackend::bucketize(const Plan& plan, const Kjt& kjt) {
                 std::to_string(N) + " values");
   // One rank's KJT: the batched bucketize with R = 1, in the workspace's buffers.
   cuda::BatchedBucketize& bb = ws_->bucketize;
-  bb.assign(plan, {&kjt}, /*with_dest_rank=*/true, stream_, &ws_->staging);
-  bb.enable_one_pass(stream_);  // one bag per resident block: the one-kernel path (bucketize.cu)
-  if (L > 0) bb.launch(stream_);
+  {
+    const TraceSpan span("bucketize upload");
+    bb.assign(plan, {&kjt}, /*with_dest_rank=*/true, stream_, &ws_->staging);
+    bb.enable_one_pass(stream_);  // one bag per resident block: the one-kernel path (bucketize.cu)
+    if (L > 0) bb.launch(stream_);
+  }
+  const TraceSpan span("bucketize download");
 
   BucketizedKjt out;
   std::vector<ToHost> parts{
@@ -370,7 +376,11 @@ std::optional<std::vector<TileDiff>> CudaBackend::compare_on_device(
     ws.rows_in.resize(n);
     d_host = ws.rows_in.data();
   }
-  ws.staging.upload(d_host, host, sizeof(float) * size_t(n), stream_);
+  {
+    const TraceSpan span("upload", n);
+    ws.staging.upload(d_host, host, sizeof(float) * size_t(n), stream_);
+  }
+  const TraceSpan span("compare", n);
   return tile_diffs_on_device(d_host, ws.rows_out.data(), n, how);
 }
 

@@ -2,6 +2,7 @@
 // /tables and one batch at a time, every shape checked against the plan before anything is
 // allocated from it.
 #include "capture/capture.hpp"
+#include "common/trace.hpp"
 
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -868,6 +869,7 @@ void CaptureReader::read_rank_rows(int64_t k, const char* name, DType dtype,
                                    const std::vector<RankRows>& ranges,
                                    std::vector<int64_t>& elements,
                                    const std::function<float*(size_t)>& out) const {
+  const TraceSpan span("read rows", k);
   const Impl& I = *impl_;
   const size_t W = ranges.size();
   std::vector<Impl::Ds> ds(W);
@@ -924,6 +926,7 @@ std::vector<float> CaptureReader::read_rows_concat(int64_t k, const char* name, 
 }
 
 Batch CaptureReader::read_batch(const Plan& plan, int64_t k, const ReadParts& parts) const {
+  const TraceSpan span("read batch", k);
   const Impl& I = *impl_;
   const int64_t W = world_size_;
   if (plan.world_size != W)

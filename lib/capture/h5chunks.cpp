@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "capture/h5util.hpp"
+#include "common/trace.hpp"
 #include "engine/parallel.hpp"
 
 namespace dynemb::h5 {
@@ -356,20 +357,24 @@ bool decode_chunks(uint64_t n, int threads, Offset&& offset, Place&& place) {
   for (auto& w : workers) w = std::make_unique<Worker>();
   for (uint64_t first = 0; first < n; first += window) {
     const uint64_t count = std::min(window, n - first);
-    for (uint64_t i = 0; i < count; ++i) {
-      RawChunk& c = raw[size_t(i)];
-      const auto [dset, L] = offset(first + i, c.offset);
-      const uint64_t chunk_bytes = L->chunk_bytes();
-      hsize_t size = 0;
-      if (H5Dget_chunk_storage_size(dset, c.offset.data(), &size) < 0 || size == 0 ||
-          size > chunk_bytes + (chunk_bytes >> 3) + 4096)
-        return false;
-      c.bytes.resize(size_t(size));
-      uint32_t mask = 0;
-      if (H5Dread_chunk(dset, H5P_DEFAULT, c.offset.data(), &mask, c.bytes.data()) < 0)
-        return false;
-      c.mask = mask;
+    {
+      const TraceSpan raw_span("raw chunks", int64_t(count));  // libhdf5, this thread only
+      for (uint64_t i = 0; i < count; ++i) {
+        RawChunk& c = raw[size_t(i)];
+        const auto [dset, L] = offset(first + i, c.offset);
+        const uint64_t chunk_bytes = L->chunk_bytes();
+        hsize_t size = 0;
+        if (H5Dget_chunk_storage_size(dset, c.offset.data(), &size) < 0 || size == 0 ||
+            size > chunk_bytes + (chunk_bytes >> 3) + 4096)
+          return false;
+        c.bytes.resize(size_t(size));
+        uint32_t mask = 0;
+        if (H5Dread_chunk(dset, H5P_DEFAULT, c.offset.data(), &mask, c.bytes.data()) < 0)
+          return false;
+        c.mask = mask;
+      }
     }
+    const TraceSpan decode_span("decode", int64_t(count));
     std::atomic<bool> ok{true};
     std::atomic<size_t> next_worker{0};
     parallel_for(

@@ -6,6 +6,7 @@
 #include <system_error>
 #include <utility>
 
+#include "common/trace.hpp"
 #include "engine/forwarding_backend.hpp"
 
 namespace dynemb {
@@ -16,7 +17,10 @@ class StartingBackend final : public ForwardingBackend {
   StartingBackend(std::string name, std::function<std::unique_ptr<Backend>()> make)
       : name_(std::move(name)) {
     try {
-      making_ = std::async(std::launch::async, make);
+      making_ = std::async(std::launch::async, [make] {
+        const TraceSpan span("backend start");
+        return make();
+      });
     } catch (const std::system_error&) {  // no thread to be had: made here, in turn
       take([&make] { return make(); });
     }

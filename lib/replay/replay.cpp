@@ -7,8 +7,10 @@
 #include <sstream>
 
 #include "capture/h5util.hpp"
+#include "common/clock.hpp"
 #include "common/error.hpp"
 #include "common/input_file.hpp"
+#include "common/trace.hpp"
 #include "engine/memory_estimate.hpp"
 #include "replay/replan.hpp"
 #include "replay/replayer.hpp"
@@ -82,8 +84,14 @@ std::future<std::string> start_capture_sha(const std::string& path) {
 }  // namespace
 
 void Replayer::StepClock::enter(const char* next) {
-  if (!on) return;
+  if (!on && !tracing()) return;
   const auto now = std::chrono::steady_clock::now();
+  if (tracing()) TraceSpan::record(step_name, -1, since, now);
+  step_name = next;
+  if (!on) {
+    since = now;
+    return;
+  }
   const double dt = std::chrono::duration<double>(now - since).count();
   auto it =
       std::find_if(seconds.begin(), seconds.end(), [&](const auto& e) { return e.first == step; });
@@ -103,6 +111,13 @@ void Replayer::StepClock::print() const {
   for (const auto& [name, secs] : seconds)
     out += fmt::format("#   {:<12} {:9.3f}  {:5.1f} %\n", name, secs,
                        total > 0 ? 100.0 * secs / total : 0.0);
+  // What the steps do not cover: from main() to the replay's start (argument parsing, the
+  // plan), and from here to the exit (the report, the backend's teardown) is the process's
+  // wall time less this.
+  out += fmt::format(
+      "#   (before the replay {:.3f} s; main() to here {:.3f} s)\n",
+      std::chrono::duration<double>(started - process_started()).count(),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - process_started()).count());
   std::fputs(out.c_str(), stderr);
 }
 

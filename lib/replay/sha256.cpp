@@ -1,4 +1,5 @@
 #include "replay/sha256.hpp"
+#include "common/trace.hpp"
 
 #include <openssl/evp.h>
 
@@ -54,6 +55,7 @@ std::string sha256_hex(const std::string& bytes) {
 }
 
 std::string sha256_file(const std::string& path) {
+  const TraceSpan span("sha256");
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) throw Error(path + ": cannot open for sha256: " + std::strerror(errno));
   Sha256 h;
