@@ -2,7 +2,10 @@
 // and what a device backend's host fallback runs.
 #include "engine/backend.hpp"
 
+#include "common/trace.hpp"
 #include "engine/engine.hpp"
+#include "engine/ops.hpp"
+#include "engine/parallel.hpp"
 
 namespace dynemb {
 
@@ -30,6 +33,21 @@ std::optional<std::vector<TileDiff>> Backend::reference_differences(
     const float* replayed, int held_rank, int64_t n, const TileCompare& how) {
   if (held_rank >= 0) return std::nullopt;  // holds no outputs (hold_outputs)
   return tiles_of(replayed, reference_output(plan, rank, kjt, source, batch), n, how);
+}
+
+std::vector<BucketizedKjt> Backend::bucketize_ranks(const Plan& plan,
+                                                    const std::vector<const Kjt*>& kjts) {
+  std::vector<BucketizedKjt> out(kjts.size());
+  parallel_for(
+      hardware_threads(), int64_t(kjts.size()),
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const TraceSpan span("bucketize", r);
+          out[size_t(r)] = bucketize_on_host(plan, *kjts[size_t(r)]);
+        }
+      },
+      /*grain=*/1);
+  return out;
 }
 
 EmbTensor Backend::lookup_for_dist(const Plan& plan, int rank, const LookupKjt& kjt,

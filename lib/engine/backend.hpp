@@ -75,6 +75,13 @@ class Backend {
   // with the plan's dist_type and block sizes; stable order, unbucketize_permute always.
   // Routing never fails: out-of-table ids are a lookup (bounds_check) matter.
   virtual BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) = 0;
+  // The same for every rank of a batch: what derive_input_dist runs. The default is the host
+  // reference on every core at once, rank by rank, for every backend: its results are used on
+  // the host (the KJT all-to-all, the context checks), and a device's bucketize would send
+  // ~3 x N values per rank back over the bus, which costs more than the host's pass. A device
+  // backend's bucketize() is its kernels, which the GPU tests and `bench` check against this.
+  virtual std::vector<BucketizedKjt> bucketize_ranks(const Plan& plan,
+                                                     const std::vector<const Kjt*>& kjts);
 
   // Lookup on rank `rank` (§5). Sequence: [N_local, D] rows in LookupKjt value order.
   // Pooled: partial sums [sum_s B_s, sum_D] (non-VBE) or the 1-D VBE layout

@@ -53,13 +53,7 @@ class CpuBackend final : public Backend {
   std::string device() const override { return "host, " + std::to_string(threads_) + " threads"; }
 
   BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) override {
-    std::vector<int64_t> blk;
-    std::vector<DistType> dt;
-    for (const FeatureInfo& f : plan.features) {
-      blk.push_back(f.block_size);
-      dt.push_back(f.dist_type);
-    }
-    return block_bucketize_sparse_features(kjt, blk, dt, plan.world_size);
+    return bucketize_on_host(plan, kjt);
   }
 
   EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,

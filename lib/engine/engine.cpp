@@ -77,10 +77,15 @@ DerivedBatch derive_input_dist(const Plan& plan, const std::vector<const Kjt*>& 
   DerivedBatch out;
   out.ranks.resize(W);
   std::vector<const BucketizedKjt*> bk(W);
+  std::vector<BucketizedKjt> bucketized = backend.bucketize_ranks(plan, in);
+  if (static_cast<int64_t>(bucketized.size()) != W)
+    throw Error("derive_input_dist: the backend bucketized " + std::to_string(bucketized.size()) +
+                " of " + std::to_string(W) + " ranks");
   for (int64_t r = 0; r < W; ++r) {
-    out.ranks[r].bucketized = backend.bucketize(plan, *in[r]);
+    out.ranks[r].bucketized = std::move(bucketized[size_t(r)]);
     bk[r] = &out.ranks[r].bucketized;
   }
+  TraceSpan a2a_span("kjt all-to-all");
   KjtAllToAllResult a2a = kjt_all_to_all(plan, in, bk);
   out.variable_batch = plan.module == ModuleKind::pooled && a2a.variable_batch;
   for (int64_t r = 0; r < W; ++r) {

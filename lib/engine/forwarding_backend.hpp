@@ -18,6 +18,8 @@ class ForwardingBackend : public Backend {
   BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) override {
     return inner().bucketize(plan, kjt);
   }
+  // bucketize_ranks is Backend's own (the host's, whatever the inner backend) and is not
+  // forwarded: a GPU backend still starting is not waited for by the input dist.
   EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
                    const EmbeddingSource& source) override {
     return inner().lookup(plan, rank, kjt, source);

@@ -5,6 +5,7 @@
 
 #include "common/error.hpp"
 #include "common/hash.hpp"
+#include "engine/parallel.hpp"
 
 namespace dynemb {
 
@@ -274,6 +275,16 @@ Kjt pad_vbe_kjt_lengths(const Kjt& kjt) {
   return out;
 }
 
+BucketizedKjt bucketize_on_host(const Plan& plan, const Kjt& kjt) {
+  std::vector<int64_t> blk;
+  std::vector<DistType> dt;
+  for (const FeatureInfo& f : plan.features) {
+    blk.push_back(f.block_size);
+    dt.push_back(f.dist_type);
+  }
+  return block_bucketize_sparse_features(kjt, blk, dt, plan.world_size);
+}
+
 KjtAllToAllResult kjt_all_to_all(const Plan& plan, const std::vector<const Kjt*>& kjts,
                                  const std::vector<const BucketizedKjt*>& bucketized) {
   const int64_t W = plan.world_size, F = plan.num_features();
@@ -298,82 +309,88 @@ KjtAllToAllResult kjt_all_to_all(const Plan& plan, const std::vector<const Kjt*>
   const bool equal_b = std::all_of(B.begin(), B.end(), [&](int64_t b) { return b == B[0]; });
   res.lookup_kjts.resize(W);
   res.ctx.resize(W);
-  for (int64_t r = 0; r < W; ++r) {
-    // Received buffers, source-rank major: (s, f, b) lengths, (s, f, b, pos) values.
-    std::vector<int64_t> rl, rv;
-    std::vector<float> rw;
-    for (int64_t s = 0; s < W; ++s) {
-      const BucketizedKjt& bk = *bucketized[s];
-      rl.insert(rl.end(), bk.new_lengths.begin() + r * L[s],
-                bk.new_lengths.begin() + (r + 1) * L[s]);
-      int64_t v0 = 0;
-      for (int64_t d = 0; d < r; ++d) v0 += input_splits[s][d];
-      const int64_t n = input_splits[s][r];
-      rv.insert(rv.end(), bk.new_values.begin() + v0, bk.new_values.begin() + v0 + n);
-      if (weighted)
-        rw.insert(rw.end(), bk.new_weights.begin() + v0, bk.new_weights.begin() + v0 + n);
-    }
-    LookupKjt& lk = res.lookup_kjts[r];
-    lk.num_features = F;
-    lk.world_size = W;
-    lk.variable_batch = res.variable_batch;
-    lk.stride_per_key_per_rank.assign(F, std::vector<int64_t>(W));
-    for (int64_t f = 0; f < F; ++f)
-      for (int64_t s = 0; s < W; ++s) lk.stride_per_key_per_rank[f][s] = strides[s][f];
-    ShardingContext& ctx = res.ctx[r];
-    std::vector<int32_t> ctx_recat = recat;
-    if (W == 1) {
-      // §4.3: the awaitables hand back the bucketized KJT unchanged; recat stays identity.
-      lk.lengths = std::move(rl);
-      lk.values = std::move(rv);
-      lk.weights = std::move(rw);
-    } else if (!res.variable_batch && equal_b) {
-      SparseData p = permute_2D_sparse_data(to_i64(recat), rl, W * F, B[0], rv, rw);
-      lk.lengths = std::move(p.lengths);
-      lk.values = std::move(p.values);
-      lk.weights = std::move(p.weights);
-    } else {
-      // Per-bag expansion: input segments (s, f) of B_{s,f} bags, output segments (f, s).
-      std::vector<int64_t> in_sizes, out_sizes;
-      for (int64_t s = 0; s < W; ++s)
-        for (int64_t f = 0; f < F; ++f) in_sizes.push_back(strides[s][f]);
-      for (int64_t f = 0; f < F; ++f)
-        for (int64_t s = 0; s < W; ++s) out_sizes.push_back(strides[s][f]);
-      const std::vector<int64_t> in_off = complete_cumsum(in_sizes);
-      const std::vector<int64_t> out_off = complete_cumsum(out_sizes);
-      const std::vector<int64_t> expanded =
-          expand_into_jagged_permute(to_i64(recat), in_off, out_off, out_off.back());
-      SparseData p = permute_1D_sparse_data(expanded, rl, rv, rw);
-      lk.lengths = std::move(p.lengths);
-      lk.values = std::move(p.values);
-      lk.weights = std::move(p.weights);
-      // The context stores the expanded recat when the B_s differ; VBE keeps the plain one.
-      if (!res.variable_batch) ctx_recat.assign(expanded.begin(), expanded.end());
-    }
-    // §4.4 contexts.
-    ctx.input_splits = input_splits[r];
-    std::vector<int64_t> out_splits(W);
-    for (int64_t s = 0; s < W; ++s) out_splits[s] = input_splits[s][r];
-    ctx.output_splits = out_splits;
-    ctx.sparse_features_recat = ctx_recat;
-    if (res.variable_batch) {
-      ctx.batch_size_per_rank_per_feature = strides;  // [W][F]
-    } else {
-      ctx.batch_size_per_rank = B;
-    }
-    if (plan.module == ModuleKind::sequence) {
-      ctx.unbucketize_permute = bucketized[r]->unbucketize_permute;
-      ctx.lengths_after_input_dist = lk.lengths;
-      int64_t cols = 0;
-      for (int64_t s = 0; s < W; ++s) cols += B[s];
-      ctx.lengths_after_input_dist_cols = cols;
-    } else {
-      ctx.variable_batch_per_feature = res.variable_batch;
-      std::vector<int64_t> pre(F);
-      for (int64_t f = 0; f < F; ++f) pre[f] = kjts[r]->batch_size(f);
-      ctx.batch_size_per_feature_pre_a2a = pre;
-    }
-  }
+  // Each destination's receive, permute and context on its own core: they share only inputs.
+  parallel_for(
+      hardware_threads(), W,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          // Received buffers, source-rank major: (s, f, b) lengths, (s, f, b, pos) values.
+          std::vector<int64_t> rl, rv;
+          std::vector<float> rw;
+          for (int64_t s = 0; s < W; ++s) {
+            const BucketizedKjt& bk = *bucketized[s];
+            rl.insert(rl.end(), bk.new_lengths.begin() + r * L[s],
+                      bk.new_lengths.begin() + (r + 1) * L[s]);
+            int64_t v0 = 0;
+            for (int64_t d = 0; d < r; ++d) v0 += input_splits[s][d];
+            const int64_t n = input_splits[s][r];
+            rv.insert(rv.end(), bk.new_values.begin() + v0, bk.new_values.begin() + v0 + n);
+            if (weighted)
+              rw.insert(rw.end(), bk.new_weights.begin() + v0, bk.new_weights.begin() + v0 + n);
+          }
+          LookupKjt& lk = res.lookup_kjts[r];
+          lk.num_features = F;
+          lk.world_size = W;
+          lk.variable_batch = res.variable_batch;
+          lk.stride_per_key_per_rank.assign(F, std::vector<int64_t>(W));
+          for (int64_t f = 0; f < F; ++f)
+            for (int64_t s = 0; s < W; ++s) lk.stride_per_key_per_rank[f][s] = strides[s][f];
+          ShardingContext& ctx = res.ctx[r];
+          std::vector<int32_t> ctx_recat = recat;
+          if (W == 1) {
+            // §4.3: the awaitables hand back the bucketized KJT unchanged; recat stays identity.
+            lk.lengths = std::move(rl);
+            lk.values = std::move(rv);
+            lk.weights = std::move(rw);
+          } else if (!res.variable_batch && equal_b) {
+            SparseData p = permute_2D_sparse_data(to_i64(recat), rl, W * F, B[0], rv, rw);
+            lk.lengths = std::move(p.lengths);
+            lk.values = std::move(p.values);
+            lk.weights = std::move(p.weights);
+          } else {
+            // Per-bag expansion: input segments (s, f) of B_{s,f} bags, output segments (f, s).
+            std::vector<int64_t> in_sizes, out_sizes;
+            for (int64_t s = 0; s < W; ++s)
+              for (int64_t f = 0; f < F; ++f) in_sizes.push_back(strides[s][f]);
+            for (int64_t f = 0; f < F; ++f)
+              for (int64_t s = 0; s < W; ++s) out_sizes.push_back(strides[s][f]);
+            const std::vector<int64_t> in_off = complete_cumsum(in_sizes);
+            const std::vector<int64_t> out_off = complete_cumsum(out_sizes);
+            const std::vector<int64_t> expanded =
+                expand_into_jagged_permute(to_i64(recat), in_off, out_off, out_off.back());
+            SparseData p = permute_1D_sparse_data(expanded, rl, rv, rw);
+            lk.lengths = std::move(p.lengths);
+            lk.values = std::move(p.values);
+            lk.weights = std::move(p.weights);
+            // The context stores the expanded recat when the B_s differ; VBE keeps the plain one.
+            if (!res.variable_batch) ctx_recat.assign(expanded.begin(), expanded.end());
+          }
+          // §4.4 contexts.
+          ctx.input_splits = input_splits[r];
+          std::vector<int64_t> out_splits(W);
+          for (int64_t s = 0; s < W; ++s) out_splits[s] = input_splits[s][r];
+          ctx.output_splits = out_splits;
+          ctx.sparse_features_recat = ctx_recat;
+          if (res.variable_batch) {
+            ctx.batch_size_per_rank_per_feature = strides;  // [W][F]
+          } else {
+            ctx.batch_size_per_rank = B;
+          }
+          if (plan.module == ModuleKind::sequence) {
+            ctx.unbucketize_permute = bucketized[r]->unbucketize_permute;
+            ctx.lengths_after_input_dist = lk.lengths;
+            int64_t cols = 0;
+            for (int64_t s = 0; s < W; ++s) cols += B[s];
+            ctx.lengths_after_input_dist_cols = cols;
+          } else {
+            ctx.variable_batch_per_feature = res.variable_batch;
+            std::vector<int64_t> pre(F);
+            for (int64_t f = 0; f < F; ++f) pre[f] = kjts[r]->batch_size(f);
+            ctx.batch_size_per_feature_pre_a2a = pre;
+          }
+        }
+      },
+      /*grain=*/1);
   return res;
 }
 

@@ -51,6 +51,9 @@ BucketizedKjt block_bucketize_sparse_features(
     const std::vector<DistType>& dist_types, int64_t my_size,
     const std::vector<std::vector<int64_t>>* block_bucketize_pos = nullptr);
 
+// block_bucketize_sparse_features of one rank's KJT with the plan's block sizes and dist_types.
+BucketizedKjt bucketize_on_host(const Plan& plan, const Kjt& kjt);
+
 // TorchRec _get_recat(local_split=F, num_splits=W, stagger=1): recat[f*W+s] = s*F+f.
 std::vector<int32_t> get_recat(int64_t F, int64_t W);
 
