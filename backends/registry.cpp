@@ -3,10 +3,13 @@
 
 #include <fmt/core.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/trace.hpp"
 #include "engine/holding_backend.hpp"
 #include "engine/starting_backend.hpp"
 #if defined(DYNEMB_HAVE_CUDA)
@@ -54,12 +57,30 @@ namespace {
   return list;
 }
 
+// Whether a GPU may be there, told without starting the CUDA driver (which takes a sizeable
+// part of a second: the starting backend's thread spends it instead): the NVIDIA kernel
+// driver's first device node, unless CUDA_VISIBLE_DEVICES hides every device. A machine that
+// has the node but no usable device learns so from the starting backend: its first call
+// throws the backend's DeviceError, which the replay reports as its trouble (exit 2).
+[[maybe_unused]] bool gpu_node_present() {
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && (*v == '\0' || *v == '-'))
+    return false;
+  return ::access("/dev/nvidia0", F_OK) == 0;
+}
+
 }  // namespace
 
 std::unique_ptr<Backend> start_backend(const std::string& name, const std::string& devices) {
 #if defined(DYNEMB_HAVE_CUDA)
-  // Refused as make_backend refuses it, here and now; only the making itself waits.
-  if (devices.empty() && (name == "cuda" || name == "auto") && cuda_device_available())
+  // --backend cuda: refused here and now where no GPU can be there (as make_backend refuses
+  // it); else the driver's start, the device check and the backend's making all wait on
+  // another thread. auto must choose now: it asks the driver first.
+  if (devices.empty() && name == "cuda" && gpu_node_present())
+    return make_starting_backend("cuda", [] { return make_cuda_backend(0); });
+  if (devices.empty() && name == "auto" && [] {
+        const TraceSpan span("cuda probe");
+        return cuda_device_available();
+      }())
     return make_starting_backend("cuda", [] { return make_cuda_backend(0); });
 #endif
   return make_backend(name, devices);

@@ -273,7 +273,6 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
   // Compared where the backend makes them: only the tiles that add to a diff come back, and the
   // dist's outputs stay where it makes them (a device backend's memory) for their checks.
   const TileCompare how{tol_, kCompareTile, maxm};
-  const HeldOutputs held(backend_);
   const auto read = [&](size_t i) {
     h5::quiet();  // libhdf5's error printing is per thread: errors are reported, not dumped
     return read_unit(reader, k, units[i], seq_dist_ != nullptr, where, st.cap_local,
@@ -281,6 +280,9 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
   };
   const bool ahead = opt_.read_ahead > 0;  // --read-ahead 0: read, then check, in turn
   std::future<DestRows> next = read_ahead_task(read, size_t{0}, ahead);
+  // After the first read began: asking a GPU backend to hold its outputs waits for it to have
+  // started (start_backend), which the read need not.
+  const HeldOutputs held(backend_);
   std::vector<TensorDiff> looked(static_cast<size_t>(W));  // [s]: the lookup check, merged
   std::vector<std::vector<int64_t>> value_off(static_cast<size_t>(W));  // [s]: of its lookup KJT
   for (int64_t s = 0; source_ && s < W; ++s)
