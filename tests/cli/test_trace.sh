@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# DYNEMB_TRACE=FILE: a replay writes the timeline of its spans as a Chrome trace (JSON), renamed
+# into place once complete; the report is the same with and without it. DYNEMB_STEP_TIMES=1
+# prints the steps' wall times and the time outside them.
+set -uo pipefail
+exe=${DYNEMB:?}
+py=${DYNEMB_PYTHON:-python3}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$here/common.sh"  # tmp, fails, ok, fail
+cd "$tmp" || exit 1
+
+"$exe" synth --preset unit-seq-w2 --batches 2 -o c.h5 >/dev/null 2>&1 || fail "synth"
+DYNEMB_TRACE=$tmp/t.json DYNEMB_STEP_TIMES=1 "$exe" replay c.h5 --backend cpu --quiet \
+  --json traced.json >out.txt 2>err.txt
+expect_rc "traced replay" 0 $?
+"$exe" replay c.h5 --backend cpu --quiet --json plain.json >/dev/null 2>&1
+expect_rc "plain replay" 0 $?
+reports_equal traced.json plain.json && ok "the report is the same with the trace" ||
+  fail "the trace changed the report"
+[[ -f t.json && ! -e t.json.tmp ]] && ok "trace written, no temporary left" ||
+  fail "trace: $(ls -a)"
+has_text err.txt "step times (DYNEMB_STEP_TIMES)" "step times"
+has_text err.txt "before the replay" "time outside the steps"
+
+# The spans: well formed, every batch read, every rank of each batch bucketized once, the
+# replay's steps on the main thread.
+"$py" - t.json <<'PY' && ok "trace spans" || fail "trace spans"
+import collections, json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+assert ev, "no spans"
+for e in ev:
+    assert e["ph"] == "X" and e["ts"] >= 0 and e["dur"] >= 0, e
+names = collections.Counter(e["name"] for e in ev)
+args = collections.defaultdict(list)
+for e in ev:
+    args[e["name"]].append(e["args"]["arg"])
+assert sorted(args["read batch"]) == [0, 1], args["read batch"]
+assert sorted(args["bucketize"]) == [0, 0, 1, 1], args["bucketize"]  # W = 2, two batches
+for n in ("input dist", "kjt all-to-all", "sha256", "lookup", "output dist", "read rows"):
+    assert names[n] > 0, (n, names)
+main = {e["tid"] for e in ev if e["name"] == "input dist"}
+assert len(main) == 1 and {e["tid"] for e in ev if e["name"] == "kjt all-to-all"} == main
+PY
+sum=$("$py" "$here/../../bench/trace_summary.py" t.json --min-ms 0)
+grep -q "^thread 0: " <<<"$sum" && grep -q "read batch \[1\]" <<<"$sum" &&
+  ok "trace_summary prints threads and the timeline" || fail "trace_summary: $sum"
+
+# Without the variable, nothing is written.
+rm -f t.json
+"$exe" replay c.h5 --backend cpu --quiet >/dev/null 2>&1
+[[ ! -e t.json ]] && ok "no trace without DYNEMB_TRACE" || fail "a trace without DYNEMB_TRACE"
+[[ $fails -eq 0 ]]
