@@ -109,15 +109,17 @@ class CaptureReader {
   // extent. For a replay that holds one destination rank's rows at a time (replay.cpp). The
   // stored chunks those rows touch are inflated on every core; throws CaptureError naming
   // the dataset and the rows when they cannot be read.
+  // `reuse`: a buffer to read into (see below).
   std::vector<float> read_rows(int64_t k, int64_t rank, const char* name, DType dtype,
-                               const std::vector<std::pair<int64_t, int64_t>>& ranges) const;
+                               const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                               std::vector<float> reuse = {}) const;
   // read_rows of the same tensor of every rank r with non-empty ranges[r], at once: the
   // chunks of all of them are inflated as one stream (a few rows of each rank's tensor still
   // keep every core busy). [W] results, empty where ranges[r] is.
   using RankRows = std::vector<std::pair<int64_t, int64_t>>;
-  // `reuse`: buffers to read into, kept where they are large enough (a caller reading many
-  // pieces of one size hands the last ones back, so their memory is neither zeroed nor faulted
-  // in again).
+  // `reuse`: buffers to read into. A buffer is resized to what it receives, so only elements
+  // past its current size are zeroed: a caller reading many pieces of about one size hands the
+  // last ones back, and their memory is neither zeroed nor faulted in again.
   std::vector<std::vector<float>> read_rows(int64_t k, const char* name, DType dtype,
                                             const std::vector<RankRows>& ranges,
                                             std::vector<std::vector<float>> reuse = {}) const;
@@ -125,7 +127,8 @@ class CaptureReader {
   // offsets [W + 1]: where each rank's rows start in it, in elements.
   std::vector<float> read_rows_concat(int64_t k, const char* name, DType dtype,
                                       const std::vector<RankRows>& ranges,
-                                      std::vector<int64_t>& offsets) const;
+                                      std::vector<int64_t>& offsets,
+                                      std::vector<float> reuse = {}) const;
 
   // Every dataset under /batches/<k> and /tables with its extent and bytes (no data read).
   std::vector<DatasetStat> dataset_stats(int64_t k) const;

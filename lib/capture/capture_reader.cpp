@@ -854,12 +854,14 @@ void CaptureReader::Impl::read_rows_into(const Ds& ds, const std::string& path, 
     out[i] = dtype == DType::f16 ? f16_bits_to_f32(bits[i]) : bf16_bits_to_f32(bits[i]);
 }
 
-std::vector<float> CaptureReader::read_rows(
-    int64_t k, int64_t rank, const char* name, DType dtype,
-    const std::vector<std::pair<int64_t, int64_t>>& ranges) const {
+std::vector<float> CaptureReader::read_rows(int64_t k, int64_t rank, const char* name, DType dtype,
+                                            const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                                            std::vector<float> reuse) const {
   std::vector<RankRows> one(size_t(rank) + 1);
   one[size_t(rank)] = ranges;
-  return std::move(read_rows(k, name, dtype, one)[size_t(rank)]);
+  std::vector<std::vector<float>> buffers(one.size());
+  buffers[size_t(rank)] = std::move(reuse);
+  return std::move(read_rows(k, name, dtype, one, std::move(buffers))[size_t(rank)]);
 }
 
 // The rows of every rank r with ranges[r] into out(r) (elements[r] floats, set before out is
@@ -909,8 +911,9 @@ std::vector<std::vector<float>> CaptureReader::read_rows(
 
 std::vector<float> CaptureReader::read_rows_concat(int64_t k, const char* name, DType dtype,
                                                    const std::vector<RankRows>& ranges,
-                                                   std::vector<int64_t>& offsets) const {
-  std::vector<float> out;
+                                                   std::vector<int64_t>& offsets,
+                                                   std::vector<float> reuse) const {
+  std::vector<float> out = std::move(reuse);
   std::vector<int64_t> elements;
   offsets.clear();
   read_rank_rows(k, name, dtype, ranges, elements, [&](size_t r) {
@@ -921,7 +924,10 @@ std::vector<float> CaptureReader::read_rows_concat(int64_t k, const char* name, 
     }
     return out.data() + offsets[r];
   });
-  if (offsets.empty()) offsets.assign(ranges.size() + 1, 0);  // no rows asked of any rank
+  if (offsets.empty()) {  // no rows asked of any rank
+    offsets.assign(ranges.size() + 1, 0);
+    out.clear();
+  }
   return out;
 }
 

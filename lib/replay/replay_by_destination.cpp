@@ -110,10 +110,11 @@ struct DestRows {
   }
 };
 
-// Unit u's rows, read on the calling thread (the only one calling libhdf5 meanwhile).
-// The float buffers of units already checked, handed back to the reader for the next ones: a
-// pooled destination's units are all one size, so their memory is neither zeroed nor faulted
-// in again. Holds one unit's worth at most; shared by the checking and the reading thread.
+// The float buffers of units already checked (the senders' blocks or what a destination
+// receives, and the golden rows), handed back to the reader for the next ones: units are about
+// one size (a pooled destination's exactly), so their memory is neither zeroed nor faulted in
+// again (CaptureReader::read_rows' `reuse`). Holds one unit's worth at most; shared by the
+// checking and the reading thread.
 class SpareRows {
  public:
   explicit SpareRows(size_t most) : most_(most) {}
@@ -137,6 +138,7 @@ class SpareRows {
   std::vector<std::vector<float>> spare_;
 };
 
+// Unit u's rows, read on the calling thread (the only one calling libhdf5 meanwhile).
 DestRows read_unit(const CaptureReader& reader, int64_t k, const DestUnit& u, bool sequence,
                    const std::vector<std::vector<DestBlock>>& where,
                    const std::vector<const EmbTensor*>& local, const EmbTensor* golden,
@@ -150,25 +152,31 @@ DestRows read_unit(const CaptureReader& reader, int64_t k, const DestUnit& u, bo
   }
   const DType dt = local[0]->dtype;  // the plan's data_type on every rank (read_batch checks)
   DestRows out;
+  std::vector<std::vector<float>> reuse = spare.take(sequence ? 1 : W);
   if (sequence) {  // one buffer: the blocks are what d receives, in rank order
     out.recv.dtype = dt;
-    out.recv.data = reader.read_rows_concat(k, "local_embs", dt, ranges, out.recv_off);
+    reuse.resize(1);
+    out.recv.data =
+        reader.read_rows_concat(k, "local_embs", dt, ranges, out.recv_off, std::move(reuse[0]));
     out.recv.shape = {out.recv_off.back() / std::max<int64_t>(1, b[0].row_elems), b[0].row_elems};
   } else {
     std::vector<std::vector<float>> rows =
-        reader.read_rows(k, "local_embs", dt, ranges, spare.take(W));
+        reader.read_rows(k, "local_embs", dt, ranges, std::move(reuse));
     for (size_t s = 0; s < W; ++s) out.blocks.push_back({dt, b[s].shape, std::move(rows[s])});
   }
   if (!golden) return out;
+  std::vector<std::vector<float>> g = spare.take(1);
+  g.resize(1);
   if (!u.rows) {
-    out.golden = EmbTensor{golden->dtype, golden->shape,
-                           reader.read_rows(k, u.d, "output", golden->dtype, whole_rows(*golden))};
+    out.golden = EmbTensor{
+        golden->dtype, golden->shape,
+        reader.read_rows(k, u.d, "output", golden->dtype, whole_rows(*golden), std::move(g[0]))};
   } else {
     std::vector<std::pair<int64_t, int64_t>> gr;
     if (u.r1 > u.r0) gr.emplace_back(u.r0, u.r1);
     out.golden = EmbTensor{golden->dtype,
                            {u.r1 - u.r0, golden->cols()},
-                           reader.read_rows(k, u.d, "output", golden->dtype, gr)};
+                           reader.read_rows(k, u.d, "output", golden->dtype, gr, std::move(g[0]))};
   }
   return out;
 }
@@ -269,7 +277,7 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
   std::vector<DestUnit> units;
   bool variable_batch = false;
   if (!plan_units(st, where, units, variable_batch)) return false;
-  SpareRows spare(static_cast<size_t>(W));
+  SpareRows spare(static_cast<size_t>(W) + 1);  // a unit's blocks and its golden rows
   // Compared where the backend makes them: only the tiles that add to a diff come back, and the
   // dist's outputs stay where it makes them (a device backend's memory) for their checks.
   const TileCompare how{tol_, kCompareTile, maxm};
@@ -318,9 +326,11 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
             : destination_output(plan_, backend_, d, rows.blocks, st.used_ptr, variable_batch);
     for (EmbTensor& b : rows.blocks) spare.give(std::move(b.data));
     rows.blocks.clear();
+    if (!rows.recv.data.empty()) spare.give(std::move(rows.recv.data));
     rows.recv = EmbTensor{};
     at("output", int(d));
     if (!check_unit_output(st, u, out, rows.golden, how, held.on, dest)) return false;
+    if (rows.golden) spare.give(std::move(rows.golden->data));
     rows.golden.reset();
     if (i + 1 < units.size() && units[i + 1].d == d) continue;
     // d's last unit: its checks, decided.
