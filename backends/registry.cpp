@@ -61,11 +61,13 @@ namespace {
 // part of a second: the starting backend's thread spends it instead): the NVIDIA kernel
 // driver's first device node, unless CUDA_VISIBLE_DEVICES hides every device. A machine that
 // has the node but no usable device learns so from the starting backend: its first call
-// throws the backend's DeviceError, which the replay reports as its trouble (exit 2).
+// throws the backend's DeviceError, which the replay reports as its trouble (exit 2). Test
+// hook: DYNEMB_GPU_NODE names another file to look for.
 [[maybe_unused]] bool gpu_node_present() {
   if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && (*v == '\0' || *v == '-'))
     return false;
-  return ::access("/dev/nvidia0", F_OK) == 0;
+  const char* node = std::getenv("DYNEMB_GPU_NODE");
+  return ::access(node && *node ? node : "/dev/nvidia0", F_OK) == 0;
 }
 
 }  // namespace

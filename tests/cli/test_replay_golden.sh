@@ -156,6 +156,18 @@ elif ! nvidia-smi -L >/dev/null 2>&1; then
   run cuda 2 replay "$tmp/seq.h5" --backend cuda
   has cuda "CUDA device 0 is not available"
   hasnt cuda "# capture"
+  # A GPU's device node without a usable device (a driver that cannot start): the backend's
+  # start fails on its own thread, and the replay reports that as its trouble.
+  DYNEMB_GPU_NODE=/dev/null run cuda_node 2 replay "$tmp/seq.h5" --backend cuda
+  has cuda_node "CUDA device 0 is not available"
+  DYNEMB_GPU_NODE=/dev/null run cuda_node_json 2 replay "$tmp/seq.h5" --backend cuda \
+    --json "$tmp/node.json"
+  "$DYNEMB_PYTHON" -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert "CUDA device 0 is not available" in r["trouble"], r["trouble"]
+assert r["summary"]["exit_code"] == 2, r["summary"]
+' "$tmp/node.json" || fail "cuda_node_json: the report's trouble"
 fi
 # --backend nccl is trouble without an NCCL build or a GPU; with both it is a normal replay.
 if "$DYNEMB" --version | grep -q nccl && nvidia-smi -L >/dev/null 2>&1; then
