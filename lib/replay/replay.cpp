@@ -128,6 +128,12 @@ void Replayer::run() {
                     "never modifies; choose another file",
                     opt_.write_output));
   CaptureReader reader(opt_.capture_path);
+  // A read of the next batch's shapes in flight uses `reader`: it ends before `reader` goes,
+  // whatever way run() leaves.
+  struct SettleShapes {
+    Replayer& r;
+    ~SettleShapes() { r.settle_shapes_ahead(); }
+  } settle_shapes{*this};
   capture_sha_ = start_capture_sha(opt_.capture_path);
   open_plan(reader);
   check_memory(reader);
@@ -169,6 +175,9 @@ void Replayer::run() {
   for (size_t i = 0; i < order.size(); ++i) {
     const int64_t k = order[i];
     if (stream_ && selected_.count(k)) {
+      next_by_destination_ = -1;  // the next batch this loop gives replay_by_destination
+      for (size_t j = i + 1; j < order.size() && next_by_destination_ < 0; ++j)
+        if (selected_.count(order[j])) next_by_destination_ = order[j];
       const bool taken = replay_by_destination(reader, k);
       report_by_destination(k, taken);
       if (taken) {
@@ -178,6 +187,7 @@ void Replayer::run() {
     }
     std::optional<Batch> read;
     clock_.enter("read");
+    settle_shapes_ahead();  // no read of the next batch's shapes in flight while this one reads
     if (ahead.valid()) read = ahead.get();
     if (!read) read = read_batch_keeping_going(reader, k);
     if (prefetch && i + 1 < order.size()) ahead = read_ahead(order[i + 1]);

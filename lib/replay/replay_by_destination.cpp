@@ -40,12 +40,18 @@ std::vector<std::pair<int64_t, int64_t>> whole_rows(const EmbTensor& t) {
 bool Replayer::replay_by_destination(const CaptureReader& reader, int64_t k) {
   clock_.enter("read");
   std::optional<Batch> batch;
-  ReadParts shapes;  // the KJTs and contexts; local_embs and outputs checked, not read
-  shapes.float_data = false;
-  try {
-    batch = reader.read_batch(read_plan(), k, shapes);
-  } catch (const std::exception&) {  // Error, bad_alloc: the whole read says what and where
-    return false;
+  if (shapes_ahead_.valid()) {  // read while the batch before was checked (nullopt: failed)
+    std::optional<Batch> ahead = shapes_ahead_.get();
+    if (shapes_ahead_k_ == k) batch = std::move(ahead);
+  }
+  if (!batch) {
+    ReadParts shapes;  // the KJTs and contexts; local_embs and outputs checked, not read
+    shapes.float_data = false;
+    try {
+      batch = reader.read_batch(read_plan(), k, shapes);
+    } catch (const std::exception&) {  // Error, bad_alloc: the whole read says what and where
+      return false;
+    }
   }
   for (const RankBatch& rb : batch->ranks)
     if (!rb.local_embs || rb.module_output) return false;
@@ -74,6 +80,25 @@ bool Replayer::replay_by_destination(const CaptureReader& reader, int64_t k) {
   for (CheckResult& c : checks) emit(std::move(c));
   clock_.enter("replay");
   return true;
+}
+
+void Replayer::start_shapes_ahead(const CaptureReader& reader) {
+  if (next_by_destination_ < 0 || shapes_ahead_.valid()) return;
+  const int64_t k = next_by_destination_;
+  try {
+    shapes_ahead_ = std::async(std::launch::async, [this, &reader, k]() -> std::optional<Batch> {
+      h5::quiet();  // libhdf5's error printing is per thread: errors are reported, not dumped
+      ReadParts shapes;
+      shapes.float_data = false;
+      try {
+        return reader.read_batch(read_plan(), k, shapes);
+      } catch (...) {  // Error, bad_alloc: read again, and reported, on the replay's thread
+        return std::nullopt;
+      }
+    });
+    shapes_ahead_k_ = k;
+  } catch (const std::system_error&) {  // no thread to be had: read in turn
+  }
 }
 
 // A unit of a batch replayed by destination: destination d's whole output, or rows [r0, r1) of
@@ -303,7 +328,10 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
     const int64_t d = u.d;
     at("read", int(d));
     DestRows rows = next.get();
-    if (i + 1 < units.size()) next = read_ahead_task(read, i + 1, ahead);
+    if (i + 1 < units.size())
+      next = read_ahead_task(read, i + 1, ahead);
+    else if (ahead)
+      start_shapes_ahead(reader);
     for (int64_t s = 0; source_ && s < W; ++s) {
       at("lookup", int(s));
       const DestBlock b = unit_block(where, s, u);

@@ -214,6 +214,17 @@ class Replayer {
   }
   bool replay_by_destination(const CaptureReader& reader, int64_t k);
   bool stream_batch(const CaptureReader& reader, BatchState& st);
+  // The next batch's KJTs and contexts (replay_by_destination's first read), read on another
+  // thread while this batch checks its last unit: no other read is in flight then (the units'
+  // rows are all read). libhdf5 is not thread-safe, so the replay's thread waits for it before
+  // it reads anything itself (settle_shapes_ahead).
+  std::future<std::optional<Batch>> shapes_ahead_;
+  int64_t shapes_ahead_k_ = -1;
+  int64_t next_by_destination_ = -1;  // the batch replay_by_destination gets next; -1: none
+  void start_shapes_ahead(const CaptureReader& reader);
+  void settle_shapes_ahead() {
+    if (shapes_ahead_.valid()) shapes_ahead_.wait();
+  }
   // A destination's output checks, merged over its units (stream_batch).
   struct DestChecks {
     TensorDiff gold, ref;
