@@ -23,7 +23,7 @@ has_text err.txt "step times (DYNEMB_STEP_TIMES)" "step times"
 has_text err.txt "before the replay" "time outside the steps"
 
 # The spans: well formed, every batch read, every rank of each batch bucketized once, the
-# replay's steps on the main thread.
+# replay's steps on the main thread, the next batch's shapes read ahead.
 "$py" - t.json <<'PY' && ok "trace spans" || fail "trace spans"
 import collections, json, sys
 ev = json.load(open(sys.argv[1]))["traceEvents"]
@@ -40,6 +40,12 @@ for n in ("input dist", "kjt all-to-all", "sha256", "lookup", "output dist", "re
     assert names[n] > 0, (n, names)
 main = {e["tid"] for e in ev if e["name"] == "input dist"}
 assert len(main) == 1 and {e["tid"] for e in ev if e["name"] == "kjt all-to-all"} == main
+# One destination at a time: batch 1's KJTs and contexts are read on another thread while
+# batch 0 checks its last unit, after every read of batch 0.
+rb = {e["args"]["arg"]: e for e in ev if e["name"] == "read batch"}
+assert rb[0]["tid"] in main and rb[1]["tid"] not in main, rb
+rows0 = [e for e in ev if e["name"] == "read rows" and e["args"]["arg"] == 0]
+assert rows0 and rb[1]["ts"] >= max(e["ts"] + e["dur"] for e in rows0), rb[1]
 PY
 sum=$("$py" "$here/../../bench/trace_summary.py" t.json --min-ms 0)
 grep -q "^thread 0: " <<<"$sum" && grep -q "read batch \[1\]" <<<"$sum" &&
