@@ -16,6 +16,7 @@
 #include "common/error.hpp"
 #include "common/memory.hpp"
 #include "common/output_file.hpp"
+#include "common/trace.hpp"
 #include "engine/backend.hpp"
 #include "engine/tolerance.hpp"
 #include "progress.hpp"
@@ -116,7 +117,11 @@ int run_replay_cli(const ReplayCliOptions& o) {
   if (!o.json.empty()) outputs.push_back({"--json", o.json});
   if (!o.junit.empty()) outputs.push_back({"--junit", o.junit});
   if (!o.write_output.empty()) outputs.push_back({"--write-output", o.write_output});
+  const char* trace_env = std::getenv("DYNEMB_TRACE");  // the timeline (common/trace.hpp)
+  const std::string trace_path = trace_env ? trace_env : "";
+  if (!trace_path.empty()) outputs.push_back({"DYNEMB_TRACE", trace_path});
   check_output_clashes(inputs, outputs);
+  if (!trace_path.empty()) start_trace(std::make_unique<OutputFile>(trace_path));
   std::unique_ptr<OutputFile> json_out, junit_out;
   if (!o.json.empty()) json_out = std::make_unique<OutputFile>(o.json);
   if (!o.junit.empty()) junit_out = std::make_unique<OutputFile>(o.junit);
@@ -156,6 +161,12 @@ int run_replay_cli(const ReplayCliOptions& o) {
   progress.clear();
   // The files first, so that a failure to write them (a full disk) is in the text summary and
   // the exit status; both are complete in their temporaries before either is renamed.
+  try {
+    write_trace();
+  } catch (const Error& e) {
+    const std::string msg = fmt::format("cannot write the trace: {}", e.what());
+    report.trouble = report.trouble.empty() ? msg : report.trouble + "; " + msg;
+  }
   try {
     if (json_out) json_out->write(json_report(report));
     if (junit_out) junit_out->write(junit_report(report));

@@ -1,7 +1,8 @@
 #include "common/trace.hpp"
 
-#include <cstdio>
-#include <cstdlib>
+#include <fmt/format.h>
+
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "common/clock.hpp"
+#include "common/output_file.hpp"
 
 namespace dynemb {
 
@@ -18,56 +20,16 @@ struct Event {
   const char* name;
   int64_t arg;
   int tid;
-  double t0_us, t1_us;
+  double t0_us, t1_us;  // since the process started
 };
 
-// The events of the whole process, written to $DYNEMB_TRACE when the process exits normally
-// (a temporary name first, renamed once complete).
-class Recorder {
- public:
-  Recorder() {
-    if (const char* p = std::getenv("DYNEMB_TRACE"); p && *p) path_ = p;
-  }
-  ~Recorder() { write(); }
-  bool on() const { return !path_.empty(); }
-
-  void add(const char* name, int64_t arg, std::chrono::steady_clock::time_point t0,
-           std::chrono::steady_clock::time_point t1) {
-    const auto us = [](std::chrono::steady_clock::time_point t) {
-      return std::chrono::duration<double, std::micro>(t - process_started()).count();
-    };
-    std::lock_guard<std::mutex> lock(m_);
-    auto [it, fresh] = tids_.try_emplace(std::this_thread::get_id(), int(tids_.size()));
-    events_.push_back({name, arg, it->second, us(t0), us(t1)});
-  }
-
- private:
-  void write() {
-    if (!on()) return;
-    std::lock_guard<std::mutex> lock(m_);
-    const std::string tmp = path_ + ".tmp";
-    std::FILE* f = std::fopen(tmp.c_str(), "w");
-    if (!f) return;
-    std::fputs("{\"traceEvents\":[\n", f);
-    for (size_t i = 0; i < events_.size(); ++i) {
-      const Event& e = events_[i];
-      std::fprintf(f,
-                   "{\"name\":\"%s\",\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"ts\":%.1f,\"dur\":%.1f,"
-                   "\"args\":{\"arg\":%lld}}%s\n",
-                   e.name, e.tid, e.t0_us, e.t1_us - e.t0_us, static_cast<long long>(e.arg),
-                   i + 1 < events_.size() ? "," : "");
-    }
-    std::fputs("]}\n", f);
-    if (std::fclose(f) == 0)
-      std::rename(tmp.c_str(), path_.c_str());
-    else
-      std::remove(tmp.c_str());
-  }
-
-  std::string path_;
-  std::mutex m_;
-  std::unordered_map<std::thread::id, int> tids_;
-  std::vector<Event> events_;
+// The process's spans while a trace is on.
+struct Recorder {
+  std::atomic<bool> on{false};
+  std::mutex m;
+  std::unique_ptr<OutputFile> out;
+  std::unordered_map<std::thread::id, int> tids;  // in order of first span
+  std::vector<Event> events;
 };
 
 Recorder& recorder() {
@@ -75,16 +37,51 @@ Recorder& recorder() {
   return r;
 }
 
+double micros(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::micro>(t - process_started()).count();
+}
+
 }  // namespace
 
 bool tracing() {
-  static const bool on = recorder().on();
-  return on;
+  return recorder().on.load(std::memory_order_relaxed);
+}
+
+void start_trace(std::unique_ptr<OutputFile> out) {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.m);
+  r.out = std::move(out);
+  r.events.clear();
+  r.on = r.out != nullptr;
+}
+
+void write_trace() {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.m);
+  r.on = false;
+  if (!r.out) return;
+  std::string json = "{\"traceEvents\":[\n";
+  for (size_t i = 0; i < r.events.size(); ++i) {
+    const Event& e = r.events[i];
+    json += fmt::format(
+        "{{\"name\":\"{}\",\"ph\":\"X\",\"pid\":1,\"tid\":{},\"ts\":{:.1f},\"dur\":{:.1f},"
+        "\"args\":{{\"arg\":{}}}}}{}\n",
+        e.name, e.tid, e.t0_us, e.t1_us - e.t0_us, e.arg, i + 1 < r.events.size() ? "," : "");
+  }
+  json += "]}\n";
+  r.events.clear();
+  std::unique_ptr<OutputFile> out = std::move(r.out);
+  out->write(json);
+  out->commit();
 }
 
 void TraceSpan::record(const char* name, int64_t arg, std::chrono::steady_clock::time_point t0,
                        std::chrono::steady_clock::time_point t1) {
-  recorder().add(name, arg, t0, t1);
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.m);
+  if (!r.on) return;
+  const auto [it, fresh] = r.tids.try_emplace(std::this_thread::get_id(), int(r.tids.size()));
+  r.events.push_back({name, arg, it->second, micros(t0), micros(t1)});
 }
 
 }  // namespace dynemb

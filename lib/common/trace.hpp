@@ -1,15 +1,25 @@
-// A timeline of the whole command for whoever tunes it: with DYNEMB_TRACE=FILE in the
-// environment, every TraceSpan's begin and end on every thread, written at exit as a Chrome
-// trace (JSON "X" events: chrome://tracing or Perfetto open it; bench/trace_summary.py prints
-// it as text). Without the variable a span costs one load of a flag.
+// A timeline of a whole command for whoever tunes it: once start_trace() is given a file
+// (`replay` does so for DYNEMB_TRACE=FILE), every TraceSpan's begin and end on every thread,
+// written by write_trace() as a Chrome trace (JSON "X" events: chrome://tracing or Perfetto
+// open it; bench/trace_summary.py prints it as text). While not tracing, a span costs one load
+// of a flag.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 
 namespace dynemb {
 
+class OutputFile;
+
 bool tracing();
+// Records every span from now on into `out` (an output like any other: checked against the
+// inputs and made by the caller, its temporary removed if the command fails or is interrupted).
+void start_trace(std::unique_ptr<OutputFile> out);
+// Writes the spans recorded so far and commits the file; recording stops. Throws Error (the
+// file's own) when it cannot be written. Nothing to do when start_trace was not called.
+void write_trace();
 
 // Records [construction, destruction) under `name` (a string literal: kept by pointer) with an
 // optional argument (a rank, a batch, a chunk count), when tracing.

@@ -51,6 +51,21 @@ sum=$("$py" "$here/../../bench/trace_summary.py" t.json --min-ms 0)
 grep -q "^thread 0: " <<<"$sum" && grep -q "read batch \[1\]" <<<"$sum" &&
   ok "trace_summary prints threads and the timeline" || fail "trace_summary: $sum"
 
+# The trace is an output like any other: never the capture, whatever the spelling; a trace
+# that cannot be made is refused before any work; no temporary is left.
+before=$(sha c.h5)
+ln -s c.h5 link.h5
+for spelling in c.h5 ./c.h5 "$tmp/c.h5" link.h5; do
+  DYNEMB_TRACE=$spelling "$exe" replay c.h5 --backend cpu --quiet >clash.txt 2>&1
+  expect_rc "DYNEMB_TRACE=$spelling" 2 $?
+  has_text clash.txt "DYNEMB_TRACE" "DYNEMB_TRACE=$spelling names the clash"
+done
+[[ $(sha c.h5) == "$before" ]] && ok "the capture is untouched" || fail "the capture changed"
+DYNEMB_TRACE=$tmp/no/such/dir/t.json "$exe" replay c.h5 --backend cpu --quiet >nodir.txt 2>&1
+expect_rc "trace in a missing directory" 2 $?
+has_text nodir.txt "no/such/dir" "the missing directory named"
+no_temps "$tmp" "refused traces"
+
 # Without the variable, nothing is written.
 rm -f t.json
 "$exe" replay c.h5 --backend cpu --quiet >/dev/null 2>&1
