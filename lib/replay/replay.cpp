@@ -86,19 +86,16 @@ std::future<std::string> start_capture_sha(const std::string& path) {
 void Replayer::StepClock::enter(const char* next) {
   if (!on && !tracing()) return;
   const auto now = std::chrono::steady_clock::now();
-  if (tracing()) TraceSpan::record(step_name, -1, since, now);
-  step_name = next;
-  if (!on) {
-    since = now;
-    return;
+  if (tracing()) TraceSpan::record(step, -1, since, now);
+  if (on) {
+    const double dt = std::chrono::duration<double>(now - since).count();
+    auto it = std::find_if(seconds.begin(), seconds.end(),
+                           [&](const auto& e) { return e.first == step; });
+    if (it == seconds.end())
+      seconds.emplace_back(step, dt);
+    else
+      it->second += dt;
   }
-  const double dt = std::chrono::duration<double>(now - since).count();
-  auto it =
-      std::find_if(seconds.begin(), seconds.end(), [&](const auto& e) { return e.first == step; });
-  if (it == seconds.end())
-    seconds.emplace_back(step, dt);
-  else
-    it->second += dt;
   step = next;
   since = now;
 }

@@ -265,8 +265,7 @@ class Replayer {
   struct StepClock {
     bool on = std::getenv("DYNEMB_STEP_TIMES") != nullptr;
     std::vector<std::pair<std::string, double>> seconds;  // first-seen order
-    std::string step = "open";
-    const char* step_name = "open";  // the same, for the trace (a literal)
+    const char* step = "open";  // a literal (the trace keeps it by pointer)
     std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
     const std::chrono::steady_clock::time_point started = since;
     void enter(const char* next);
