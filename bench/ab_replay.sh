@@ -71,18 +71,10 @@ else
   args[c]="--preset ec-bench-criteo --store ctx"
 fi
 
-# measure LOG CMD...: "wall busy rss_mb rc" of the child
+# measure LOG CMD...: "wall busy rss_mb rc" of the child (bench/measure.py's figures)
 measure() {
-  python3 - "$@" <<'PY'
-import resource, subprocess, sys, time
-log, cmd = sys.argv[1], sys.argv[2:]
-with open(log, "w") as f:
-    t0 = time.monotonic()
-    rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
-    wall = time.monotonic() - t0
-ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(f"{wall:.3f} {(ru.ru_utime + ru.ru_stime) / wall:.1f} {ru.ru_maxrss // 1024} {rc}")
-PY
+  python3 "$here/measure.py" "$@" |
+    awk '{ printf "%.3f %.1f %d %s\n", $1, ($2 + $3) / $1, $4 / 1024, $5 }'
 }
 
 echo "ab: $(nproc) cores; backends: ${backends[*]}; $runs runs, taking turns"

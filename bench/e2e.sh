@@ -76,21 +76,7 @@ mkdir -p "$logs"
 
 # measure LOG CMD...: runs CMD (stdout and stderr to LOG), prints "wall user sys maxrss_kb rc"
 # from the child's own rusage.
-measure() {
-  python3 - "$@" <<'PY'
-import resource, subprocess, sys, time
-log, cmd = sys.argv[1], sys.argv[2:]
-with open(log, "w") as out:
-    t0 = time.monotonic()
-    rc = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT)
-    wall = time.monotonic() - t0
-ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-line = f"{wall:.3f} {ru.ru_utime:.3f} {ru.ru_stime:.3f} {ru.ru_maxrss} {rc}"
-with open(log + ".time", "w") as t:  # wall user sys maxrss_kb rc, kept beside the log
-    t.write(line + "\n")
-print(line)
-PY
-}
+measure() { python3 "$here/measure.py" "$@"; }
 
 # judge VALUE TARGET: PASS / MISS against an upper bound, "-" without one, n/a for --quick
 # time targets.
