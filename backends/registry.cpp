@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/trace.hpp"
 #include "engine/holding_backend.hpp"
 #include "engine/starting_backend.hpp"
 #if defined(DYNEMB_HAVE_CUDA)
@@ -58,35 +59,31 @@ namespace {
 
 // Whether a GPU may be there, told without starting the CUDA driver (which takes a sizeable
 // part of a second: the starting backend's thread spends it instead): the NVIDIA kernel
-// driver's first device node (or WSL's GPU device), unless CUDA_VISIBLE_DEVICES hides every
-// device. A machine that has the node but no usable device learns so from the starting
-// backend: --backend cuda's first call throws the backend's DeviceError, which the replay
-// reports as its trouble (exit 2); auto makes the CPU reference. Test hook: DYNEMB_GPU_NODE
-// names another file to look for.
+// driver's first device node, unless CUDA_VISIBLE_DEVICES hides every device. A machine that
+// has the node but no usable device learns so from the starting backend: its first call
+// throws the backend's DeviceError, which the replay reports as its trouble (exit 2). Test
+// hook: DYNEMB_GPU_NODE names another file to look for.
 [[maybe_unused]] bool gpu_node_present() {
   if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && (*v == '\0' || *v == '-'))
     return false;
-  if (const char* node = std::getenv("DYNEMB_GPU_NODE"); node && *node)
-    return ::access(node, F_OK) == 0;
-  return ::access("/dev/nvidia0", F_OK) == 0 || ::access("/dev/dxg", F_OK) == 0;
+  const char* node = std::getenv("DYNEMB_GPU_NODE");
+  return ::access(node && *node ? node : "/dev/nvidia0", F_OK) == 0;
 }
 
 }  // namespace
 
 std::unique_ptr<Backend> start_backend(const std::string& name, const std::string& devices) {
 #if defined(DYNEMB_HAVE_CUDA)
-  // Where a GPU's device node is there, the driver's start, the device check and the
-  // backend's making wait on another thread: --backend cuda makes the CUDA backend there, auto
-  // the CUDA backend when the driver has the device, else the CPU reference (its name is known
-  // once made). Elsewhere make_backend asks the driver here and now: cuda is refused at once,
-  // auto is the CPU reference unless the driver has a device all the same.
+  // --backend cuda: refused here and now where no GPU can be there (as make_backend refuses
+  // it); else the driver's start, the device check and the backend's making all wait on
+  // another thread. auto must choose now: it asks the driver first.
   if (devices.empty() && name == "cuda" && gpu_node_present())
     return make_starting_backend("cuda", [] { return make_cuda_backend(0); });
-  if (devices.empty() && name == "auto" && gpu_node_present())
-    return make_starting_backend("auto", []() -> std::unique_ptr<Backend> {
-      if (cuda_device_available()) return make_cuda_backend(0);
-      return make_cpu_backend();
-    });
+  if (devices.empty() && name == "auto" && [] {
+        const TraceSpan span("cuda probe");
+        return cuda_device_available();
+      }())
+    return make_starting_backend("cuda", [] { return make_cuda_backend(0); });
 #endif
   return make_backend(name, devices);
 }

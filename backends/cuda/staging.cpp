@@ -18,10 +18,9 @@ constexpr size_t kAlign = 256;              // every chunk starts on this bounda
 
 // memcpy on every core for large copies: one core moves a fraction of what the host's memory
 // and the PCIe link carry, and every transfer of the backend passes through here twice (into
-// pinned memory and out of it). A part of 1 MiB per thread: a pooled replay uploads blocks of
-// a few MiB (a unit's 64 MiB over W senders), which parts of 4 MiB gave two threads.
+// pinned memory and out of it).
 void copy(void* dst, const void* src, size_t n) {
-  constexpr size_t kPerThread = size_t{1} << 20;
+  constexpr size_t kPerThread = size_t{4} << 20;
   const int64_t parts = int64_t(std::min<size_t>(size_t(hardware_threads()), n / kPerThread));
   if (parts <= 1) {
     std::memcpy(dst, src, n);

@@ -28,14 +28,7 @@ class StartingBackend final : public ForwardingBackend {
   ~StartingBackend() override {
     if (making_.valid()) making_.wait();  // its thread ends before the backend goes
   }
-  std::string name() const override {
-    if (name_ != "auto") return name_;
-    try {
-      return inner().name();
-    } catch (...) {  // the making failed: every other call says how
-      return name_;
-    }
-  }
+  std::string name() const override { return name_; }
 
  protected:
   Backend& inner() const override {

@@ -13,8 +13,6 @@
 
 namespace dynemb {
 
-// `name`: what name() answers at once; "auto" (a backend chosen by the making) answers the
-// made backend's name, waiting for it ("auto" when the making failed).
 std::unique_ptr<Backend> make_starting_backend(std::string name,
                                                std::function<std::unique_ptr<Backend>()> make);
 

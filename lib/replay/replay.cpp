@@ -565,6 +565,8 @@ Report run_replay(const ReplayOptions& opt, Backend& backend, const ReplayCallba
   ReportInfo& info = rep.info;
   info.argv = opt.argv;
   info.tool_version = DYNEMB_VERSION;
+  info.backend = backend.name();  // its device() when the header is shown (the backend may
+                                  // still be starting: start_backend)
   info.capture.path = opt.capture_path;
   info.max_mismatches = opt.max_mismatches;
   info.write_output = opt.write_output;
@@ -587,7 +589,6 @@ Report run_replay(const ReplayOptions& opt, Backend& backend, const ReplayCallba
   } catch (const std::bad_alloc&) {
   }
   if (info.device.empty()) {
-    info.backend = backend.name();  // an auto backend that could not be made: "auto"
     try {  // a backend that could not be made has no device to name: its error is the trouble
       info.device = backend.device();
     } catch (const Error& e) {

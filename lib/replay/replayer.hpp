@@ -80,9 +80,7 @@ class Replayer {
   void start() {
     if (header_shown_) return;
     take_capture_sha();
-    // Both wait for a backend still starting (start_backend); auto's name is known once made.
-    rep_.info.backend = backend_.name();
-    rep_.info.device = backend_.device();
+    rep_.info.device = backend_.device();  // waits for a backend still starting (start_backend)
     header_shown_ = true;
     if (cb_.on_start) cb_.on_start(rep_);
     if (cb_.on_check)

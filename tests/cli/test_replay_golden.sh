@@ -168,14 +168,6 @@ r = json.load(open(sys.argv[1]))
 assert "CUDA device 0 is not available" in r["trouble"], r["trouble"]
 assert r["summary"]["exit_code"] == 2, r["summary"]
 ' "$tmp/node.json" || fail "cuda_node_json: the report's trouble"
-  # auto on such a machine: the CPU reference, chosen on the starting thread, named as such.
-  DYNEMB_GPU_NODE=/dev/null run auto_node 0 replay "$tmp/seq.h5" --json "$tmp/auto.json"
-  has auto_node "^# backend +cpu \(host"
-  "$DYNEMB_PYTHON" -c '
-import json, sys
-r = json.load(open(sys.argv[1]))
-assert r["backend"]["name"] == "cpu" and r["backend"]["device"].startswith("host"), r["backend"]
-' "$tmp/auto.json" || fail "auto_node: the report names the CPU reference"
 fi
 # --backend nccl is trouble without an NCCL build or a GPU; with both it is a normal replay.
 if "$DYNEMB" --version | grep -q nccl && nvidia-smi -L >/dev/null 2>&1; then
