@@ -2,7 +2,6 @@
 // /tables and one batch at a time, every shape checked against the plan before anything is
 // allocated from it.
 #include "capture/capture.hpp"
-#include "common/trace.hpp"
 
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -22,6 +21,7 @@
 #include "capture/h5util.hpp"
 #include "capture/watchdog.hpp"
 #include "common/hash.hpp"
+#include "common/trace.hpp"
 #include "engine/ops.hpp"
 #include "engine/parallel.hpp"
 

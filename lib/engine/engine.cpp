@@ -60,7 +60,6 @@ DerivedBatch derive_input_dist(const Plan& plan, const std::vector<const Kjt*>& 
                 " KJTs for W = " + std::to_string(W) + " ranks");
   bool weighted = false;
   for (int64_t r = 0; r < W; ++r) {
-    const TraceSpan span("check kjt", r);
     check_kjt(plan, *kjts[r], "rank" + std::to_string(r));
     if (r == 0) weighted = kjts[r]->weighted;
     if (kjts[r]->weighted != weighted)

@@ -152,6 +152,10 @@ class SpareRows {
     }
     return out;
   }
+  std::vector<float> take_one() {  // empty when none is spare
+    std::vector<std::vector<float>> one = take(1);
+    return one.empty() ? std::vector<float>{} : std::move(one[0]);
+  }
   void give(std::vector<float>&& v) {
     std::lock_guard<std::mutex> lock(m_);
     if (spare_.size() < most_) spare_.push_back(std::move(v));
@@ -177,31 +181,27 @@ DestRows read_unit(const CaptureReader& reader, int64_t k, const DestUnit& u, bo
   }
   const DType dt = local[0]->dtype;  // the plan's data_type on every rank (read_batch checks)
   DestRows out;
-  std::vector<std::vector<float>> reuse = spare.take(sequence ? 1 : W);
   if (sequence) {  // one buffer: the blocks are what d receives, in rank order
     out.recv.dtype = dt;
-    reuse.resize(1);
     out.recv.data =
-        reader.read_rows_concat(k, "local_embs", dt, ranges, out.recv_off, std::move(reuse[0]));
+        reader.read_rows_concat(k, "local_embs", dt, ranges, out.recv_off, spare.take_one());
     out.recv.shape = {out.recv_off.back() / std::max<int64_t>(1, b[0].row_elems), b[0].row_elems};
   } else {
     std::vector<std::vector<float>> rows =
-        reader.read_rows(k, "local_embs", dt, ranges, std::move(reuse));
+        reader.read_rows(k, "local_embs", dt, ranges, spare.take(W));
     for (size_t s = 0; s < W; ++s) out.blocks.push_back({dt, b[s].shape, std::move(rows[s])});
   }
   if (!golden) return out;
-  std::vector<std::vector<float>> g = spare.take(1);
-  g.resize(1);
   if (!u.rows) {
     out.golden = EmbTensor{
         golden->dtype, golden->shape,
-        reader.read_rows(k, u.d, "output", golden->dtype, whole_rows(*golden), std::move(g[0]))};
+        reader.read_rows(k, u.d, "output", golden->dtype, whole_rows(*golden), spare.take_one())};
   } else {
     std::vector<std::pair<int64_t, int64_t>> gr;
     if (u.r1 > u.r0) gr.emplace_back(u.r0, u.r1);
     out.golden = EmbTensor{golden->dtype,
                            {u.r1 - u.r0, golden->cols()},
-                           reader.read_rows(k, u.d, "output", golden->dtype, gr, std::move(g[0]))};
+                           reader.read_rows(k, u.d, "output", golden->dtype, gr, spare.take_one())};
   }
   return out;
 }

@@ -1,5 +1,4 @@
 #include "replay/sha256.hpp"
-#include "common/trace.hpp"
 
 #include <openssl/evp.h>
 
@@ -9,6 +8,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/trace.hpp"
 
 namespace dynemb {
 
