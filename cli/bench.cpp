@@ -80,8 +80,9 @@ void setup_bench(CLI::App& app, RunFn& run) {
   sub->add_option("--bucketize-kernel", o->bucketize_path,
                   "CUDA: the bucketize path to time: auto (the fastest that fits the batch), "
                   "one-pass (a block per bag, cooperative launch), three-pass (counts, a scan, "
-                  "placement, by a warp or a block per bag), partition (tiles of bags, large "
-                  "batches); a forced path the batch does not fit falls back as auto would")
+                  "placement, by a warp or a block per bag), partition (tiles of bags in two "
+                  "kernels, large batches; auto takes one cooperative launch where every tile "
+                  "is resident); a forced path the batch does not fit falls back as auto would")
       ->check(CLI::IsMember({"auto", "one-pass", "three-pass", "partition"}))
       ->capture_default_str();
   sub->add_option("--tile-ids", o->tile_ids,

@@ -9,6 +9,7 @@
 #include "bucketize/config.cuh"
 #include "bucketize/one_pass.cuh"
 #include "bucketize/partition.cuh"
+#include "bucketize/partition_resident.cuh"
 #include "bucketize/three_pass.cuh"
 #include "cuda_check.hpp"
 #include "probes.hpp"
@@ -53,6 +54,28 @@ int64_t one_pass_capacity() {
   return cached;
 }
 
+// Resident blocks of partition_resident_kernel on the current device (0: no cooperative
+// launch): the partition takes one launch when its grid (R x tiles_per_rank) is no larger.
+int64_t resident_capacity() {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  static int cached_dev = -1;
+  static int64_t cached = 0;
+  if (cached_dev == dev) return cached;
+  int coop = 0, sms = 0, per_sm = 1 << 30;
+  CUDA_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  for (const void* k : {reinterpret_cast<const void*>(partition_resident_kernel<4>),
+                        reinterpret_cast<const void*>(partition_resident_kernel<8>)}) {
+    int n = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, 0));
+    per_sm = std::min(per_sm, n);
+  }
+  cached = coop ? static_cast<int64_t>(sms) * per_sm : 0;
+  cached_dev = dev;
+  return cached;
+}
+
 bool one_pass_eligible(const BucketizeArgs& a, const BucketizeOnePass& ws) {
   if (!ws.scratch || a.total_bags == 0 || a.world_size > kMaxSharedW || a.num_ranks > kMaxSharedW ||
       a.total_ids >= (int64_t{1} << 31) || ws.max_rank_bags * a.world_size > kMaxRankEntries ||
@@ -81,7 +104,7 @@ PartitionPlan partition_plan(const BucketizeArgs& a) {
   // W <= 256 (the 8-bit bucket of the ranking keys); a tiling from plan_partition_tiles within
   // the kernels' shared arrays; a bag < 2^31 ids (int32 per-bag counts), and tile-relative id
   // indices int32: a tile's ids plus one chunk stay below 2^31.
-  if (a.total_bags == 0 || W > kMaxSharedW || !a.tile_j0 || T <= 0 || nb < 1 ||
+  if (a.total_bags == 0 || W > kMaxSharedW || !a.tile_j0 || !a.tile_id0 || T <= 0 || nb < 1 ||
       nb > kPartMaxTileBags || W * nb > kPartMaxCells || a.num_ranks <= 0 || !a.new_offsets ||
       a.max_bag_len >= (int64_t{1} << 31) ||
       nb > ((int64_t{1} << 31) - 1 - kChunk) / std::max<int64_t>(1, a.max_bag_len))
@@ -105,6 +128,24 @@ PartitionPlan partition_plan(const BucketizeArgs& a) {
 bool partition_wanted(const BucketizeArgs& a) {
   using P = BucketizeArgs::BagPath;
   return a.bag_path == P::partition || (a.bag_path == P::automatic && !block_per_bag(a));
+}
+
+// Whether a partition plan takes one cooperative launch: a workspace (its scratch words and
+// epoch), not turned off, and every tile resident with its W words in the scratch.
+bool resident_eligible(const BucketizeArgs& a, const BucketizeOnePass& ws,
+                       const PartitionPlan& pp) {
+  return pp.tiles > 0 && a.partition_one_launch && ws.scratch && pp.tiles <= resident_capacity() &&
+         ws.scratch_bytes >= static_cast<size_t>(8 * pp.entries);
+}
+
+// The workspace's next epoch (its words carry the last one): after 2^32 launches on this
+// scratch, start over from zeroed words.
+unsigned next_epoch(BucketizeOnePass& ws, cudaStream_t s) {
+  if (++ws.epoch == 0) {
+    bucketize_one_pass_scratch_init(ws.scratch, ws.scratch_bytes, s);
+    ws.epoch = 1;
+  }
+  return ws.epoch;
 }
 
 // offsets[0] = 0, offsets[i+1] = lengths[0] + ... + lengths[i].
@@ -151,11 +192,10 @@ void launch_three_passes(const BucketizeArgs& a, cudaStream_t s) {
   CUDA_CHECK_LAUNCH();
 }
 
-// The partition path (partition.cuh) from the bag lengths: a memset of the look-back words;
-// the count kernel (bag offsets by a decoupled look-back, tile counts, new_lengths); a cub
-// exclusive scan over the tile counts only when a rank has more than kPartDirectBaseEntries
-// of them (else the place kernel sums them); the stable placement. Three launches for most
-// batches (the memset included), where there were seven.
+// The partition path (partition.cuh) from the bag lengths: the count kernel (bag offsets from
+// the host's first id of each tile, tile counts, new_lengths); a cub exclusive scan over the
+// tile counts only when a rank has more than kPartDirectBaseEntries of them (else the place
+// kernel sums them); the stable placement. Two launches for most batches.
 void launch_partition(const BucketizeArgs& a, const int64_t* lengths, const PartitionPlan& pp,
                       cudaStream_t s) {
   PartitionArgs p;
@@ -163,13 +203,10 @@ void launch_partition(const BucketizeArgs& a, const int64_t* lengths, const Part
   p.lengths = lengths;
   p.wd = FastDivU64::make(static_cast<uint64_t>(a.world_size));
   p.tile_j0 = a.tile_j0;
+  p.tile_id0 = a.tile_id0;
   p.tiles_per_rank = pp.tiles_per_rank;
   p.tile_cnt = a.new_offsets;
   p.tile_base = a.new_offsets + pp.entries;
-  // The count kernel's look-back words in tile_base's place (tiles <= entries): the scan, when
-  // there is one, overwrites them after the count kernel.
-  p.status = reinterpret_cast<unsigned long long*>(p.tile_base);
-  CUDA_CHECK(cudaMemsetAsync(p.status, 0, sizeof(unsigned long long) * pp.tiles, s));
   const unsigned grid = static_cast<unsigned>(pp.tiles);
   partition_count_kernel<<<grid, kThreads, 0, s>>>(p);
   CUDA_CHECK_LAUNCH();
@@ -188,6 +225,37 @@ void launch_partition(const BucketizeArgs& a, const int64_t* lengths, const Part
   CUDA_CHECK_LAUNCH();
 }
 
+// The partition in one cooperative launch (partition_resident.cuh). False when the driver
+// refuses it for lack of room (SMs shared under MPS or a green context): the caller takes the
+// two kernels, which need no co-residency.
+bool launch_partition_resident(const BucketizeArgs& a, const int64_t* lengths,
+                               const PartitionPlan& pp, BucketizeOnePass& ws, cudaStream_t s) {
+  ResidentPartitionArgs r;
+  r.p.a = a;
+  r.p.lengths = lengths;
+  r.p.wd = FastDivU64::make(static_cast<uint64_t>(a.world_size));
+  r.p.tile_j0 = a.tile_j0;
+  r.p.tile_id0 = a.tile_id0;
+  r.p.tiles_per_rank = pp.tiles_per_rank;
+  r.p.tile_cnt = nullptr;
+  r.p.tile_base = nullptr;
+  r.words = static_cast<unsigned long long*>(ws.scratch);
+  r.epoch = next_epoch(ws, s);
+  void* params[] = {&r};
+  const void* kernel = a.world_size <= kSmallW
+                           ? reinterpret_cast<const void*>(partition_resident_kernel<4>)
+                           : reinterpret_cast<const void*>(partition_resident_kernel<8>);
+  const cudaError_t err = cudaLaunchCooperativeKernel(kernel, dim3(static_cast<unsigned>(pp.tiles)),
+                                                      dim3(kThreads), params, 0, s);
+  if (err == cudaErrorCooperativeLaunchTooLarge) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (err != cudaSuccess)
+    throw_cuda(err, "cudaLaunchCooperativeKernel(partition_resident_kernel)", __FILE__, __LINE__);
+  return true;
+}
+
 // The dispatch. trace: null, or the one-pass kernel's step stamps (probes.hpp).
 void dispatch(const BucketizeArgs& a, const int64_t* lengths, BucketizeOnePass& ws,
               unsigned long long* trace, cudaStream_t s) {
@@ -196,22 +264,20 @@ void dispatch(const BucketizeArgs& a, const int64_t* lengths, BucketizeOnePass& 
   const auto other_paths = [&] {
     const PartitionPlan pp = partition_wanted(a) ? partition_plan(a) : PartitionPlan{};
     if (pp.tiles > 0) {
-      launch_partition(a, lengths, pp, s);  // writes the bag offsets itself
+      // Both write the bag offsets themselves.
+      if (!resident_eligible(a, ws, pp) || !launch_partition_resident(a, lengths, pp, ws, s))
+        launch_partition(a, lengths, pp, s);
     } else {
       offsets_from_lengths(lengths, a.total_bags, a.bag_offsets, a.scan_temp, a.scan_temp_bytes, s);
       launch_three_passes(a, s);
     }
   };
   if (!one_pass_eligible(a, ws)) return other_paths();
-  if (++ws.epoch == 0) {  // 2^32 launches on this scratch: start over from zeroed words
-    bucketize_one_pass_scratch_init(ws.scratch, ws.scratch_bytes, s);
-    ws.epoch = 1;
-  }
   OnePassArgs p;
   p.a = a;
   p.lengths = lengths;
   p.words = static_cast<unsigned long long*>(ws.scratch);
-  p.epoch = ws.epoch;
+  p.epoch = next_epoch(ws, s);
   p.wd = FastDivU64::make(static_cast<uint64_t>(a.world_size));
   p.trace = trace;
   void* params[] = {&p};
@@ -243,7 +309,8 @@ size_t bucketize_scan_temp_bytes(int64_t n) {
 PartitionTiling plan_partition_tiles(int64_t world_size, int64_t num_features,
                                      const std::vector<int64_t>& rank_bag_off,
                                      const std::vector<int64_t>& feat_bag_off,
-                                     const std::vector<int64_t>& lengths, int64_t tile_ids) {
+                                     const std::vector<int64_t>& lengths, int64_t tile_ids,
+                                     int64_t max_tiles) {
   PartitionTiling t;
   const int64_t R = static_cast<int64_t>(rank_bag_off.size()) - 1, F = num_features;
   if (R <= 0 || F <= 0 || static_cast<int64_t>(feat_bag_off.size()) != R * (F + 1)) return t;
@@ -274,29 +341,62 @@ PartitionTiling plan_partition_tiles(int64_t world_size, int64_t num_features,
   const int64_t cap = std::max<int64_t>(
       1, std::min<int64_t>({kPartMaxTileBags, kPartMaxCells / std::max<int64_t>(1, world_size),
                             ((int64_t{1} << 31) - 1 - kChunk) / std::max<int64_t>(1, max_len)}));
-  std::vector<int64_t> nb(static_cast<size_t>(F));
-  for (int64_t f = 0; f < F; ++f)  // bags of a tile of feature f: want / mean length
-    nb[f] = f_ids[f] == 0 ? cap : std::clamp<int64_t>(want * f_bags[f] / f_ids[f], 1, cap);
-  // Each rank's tiles: feature by feature, runs of nb[f] bags, the last one shorter. (Runs of
-  // equal length instead cost more: each of those tiles then spills into a partly filled
-  // chunk, where the one short tile fills one chunk; measured on ec-bench-criteo.)
+  // Each rank's tiles for tiles of about `ids` ids: feature by feature, runs of nb[f] = ids /
+  // (the feature's mean length) bags, the last one shorter. (Runs of equal length instead cost
+  // more: each of those tiles then spills into a partly filled chunk, where the one short tile
+  // fills one chunk; measured on ec-bench-criteo.) Returns the tiles of the largest rank.
   std::vector<std::vector<int64_t>> starts(static_cast<size_t>(R));
-  for (int64_t q = 0; q < R; ++q) {
-    const int64_t* fb = feat_bag_off.data() + q * (F + 1);
-    for (int64_t f = 0; f < F; ++f)
-      for (int64_t j = fb[f]; j < fb[f + 1]; j += nb[f]) {
-        starts[q].push_back(j);
-        t.max_tile_bags = std::max(t.max_tile_bags, std::min(nb[f], fb[f + 1] - j));
+  const auto tile = [&](int64_t ids) {
+    t.max_tile_bags = 0;
+    int64_t most = 0;
+    for (int64_t q = 0; q < R; ++q) {
+      starts[q].clear();
+      const int64_t* fb = feat_bag_off.data() + q * (F + 1);
+      for (int64_t f = 0; f < F; ++f) {
+        const int64_t nb =
+            f_ids[f] == 0 ? cap : std::clamp<int64_t>(ids * f_bags[f] / f_ids[f], 1, cap);
+        for (int64_t j = fb[f]; j < fb[f + 1]; j += nb) {
+          starts[q].push_back(j);
+          t.max_tile_bags = std::max(t.max_tile_bags, std::min(nb, fb[f + 1] - j));
+        }
       }
-    t.tiles_per_rank = std::max<int64_t>(t.tiles_per_rank, static_cast<int64_t>(starts[q].size()));
+      most = std::max<int64_t>(most, static_cast<int64_t>(starts[q].size()));
+    }
+    return most;
+  };
+  t.tiles_per_rank = tile(want);
+  if (tile_ids <= 0 && max_tiles > 0 && R * t.tiles_per_rank > max_tiles) {
+    // Larger tiles, up to kPartTileIds ids, until the grid fits max_tiles (every tile resident
+    // at once: one launch instead of two). Tiles then spill into partly filled chunks, which
+    // the one launch pays for; without a fitting tiling, the first one stays.
+    bool fits = false;
+    for (int64_t ids = std::max(want + 1, (n + max_tiles - 1) / max_tiles); ids <= kPartTileIds;
+         ids += ids / 16 + 1) {
+      t.tiles_per_rank = tile(ids);
+      if (R * t.tiles_per_rank <= max_tiles) {
+        fits = true;
+        break;
+      }
+    }
+    if (!fits) t.tiles_per_rank = tile(want);
   }
-  // The table: each rank's starts, padded with its bag count (empty tiles).
+  // The table: each rank's starts, padded with its bag count (empty tiles); and each tile's
+  // first id, so that no tile waits on the tiles before it for its place in the ids (the
+  // kernels would otherwise chain a look-back over every earlier tile).
   const int64_t T = t.tiles_per_rank;
   t.tile_j0.reserve(static_cast<size_t>(R * (T + 1)));
+  t.tile_id0.reserve(static_cast<size_t>(R * T));
+  int64_t id = 0;  // global index of bag j's first id, j walking the batch's bags in order
   for (int64_t q = 0; q < R; ++q) {
     const int64_t bags = rank_bag_off[q + 1] - rank_bag_off[q];
     t.tile_j0.insert(t.tile_j0.end(), starts[q].begin(), starts[q].end());
     t.tile_j0.insert(t.tile_j0.end(), static_cast<size_t>(T + 1) - starts[q].size(), bags);
+    const int64_t* tj = t.tile_j0.data() + q * (T + 1);
+    for (int64_t kt = 0; kt < T; ++kt) {
+      t.tile_id0.push_back(id);
+      for (int64_t j = rank_bag_off[q] + tj[kt]; j < rank_bag_off[q] + tj[kt + 1]; ++j)
+        id += lengths[j];
+    }
   }
   return t;
 }
@@ -314,6 +414,10 @@ int64_t bucketize_one_pass_capacity() {
   return one_pass_capacity();
 }
 
+int64_t bucketize_partition_resident_capacity() {
+  return resident_capacity();
+}
+
 BucketizeChoice bucketize_choice(const BucketizeArgs& a, const BucketizeOnePass& ws) {
   BucketizeChoice c;
   if (one_pass_eligible(a, ws)) {
@@ -323,9 +427,11 @@ BucketizeChoice bucketize_choice(const BucketizeArgs& a, const BucketizeOnePass&
     c.ids_cached = a.max_bag_len <= kChunk;
   } else if (partition_wanted(a) && partition_plan(a).tiles > 0) {
     const PartitionPlan pp = partition_plan(a);
-    c.path = BucketizePath::partition;
+    c.path =
+        resident_eligible(a, ws, pp) ? BucketizePath::partition_resident : BucketizePath::partition;
     c.grid = pp.tiles;
     c.tile_bags = pp.tile_bags;
+    if (c.path == BucketizePath::partition_resident) c.capacity = resident_capacity();
   } else if (a.world_size > kMaxSharedW) {
     c.path = BucketizePath::thread_per_bag;
   } else {
@@ -346,6 +452,8 @@ const char* to_string(BucketizePath p) {
       return "3 passes, thread per bag";
     case BucketizePath::partition:
       return "partition by rank, tiles of bags";
+    case BucketizePath::partition_resident:
+      return "partition by rank, tiles of bags, one launch";
   }
   return "?";
 }

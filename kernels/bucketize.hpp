@@ -62,8 +62,13 @@ struct BucketizeArgs {
   // the rank-local bags [tile_j0[q*(T+1) + kt], tile_j0[q*(T+1) + kt + 1]), T = tiles_per_rank;
   // a rank's tiles past its last bag are empty. Null: the partition path is not taken.
   const int64_t* tile_j0 = nullptr;  // [R*(T+1)]
-  int64_t tiles_per_rank = 0;        // T
-  int64_t tile_max_bags = 0;         // bags of the largest tile
+  // tile_id0[q*T + kt]: the global index of tile kt's first id (the host sums the lengths it
+  // planned from); a tile past its rank's last bag has the rank's end. Non-null with tile_j0.
+  const int64_t* tile_id0 = nullptr;  // [R*T]
+  // false: the partition's two kernels even where its tiles are all resident (tests, bench).
+  bool partition_one_launch = true;
+  int64_t tiles_per_rank = 0;  // T
+  int64_t tile_max_bags = 0;   // bags of the largest tile
   // Outputs.
   int64_t* new_lengths = nullptr;  // [W*total_bags]
   // [W*total_bags] scratch, not an output: the three passes leave the exclusive scan of
@@ -85,15 +90,20 @@ size_t bucketize_scan_temp_bytes(int64_t n);
 // size), so that tiles of a batch whose features differ in hotness carry similar work (a tile
 // is one block; with equal bag counts, one hot feature's tiles were the kernels' tail). Only
 // the time depends on the tiling, never the output. Inputs as BatchedBucketize holds them:
-// rank_bag_off [R+1], feat_bag_off [R*(F+1)] (rank-local), lengths [total_bags].
+// rank_bag_off [R+1], feat_bag_off [R*(F+1)] (rank-local), lengths [total_bags]. max_tiles > 0
+// (with tile_ids 0): where the first tiling has more than max_tiles tiles (R x tiles_per_rank),
+// larger tiles are planned until it has no more (bucketize_partition_resident_capacity(): every
+// tile resident, one launch), if tiles of at most four chunks can.
 struct PartitionTiling {
   int64_t tiles_per_rank = 0, max_tile_bags = 0;
-  std::vector<int64_t> tile_j0;  // [R*(tiles_per_rank+1)]
+  std::vector<int64_t> tile_j0;   // [R*(tiles_per_rank+1)]
+  std::vector<int64_t> tile_id0;  // [R*tiles_per_rank]: global index of each tile's first id
 };
 PartitionTiling plan_partition_tiles(int64_t world_size, int64_t num_features,
                                      const std::vector<int64_t>& rank_bag_off,
                                      const std::vector<int64_t>& feat_bag_off,
-                                     const std::vector<int64_t>& lengths, int64_t tile_ids = 0);
+                                     const std::vector<int64_t>& lengths, int64_t tile_ids = 0,
+                                     int64_t max_tiles = 0);
 
 // Workspace of the one-pass path, owned by the caller. Without scratch every launch takes
 // the three passes.
@@ -113,14 +123,25 @@ void bucketize_one_pass_scratch_init(void* scratch, size_t bytes, cudaStream_t s
 // Resident blocks of the one-pass kernel on the current device, at most 1024 (0: no
 // cooperative launch): the one-pass path needs total_bags <= this.
 int64_t bucketize_one_pass_capacity();
+// Resident blocks of the partition's one-launch kernel on the current device (0: no
+// cooperative launch): the partition takes one launch when R x tiles_per_rank is no larger
+// and the workspace has scratch.
+int64_t bucketize_partition_resident_capacity();
 
 // The path launch_bucketize takes for these arguments.
-enum class BucketizePath { one_pass, block_per_bag, warp_per_bag, thread_per_bag, partition };
+enum class BucketizePath {
+  one_pass,
+  block_per_bag,
+  warp_per_bag,
+  thread_per_bag,
+  partition,           // two kernels (and a scan of the tile counts for many tiles)
+  partition_resident,  // every tile resident: one cooperative launch
+};
 struct BucketizeChoice {
   BucketizePath path = BucketizePath::warp_per_bag;
-  int64_t grid = 0;         // one_pass: blocks (= bags); partition: tiles
-  int64_t tile_bags = 0;    // partition: bags of the largest tile
-  int64_t capacity = 0;     // one_pass: resident blocks of the kernel on this device
+  int64_t grid = 0;         // one_pass: blocks (= bags); partition*: tiles
+  int64_t tile_bags = 0;    // partition*: bags of the largest tile
+  int64_t capacity = 0;     // one_pass, partition_resident: resident blocks of the kernel
   bool ids_cached = false;  // one_pass: every bag <= 2048 ids, ids read once
 };
 BucketizeChoice bucketize_choice(const BucketizeArgs& a, const BucketizeOnePass& ws);
@@ -130,13 +151,14 @@ const char* to_string(BucketizePath p);
 // with at most one bag per resident block (W <= 256, R <= 256, W x bags of one rank <= 65536,
 // fewer than 2^31 ids) and a workspace takes the one-pass kernel (cooperative launch, a block
 // per bag). Every other batch (or one whose cooperative launch is refused for lack of room):
-// with W <= 256, short bags take the partition (bag offsets, tile counts and new_lengths in one
-// kernel with a look-back; a cub scan of the tile counts only for many tiles per rank;
-// placement); long bags the bag offsets (a cub scan) and the three passes with a block per
-// bag; W > 256 the bag offsets and the three passes with a thread per bag (per-(bag, bucket)
-// counts, a cub scan of new_lengths, placement). Same outputs, bit for bit,
-// every way (new_offsets is scratch). Bumps ws.epoch when it takes the one-pass
-// kernel.
+// with W <= 256, short bags take the partition over the host's tiles: one cooperative launch
+// where every tile is resident and ws has scratch (counts, an exchange of tile counts between
+// the blocks of a rank, placement), else two kernels (bag offsets, tile counts and new_lengths;
+// a cub scan of the tile counts only for many tiles per rank; placement); long bags the bag
+// offsets (a cub scan) and the three passes with a block per bag; W > 256 the bag offsets and
+// the three passes with a thread per bag (per-(bag, bucket) counts, a cub scan of
+// new_lengths, placement). Same outputs, bit for bit, every way (new_offsets is scratch).
+// Bumps ws.epoch when it takes a cooperative launch.
 void launch_bucketize(const BucketizeArgs& a, const int64_t* lengths, BucketizeOnePass& ws,
                       cudaStream_t s);
 

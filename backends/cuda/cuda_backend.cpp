@@ -819,14 +819,22 @@ void BatchedBucketize::assign(const Plan& plan, const std::vector<const Kjt*>& k
 }
 
 void BatchedBucketize::plan_tiles(int64_t tile_ids, cudaStream_t s) {
+  // With a workspace, the automatic tiling keeps every tile resident where it can (the
+  // partition's one-launch kernel needs it).
+  const int64_t max_tiles = tile_ids <= 0 && one_pass.scratch && args.partition_one_launch
+                                ? bucketize_partition_resident_capacity()
+                                : 0;
   const PartitionTiling t = plan_partition_tiles(args.world_size, args.num_features, rank_bag_off,
-                                                 feat_bag_off, lengths, tile_ids);
+                                                 feat_bag_off, lengths, tile_ids, max_tiles);
   args.tile_j0 = nullptr;
+  args.tile_id0 = nullptr;
   args.tiles_per_rank = t.tiles_per_rank;
   args.tile_max_bags = t.max_tile_bags;
   if (t.tile_j0.empty()) return;
   d_tile_j0.upload(t.tile_j0, s);
+  d_tile_id0.upload(t.tile_id0, s);
   args.tile_j0 = d_tile_j0.data();
+  args.tile_id0 = d_tile_id0.data();
 }
 
 void BatchedBucketize::enable_one_pass(cudaStream_t s) {
@@ -837,6 +845,7 @@ void BatchedBucketize::enable_one_pass(cudaStream_t s) {
   d_one_pass_scratch.resize(static_cast<int64_t>(one_pass.scratch_bytes));
   one_pass.scratch = d_one_pass_scratch.data();
   bucketize_one_pass_scratch_init(one_pass.scratch, one_pass.scratch_bytes, s);
+  plan_tiles(0, s);  // the partition's one launch may now take the batch: tiles for it
 }
 
 void SeqDistDevice::assign(const SeqDistTables& t, cudaStream_t s, PinnedStaging* staging) {

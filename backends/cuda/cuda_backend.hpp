@@ -95,6 +95,7 @@ struct BatchedBucketize {
   DeviceBuffer<float> d_weights, d_new_weights;
   DeviceBuffer<char> d_scan_temp;
   DeviceBuffer<int64_t> d_tile_j0;    // the partition path's tiles (plan_tiles)
+  DeviceBuffer<int64_t> d_tile_id0;   // and their first ids
   std::vector<int64_t> feat_bag_off;  // [R*(F+1)] host copy of d_feat_bag_off
   BucketizeArgs args;                 // points at the buffers above
   // The one-pass kernel's workspace: empty (three passes) until enable_one_pass().
@@ -102,11 +103,13 @@ struct BatchedBucketize {
   DeviceBuffer<char> d_one_pass_scratch;
 
   // Allocates and zeroes the one-pass workspace where the device can run that kernel, so that
-  // launch() takes it whenever the batch fits (bucketize_choice). Once: a later call (another
-  // batch) keeps the scratch and its epoch, which the kernel needs to tell old words from new.
+  // launch() takes it whenever the batch fits (bucketize_choice), and the partition's one
+  // launch likewise (the tiles are planned again for it). Once: a later call (another batch)
+  // keeps the scratch and its epoch, which the kernels need to tell old words from new.
   void enable_one_pass(cudaStream_t s);
-  // Plans the partition path's tiles for about tile_ids ids each (0: chosen from the batch;
-  // the constructor plans with 0) and points args at them. Only the time depends on it.
+  // Plans the partition path's tiles for about tile_ids ids each (0: chosen from the batch,
+  // all resident where the one launch can take them; the constructor plans with 0) and points
+  // args at them. Only the time depends on it.
   void plan_tiles(int64_t tile_ids, cudaStream_t s);
   // The whole stage on s: bag_offsets from the lengths, then the bucketize.
   void launch(cudaStream_t s) { launch_bucketize(args, d_lengths.data(), one_pass, s); }

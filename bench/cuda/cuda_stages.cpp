@@ -28,6 +28,21 @@ struct StageRow {
   std::function<void()> launch;
 };
 
+// The bucketize path a batch takes, with the partition's tiling (and, in one launch, the
+// kernel's resident blocks).
+std::string path_note(const cuda::BucketizeChoice& c) {
+  switch (c.path) {
+    case cuda::BucketizePath::partition:
+      return fmt::format("{} ({} tiles of <= {} bags)", cuda::to_string(c.path), c.grid,
+                         c.tile_bags);
+    case cuda::BucketizePath::partition_resident:
+      return fmt::format("{} ({} tiles of <= {} bags, of {} resident)", cuda::to_string(c.path),
+                         c.grid, c.tile_bags, c.capacity);
+    default:
+      return cuda::to_string(c.path);
+  }
+}
+
 std::vector<int64_t> parse_dims(const std::string& s) {
   std::vector<int64_t> v;
   std::stringstream ss(s);
@@ -139,20 +154,25 @@ class CudaStages {
     write_npy_i64(o_, name, v);
   }
 
-  // --bucketize-kernel: auto and one-pass give the one-pass kernel a workspace (taken where
-  // the batch fits it); three-pass takes the three passes as auto chose them before the
-  // partition existed (a block per bag for long bags, else a warp per bag); partition forces
-  // it. A forced path the batch does not fit falls back as auto would.
+  // --bucketize-kernel: auto and one-pass give the workspace of the cooperative launches (the
+  // one-pass kernel, the partition's one launch: each taken where the batch fits it);
+  // three-pass takes the three passes as auto chose them before the partition existed (a block
+  // per bag for long bags, else a warp per bag); partition forces the partition's two kernels.
+  // A forced path the batch does not fit falls back as auto would. The tiles are planned last,
+  // for the path taken.
   void force_path(cuda::BatchedBucketize& bb) const {
     using P = cuda::BucketizeArgs::BagPath;
     cuda::BucketizeArgs& a = bb.args;
-    if (o_.tile_ids > 0) bb.plan_tiles(o_.tile_ids, stream_);
-    if (o_.bucketize_path == "three-pass")
+    if (o_.bucketize_path == "three-pass") {
       a.bag_path = a.total_ids >= cuda::kBlockPerBagMinAvg * a.total_bags ? P::block : P::warp;
-    else if (o_.bucketize_path == "partition")
+    } else if (o_.bucketize_path == "partition") {
       a.bag_path = P::partition;
-    else
+      a.partition_one_launch = false;
+      bb.plan_tiles(0, stream_);
+    } else {
       bb.enable_one_pass(stream_);
+    }
+    if (o_.tile_ids > 0) bb.plan_tiles(o_.tile_ids, stream_);
   }
 
   // All W ranks in one launch (bags concatenated rank-major).
@@ -176,10 +196,7 @@ class CudaStages {
                                  "(of {} resident){}",
                                  choice.grid, choice.capacity,
                                  choice.ids_cached ? ", ids read once" : "")
-          : choice.path == cuda::BucketizePath::partition
-              ? fmt::format("bucketize path: {} ({} tiles of <= {} bags)",
-                            cuda::to_string(choice.path), choice.grid, choice.tile_bags)
-              : fmt::format("bucketize path: {}", cuda::to_string(choice.path)));
+                   : "bucketize path: " + path_note(choice));
       r_.diagnostics.push_back(bucketize_floors(bb, one_pass, timer_, r_.copy_gbps, stream_));
       if (one_pass)
         for (std::string& line : one_pass_trace(bb, stream_)) r_.diagnostics.push_back(line);
@@ -237,13 +254,10 @@ class CudaStages {
       const int64_t N = ba.total_ids, L = ba.total_bags;
       const cuda::BucketizeChoice c = cuda::bucketize_choice(ba, bb.one_pass);
       const bool one_pass = c.path == cuda::BucketizePath::one_pass;
-      std::vector<StageRow> rows{{{fmt::format("bucketize B={} per rank", B), N, 0,
-                                   8.0 * (3 * N + L + W_ * L) + (ba.weights ? 8.0 * N : 0.0), 0,
-                                   c.path == cuda::BucketizePath::partition
-                                       ? fmt::format("{} ({} tiles of <= {} bags)",
-                                                     cuda::to_string(c.path), c.grid, c.tile_bags)
-                                       : std::string(cuda::to_string(c.path))},
-                                  [&] { bb.launch(stream_); }}};
+      std::vector<StageRow> rows{
+          {{fmt::format("bucketize B={} per rank", B), N, 0,
+            8.0 * (3 * N + L + W_ * L) + (ba.weights ? 8.0 * N : 0.0), 0, path_note(c)},
+           [&] { bb.launch(stream_); }}};
       time_rows(rows);
       if (o_.diagnostics)
         r_.diagnostics.push_back(fmt::format(

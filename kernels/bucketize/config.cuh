@@ -30,4 +30,25 @@ constexpr int kWordRound = kWordsPerThread * kThreads;
 constexpr int64_t kMaxFeatTab = 512;      // R x (F+1) feature offsets kept in shared memory
 constexpr unsigned kMaxPolls = 1u << 25;  // step 4 traps after this many polls of one round
 
+// Partition path (partition.cuh, partition_resident.cuh; tiles planned on the host by
+// plan_partition_tiles, bucketize.cu).
+// Bags of a tile at most (the tile's offsets and features live in shared memory; the place
+// kernel's static shared memory stays under 48 KB with this many).
+constexpr int kPartMaxTileBags = 384;
+// W x (bags of a tile) at most: the count kernel's shared count matrix.
+constexpr int kPartMaxCells = 4096;
+// Ids of a tile (plan_partition_tiles, bucketize.cu): the batch's ids over kPartMinTiles
+// (about one resident place block per SM quarter), within [kPartMinTileIds, kPartTileIds]:
+// at least half a chunk (a tile's fixed work, its offsets and the summing of tile counts,
+// outweighs a smaller tile's ids), at most four chunks. `bench --sweep --tile-ids` measures
+// the choice.
+constexpr int64_t kPartTileIds = 8192;
+constexpr int64_t kPartMinTileIds = 1024;
+constexpr int64_t kPartMinTiles = 512;
+// W x tiles_per_rank at most for the place kernel to sum its rank's tile counts itself
+// (tile_base == nullptr: no scan launches; a warp per bucket reads the rank's counts, 32 KB at
+// most per block); above it, a cub scan writes tile_base.
+constexpr int64_t kPartDirectBaseEntries = 4096;
+
+static_assert(kPartMaxTileBags <= 2 * kThreads, "two bag lengths per thread");
 }  // namespace dynemb::cuda::bucketize

@@ -12,11 +12,10 @@
 //
 // Tiles: tile (q, kt), kt < tiles_per_rank, holds rank q's bags [j0, j1) from the host's
 // table (tile_j0; bags of one feature, sized for similar ids per tile; tiles past a rank's
-// last bag are empty and count zero). From the bag lengths, after a memset of the
-// tiles' look-back words:
-//   partition_count_kernel  per tile: the tile's bag offsets (a block scan of its lengths)
-//                           and its first id (a decoupled look-back over the tiles before it,
-//                           as CUB's single-pass scan): writes the bag offsets; each id's bag
+// last bag are empty and count zero) and its first id (tile_id0: the host sums the lengths
+// it planned the tiles from). From the bag lengths:
+//   partition_count_kernel  per tile: the tile's bag offsets (a block scan of its lengths,
+//                           shifted to its first id): writes the bag offsets; each id's bag
 //                           and bucket; the W x nb counts in shared memory become new_lengths
 //                           (the tile's nb entries of each bucket row are consecutive) and the
 //                           tile's total per bucket, tile_cnt[q][d][kt];
@@ -30,9 +29,8 @@
 //                           shared memory (placement.cuh) from run[d] = tile_base, advanced by
 //                           each chunk's counts.
 // Ids are read twice (count, place); new_lengths written once; new_offsets is not produced:
-// its buffer holds tile_cnt, then the look-back words and tile_base in one region
-// (2 x R x W x tiles_per_rank <= W x total_bags, the dispatch checks; tiles <= R x W x
-// tiles_per_rank).
+// its buffer holds tile_cnt, then tile_base (2 x R x W x tiles_per_rank <= W x total_bags, the
+// dispatch checks).
 #pragma once
 
 #include <cstdint>
@@ -44,43 +42,18 @@
 
 namespace dynemb::cuda::bucketize {
 
-// Bags of a tile at most (the tile's offsets and features live in shared memory; the place
-// kernel's static shared memory stays under 48 KB with this many).
-constexpr int kPartMaxTileBags = 384;
-// W x (bags of a tile) at most: the count kernel's shared count matrix.
-constexpr int kPartMaxCells = 4096;
-// Ids of a tile (plan_partition_tiles, bucketize.cu): the batch's ids over kPartMinTiles
-// (about one resident place block per SM quarter), within [kPartMinTileIds, kPartTileIds]:
-// at least half a chunk (a tile's fixed work, the look-back and the summing of tile counts,
-// outweighs a smaller tile's ids), at most four chunks. `bench --sweep --tile-ids` measures
-// the choice.
-constexpr int64_t kPartTileIds = 8192;
-constexpr int64_t kPartMinTileIds = 1024;
-constexpr int64_t kPartMinTiles = 512;
-// W x tiles_per_rank at most for the place kernel to sum its rank's tile counts itself
-// (tile_base == nullptr: no scan launches; a warp per bucket reads the rank's counts, 32 KB at
-// most per block); above it, a cub scan writes tile_base.
-constexpr int64_t kPartDirectBaseEntries = 4096;
-
-// A tile's look-back status word (partition_count_kernel): 0 while unpublished, else the flag
-// in the top two bits over the tile's id count (aggregate) or the ids of every tile up to and
-// including it (inclusive). One 64-bit word: value and flag are seen together.
-constexpr unsigned long long kPartAgg = 1ull << 62, kPartInc = 2ull << 62;
-constexpr unsigned long long kPartValMask = (1ull << 62) - 1;
-static_assert(kPartMaxTileBags <= 2 * kThreads, "two bag lengths per thread");
-
 struct PartitionArgs {
   BucketizeArgs a;
-  const int64_t* lengths;      // [total_bags] bag lengths (the stage's input)
-  unsigned long long* status;  // [tiles] look-back words, zeroed before the count kernel
-  FastDivU64 wd;               // divides by W
-  const int64_t* tile_j0;      // [R][tiles_per_rank+1] rank-local first bag of each tile
-                               // (BucketizeArgs::tile_j0): <= kPartMaxTileBags bags a tile,
-                               // W x bags <= kPartMaxCells
-  int64_t tiles_per_rank;      // T
-  int64_t* tile_cnt;           // [R][W][tiles_per_rank]
-  int64_t* tile_base;          // [R][W][tiles_per_rank], exclusive scan of tile_cnt; nullptr:
-                               // the place kernel sums tile_cnt of its rank itself
+  const int64_t* lengths;   // [total_bags] bag lengths (the stage's input)
+  FastDivU64 wd;            // divides by W
+  const int64_t* tile_j0;   // [R][tiles_per_rank+1] rank-local first bag of each tile
+                            // (BucketizeArgs::tile_j0): <= kPartMaxTileBags bags a tile,
+                            // W x bags <= kPartMaxCells
+  const int64_t* tile_id0;  // [R][tiles_per_rank] global index of each tile's first id
+  int64_t tiles_per_rank;   // T
+  int64_t* tile_cnt;        // [R][W][tiles_per_rank]
+  int64_t* tile_base;       // [R][W][tiles_per_rank], exclusive scan of tile_cnt; nullptr:
+                            // the place kernel sums tile_cnt of its rank itself
 };
 
 // The block's tile, the same in all its threads.
@@ -141,18 +114,17 @@ __device__ __forceinline__ PartitionTile load_tile(const PartitionArgs& p, int* 
 }
 
 // The count kernel's tile: as load_tile, but the offsets come from the bag lengths (a block
-// scan of the tile's nb lengths) and id0 from a decoupled look-back over the tiles before it
-// in grid order (= bag order: rank-major, tiles of a rank in order, tiles past a rank's last
-// bag hold none), so no offsets scan runs before it. Every block publishes, also those with no
-// bags (their successors wait on them). rank_id_base is not set (0). Ends with a barrier.
-// wsum: kWarps ints; id0_out: one shared int64.
+// scan of the tile's nb lengths, shifted to the host's tile_id0), so no offsets scan runs
+// before it and no tile waits on another. rank_id_base is not set (0). Ends with a barrier.
+// wsum: kWarps ints.
 __device__ __forceinline__ PartitionTile scan_tile(const PartitionArgs& p, int* off, int* feat,
-                                                   int* wsum, int64_t* id0_out) {
+                                                   int* wsum) {
   const BucketizeArgs& a = p.a;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   PartitionTile ti;
   tile_span(p, ti);
   ti.rank_id_base = 0;
+  ti.id0 = p.tile_id0[blockIdx.x];
   const int64_t g0 = ti.first + ti.j0;
   // Bags 2t and 2t+1 of the tile (nb <= 2 x kThreads); a bag and the tile hold < 2^31 ids
   // (the host's bound on nb x max_bag_len).
@@ -168,48 +140,13 @@ __device__ __forceinline__ PartitionTile scan_tile(const PartitionArgs& p, int* 
   if (lane == 31) wsum[warp] = x;
   if (ti.nb > 0) tile_features(p, ti, feat);  // uniform
   __syncthreads();                            // wsum written
-  int below = 0, total = 0;
-  for (int wi = 0; wi < kWarps; ++wi) {
-    total += wsum[wi];
-    if (wi < warp) below += wsum[wi];
-  }
+  int below = 0;
+  for (int wi = 0; wi < warp; ++wi) below += wsum[wi];
   const int incl = below + x;  // ids of the tile's bags 0 .. 2t+1
   if (t == 0) off[0] = 0;
   if (k0 < ti.nb) off[k0 + 1] = incl - l1;
   if (k0 + 1 < ti.nb) off[k0 + 2] = incl;
-  if (warp == 0) {  // the look-back: the ids of every tile before this one
-    const int64_t b = blockIdx.x;
-    int64_t excl = 0;
-    if (b == 0) {
-      if (lane == 0) atomicExch(p.status, kPartInc | static_cast<unsigned long long>(total));
-    } else {
-      if (lane == 0) atomicExch(p.status + b, kPartAgg | static_cast<unsigned long long>(total));
-      // Lane l reads tile pred - l; the window ends at the nearest inclusive word (tiles
-      // before tile 0 read as an inclusive 0), else all 32 aggregates count and it moves on.
-      for (int64_t pred = b - 1;; pred -= 32) {
-        const int64_t idx = pred - lane;
-        unsigned long long word = kPartInc;
-        if (idx >= 0) {
-          const volatile unsigned long long* sw = p.status + idx;
-          do {
-            word = *sw;
-          } while (word == 0);
-        }
-        const unsigned inc = __ballot_sync(0xffffffffu, (word & ~kPartValMask) == kPartInc);
-        const int stop = inc ? __ffs(static_cast<int>(inc)) - 1 : 31;
-        int64_t v = lane <= stop ? static_cast<int64_t>(word & kPartValMask) : 0;
-#pragma unroll
-        for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-        excl += v;
-        if (inc) break;  // uniform: the ballot's
-      }
-      if (lane == 0)
-        atomicExch(p.status + b, kPartInc | static_cast<unsigned long long>(excl + total));
-    }
-    if (lane == 0) *id0_out = excl;
-  }
-  __syncthreads();  // off, feat and id0 written; wsum no longer read
-  ti.id0 = *id0_out;
+  __syncthreads();  // off and feat written
   // The offsets of the tile's bags, for the place kernel and the caller: bag g's end is
   // written by the tile holding g; offset 0 by block 0.
   for (int k = t; k < ti.nb; k += kThreads) a.bag_offsets[g0 + k + 1] = ti.id0 + off[k + 1];
@@ -257,11 +194,10 @@ __global__ void __launch_bounds__(kThreads) partition_count_kernel(PartitionArgs
   __shared__ int s_feat[kPartMaxTileBags];
   __shared__ int s_cnt[kPartMaxCells];  // [d][k]: bucket-d ids of the tile's bag k
   __shared__ int s_wsum[kWarps];
-  __shared__ int64_t s_id0;
   const BucketizeArgs& a = p.a;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   const int W = static_cast<int>(a.world_size);
-  const PartitionTile ti = scan_tile(p, s_off, s_feat, s_wsum, &s_id0);
+  const PartitionTile ti = scan_tile(p, s_off, s_feat, s_wsum);
   int64_t* tc = p.tile_cnt + ti.q * W * p.tiles_per_rank + ti.kt;  // + d * tiles_per_rank
   if (ti.nb == 0) {  // uniform: past the rank's last bag, nothing of it in the scan
     for (int d = t; d < W; d += kThreads) tc[d * p.tiles_per_rank] = 0;

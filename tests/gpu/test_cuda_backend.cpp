@@ -834,6 +834,7 @@ TEST_CASE("batched bucketize: the partition path (large batches) == cpu") {
       {16, 2048, 256, 0, 20, false, false, true, false, false, false, 100},  // tiles of ~10 bags
       {256, 64, 32, 0, 40, false, true, true, true, false, true, 5000},  // over a chunk, 16 bags
   };
+  int resident_runs = 0, two_kernel_runs = 0;
   for (const Shape& sh : shapes) {
     const Plan p = bucketize_plan(sh.W);
     const int64_t W = sh.W, F = p.num_features();
@@ -876,56 +877,70 @@ TEST_CASE("batched bucketize: the partition path (large batches) == cpu") {
     std::vector<const Kjt*> kp;
     for (const Kjt& k : kjts) kp.push_back(&k);
     cudaStream_t s = nullptr;
-    cuda::BatchedBucketize bb(p, kp, sh.with_dest, s);
-    bb.enable_one_pass(s);
-    if (sh.force) bb.args.bag_path = cuda::BucketizeArgs::BagPath::partition;
-    if (sh.tile_ids > 0) bb.plan_tiles(sh.tile_ids, s);
-    const cuda::BucketizeArgs& ba = bb.args;
-    const cuda::BucketizeChoice c = cuda::bucketize_choice(ba, bb.one_pass);
-    INFO("W=" << W << " B=" << (small ? sh.B_small : sh.B) << " bags of " << sh.min_len << ".."
-              << sh.max_len << " ids, L=" << ba.total_bags << " N=" << ba.total_ids << " int32="
-              << sh.i32 << " weighted=" << sh.weighted << " path " << cuda::to_string(c.path)
-              << " tiles " << ba.tiles_per_rank << " per rank, <= " << ba.tile_max_bags << " bags");
-    CHECK(c.path ==
-          (W > 256 ? cuda::BucketizePath::thread_per_bag : cuda::BucketizePath::partition));
-    // First on other ids (same lengths), then on the real ones: new_offsets (the tile counts)
-    // and every output then hold an earlier launch's values, which must all be replaced.
-    DeviceBuffer<int64_t> d_other;
-    std::vector<int64_t> other(static_cast<size_t>(ba.total_ids));
-    for (int64_t& x : other) x = static_cast<int64_t>(rng() >> 1);
-    d_other.upload(other, s);
-    cuda::BucketizeArgs warm = ba;
-    warm.ids = d_other.data();
-    cuda::launch_bucketize(warm, bb.d_lengths.data(), bb.one_pass, s);
-    // The partition path's offsets scan leaves entry 0 to the count kernel: poison it.
-    REQUIRE(cudaMemsetAsync(bb.d_bag_offsets.data(), 0xff, sizeof(int64_t), s) == cudaSuccess);
-    bb.launch(s);
-    std::vector<int64_t> ref_off{0};
-    for (const Kjt& k : kjts)
-      for (int64_t l : k.lengths) ref_off.push_back(ref_off.back() + l);
-    CHECK(bb.d_bag_offsets.download(s) == ref_off);
-    const std::vector<int64_t> nl = bb.d_new_lengths.download(s), nv = bb.d_new_values.download(s),
-                               perm = bb.d_perm.download(s),
-                               dest = sh.with_dest ? bb.d_dest_rank.download(s)
-                                                   : std::vector<int64_t>{};
-    const std::vector<float> nw = ba.weights ? bb.d_new_weights.download(s) : std::vector<float>{};
-    size_t o = 0, ol = 0;
-    for (int64_t r = 0; r < W; ++r) {
-      const BucketizedKjt ref = cpu().bucketize(p, kjts[r]);
-      const size_t n = ref.new_values.size(), nlr = ref.new_lengths.size();
-      INFO("rank " << r);
-      CHECK(std::vector<int64_t>(nl.begin() + ol, nl.begin() + ol + nlr) == ref.new_lengths);
-      CHECK(std::vector<int64_t>(nv.begin() + o, nv.begin() + o + n) == ref.new_values);
-      CHECK(std::vector<int64_t>(perm.begin() + o, perm.begin() + o + n) ==
-            ref.unbucketize_permute);
-      if (sh.with_dest)
-        CHECK(std::vector<int64_t>(dest.begin() + o, dest.begin() + o + n) == ref.dest_rank);
-      if (ba.weights)
-        CHECK(same_bits(std::vector<float>(nw.begin() + o, nw.begin() + o + n), ref.new_weights));
-      o += n;
-      ol += nlr;
+    // Each shape both ways: the partition's one launch (where its tiles all fit resident) and
+    // its two kernels.
+    for (const bool one_launch : {true, false}) {
+      cuda::BatchedBucketize bb(p, kp, sh.with_dest, s);
+      bb.args.partition_one_launch = one_launch;
+      bb.enable_one_pass(s);  // plans the tiles again, for one launch where they can all fit
+      if (sh.force) bb.args.bag_path = cuda::BucketizeArgs::BagPath::partition;
+      if (sh.tile_ids > 0) bb.plan_tiles(sh.tile_ids, s);
+      const cuda::BucketizeArgs& ba = bb.args;
+      const cuda::BucketizeChoice c = cuda::bucketize_choice(ba, bb.one_pass);
+      const bool resident =
+          one_launch && W * ba.tiles_per_rank <= cuda::bucketize_partition_resident_capacity();
+      INFO("W=" << W << " B=" << (small ? sh.B_small : sh.B) << " bags of " << sh.min_len << ".."
+                << sh.max_len << " ids, L=" << ba.total_bags << " N=" << ba.total_ids
+                << " int32=" << sh.i32 << " weighted=" << sh.weighted << " path "
+                << cuda::to_string(c.path) << " tiles " << ba.tiles_per_rank
+                << " per rank, <= " << ba.tile_max_bags << " bags");
+      CHECK(c.path == (W > 256    ? cuda::BucketizePath::thread_per_bag
+                       : resident ? cuda::BucketizePath::partition_resident
+                                  : cuda::BucketizePath::partition));
+      if (W <= 256) ++(resident ? resident_runs : two_kernel_runs);
+      // First on other ids (same lengths), then on the real ones: new_offsets (the tile counts)
+      // and every output then hold an earlier launch's values, which must all be replaced.
+      DeviceBuffer<int64_t> d_other;
+      std::vector<int64_t> other(static_cast<size_t>(ba.total_ids));
+      for (int64_t& x : other) x = static_cast<int64_t>(rng() >> 1);
+      d_other.upload(other, s);
+      cuda::BucketizeArgs warm = ba;
+      warm.ids = d_other.data();
+      cuda::launch_bucketize(warm, bb.d_lengths.data(), bb.one_pass, s);
+      // The partition path's offsets scan leaves entry 0 to the count kernel: poison it.
+      REQUIRE(cudaMemsetAsync(bb.d_bag_offsets.data(), 0xff, sizeof(int64_t), s) == cudaSuccess);
+      bb.launch(s);
+      std::vector<int64_t> ref_off{0};
+      for (const Kjt& k : kjts)
+        for (int64_t l : k.lengths) ref_off.push_back(ref_off.back() + l);
+      CHECK(bb.d_bag_offsets.download(s) == ref_off);
+      const std::vector<int64_t> nl = bb.d_new_lengths.download(s),
+                                 nv = bb.d_new_values.download(s), perm = bb.d_perm.download(s),
+                                 dest = sh.with_dest ? bb.d_dest_rank.download(s)
+                                                     : std::vector<int64_t>{};
+      const std::vector<float> nw =
+          ba.weights ? bb.d_new_weights.download(s) : std::vector<float>{};
+      size_t o = 0, ol = 0;
+      for (int64_t r = 0; r < W; ++r) {
+        const BucketizedKjt ref = cpu().bucketize(p, kjts[r]);
+        const size_t n = ref.new_values.size(), nlr = ref.new_lengths.size();
+        INFO("rank " << r);
+        CHECK(std::vector<int64_t>(nl.begin() + ol, nl.begin() + ol + nlr) == ref.new_lengths);
+        CHECK(std::vector<int64_t>(nv.begin() + o, nv.begin() + o + n) == ref.new_values);
+        CHECK(std::vector<int64_t>(perm.begin() + o, perm.begin() + o + n) ==
+              ref.unbucketize_permute);
+        if (sh.with_dest)
+          CHECK(std::vector<int64_t>(dest.begin() + o, dest.begin() + o + n) == ref.dest_rank);
+        if (ba.weights)
+          CHECK(same_bits(std::vector<float>(nw.begin() + o, nw.begin() + o + n), ref.new_weights));
+        o += n;
+        ol += nlr;
+      }
     }
   }
+  // Both partition kernels ran (the small shapes fit one launch, the large ones do not).
+  CHECK(resident_runs > 0);
+  CHECK(two_kernel_runs > 0);
 }
 
 TEST_CASE("worked example (docs/semantics.md §6.1) on the GPU") {

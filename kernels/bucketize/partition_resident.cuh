@@ -1,0 +1,192 @@
+// The partition (partition.cuh) in one cooperative launch, for batches whose tiles are all
+// resident at once: a block per tile counts, publishes its tile's counts per bucket, waits for
+// the other tiles of its rank, and places, where the two-kernel path ends one kernel and
+// starts the next between the counts and the placement (and re-reads the tile's geometry).
+//
+// Each block, for tile (q, kt) of T = tiles_per_rank:
+//   scan_tile        the tile's bag offsets from its lengths and the host's tile_id0 (writes
+//                    bag_offsets), its bags' features;
+//   count            the (bucket, bag) cells in shared memory (as partition_count_kernel):
+//                    new_lengths, and the tile's total per bucket, published as one
+//                    epoch-tagged 64-bit word each, words[(q x W + d) x T + kt] (the one-pass
+//                    kernel's scratch and epoch: nothing is reset between launches);
+//   gather           a warp per bucket row d reads the rank's T words of row d, waiting for
+//                    those not yet carrying the epoch: the rank's bucket-d ids and those of
+//                    its tiles before kt give run[d] = (the rank's first id) + (its ids of
+//                    buckets < d) + (its bucket-d ids in tiles < kt);
+//   place            each 2048-id chunk ranked and placed as partition_place_kernel does.
+// Every block publishes before it waits (empty tiles publish zeros) and all are resident, so
+// every wait ends; a wait that outlives kMaxPolls polls traps instead of hanging the GPU.
+#pragma once
+
+#include <cstdint>
+
+#include "bucketize/config.cuh"
+#include "bucketize/one_pass.cuh"  // ld_word, st_word
+#include "bucketize/partition.cuh"
+#include "bucketize/placement.cuh"
+#include "bucketize/ranking.cuh"
+
+namespace dynemb::cuda::bucketize {
+
+struct ResidentPartitionArgs {
+  PartitionArgs p;            // tile_cnt and tile_base unused
+  unsigned long long* words;  // [R][W][T]: epoch << 32 | the tile's ids of bucket d
+  unsigned epoch;             // != 0
+};
+
+// run[d] = bucket d's first global position in tile (q, kt) = (the rank's first id) + (its ids
+// of buckets < d) + (its bucket-d ids in tiles < kt), from row d of the rank's words (row0 + d
+// x T, T words, kt of them before the tile), a warp per row, waiting for words not yet
+// carrying this launch's tag. tot: W int64 of shared scratch (the rows' totals). Ends with
+// run[d] written by thread d, before any barrier.
+__device__ __forceinline__ void gather_bases(const unsigned long long* row0, int W, int64_t T,
+                                             const PartitionTile& ti, unsigned long long tag,
+                                             int64_t* tot, int64_t* run) {
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  for (int d = warp; d < W; d += kWarps) {
+    const unsigned long long* row = row0 + d * T;
+    int64_t all = 0, pre = 0;
+    for (int64_t k0 = 0; k0 < T; k0 += 32) {
+      const int64_t k = k0 + lane;
+      unsigned long long v = k < T ? ld_word(row + k) : tag;
+      // Every tile of the rank publishes before it waits and all are resident, so this ends;
+      // should that ever break, trap after kMaxPolls polls (see the one-pass kernel).
+      for (unsigned polls = 0; (v & 0xffffffff00000000ull) != tag; ++polls) {
+        __nanosleep(64);
+        if (polls == kMaxPolls) __trap();
+        v = ld_word(row + k);
+      }
+      const int64_t c = k < T ? static_cast<int64_t>(v & 0xffffffffu) : 0;
+      all += c;
+      if (k < ti.kt) pre += c;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+      all += __shfl_xor_sync(0xffffffffu, all, o);
+      pre += __shfl_xor_sync(0xffffffffu, pre, o);
+    }
+    if (lane == 0) {
+      tot[d] = all;
+      run[d] = pre;
+    }
+  }
+  __syncthreads();
+  for (int d = t; d < W; d += kThreads) {
+    int64_t below = ti.rank_id_base;
+    for (int e = 0; e < d; ++e) below += tot[e];  // same e across the warp: broadcast
+    run[d] += below;                              // thread d alone writes run[d]
+  }
+}
+
+// Bits: 4 for W <= kSmallW, else 8 (peers()). 4 resident blocks per SM (<= 64 registers,
+// < 48 KB of shared memory each).
+template <int Bits>
+__global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(ResidentPartitionArgs r) {
+  __shared__ int s_off[kPartMaxTileBags + 1];
+  __shared__ int s_feat[kPartMaxTileBags];
+  __shared__ int wc[kWarps][kMaxSharedW];
+  __shared__ int s_cnt[kMaxSharedW], s_lex[kMaxSharedW];
+  __shared__ int64_t s_run[kMaxSharedW];  // bucket d's next global position in this tile
+  __shared__ int s_wsum[kWarps];
+  // The counts' cells and the placement's stage are never live together (barriers between).
+  __shared__ union {
+    int cells[kPartMaxCells];  // [d][k]: bucket-d ids of the tile's bag k
+    struct {
+      int64_t value[kChunk], pos[kChunk];
+    } stage;
+  } u;
+  const PartitionArgs& p = r.p;
+  const BucketizeArgs& a = p.a;
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  const int W = static_cast<int>(a.world_size);
+  const int64_t T = p.tiles_per_rank;
+  const unsigned long long tag = static_cast<unsigned long long>(r.epoch) << 32;
+  PartitionTile ti = scan_tile(p, s_off, s_feat, s_wsum);
+  ti.rank_id_base = p.tile_id0[ti.q * T];
+  unsigned long long* row0 = r.words + ti.q * W * T;  // + d * T: bucket d's row of the rank
+  const int nb = ti.nb;
+  const int n = nb > 0 ? s_off[nb] : 0;
+
+  // Count: as partition_count_kernel (thread t takes kIdsPerLane consecutive ids of a chunk).
+  if (n > 0) {  // uniform
+    const int cells = W * nb;
+    for (int e = t; e < cells; e += kThreads) u.cells[e] = 0;
+    __syncthreads();
+    const int64_t* ids = a.ids + ti.id0;
+    for (int c0 = 0; c0 < n; c0 += kChunk) {
+      const int i0 = c0 + kIdsPerLane * t;
+      if (i0 >= n) continue;
+      int64_t x[kIdsPerLane];
+#pragma unroll
+      for (int k = 0; k < kIdsPerLane; ++k) x[k] = i0 + k < n ? ids[i0 + k] : 0;
+      int kb = tile_bag(s_off, nb, i0);
+      int f = -1;
+      BagInfo rb{};
+#pragma unroll
+      for (int k = 0; k < kIdsPerLane; ++k) {
+        const int i = i0 + k;
+        if (i < n) {
+          while (s_off[kb + 1] <= i) ++kb;
+          const int fk = s_feat[kb];
+          if (fk != f) {
+            f = fk;
+            rb.blk = a.block_sizes[f];
+            rb.dist = static_cast<int32_t>(a.dist_types[f]);
+          }
+          int64_t d64, local;
+          route(x[k], rb, p.wd, a.ids_i32, &d64, &local);
+          atomicAdd(&u.cells[static_cast<int>(d64) * nb + kb], 1);
+        }
+      }
+    }
+    __syncthreads();
+    int64_t* nl = a.new_lengths + W * ti.first + ti.j0;
+    for (int e = t; e < cells; e += kThreads) {
+      const int d = e / nb, k = e - d * nb;
+      nl[d * ti.rank_bags + k] = u.cells[e];
+    }
+    for (int d = warp; d < W; d += kWarps) {  // a warp per bucket row: publish the total
+      int sum = 0;
+      for (int k = lane; k < nb; k += 32) sum += u.cells[d * nb + k];
+      sum = __reduce_add_sync(0xffffffffu, sum);
+      if (lane == 0) st_word(row0 + d * T + ti.kt, tag | static_cast<unsigned>(sum));
+    }
+  } else {
+    if (nb > 0) {  // bags, but all empty: their new_lengths are zero
+      int64_t* nl = a.new_lengths + W * ti.first + ti.j0;
+      for (int e = t; e < W * nb; e += kThreads) nl[(e / nb) * ti.rank_bags + e % nb] = 0;
+    }
+    for (int d = t; d < W; d += kThreads) st_word(row0 + d * T + ti.kt, tag);
+    return;  // uniform: nothing to place; the rank's other tiles read this one's zeros
+  }
+
+  // Rank and place each 2048-id chunk as partition_place_kernel does. The first chunk is
+  // ranked before the wait for the rank's counts (its values and keys stay in registers until
+  // its placement), so that ranking overlaps the other tiles' counting, as in the one-pass
+  // kernel.
+  const int f0 = s_feat[0];
+  const bool one_rule = f0 == s_feat[nb - 1];
+  const uint64_t blk = a.block_sizes[f0];
+  const int dist = static_cast<int>(a.dist_types[f0]);
+  int64_t value[kIdsPerLane];
+  unsigned key[kIdsPerLane / 2];
+  for (int c0 = 0; c0 < n; c0 += kChunk) {  // uniform over the block
+    const int m = n - c0 < kChunk ? n - c0 : kChunk;
+    const int64_t i0 = ti.id0 + c0;
+    if (one_rule)  // uniform over the block; both end with a barrier
+      rank_chunk_any<Bits>(a, p.wd, dist, a.ids + i0, m, blk, value, key, wc, s_cnt);
+    else
+      partition_rank_chunk<Bits>(p, s_off, s_feat, nb, c0, a.ids + i0, m, value, key, wc, s_cnt);
+    if (c0 == 0) gather_bases(row0, W, T, ti, tag, u.stage.pos, s_run);
+    exclusive_scan_buckets(s_cnt, s_lex, W);
+    __syncthreads();  // also orders gather_bases' reads of the stage before the placement
+    const ChunkOut<int64_t> o{a.weights ? a.weights + i0 : nullptr, a.perm + i0,
+                              a.dest_rank ? a.dest_rank + i0 : nullptr, ti.rank_id_base};
+    place_chunk_staged(a, o, m, value, key, wc, s_run, s_lex, u.stage.value, u.stage.pos);
+    __syncthreads();  // s_run, s_lex and the stage read above
+    for (int d = t; d < W; d += kThreads) s_run[d] += s_cnt[d];
+  }
+}
+
+}  // namespace dynemb::cuda::bucketize
