@@ -4,6 +4,7 @@
 #include <cub/device/device_scan.cuh>
 
 #include <algorithm>
+#include <initializer_list>
 
 #include "bucketize.hpp"
 #include "bucketize/config.cuh"
@@ -30,50 +31,48 @@ const void* one_pass_instance(int bits, bool long_bags) {
                    : reinterpret_cast<const void*>(one_pass_kernel<8, false, Trace>);
 }
 
-// Resident blocks of one_pass_kernel on the current device (0: no cooperative launch).
-int64_t one_pass_capacity() {
+// Blocks of these kernels (kThreads threads, static shared memory only) that the current device
+// keeps resident at once: SMs x the fewest blocks per SM any of them keeps (every instance a
+// launch may take must fit); 0 without cooperative launch. Cached per device in `cache`.
+struct DeviceCache {
+  int dev = -1;
+  int64_t value = 0;
+};
+int64_t resident_blocks(DeviceCache& cache, std::initializer_list<const void*> kernels) {
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
-  static int cached_dev = -1;
-  static int64_t cached = 0;
-  if (cached_dev == dev) return cached;
-  int coop = 0, sms = 0, per_sm = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  // Every untraced instance: the capacity must hold for whichever a batch takes. (A traced
-  // launch that does not fit falls back to the three passes and records nothing.)
-  per_sm = 1 << 30;
-  for (const void* k : {one_pass_instance<false>(4, false), one_pass_instance<false>(4, true),
-                        one_pass_instance<false>(8, false), one_pass_instance<false>(8, true)}) {
-    int n = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, 0));
-    per_sm = std::min(per_sm, n);
-  }
-  cached = coop ? std::min<int64_t>(static_cast<int64_t>(sms) * per_sm, kMaxOnePassBags) : 0;
-  cached_dev = dev;
-  return cached;
-}
-
-// Resident blocks of partition_resident_kernel on the current device (0: no cooperative
-// launch): the partition takes one launch when its grid (R x tiles_per_rank) is no larger.
-int64_t resident_capacity() {
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  static int cached_dev = -1;
-  static int64_t cached = 0;
-  if (cached_dev == dev) return cached;
+  if (cache.dev == dev) return cache.value;
   int coop = 0, sms = 0, per_sm = 1 << 30;
   CUDA_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  for (const void* k : {reinterpret_cast<const void*>(partition_resident_kernel<4>),
-                        reinterpret_cast<const void*>(partition_resident_kernel<8>)}) {
+  for (const void* k : kernels) {
     int n = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, 0));
     per_sm = std::min(per_sm, n);
   }
-  cached = coop ? static_cast<int64_t>(sms) * per_sm : 0;
-  cached_dev = dev;
-  return cached;
+  cache.value = coop ? static_cast<int64_t>(sms) * per_sm : 0;
+  cache.dev = dev;
+  return cache.value;
+}
+
+// Resident blocks of one_pass_kernel, at most kMaxOnePassBags. Every untraced instance: the
+// capacity must hold for whichever a batch takes. (A traced launch that does not fit falls
+// back to the three passes and records nothing.)
+int64_t one_pass_capacity() {
+  static DeviceCache cache;
+  return std::min<int64_t>(
+      resident_blocks(cache,
+                      {one_pass_instance<false>(4, false), one_pass_instance<false>(4, true),
+                       one_pass_instance<false>(8, false), one_pass_instance<false>(8, true)}),
+      kMaxOnePassBags);
+}
+
+// Resident blocks of partition_resident_kernel: the partition takes one launch when its grid
+// (R x tiles_per_rank) is no larger.
+int64_t resident_capacity() {
+  static DeviceCache cache;
+  return resident_blocks(cache, {reinterpret_cast<const void*>(partition_resident_kernel<4>),
+                                 reinterpret_cast<const void*>(partition_resident_kernel<8>)});
 }
 
 bool one_pass_eligible(const BucketizeArgs& a, const BucketizeOnePass& ws) {

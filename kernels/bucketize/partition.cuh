@@ -183,12 +183,63 @@ __device__ __forceinline__ int route_in_tile(const PartitionArgs& p, const int* 
   return static_cast<int>(d64);
 }
 
-// The count kernel: the bag offsets (scan_tile), new_lengths of the tile's bags and tile_cnt.
-// Counts are order-free, so thread t takes kIdsPerLane consecutive ids of each chunk: one bag
-// search per thread and chunk, then a walk forward over the tile's offsets (short bags: about
-// one step per bag), the routing rule reloaded only where the feature changes; one shared
-// atomic per id into its (bucket, bag) cell. Nothing below is warp-synchronous, so threads
-// past the tile's ids just skip.
+// The tile's counts (nb > 0): cells[d * nb + k] = bucket-d ids of its bag k, and the
+// new_lengths of its bags from them. Counts are order-free, so thread t takes kIdsPerLane
+// consecutive ids of each chunk: one bag search per thread and chunk, then a walk forward over
+// the tile's offsets (short bags: about one step per bag), the routing rule reloaded only
+// where the feature changes; one shared atomic per id into its cell. Nothing here is
+// warp-synchronous, so threads past the tile's ids just skip. Ends with a barrier before the
+// new_lengths stores (cells stay readable).
+__device__ __forceinline__ void count_tile(const PartitionArgs& p, const PartitionTile& ti,
+                                           const int* off, const int* feat, int* cells) {
+  const BucketizeArgs& a = p.a;
+  const int t = threadIdx.x;
+  const int W = static_cast<int>(a.world_size);
+  const int nb = ti.nb, ncells = W * nb;
+  for (int e = t; e < ncells; e += kThreads) cells[e] = 0;
+  __syncthreads();
+  const int n = off[nb];
+  const int64_t* ids = a.ids + ti.id0;
+  for (int c0 = 0; c0 < n; c0 += kChunk) {
+    const int i0 = c0 + kIdsPerLane * t;
+    if (i0 >= n) continue;
+    int64_t x[kIdsPerLane];
+#pragma unroll
+    for (int k = 0; k < kIdsPerLane; ++k) x[k] = i0 + k < n ? ids[i0 + k] : 0;
+    int kb = tile_bag(off, nb, i0);
+    int f = -1;
+    BagInfo rb{};
+#pragma unroll
+    for (int k = 0; k < kIdsPerLane; ++k) {
+      const int i = i0 + k;
+      if (i < n) {
+        // off[nb] = n > i ends the walk at the last bag; empty bags (off[kb+1] == off[kb]) are
+        // stepped over.
+        while (off[kb + 1] <= i) ++kb;
+        const int fk = feat[kb];
+        if (fk != f) {
+          f = fk;
+          rb.blk = a.block_sizes[f];
+          rb.dist = static_cast<int32_t>(a.dist_types[f]);
+        }
+        int64_t d64, local;
+        route(x[k], rb, p.wd, a.ids_i32, &d64, &local);
+        atomicAdd(&cells[static_cast<int>(d64) * nb + kb], 1);
+      }
+    }
+  }
+  __syncthreads();
+  // new_lengths of rank q start at W * first, entry (d, j) at d * rank_bags + j: row d of the
+  // tile is nb consecutive entries.
+  int64_t* nl = a.new_lengths + W * ti.first + ti.j0;
+  for (int e = t; e < ncells; e += kThreads) {
+    const int d = e / nb, k = e - d * nb;
+    nl[d * ti.rank_bags + k] = cells[e];
+  }
+}
+
+// The count kernel: the bag offsets (scan_tile), new_lengths of the tile's bags (count_tile)
+// and tile_cnt.
 __global__ void __launch_bounds__(kThreads) partition_count_kernel(PartitionArgs p) {
   __shared__ int s_off[kPartMaxTileBags + 1];
   __shared__ int s_feat[kPartMaxTileBags];
@@ -203,47 +254,8 @@ __global__ void __launch_bounds__(kThreads) partition_count_kernel(PartitionArgs
     for (int d = t; d < W; d += kThreads) tc[d * p.tiles_per_rank] = 0;
     return;
   }
-  const int nb = ti.nb, cells = W * nb;
-  for (int e = t; e < cells; e += kThreads) s_cnt[e] = 0;
-  __syncthreads();
-  const int n = s_off[nb];
-  const int64_t* ids = a.ids + ti.id0;
-  for (int c0 = 0; c0 < n; c0 += kChunk) {
-    const int i0 = c0 + kIdsPerLane * t;
-    if (i0 >= n) continue;
-    int64_t x[kIdsPerLane];
-#pragma unroll
-    for (int k = 0; k < kIdsPerLane; ++k) x[k] = i0 + k < n ? ids[i0 + k] : 0;
-    int kb = tile_bag(s_off, nb, i0);
-    int f = -1;
-    BagInfo rb{};
-#pragma unroll
-    for (int k = 0; k < kIdsPerLane; ++k) {
-      const int i = i0 + k;
-      if (i < n) {
-        // off[nb] = n > i ends the walk at the last bag; empty bags (off[kb+1] == off[kb]) are
-        // stepped over.
-        while (s_off[kb + 1] <= i) ++kb;
-        const int fk = s_feat[kb];
-        if (fk != f) {
-          f = fk;
-          rb.blk = a.block_sizes[f];
-          rb.dist = static_cast<int32_t>(a.dist_types[f]);
-        }
-        int64_t d64, local;
-        route(x[k], rb, p.wd, a.ids_i32, &d64, &local);
-        atomicAdd(&s_cnt[static_cast<int>(d64) * nb + kb], 1);
-      }
-    }
-  }
-  __syncthreads();
-  // new_lengths of rank q start at W * first, entry (d, j) at d * rank_bags + j: row d of the
-  // tile is nb consecutive entries.
-  int64_t* nl = a.new_lengths + W * ti.first + ti.j0;
-  for (int e = t; e < cells; e += kThreads) {
-    const int d = e / nb, k = e - d * nb;
-    nl[d * ti.rank_bags + k] = s_cnt[e];
-  }
+  count_tile(p, ti, s_off, s_feat, s_cnt);
+  const int nb = ti.nb;
   for (int d = warp; d < W; d += kWarps) {  // a warp per bucket row: the tile's total
     int64_t sum = 0;
     for (int k = lane; k < nb; k += 32) sum += s_cnt[d * nb + k];

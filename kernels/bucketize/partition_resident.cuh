@@ -106,60 +106,22 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
   ti.rank_id_base = p.tile_id0[ti.q * T];
   unsigned long long* row0 = r.words + ti.q * W * T;  // + d * T: bucket d's row of the rank
   const int nb = ti.nb;
-  const int n = nb > 0 ? s_off[nb] : 0;
+  const int n = nb > 0 ? s_off[nb] : 0;  // the tile's ids
 
-  // Count: as partition_count_kernel (thread t takes kIdsPerLane consecutive ids of a chunk).
-  if (n > 0) {  // uniform
-    const int cells = W * nb;
-    for (int e = t; e < cells; e += kThreads) u.cells[e] = 0;
-    __syncthreads();
-    const int64_t* ids = a.ids + ti.id0;
-    for (int c0 = 0; c0 < n; c0 += kChunk) {
-      const int i0 = c0 + kIdsPerLane * t;
-      if (i0 >= n) continue;
-      int64_t x[kIdsPerLane];
-#pragma unroll
-      for (int k = 0; k < kIdsPerLane; ++k) x[k] = i0 + k < n ? ids[i0 + k] : 0;
-      int kb = tile_bag(s_off, nb, i0);
-      int f = -1;
-      BagInfo rb{};
-#pragma unroll
-      for (int k = 0; k < kIdsPerLane; ++k) {
-        const int i = i0 + k;
-        if (i < n) {
-          while (s_off[kb + 1] <= i) ++kb;
-          const int fk = s_feat[kb];
-          if (fk != f) {
-            f = fk;
-            rb.blk = a.block_sizes[f];
-            rb.dist = static_cast<int32_t>(a.dist_types[f]);
-          }
-          int64_t d64, local;
-          route(x[k], rb, p.wd, a.ids_i32, &d64, &local);
-          atomicAdd(&u.cells[static_cast<int>(d64) * nb + kb], 1);
-        }
-      }
-    }
-    __syncthreads();
-    int64_t* nl = a.new_lengths + W * ti.first + ti.j0;
-    for (int e = t; e < cells; e += kThreads) {
-      const int d = e / nb, k = e - d * nb;
-      nl[d * ti.rank_bags + k] = u.cells[e];
-    }
-    for (int d = warp; d < W; d += kWarps) {  // a warp per bucket row: publish the total
-      int sum = 0;
-      for (int k = lane; k < nb; k += 32) sum += u.cells[d * nb + k];
-      sum = __reduce_add_sync(0xffffffffu, sum);
-      if (lane == 0) st_word(row0 + d * T + ti.kt, tag | static_cast<unsigned>(sum));
-    }
-  } else {
-    if (nb > 0) {  // bags, but all empty: their new_lengths are zero
-      int64_t* nl = a.new_lengths + W * ti.first + ti.j0;
-      for (int e = t; e < W * nb; e += kThreads) nl[(e / nb) * ti.rank_bags + e % nb] = 0;
-    }
+  // Count (count_tile, as partition_count_kernel) and publish the tile's total per bucket. A
+  // tile past its rank's last bag publishes zeros: the rank's other tiles wait on its words.
+  if (nb == 0) {  // uniform
     for (int d = t; d < W; d += kThreads) st_word(row0 + d * T + ti.kt, tag);
-    return;  // uniform: nothing to place; the rank's other tiles read this one's zeros
+    return;
   }
+  count_tile(p, ti, s_off, s_feat, u.cells);
+  for (int d = warp; d < W; d += kWarps) {  // a warp per bucket row
+    int sum = 0;
+    for (int k = lane; k < nb; k += 32) sum += u.cells[d * nb + k];
+    sum = __reduce_add_sync(0xffffffffu, sum);
+    if (lane == 0) st_word(row0 + d * T + ti.kt, tag | static_cast<unsigned>(sum));
+  }
+  if (n == 0) return;  // uniform: only empty bags, nothing to place
 
   // Rank and place each 2048-id chunk as partition_place_kernel does. The first chunk is
   // ranked before the wait for the rank's counts (its values and keys stay in registers until
