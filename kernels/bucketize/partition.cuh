@@ -183,6 +183,41 @@ __device__ __forceinline__ int route_in_tile(const PartitionArgs& p, const int* 
   return static_cast<int>(d64);
 }
 
+// run[d] = bucket d's first global position in tile kt of its rank: (ids of ranks before it)
+// + (the rank's ids of buckets < d) + (its bucket-d ids in tiles < kt). Every id has one
+// bucket, so the first term is the rank's first id, rank_first. From the rank's W x T tile
+// counts, count(d, k) = tile k's bucket-d ids (k < T), a warp per bucket row. tot: W int64 of
+// shared scratch (the rows' totals). A barrier in the middle; ends with run[d] written by
+// thread d, before any barrier.
+template <typename Count>
+__device__ __forceinline__ void tile_bases(int W, int64_t T, int64_t kt, int64_t rank_first,
+                                           Count count, int64_t* tot, int64_t* run) {
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  for (int d = warp; d < W; d += kWarps) {
+    int64_t all = 0, pre = 0;
+    for (int64_t k = lane; k < T; k += 32) {
+      const int64_t c = count(d, k);
+      all += c;
+      if (k < kt) pre += c;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+      all += __shfl_xor_sync(0xffffffffu, all, o);
+      pre += __shfl_xor_sync(0xffffffffu, pre, o);
+    }
+    if (lane == 0) {
+      tot[d] = all;
+      run[d] = pre;
+    }
+  }
+  __syncthreads();  // tot[0..W) and run[0..W) written
+  for (int d = t; d < W; d += kThreads) {
+    int64_t below = rank_first;
+    for (int e = 0; e < d; ++e) below += tot[e];  // same e across the warp: broadcast
+    run[d] += below;                              // thread d alone writes run[d]
+  }
+}
+
 // The tile's counts (nb > 0): cells[d * nb + k] = bucket-d ids of its bag k, and the
 // new_lengths of its bags from them. Counts are order-free, so thread t takes kIdsPerLane
 // consecutive ids of each chunk: one bag search per thread and chunk, then a walk forward over
@@ -321,37 +356,14 @@ __global__ void __launch_bounds__(kThreads, 4) partition_place_kernel(PartitionA
     for (int d = t; d < W; d += kThreads)
       s_run[d] = tb[d * p.tiles_per_rank];  // read after partition_rank_chunk's barriers
   } else {
-    // No scan: base[d] = (ids of ranks < q) + (rank q's ids of buckets < d) + (bucket-d ids
-    // of the rank's tiles < kt). Every id has one bucket, so the first term is the rank's
-    // first id. A warp per bucket sums row d of the rank's counts (tiles past its last bag
-    // count zero): the row's total into s_stage[d] (unused until the first chunk's placement,
-    // which follows at least two barriers), the tiles before kt into s_run[d].
-    const int warp = t / 32, lane = t % 32;
+    // No scan: the place kernel sums its rank's row of tile counts itself (tiles past its last
+    // bag count zero); the rows' totals go to s_stage (unused until the first chunk's
+    // placement, which follows at least two barriers).
     const int64_t tpr = p.tiles_per_rank;
     const int64_t* rc = p.tile_cnt + ti.q * W * tpr;
-    for (int d = warp; d < W; d += kWarps) {
-      int64_t tot = 0, pre = 0;
-      for (int64_t k = lane; k < tpr; k += 32) {
-        const int64_t c = rc[d * tpr + k];
-        tot += c;
-        if (k < ti.kt) pre += c;
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) {
-        tot += __shfl_xor_sync(0xffffffffu, tot, o);
-        pre += __shfl_xor_sync(0xffffffffu, pre, o);
-      }
-      if (lane == 0) {
-        s_stage[d] = tot;
-        s_run[d] = pre;
-      }
-    }
-    __syncthreads();  // s_stage[0..W) and s_run[0..W) written above
-    for (int d = t; d < W; d += kThreads) {
-      int64_t below = ti.rank_id_base;
-      for (int e = 0; e < d; ++e) below += s_stage[e];  // same e across the warp: broadcast
-      s_run[d] += below;  // thread d alone writes s_run[d]; read after the ranking's barriers
-    }
+    tile_bases(
+        W, tpr, ti.kt, ti.rank_id_base, [&](int d, int64_t k) { return rc[d * tpr + k]; }, s_stage,
+        s_run);  // s_run read after the ranking's barriers
     // s_stage is next written in place_chunk_staged, after the ranking's closing barrier: every
     // read of it above is done by then.
   }

@@ -10,7 +10,7 @@
 //                    new_lengths, and the tile's total per bucket, published as one
 //                    epoch-tagged 64-bit word each, words[(q x W + d) x T + kt] (the one-pass
 //                    kernel's scratch and epoch: nothing is reset between launches);
-//   gather           a warp per bucket row d reads the rank's T words of row d, waiting for
+//   tile_bases       a warp per bucket row d reads the rank's T words of row d, waiting for
 //                    those not yet carrying the epoch: the rank's bucket-d ids and those of
 //                    its tiles before kt give run[d] = (the rank's first id) + (its ids of
 //                    buckets < d) + (its bucket-d ids in tiles < kt);
@@ -34,50 +34,6 @@ struct ResidentPartitionArgs {
   unsigned long long* words;  // [R][W][T]: epoch << 32 | the tile's ids of bucket d
   unsigned epoch;             // != 0
 };
-
-// run[d] = bucket d's first global position in tile (q, kt) = (the rank's first id) + (its ids
-// of buckets < d) + (its bucket-d ids in tiles < kt), from row d of the rank's words (row0 + d
-// x T, T words, kt of them before the tile), a warp per row, waiting for words not yet
-// carrying this launch's tag. tot: W int64 of shared scratch (the rows' totals). Ends with
-// run[d] written by thread d, before any barrier.
-__device__ __forceinline__ void gather_bases(const unsigned long long* row0, int W, int64_t T,
-                                             const PartitionTile& ti, unsigned long long tag,
-                                             int64_t* tot, int64_t* run) {
-  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
-  for (int d = warp; d < W; d += kWarps) {
-    const unsigned long long* row = row0 + d * T;
-    int64_t all = 0, pre = 0;
-    for (int64_t k0 = 0; k0 < T; k0 += 32) {
-      const int64_t k = k0 + lane;
-      unsigned long long v = k < T ? ld_word(row + k) : tag;
-      // Every tile of the rank publishes before it waits and all are resident, so this ends;
-      // should that ever break, trap after kMaxPolls polls (see the one-pass kernel).
-      for (unsigned polls = 0; (v & 0xffffffff00000000ull) != tag; ++polls) {
-        __nanosleep(64);
-        if (polls == kMaxPolls) __trap();
-        v = ld_word(row + k);
-      }
-      const int64_t c = k < T ? static_cast<int64_t>(v & 0xffffffffu) : 0;
-      all += c;
-      if (k < ti.kt) pre += c;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) {
-      all += __shfl_xor_sync(0xffffffffu, all, o);
-      pre += __shfl_xor_sync(0xffffffffu, pre, o);
-    }
-    if (lane == 0) {
-      tot[d] = all;
-      run[d] = pre;
-    }
-  }
-  __syncthreads();
-  for (int d = t; d < W; d += kThreads) {
-    int64_t below = ti.rank_id_base;
-    for (int e = 0; e < d; ++e) below += tot[e];  // same e across the warp: broadcast
-    run[d] += below;                              // thread d alone writes run[d]
-  }
-}
 
 // Bits: 4 for W <= kSmallW, else 8 (peers()). 4 resident blocks per SM (<= 64 registers,
 // < 48 KB of shared memory each).
@@ -140,9 +96,25 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
       rank_chunk_any<Bits>(a, p.wd, dist, a.ids + i0, m, blk, value, key, wc, s_cnt);
     else
       partition_rank_chunk<Bits>(p, s_off, s_feat, nb, c0, a.ids + i0, m, value, key, wc, s_cnt);
-    if (c0 == 0) gather_bases(row0, W, T, ti, tag, u.stage.pos, s_run);
+    if (c0 == 0) {
+      // The rank's tile counts from its words, waiting for those not yet carrying this
+      // launch's tag: every tile of the rank publishes before it waits and all are resident,
+      // so each wait ends; should that ever break, trap after kMaxPolls polls (as the one-pass
+      // kernel does).
+      const auto count = [&](int d, int64_t k) {
+        const unsigned long long* w = row0 + d * T + k;
+        unsigned long long v = ld_word(w);
+        for (unsigned polls = 0; (v & 0xffffffff00000000ull) != tag; ++polls) {
+          __nanosleep(64);
+          if (polls == kMaxPolls) __trap();
+          v = ld_word(w);
+        }
+        return static_cast<int64_t>(v & 0xffffffffu);
+      };
+      tile_bases(W, T, ti.kt, ti.rank_id_base, count, u.stage.pos, s_run);
+    }
     exclusive_scan_buckets(s_cnt, s_lex, W);
-    __syncthreads();  // also orders gather_bases' reads of the stage before the placement
+    __syncthreads();  // also orders tile_bases' reads of the stage before the placement
     const ChunkOut<int64_t> o{a.weights ? a.weights + i0 : nullptr, a.perm + i0,
                               a.dest_rank ? a.dest_rank + i0 : nullptr, ti.rank_id_base};
     place_chunk_staged(a, o, m, value, key, wc, s_run, s_lex, u.stage.value, u.stage.pos);
