@@ -332,6 +332,47 @@ __device__ __forceinline__ void partition_rank_chunk(const PartitionArgs& p, con
   warp_counts_to_offsets(wc, chunk_tot, W);
 }
 
+// The tile's n > 0 ids ranked and placed chunk by chunk (values, perm, weights, dest_rank):
+// run[d] = bucket d's next global position in the tile, advanced by each chunk. Features are
+// nondecreasing over a rank's bags: a tile whose first and last bag share one has a single
+// routing rule, and takes the block-per-bag ranking as is (the rule resolved at compile time,
+// no per-id bag search); tiles across a feature boundary route per id. after_first_rank()
+// runs once, uniformly, between the first chunk's ranking and its placement (the one launch
+// waits there for its rank's counts and sets run; the ranking overlaps that wait); a barrier
+// follows it before any placement. Shared arrays as partition_place_kernel's.
+template <int Bits, typename AfterFirstRank>
+__device__ __forceinline__ void place_tile(const PartitionArgs& p, const PartitionTile& ti,
+                                           const int* off, const int* feat, int n,
+                                           int (*wc)[kMaxSharedW], int* cnt, int* lex, int64_t* run,
+                                           int64_t* stage, int64_t* stage_pos,
+                                           AfterFirstRank after_first_rank) {
+  const BucketizeArgs& a = p.a;
+  const int W = static_cast<int>(a.world_size);
+  const int f0 = feat[0];
+  const bool one_rule = f0 == feat[ti.nb - 1];
+  const uint64_t blk = a.block_sizes[f0];
+  const int dist = static_cast<int>(a.dist_types[f0]);
+  int64_t value[kIdsPerLane];
+  unsigned key[kIdsPerLane / 2];
+  for (int c0 = 0; c0 < n; c0 += kChunk) {  // uniform over the block
+    const int m = n - c0 < kChunk ? n - c0 : kChunk;
+    const int64_t i0 = ti.id0 + c0;
+    if (one_rule)  // uniform over the block; both end with a barrier
+      rank_chunk_any<Bits>(a, p.wd, dist, a.ids + i0, m, blk, value, key, wc, cnt);
+    else
+      partition_rank_chunk<Bits>(p, off, feat, ti.nb, c0, a.ids + i0, m, value, key, wc, cnt);
+    if (c0 == 0) after_first_rank();
+    exclusive_scan_buckets(cnt, lex, W);
+    __syncthreads();
+    const ChunkOut<int64_t> o{a.weights ? a.weights + i0 : nullptr, a.perm + i0,
+                              a.dest_rank ? a.dest_rank + i0 : nullptr, ti.rank_id_base};
+    place_chunk_staged(a, o, m, value, key, wc, run, lex, stage, stage_pos);
+    __syncthreads();  // run, lex and the stage read above
+    // cnt is next written after the first barrier of the next chunk's ranking.
+    for (int d = threadIdx.x; d < W; d += kThreads) run[d] += cnt[d];
+  }
+}
+
 // The place kernel: the tile's ids at their global positions (values, perm, weights,
 // dest_rank). Bits: 4 for W <= kSmallW, else 8 (peers()). Four blocks per SM (48 KB of shared
 // memory each) need <= 64 registers: the bound keeps the summing of tile_cnt from costing one
@@ -367,31 +408,7 @@ __global__ void __launch_bounds__(kThreads, 4) partition_place_kernel(PartitionA
     // s_stage is next written in place_chunk_staged, after the ranking's closing barrier: every
     // read of it above is done by then.
   }
-  // Features are nondecreasing over a rank's bags: a tile whose first and last bag share one
-  // has a single routing rule, and takes the block-per-bag ranking as is (the rule resolved at
-  // compile time, no per-id bag search). Tiles across a feature boundary route per id.
-  const int f0 = s_feat[0];
-  const bool one_rule = f0 == s_feat[ti.nb - 1];
-  const uint64_t blk = a.block_sizes[f0];
-  const int dist = static_cast<int>(a.dist_types[f0]);
-  int64_t value[kIdsPerLane];
-  unsigned key[kIdsPerLane / 2];
-  for (int c0 = 0; c0 < n; c0 += kChunk) {  // uniform over the block
-    const int m = n - c0 < kChunk ? n - c0 : kChunk;
-    const int64_t i0 = ti.id0 + c0;
-    if (one_rule)  // uniform over the block; both end with a barrier
-      rank_chunk_any<Bits>(a, p.wd, dist, a.ids + i0, m, blk, value, key, wc, s_cnt);
-    else
-      partition_rank_chunk<Bits>(p, s_off, s_feat, ti.nb, c0, a.ids + i0, m, value, key, wc, s_cnt);
-    exclusive_scan_buckets(s_cnt, s_lex, W);
-    __syncthreads();
-    const ChunkOut<int64_t> o{a.weights ? a.weights + i0 : nullptr, a.perm + i0,
-                              a.dest_rank ? a.dest_rank + i0 : nullptr, ti.rank_id_base};
-    place_chunk_staged(a, o, m, value, key, wc, s_run, s_lex, s_stage, s_stage_pos);
-    __syncthreads();  // s_run, s_lex and the stage read above
-    // s_cnt is next written after the first barrier of the next chunk's ranking.
-    for (int d = t; d < W; d += kThreads) s_run[d] += s_cnt[d];
-  }
+  place_tile<Bits>(p, ti, s_off, s_feat, n, wc, s_cnt, s_lex, s_run, s_stage, s_stage_pos, [] {});
 }
 
 }  // namespace dynemb::cuda::bucketize

@@ -79,48 +79,25 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
   }
   if (n == 0) return;  // uniform: only empty bags, nothing to place
 
-  // Rank and place each 2048-id chunk as partition_place_kernel does. The first chunk is
-  // ranked before the wait for the rank's counts (its values and keys stay in registers until
-  // its placement), so that ranking overlaps the other tiles' counting, as in the one-pass
-  // kernel.
-  const int f0 = s_feat[0];
-  const bool one_rule = f0 == s_feat[nb - 1];
-  const uint64_t blk = a.block_sizes[f0];
-  const int dist = static_cast<int>(a.dist_types[f0]);
-  int64_t value[kIdsPerLane];
-  unsigned key[kIdsPerLane / 2];
-  for (int c0 = 0; c0 < n; c0 += kChunk) {  // uniform over the block
-    const int m = n - c0 < kChunk ? n - c0 : kChunk;
-    const int64_t i0 = ti.id0 + c0;
-    if (one_rule)  // uniform over the block; both end with a barrier
-      rank_chunk_any<Bits>(a, p.wd, dist, a.ids + i0, m, blk, value, key, wc, s_cnt);
-    else
-      partition_rank_chunk<Bits>(p, s_off, s_feat, nb, c0, a.ids + i0, m, value, key, wc, s_cnt);
-    if (c0 == 0) {
-      // The rank's tile counts from its words, waiting for those not yet carrying this
-      // launch's tag: every tile of the rank publishes before it waits and all are resident,
-      // so each wait ends; should that ever break, trap after kMaxPolls polls (as the one-pass
-      // kernel does).
-      const auto count = [&](int d, int64_t k) {
-        const unsigned long long* w = row0 + d * T + k;
-        unsigned long long v = ld_word(w);
-        for (unsigned polls = 0; (v & 0xffffffff00000000ull) != tag; ++polls) {
-          __nanosleep(64);
-          if (polls == kMaxPolls) __trap();
-          v = ld_word(w);
-        }
-        return static_cast<int64_t>(v & 0xffffffffu);
-      };
-      tile_bases(W, T, ti.kt, ti.rank_id_base, count, u.stage.pos, s_run);
+  // Rank and place (place_tile). The first chunk is ranked before the wait for the rank's
+  // counts (its values and keys stay in registers until its placement), so that ranking
+  // overlaps the other tiles' counting, as in the one-pass kernel. The rank's tile counts come
+  // from its words, waiting for those not yet carrying this launch's tag: every tile of the
+  // rank publishes before it waits and all are resident, so each wait ends; should that ever
+  // break, trap after kMaxPolls polls (as the one-pass kernel does). The rows' totals go to
+  // the stage's positions, read before the barrier that precedes the first placement.
+  const auto count = [&](int d, int64_t k) {
+    const unsigned long long* w = row0 + d * T + k;
+    unsigned long long v = ld_word(w);
+    for (unsigned polls = 0; (v & 0xffffffff00000000ull) != tag; ++polls) {
+      __nanosleep(64);
+      if (polls == kMaxPolls) __trap();
+      v = ld_word(w);
     }
-    exclusive_scan_buckets(s_cnt, s_lex, W);
-    __syncthreads();  // also orders tile_bases' reads of the stage before the placement
-    const ChunkOut<int64_t> o{a.weights ? a.weights + i0 : nullptr, a.perm + i0,
-                              a.dest_rank ? a.dest_rank + i0 : nullptr, ti.rank_id_base};
-    place_chunk_staged(a, o, m, value, key, wc, s_run, s_lex, u.stage.value, u.stage.pos);
-    __syncthreads();  // s_run, s_lex and the stage read above
-    for (int d = t; d < W; d += kThreads) s_run[d] += s_cnt[d];
-  }
+    return static_cast<int64_t>(v & 0xffffffffu);
+  };
+  place_tile<Bits>(p, ti, s_off, s_feat, n, wc, s_cnt, s_lex, s_run, u.stage.value, u.stage.pos,
+                   [&] { tile_bases(W, T, ti.kt, ti.rank_id_base, count, u.stage.pos, s_run); });
 }
 
 }  // namespace dynemb::cuda::bucketize
