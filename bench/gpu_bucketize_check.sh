@@ -2,8 +2,8 @@
 # The bucketize alone on the GPU machine, in one short call (a ~6-minute limit): build
 # dynemb-dist and the CUDA test, the bucketize test cases, bench rows with their floors and
 # path (--diagnostics), bench --sweep over B per rank, compute-sanitizer memcheck and racecheck
-# on the partition case, the torch peer on ec-bench-criteo and unit-pooled-w8 x64; a summary
-# printed last.
+# on the partition case, the partition's two kernels on the batches where auto takes its one
+# launch, the torch peer on ec-bench-criteo and unit-pooled-w8 x64; a summary printed last.
 #   OUT=/tmp/out bash bench/gpu_bucketize_check.sh
 # Each step runs under `timeout` and is skipped when the budget (BUDGET seconds, default 330)
 # cannot hold it; no step runs past the budget. The summary says what ran, the rows, and
@@ -66,6 +66,17 @@ unset DYNEMB_GPU_CASES
 bench pooled 30 --preset unit-pooled-w8
 step sweep-pooled 25 60 $D bench --backend cuda --preset unit-pooled-w8 --sweep --iters 10 \
   --json "$OUT/ours-sweep-pooled.json"
+# The partition's two kernels where auto takes its one launch (same batches, same run); the
+# JSON goes to two-kernels-*.json, outside the targets' files (ours-*.json: the default path).
+two_kernels() {  # name, time limit (s), bench args...
+  local name=$1 limit=$2; shift 2
+  step "two-kernels-$name" 10 "$limit" $D bench "$@" --backend cuda --bucketize-kernel partition \
+    --diagnostics --iters $ITERS --json "$OUT/two-kernels-$name.json"
+}
+two_kernels pooled16 45 --preset unit-pooled-w8 --scale 16
+two_kernels pooled64 45 --preset unit-pooled-w8 --scale 64
+two_kernels sweep-pooled 60 --preset unit-pooled-w8 --sweep
+two_kernels criteo 90 --preset ec-bench-criteo
 # The previous path on the same batch (a warp per bag), for the comparison in one run.
 bench criteo-3pass 90 --preset ec-bench-criteo --bucketize-kernel three-pass
 for n in criteo pooled64; do  # torch's composition of the same steps on the same data
@@ -77,12 +88,12 @@ done
 $PY - "$OUT" <<'PYEOF' | tee -a "$SUMMARY"
 import glob, json, os, sys
 d = sys.argv[1]
-for p in sorted(glob.glob(d + "/ours-*.json")):
+for p in sorted(glob.glob(d + "/ours-*.json")) + sorted(glob.glob(d + "/two-kernels-*.json")):
     try:
         js = json.load(open(p))
     except Exception as e:
         print(f"{os.path.basename(p)}: unreadable ({e})"); continue
-    print(f"# {js.get('workload')}")
+    print(f"# {js.get('workload')}" + (" (two kernels)" if "two-kernels-" in p else ""))
     for st in js.get("stages", []):
         if "bucketize" in st["name"] or "pipeline" in st["name"] or "fused" in st["name"]:
             pc = st.get("pct_copy")
