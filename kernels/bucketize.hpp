@@ -105,15 +105,16 @@ PartitionTiling plan_partition_tiles(int64_t world_size, int64_t num_features,
                                      const std::vector<int64_t>& lengths, int64_t tile_ids = 0,
                                      int64_t max_tiles = 0);
 
-// Workspace of the one-pass path, owned by the caller. Without scratch every launch takes
-// the three passes.
+// Workspace of the cooperative launches (the one-pass kernel, the partition's one launch),
+// owned by the caller: their epoch-tagged words. Without scratch every launch takes the other
+// paths (the partition's two kernels, the three passes).
 struct BucketizeOnePass {
   void* scratch = nullptr;  // bucketize_one_pass_scratch_bytes(), zeroed once before first use
   size_t scratch_bytes = 0;
   // max_q (rank_bag_off[q+1] - rank_bag_off[q]), host-known; also sizes the partition's
   // tiles (0: no partition path), so it is set with or without scratch.
   int64_t max_rank_bags = 0;
-  uint32_t epoch = 0;  // one-pass launches so far on this scratch (its freshness tag)
+  uint32_t epoch = 0;  // cooperative launches so far on this scratch (its freshness tag)
 };
 // 0 when the device cannot launch the one-pass kernel (no cooperative launch). One scratch
 // serves one stream: launches on it must not overlap.
