@@ -440,8 +440,12 @@ class BatchWrites {
         out_task_[r] = q_.push([w, b = batch_, r] {
           RankBatch& rb = b->ranks[r];
           w->write_rank_outputs(r, rb);
-          rb.output.reset();  // written: not kept while later ranks are
-          rb.module_output.reset();
+          // Rank r is written, inputs (queued before) and outputs: only its lookup output may
+          // still be read (a whole batch's dist reads every rank's), so its KJT and the rest
+          // are not kept while later ranks, or the next batch, are made.
+          std::optional<EmbTensor> lookup = std::move(rb.local_embs);
+          rb = RankBatch{};
+          rb.local_embs = std::move(lookup);
         });
       } else {
         break;
@@ -552,7 +556,10 @@ void synth_by_destination(const Plan& plan, Backend& backend, const EmbeddingSou
       if (B == 0 || (b0 == 0 && b1 == B)) {
         out = std::move(part);
       } else {
-        if (b0 == 0) out = EmbTensor{part.dtype, {B, plan.sum_dim}, {}};
+        if (b0 == 0) {
+          out = EmbTensor{part.dtype, {B, plan.sum_dim}, {}};
+          out.data.reserve(size_t(B * plan.sum_dim));  // no regrowth: one output's memory
+        }
         out.data.insert(out.data.end(), part.data.begin(), part.data.end());
       }
     }
@@ -593,6 +600,11 @@ void synth_capture(const Plan& plan, const SynthOptions& o, std::shared_ptr<Outp
   uint64_t last_end = 0;  // the task that ends the previous batch
 
   for (int64_t k = 0; k < o.batches; ++k) {
+    // The previous batch is written (and its tensors freed) before this one is made: one
+    // batch in memory at a time (its last rank's lookup output, written last, is the largest
+    // thing a batch holds; the input dist's buckets are several times its KJTs).
+    queue.wait(last_end);
+    if (k > 0 && progress) progress(k - 1);
     auto batch = std::make_shared<Batch>();
     batch->index = k;
     batch->ranks.resize(static_cast<size_t>(W));
@@ -624,10 +636,6 @@ void synth_capture(const Plan& plan, const SynthOptions& o, std::shared_ptr<Outp
       // (several times the ids of the batch).
       for (DerivedRank& d : derived.ranks) d.bucketized = BucketizedKjt{};
     }
-    // The previous batch is written (and its tensors freed) before this one's lookups make
-    // theirs: one batch's lookup outputs in memory at a time.
-    queue.wait(last_end);
-    if (k > 0 && progress) progress(k - 1);
     // The output dist one destination at a time (synth_by_destination): what it needs of every
     // rank's lookup is made for it, so a rank's local_embs go once written. Not when a planted
     // fault changes the lookups the dist runs on (DYNEMB_SYNTH_BY_DESTINATION=off: never).
