@@ -160,3 +160,20 @@ TEST_CASE("out of memory text and sizes") {
   note_failed_allocation(0);
   CHECK(out_of_memory_text() == "out of memory");
 }
+
+TEST_CASE("resize_to_overwrite: memory kept where it fits, replaced with room where not") {
+  std::vector<float> v(100, 7.0f);
+  const float* p = v.data();
+  resize_to_overwrite(v, 60);  // fits: same memory, old values left (the caller overwrites)
+  CHECK(v.size() == 60);
+  CHECK(v.data() == p);
+  CHECK(v[59] == 7.0f);
+  resize_to_overwrite(v, 100);  // back within the capacity: still the same memory
+  CHECK(v.data() == p);
+  resize_to_overwrite(v, 800);  // too small: a new buffer with an eighth more room
+  CHECK(v.size() == 800);
+  CHECK(v.capacity() >= 900);
+  p = v.data();
+  resize_to_overwrite(v, 880);  // a piece a little larger fits the room
+  CHECK(v.data() == p);
+}

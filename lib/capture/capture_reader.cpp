@@ -21,6 +21,7 @@
 #include "capture/h5util.hpp"
 #include "capture/watchdog.hpp"
 #include "common/hash.hpp"
+#include "common/memory.hpp"
 #include "common/trace.hpp"
 #include "engine/ops.hpp"
 #include "engine/parallel.hpp"
@@ -903,7 +904,7 @@ std::vector<std::vector<float>> CaptureReader::read_rows(
     if (ranges[r].empty()) out[r] = {};
   std::vector<int64_t> elements;
   read_rank_rows(k, name, dtype, ranges, elements, [&](size_t r) {
-    out[r].resize(size_t(elements[r]));
+    resize_to_overwrite(out[r], size_t(elements[r]));
     return out[r].data();
   });
   return out;
@@ -920,7 +921,7 @@ std::vector<float> CaptureReader::read_rows_concat(int64_t k, const char* name, 
     if (offsets.empty()) {  // the first rank asked for: every rank's place is known by now
       offsets.assign(1, 0);
       for (int64_t e : elements) offsets.push_back(offsets.back() + e);
-      out.resize(size_t(offsets.back()));
+      resize_to_overwrite(out, size_t(offsets.back()));
     }
     return out.data() + offsets[r];
   });

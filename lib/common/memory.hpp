@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dynemb {
 
@@ -27,6 +28,21 @@ uint64_t physical_memory_bytes();
 // address-space limit (ulimit -v): a job over that runs and reports out of memory where it
 // happens.
 uint64_t usable_memory_bytes();
+
+// v resized to n elements that the caller is about to overwrite, all of them: a buffer that
+// already holds n keeps its memory and its old values (nothing zeroed up to its size); one too
+// small is replaced, not grown, so its old contents are not copied, and the new one has room
+// for an eighth more, so that buffers handed from one piece to the next of about its size
+// (a replay's units) stop growing after the first few.
+template <class T>
+void resize_to_overwrite(std::vector<T>& v, size_t n) {
+  if (v.capacity() < n) {
+    std::vector<T> fresh;
+    fresh.reserve(n + n / 8);
+    v.swap(fresh);
+  }
+  v.resize(n);
+}
 
 // "123", "4G", "512M", "1.5GiB" (K/M/G/T, binary): bytes; 0 when the text is not a size.
 uint64_t parse_size(const std::string& text);

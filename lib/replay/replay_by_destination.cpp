@@ -7,6 +7,7 @@
 #include "engine/dist_checks.hpp"
 #include "engine/ops.hpp"
 #include "replay/replayer.hpp"
+#include "replay/spare_rows.hpp"
 
 namespace dynemb::replay_detail {
 
@@ -135,38 +136,6 @@ struct DestRows {
   }
 };
 
-// The float buffers of units already checked (the senders' blocks or what a destination
-// receives, and the golden rows), handed back to the reader for the next ones: units are about
-// one size (a pooled destination's exactly), so their memory is neither zeroed nor faulted in
-// again (CaptureReader::read_rows' `reuse`). Holds one unit's worth at most; shared by the
-// checking and the reading thread.
-class SpareRows {
- public:
-  explicit SpareRows(size_t most) : most_(most) {}
-  std::vector<std::vector<float>> take(size_t n) {
-    std::lock_guard<std::mutex> lock(m_);
-    std::vector<std::vector<float>> out;
-    while (out.size() < n && !spare_.empty()) {
-      out.push_back(std::move(spare_.back()));
-      spare_.pop_back();
-    }
-    return out;
-  }
-  std::vector<float> take_one() {  // empty when none is spare
-    std::vector<std::vector<float>> one = take(1);
-    return one.empty() ? std::vector<float>{} : std::move(one[0]);
-  }
-  void give(std::vector<float>&& v) {
-    std::lock_guard<std::mutex> lock(m_);
-    if (spare_.size() < most_) spare_.push_back(std::move(v));
-  }
-
- private:
-  std::mutex m_;
-  size_t most_;
-  std::vector<std::vector<float>> spare_;
-};
-
 // Unit u's rows, read on the calling thread (the only one calling libhdf5 meanwhile).
 DestRows read_unit(const CaptureReader& reader, int64_t k, const DestUnit& u, bool sequence,
                    const std::vector<std::vector<DestBlock>>& where,
@@ -182,26 +151,32 @@ DestRows read_unit(const CaptureReader& reader, int64_t k, const DestUnit& u, bo
   const DType dt = local[0]->dtype;  // the plan's data_type on every rank (read_batch checks)
   DestRows out;
   if (sequence) {  // one buffer: the blocks are what d receives, in rank order
+    size_t recv = 0;
+    for (const DestBlock& bs : b) recv += size_t(bs.numel());
     out.recv.dtype = dt;
     out.recv.data =
-        reader.read_rows_concat(k, "local_embs", dt, ranges, out.recv_off, spare.take_one());
+        reader.read_rows_concat(k, "local_embs", dt, ranges, out.recv_off, spare.take_one(recv));
     out.recv.shape = {out.recv_off.back() / std::max<int64_t>(1, b[0].row_elems), b[0].row_elems};
   } else {
+    std::vector<size_t> need;
+    for (const DestBlock& bs : b) need.push_back(size_t(bs.numel()));
     std::vector<std::vector<float>> rows =
-        reader.read_rows(k, "local_embs", dt, ranges, spare.take(W));
+        reader.read_rows(k, "local_embs", dt, ranges, spare.take(need));
     for (size_t s = 0; s < W; ++s) out.blocks.push_back({dt, b[s].shape, std::move(rows[s])});
   }
   if (!golden) return out;
   if (!u.rows) {
-    out.golden = EmbTensor{
-        golden->dtype, golden->shape,
-        reader.read_rows(k, u.d, "output", golden->dtype, whole_rows(*golden), spare.take_one())};
+    out.golden = EmbTensor{golden->dtype, golden->shape,
+                           reader.read_rows(k, u.d, "output", golden->dtype, whole_rows(*golden),
+                                            spare.take_one(size_t(golden->numel())))};
   } else {
     std::vector<std::pair<int64_t, int64_t>> gr;
     if (u.r1 > u.r0) gr.emplace_back(u.r0, u.r1);
-    out.golden = EmbTensor{golden->dtype,
-                           {u.r1 - u.r0, golden->cols()},
-                           reader.read_rows(k, u.d, "output", golden->dtype, gr, spare.take_one())};
+    out.golden =
+        EmbTensor{golden->dtype,
+                  {u.r1 - u.r0, golden->cols()},
+                  reader.read_rows(k, u.d, "output", golden->dtype, gr,
+                                   spare.take_one(size_t((u.r1 - u.r0) * golden->cols())))};
   }
   return out;
 }
@@ -302,7 +277,8 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
   std::vector<DestUnit> units;
   bool variable_batch = false;
   if (!plan_units(st, where, units, variable_batch)) return false;
-  SpareRows spare(static_cast<size_t>(W) + 1);  // a unit's blocks and its golden rows
+  SpareRows& spare = spare_rows_;
+  spare.set_most(static_cast<size_t>(W) + 1);  // a unit's blocks and its golden rows
   // Compared where the backend makes them: only the tiles that add to a diff come back, and the
   // dist's outputs stay where it makes them (a device backend's memory) for their checks.
   const TileCompare how{tol_, kCompareTile, maxm};
