@@ -65,13 +65,17 @@ DerivedBatch derive_input_dist(const Plan& plan, const std::vector<const Kjt*>& 
     if (kjts[r]->weighted != weighted)
       throw Error("rank" + std::to_string(r) + "/weights: some ranks are weighted, others not");
   }
-  // Sequence: EmbeddingCollection pads VBE KJTs to max_f B_f before the input dist (§6.2).
+  // Sequence: EmbeddingCollection pads VBE KJTs to max_f B_f before the input dist (§6.2); the
+  // others go in as they are (a copy would be a second batch of ids).
   std::vector<Kjt> padded;
   std::vector<const Kjt*> in = kjts;
   if (plan.module == ModuleKind::sequence) {
-    padded.reserve(W);
-    for (int64_t r = 0; r < W; ++r) padded.push_back(pad_vbe_kjt_lengths(*kjts[r]));
-    for (int64_t r = 0; r < W; ++r) in[r] = &padded[r];
+    padded.reserve(W);  // no reallocation: `in` points into it
+    for (int64_t r = 0; r < W; ++r)
+      if (kjts[r]->is_vbe()) {
+        padded.push_back(pad_vbe_kjt_lengths(*kjts[r]));
+        in[r] = &padded.back();
+      }
   }
   DerivedBatch out;
   out.ranks.resize(W);

@@ -75,8 +75,12 @@ void Replayer::run_output_dist_sliced(BatchState& st, int64_t width) {
   // Each output slice checked where the backend makes it (slice_width: the host needs none
   // whole).
   const HeldOutputs held(backend_);
-  for (int64_t c0 = 0; c0 < C; c0 += width) {
-    ColumnSlice slice = make_column_slice(plan_, source_, c0, std::min(C, c0 + width));
+  // The first slice is one column: the bucketize outputs (W times three id-sized vectors) stay
+  // until a first lookup has met every id (drop_derived_extras), so they sit beside one
+  // column's lookups, not a whole slice's. The peak is then the larger of the two, not their sum.
+  for (int64_t c0 = 0, c1 = std::min<int64_t>(C, 1); c0 < C;
+       c0 = c1, c1 = std::min(C, c1 + width)) {
+    ColumnSlice slice = make_column_slice(plan_, source_, c0, c1);
     // warn_zero_row warns of out-of-table ids once per lookup of the batch: on the first slice.
     // The rows looked up are those of `ignore` (lookup_row does not tell them apart).
     if (c0 > 0 && slice.plan.bounds_check == BoundsCheck::warn_zero_row)
