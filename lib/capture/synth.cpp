@@ -440,12 +440,15 @@ class BatchWrites {
         out_task_[r] = q_.push([w, b = batch_, r] {
           RankBatch& rb = b->ranks[r];
           w->write_rank_outputs(r, rb);
-          // Rank r is written, inputs (queued before) and outputs: only its lookup output may
-          // still be read (a whole batch's dist reads every rank's), so its KJT and the rest
-          // are not kept while later ranks, or the next batch, are made.
-          std::optional<EmbTensor> lookup = std::move(rb.local_embs);
-          rb = RankBatch{};
-          rb.local_embs = std::move(lookup);
+          // Rank r is written, inputs (queued before) and outputs: what nothing reads again is
+          // freed now, not kept while later ranks or the next batch are made. Not its lookup
+          // output, which a whole batch's dist may still be reading on the main thread.
+          rb.kjt = Kjt{};
+          rb.ctx.reset();
+          rb.output.reset();  // written: not kept while later ranks are
+          rb.keys.reset();
+          rb.module_output.reset();
+          rb.inverse_indices.reset();
         });
       } else {
         break;
