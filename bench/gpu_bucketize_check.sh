@@ -64,7 +64,7 @@ step memcheck 25 80 compute-sanitizer --tool memcheck --error-exitcode 9 $T '-tc
 step racecheck 25 80 compute-sanitizer --tool racecheck --error-exitcode 9 $T '-tc=*partition path*'
 unset DYNEMB_GPU_CASES
 bench pooled 30 --preset unit-pooled-w8
-step sweep-pooled 25 60 $D bench --backend cuda --preset unit-pooled-w8 --sweep --iters 10 \
+step sweep-pooled 25 60 $D bench --backend cuda --preset unit-pooled-w8 --sweep --diagnostics --iters 10 \
   --json "$OUT/ours-sweep-pooled.json"
 # The partition's two kernels where auto takes its one launch (same batches, same run); the
 # JSON goes to two-kernels-*.json, outside the targets' files (ours-*.json: the default path).
@@ -100,7 +100,7 @@ for p in sorted(glob.glob(d + "/ours-*.json")) + sorted(glob.glob(d + "/two-kern
             print(f"  {st['name']:<48} {st['time_us']:>10.1f} us  "
                   f"{(pc if pc is not None else float('nan')):6.1f} % of copy  {st.get('note','')}")
     for line in js.get("diagnostics", []):
-        if "path" in line or "floors" in line:
+        if "path" in line or "floors" in line or "steps" in line or "durations" in line:
             print(f"  # {line}")
 PYEOF
 for n in criteo pooled64; do

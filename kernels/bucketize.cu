@@ -228,7 +228,8 @@ void launch_partition(const BucketizeArgs& a, const int64_t* lengths, const Part
 // refuses it for lack of room (SMs shared under MPS or a green context): the caller takes the
 // two kernels, which need no co-residency.
 bool launch_partition_resident(const BucketizeArgs& a, const int64_t* lengths,
-                               const PartitionPlan& pp, BucketizeOnePass& ws, cudaStream_t s) {
+                               const PartitionPlan& pp, BucketizeOnePass& ws,
+                               unsigned long long* trace, cudaStream_t s) {
   ResidentPartitionArgs r;
   r.p.a = a;
   r.p.lengths = lengths;
@@ -240,10 +241,14 @@ bool launch_partition_resident(const BucketizeArgs& a, const int64_t* lengths,
   r.p.tile_base = nullptr;
   r.words = static_cast<unsigned long long*>(ws.scratch);
   r.epoch = next_epoch(ws, s);
+  r.trace = trace;
   void* params[] = {&r};
-  const void* kernel = a.world_size <= kSmallW
-                           ? reinterpret_cast<const void*>(partition_resident_kernel<4>)
-                           : reinterpret_cast<const void*>(partition_resident_kernel<8>);
+  const bool small = a.world_size <= kSmallW;
+  const void* kernel =
+      trace ? (small ? reinterpret_cast<const void*>(partition_resident_kernel<4, true>)
+                     : reinterpret_cast<const void*>(partition_resident_kernel<8, true>))
+            : (small ? reinterpret_cast<const void*>(partition_resident_kernel<4>)
+                     : reinterpret_cast<const void*>(partition_resident_kernel<8>));
   const cudaError_t err = cudaLaunchCooperativeKernel(kernel, dim3(static_cast<unsigned>(pp.tiles)),
                                                       dim3(kThreads), params, 0, s);
   if (err == cudaErrorCooperativeLaunchTooLarge) {
@@ -255,7 +260,8 @@ bool launch_partition_resident(const BucketizeArgs& a, const int64_t* lengths,
   return true;
 }
 
-// The dispatch. trace: null, or the one-pass kernel's step stamps (probes.hpp).
+// The dispatch. trace: null, or the step stamps of the one-pass kernel or the partition's one
+// launch, whichever runs (probes.hpp).
 void dispatch(const BucketizeArgs& a, const int64_t* lengths, BucketizeOnePass& ws,
               unsigned long long* trace, cudaStream_t s) {
   // Every path but the one-pass kernel: the partition (its count kernel writes the bag
@@ -264,7 +270,7 @@ void dispatch(const BucketizeArgs& a, const int64_t* lengths, BucketizeOnePass& 
     const PartitionPlan pp = partition_wanted(a) ? partition_plan(a) : PartitionPlan{};
     if (pp.tiles > 0) {
       // Both write the bag offsets themselves.
-      if (!resident_eligible(a, ws, pp) || !launch_partition_resident(a, lengths, pp, ws, s))
+      if (!resident_eligible(a, ws, pp) || !launch_partition_resident(a, lengths, pp, ws, trace, s))
         launch_partition(a, lengths, pp, s);
     } else {
       offsets_from_lengths(lengths, a.total_bags, a.bag_offsets, a.scan_temp, a.scan_temp_bytes, s);

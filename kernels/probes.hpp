@@ -21,10 +21,12 @@ void launch_empty(int64_t blocks, int threads, cudaStream_t s);
 void launch_stream_floor(const int64_t* ids, int64_t n, int64_t* values, int64_t* perm,
                          int64_t blocks, cudaStream_t s);
 
-// launch_bucketize, recording in trace [kBucketizeTracePoints x total_bags] the %globaltimer
-// (ns) of each block of the one-pass kernel at the end of each step: 0 start, 1 bag offsets,
-// 2 counts published, 3 rank's counts seen, 4 bases, 5 placed. Untouched when the launch takes
-// the three passes.
+// launch_bucketize, recording in trace [kBucketizeTracePoints x blocks] the %globaltimer (ns)
+// of each block at the end of each step. The one-pass kernel (a block per bag): 0 start, 1 bag
+// offsets, 2 counts published, 3 rank's counts seen, 4 bases, 5 placed. The partition's one
+// launch (a block per tile, R x tiles_per_rank): 0 start, 1 bag offsets, 2 counts published,
+// 3 first chunk ranked, 4 rank's counts seen, 5 placed. Untouched when the launch takes
+// another path.
 constexpr int kBucketizeTracePoints = 6;
 void launch_bucketize_traced(const BucketizeArgs& a, const int64_t* lengths, BucketizeOnePass& ws,
                              unsigned long long* trace, cudaStream_t s);

@@ -198,8 +198,8 @@ class CudaStages {
                                  choice.ids_cached ? ", ids read once" : "")
                    : "bucketize path: " + path_note(choice));
       r_.diagnostics.push_back(bucketize_floors(bb, one_pass, timer_, r_.copy_gbps, stream_));
-      if (one_pass)
-        for (std::string& line : one_pass_trace(bb, stream_)) r_.diagnostics.push_back(line);
+      if (one_pass || choice.path == cuda::BucketizePath::partition_resident)
+        for (std::string& line : step_trace(bb, choice, stream_)) r_.diagnostics.push_back(line);
     }
     // Against the CPU reference (derive_input_dist's bucketize).
     const std::vector<int64_t> perm = bb.d_perm.download(stream_),
@@ -259,9 +259,13 @@ class CudaStages {
             8.0 * (3 * N + L + W_ * L) + (ba.weights ? 8.0 * N : 0.0), 0, path_note(c)},
            [&] { bb.launch(stream_); }}};
       time_rows(rows);
-      if (o_.diagnostics)
+      if (o_.diagnostics) {
         r_.diagnostics.push_back(fmt::format(
             "B={}: {}", B, bucketize_floors(bb, one_pass, timer_, r_.copy_gbps, stream_)));
+        if (c.path == cuda::BucketizePath::partition_resident)
+          for (std::string& line : step_trace(bb, c, stream_))
+            r_.diagnostics.push_back(fmt::format("B={}: {}", B, line));
+      }
     }
   }
 

@@ -1,5 +1,6 @@
 // Diagnostics of the CUDA bucketize (`bench --diagnostics`, bench/README.md): its floors and
-// the one-pass kernel's step trace, as text lines.
+// the step trace of the cooperative kernels (the one-pass kernel, the partition's one launch),
+// as text lines.
 #pragma once
 
 #include <string>
@@ -13,8 +14,10 @@ namespace dynemb::bench {
 // An empty kernel of the stage's grid and that grid streaming the stage's main bytes.
 std::string bucketize_floors(cuda::BatchedBucketize& bb, bool one_pass, CudaTimer& timer,
                              double copy_gbps, cudaStream_t s);
-// One traced launch of the one-pass kernel: per step, median and slowest block; and the
-// slowest block per quarter of the grid.
-std::vector<std::string> one_pass_trace(cuda::BatchedBucketize& bb, cudaStream_t s);
+// One traced launch of the path `c` names, when it is one of the cooperative kernels: per step,
+// the median and slowest block's stamp and duration; and the slowest block per quarter of the
+// grid. Nothing for the other paths.
+std::vector<std::string> step_trace(cuda::BatchedBucketize& bb, const cuda::BucketizeChoice& c,
+                                    cudaStream_t s);
 
 }  // namespace dynemb::bench

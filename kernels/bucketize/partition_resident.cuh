@@ -33,11 +33,16 @@ struct ResidentPartitionArgs {
   PartitionArgs p;            // tile_cnt and tile_base unused
   unsigned long long* words;  // [R][W][T]: epoch << 32 | the tile's ids of bucket d
   unsigned epoch;             // != 0
+  unsigned long long* trace;  // [kBucketizeTracePoints x R x T], traced instances only
 };
 
 // Bits: 4 for W <= kSmallW, else 8 (peers()). 4 resident blocks per SM (<= 64 registers,
-// < 48 KB of shared memory each).
-template <int Bits>
+// < 48 KB of shared memory each). Trace: block b stamps %globaltimer at the end of each step
+// (trace[b x 6 + point]: 0 start, 1 bag offsets, 2 counts published, 3 first chunk ranked,
+// 4 rank's counts seen, 5 placed; a tile with nothing to place stamps 2 to 5 at once), with a
+// barrier before each stamp so that it marks the whole block's step. Untraced instances
+// compile as if the stamps were not there.
+template <int Bits, bool Trace = false>
 __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(ResidentPartitionArgs r) {
   __shared__ int s_off[kPartMaxTileBags + 1];
   __shared__ int s_feat[kPartMaxTileBags];
@@ -58,7 +63,16 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
   const int W = static_cast<int>(a.world_size);
   const int64_t T = p.tiles_per_rank;
   const unsigned long long tag = static_cast<unsigned long long>(r.epoch) << 32;
+  const auto mark = [&](int first, int last) {  // steps first..last ended (Trace only)
+    if (!Trace) return;
+    __syncthreads();
+    if (t == 0)
+      for (int pt = first; pt <= last; ++pt)
+        r.trace[static_cast<int64_t>(blockIdx.x) * kBucketizeTracePoints + pt] = global_ns();
+  };
+  mark(0, 0);
   PartitionTile ti = scan_tile(p, s_off, s_feat, s_wsum);
+  mark(1, 1);
   ti.rank_id_base = p.tile_id0[ti.q * T];
   unsigned long long* row0 = r.words + ti.q * W * T;  // + d * T: bucket d's row of the rank
   const int nb = ti.nb;
@@ -68,6 +82,7 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
   // tile past its rank's last bag publishes zeros: the rank's other tiles wait on its words.
   if (nb == 0) {  // uniform
     for (int d = t; d < W; d += kThreads) st_word(row0 + d * T + ti.kt, tag);
+    mark(2, 5);
     return;
   }
   count_tile(p, ti, s_off, s_feat, u.cells);
@@ -77,7 +92,11 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
     sum = __reduce_add_sync(0xffffffffu, sum);
     if (lane == 0) st_word(row0 + d * T + ti.kt, tag | static_cast<unsigned>(sum));
   }
-  if (n == 0) return;  // uniform: only empty bags, nothing to place
+  mark(2, 2);
+  if (n == 0) {  // uniform: only empty bags, nothing to place
+    mark(3, 5);
+    return;
+  }
 
   // Rank and place (place_tile). The first chunk is ranked before the wait for the rank's
   // counts (its values and keys stay in registers until its placement), so that ranking
@@ -97,7 +116,12 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
     return static_cast<int64_t>(v & 0xffffffffu);
   };
   place_tile<Bits>(p, ti, s_off, s_feat, n, wc, s_cnt, s_lex, s_run, u.stage.value, u.stage.pos,
-                   [&] { tile_bases(W, T, ti.kt, ti.rank_id_base, count, u.stage.pos, s_run); });
+                   [&] {
+                     mark(3, 3);
+                     tile_bases(W, T, ti.kt, ti.rank_id_base, count, u.stage.pos, s_run);
+                     mark(4, 4);
+                   });
+  mark(5, 5);
 }
 
 }  // namespace dynemb::cuda::bucketize
