@@ -43,8 +43,10 @@ RENAMES = {
 }
 
 # Template parameters added by a restructuring, with the value that gives the old instance:
-# (kernel, position, value). The one-pass kernel gained Trace (false: the untraced instance).
-ADDED_TEMPLATE_ARGS = [("dynemb::cuda::bucketize::one_pass_kernel", 2, "false")]
+# (kernel, position, value). The one-pass kernel and the partition's one launch gained Trace
+# (false: the untraced instance).
+ADDED_TEMPLATE_ARGS = [("dynemb::cuda::bucketize::one_pass_kernel", 2, "false"),
+                       ("dynemb::cuda::bucketize::partition_resident_kernel", 1, "false")]
 
 NVCC = os.environ.get("NVCC", "nvcc")
 ARCH = os.environ.get("SASS_ARCH", "90")
