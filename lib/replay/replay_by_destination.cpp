@@ -277,8 +277,10 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
   std::vector<DestUnit> units;
   bool variable_batch = false;
   if (!plan_units(st, where, units, variable_batch)) return false;
-  SpareRows& spare = spare_rows_;
-  spare.set_most(static_cast<size_t>(W) + 1);  // a unit's blocks and its golden rows
+  // A unit's blocks and its golden rows. Per batch: kept to the next one, they would sit beside
+  // its input dist while it is derived, the replay's peak.
+  SpareRows spare;
+  spare.set_most(static_cast<size_t>(W) + 1);
   // Compared where the backend makes them: only the tiles that add to a diff come back, and the
   // dist's outputs stay where it makes them (a device backend's memory) for their checks.
   const TileCompare how{tol_, kCompareTile, maxm};

@@ -30,7 +30,6 @@
 #include "replay/column_slice.hpp"
 #include "replay/diff.hpp"
 #include "replay/replay.hpp"
-#include "replay/spare_rows.hpp"
 
 namespace dynemb::replay_detail {
 
@@ -218,8 +217,6 @@ class Replayer {
   // rows are all read). libhdf5 is not thread-safe, so the replay's thread waits for it before
   // it reads anything itself (settle_shapes_ahead).
   std::future<std::optional<Batch>> shapes_ahead_;
-  // stream_batch's spare buffers, kept from one batch to the next.
-  SpareRows spare_rows_;
   int64_t shapes_ahead_k_ = -1;
   int64_t next_by_destination_ = -1;  // the batch replay_by_destination gets next; -1: none
   void start_shapes_ahead(const CaptureReader& reader);

@@ -9,10 +9,9 @@ namespace dynemb::replay_detail {
 
 // Spare buffers of a replay by destination (the senders' blocks or what a destination
 // receives, and the golden rows of units already checked), handed back to the reader for the
-// next units, of this batch and the next: units are about one size (a pooled destination's
-// exactly), so their memory is neither zeroed nor faulted in again (CaptureReader::read_rows'
-// `reuse`). Holds `most` buffers at most (one unit's worth); shared by the checking and the
-// reading thread.
+// batch's next units: units are about one size (a pooled destination's exactly), so their
+// memory is neither zeroed nor faulted in again (CaptureReader::read_rows' `reuse`). Holds
+// `most` buffers at most (one unit's worth); shared by the checking and the reading thread.
 class SpareRows {
  public:
   void set_most(size_t most) {
