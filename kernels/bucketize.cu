@@ -103,9 +103,9 @@ PartitionPlan partition_plan(const BucketizeArgs& a) {
   // W <= 256 (the 8-bit bucket of the ranking keys); a tiling from plan_partition_tiles within
   // the kernels' shared arrays; a bag < 2^31 ids (int32 per-bag counts), and tile-relative id
   // indices int32: a tile's ids plus one chunk stay below 2^31.
-  if (a.total_bags == 0 || W > kMaxSharedW || !a.tile_j0 || !a.tile_id0 || T <= 0 || nb < 1 ||
-      nb > kPartMaxTileBags || W * nb > kPartMaxCells || a.num_ranks <= 0 || !a.new_offsets ||
-      a.max_bag_len >= (int64_t{1} << 31) ||
+  if (a.total_bags == 0 || W > kMaxSharedW || !a.tile_j0 || !a.tile_id0 || !a.tile_feat || T <= 0 ||
+      nb < 1 || nb > kPartMaxTileBags || W * nb > kPartMaxCells || a.num_ranks <= 0 ||
+      !a.new_offsets || a.max_bag_len >= (int64_t{1} << 31) ||
       nb > ((int64_t{1} << 31) - 1 - kChunk) / std::max<int64_t>(1, a.max_bag_len))
     return pp;
   const int64_t tiles = a.num_ranks * T, entries = tiles * W;
@@ -203,6 +203,7 @@ void launch_partition(const BucketizeArgs& a, const int64_t* lengths, const Part
   p.wd = FastDivU64::make(static_cast<uint64_t>(a.world_size));
   p.tile_j0 = a.tile_j0;
   p.tile_id0 = a.tile_id0;
+  p.tile_feat = a.tile_feat;
   p.tiles_per_rank = pp.tiles_per_rank;
   p.tile_cnt = a.new_offsets;
   p.tile_base = a.new_offsets + pp.entries;
@@ -236,6 +237,7 @@ bool launch_partition_resident(const BucketizeArgs& a, const int64_t* lengths,
   r.p.wd = FastDivU64::make(static_cast<uint64_t>(a.world_size));
   r.p.tile_j0 = a.tile_j0;
   r.p.tile_id0 = a.tile_id0;
+  r.p.tile_feat = a.tile_feat;
   r.p.tiles_per_rank = pp.tiles_per_rank;
   r.p.tile_cnt = nullptr;
   r.p.tile_base = nullptr;
@@ -351,17 +353,20 @@ PartitionTiling plan_partition_tiles(int64_t world_size, int64_t num_features,
   // more: each of those tiles then spills into a partly filled chunk, where the one short tile
   // fills one chunk; measured on ec-bench-criteo.) Returns the tiles of the largest rank.
   std::vector<std::vector<int64_t>> starts(static_cast<size_t>(R));
+  std::vector<std::vector<int32_t>> feats(static_cast<size_t>(R));  // each start's feature
   const auto tile = [&](int64_t ids) {
     t.max_tile_bags = 0;
     int64_t most = 0;
     for (int64_t q = 0; q < R; ++q) {
       starts[q].clear();
+      feats[q].clear();
       const int64_t* fb = feat_bag_off.data() + q * (F + 1);
       for (int64_t f = 0; f < F; ++f) {
         const int64_t nb =
             f_ids[f] == 0 ? cap : std::clamp<int64_t>(ids * f_bags[f] / f_ids[f], 1, cap);
         for (int64_t j = fb[f]; j < fb[f + 1]; j += nb) {
           starts[q].push_back(j);
+          feats[q].push_back(static_cast<int32_t>(f));
           t.max_tile_bags = std::max(t.max_tile_bags, std::min(nb, fb[f + 1] - j));
         }
       }
@@ -391,11 +396,14 @@ PartitionTiling plan_partition_tiles(int64_t world_size, int64_t num_features,
   const int64_t T = t.tiles_per_rank;
   t.tile_j0.reserve(static_cast<size_t>(R * (T + 1)));
   t.tile_id0.reserve(static_cast<size_t>(R * T));
+  t.tile_feat.reserve(static_cast<size_t>(R * T));
   int64_t id = 0;  // global index of bag j's first id, j walking the batch's bags in order
   for (int64_t q = 0; q < R; ++q) {
     const int64_t bags = rank_bag_off[q + 1] - rank_bag_off[q];
     t.tile_j0.insert(t.tile_j0.end(), starts[q].begin(), starts[q].end());
     t.tile_j0.insert(t.tile_j0.end(), static_cast<size_t>(T + 1) - starts[q].size(), bags);
+    t.tile_feat.insert(t.tile_feat.end(), feats[q].begin(), feats[q].end());
+    t.tile_feat.insert(t.tile_feat.end(), static_cast<size_t>(T) - feats[q].size(), 0);
     const int64_t* tj = t.tile_j0.data() + q * (T + 1);
     for (int64_t kt = 0; kt < T; ++kt) {
       t.tile_id0.push_back(id);

@@ -65,6 +65,9 @@ struct BucketizeArgs {
   // tile_id0[q*T + kt]: the global index of tile kt's first id (the host sums the lengths it
   // planned from); a tile past its rank's last bag has the rank's end. Non-null with tile_j0.
   const int64_t* tile_id0 = nullptr;  // [R*T]
+  // tile_feat[q*T + kt]: the feature of every bag of tile kt (0 for an empty tile): the tile's
+  // one routing rule. Non-null with tile_j0.
+  const int32_t* tile_feat = nullptr;  // [R*T]
   // false: the partition's two kernels even where its tiles are all resident (tests, bench).
   bool partition_one_launch = true;
   int64_t tiles_per_rank = 0;  // T
@@ -96,8 +99,9 @@ size_t bucketize_scan_temp_bytes(int64_t n);
 // tile resident, one launch), if tiles of at most four chunks can.
 struct PartitionTiling {
   int64_t tiles_per_rank = 0, max_tile_bags = 0;
-  std::vector<int64_t> tile_j0;   // [R*(tiles_per_rank+1)]
-  std::vector<int64_t> tile_id0;  // [R*tiles_per_rank]: global index of each tile's first id
+  std::vector<int64_t> tile_j0;    // [R*(tiles_per_rank+1)]
+  std::vector<int64_t> tile_id0;   // [R*tiles_per_rank]: global index of each tile's first id
+  std::vector<int32_t> tile_feat;  // [R*tiles_per_rank]: the feature of its bags (empty: 0)
 };
 PartitionTiling plan_partition_tiles(int64_t world_size, int64_t num_features,
                                      const std::vector<int64_t>& rank_bag_off,

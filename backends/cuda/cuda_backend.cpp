@@ -828,13 +828,16 @@ void BatchedBucketize::plan_tiles(int64_t tile_ids, cudaStream_t s) {
                                                  feat_bag_off, lengths, tile_ids, max_tiles);
   args.tile_j0 = nullptr;
   args.tile_id0 = nullptr;
+  args.tile_feat = nullptr;
   args.tiles_per_rank = t.tiles_per_rank;
   args.tile_max_bags = t.max_tile_bags;
   if (t.tile_j0.empty()) return;
   d_tile_j0.upload(t.tile_j0, s);
   d_tile_id0.upload(t.tile_id0, s);
+  d_tile_feat.upload(t.tile_feat, s);
   args.tile_j0 = d_tile_j0.data();
   args.tile_id0 = d_tile_id0.data();
+  args.tile_feat = d_tile_feat.data();
 }
 
 void BatchedBucketize::enable_one_pass(cudaStream_t s) {

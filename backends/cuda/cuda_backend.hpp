@@ -96,6 +96,7 @@ struct BatchedBucketize {
   DeviceBuffer<char> d_scan_temp;
   DeviceBuffer<int64_t> d_tile_j0;    // the partition path's tiles (plan_tiles)
   DeviceBuffer<int64_t> d_tile_id0;   // and their first ids
+  DeviceBuffer<int32_t> d_tile_feat;  // and features
   std::vector<int64_t> feat_bag_off;  // [R*(F+1)] host copy of d_feat_bag_off
   BucketizeArgs args;                 // points at the buffers above
   // The one-pass kernel's workspace: empty (three passes) until enable_one_pass().

@@ -12,8 +12,9 @@
 //
 // Tiles: tile (q, kt), kt < tiles_per_rank, holds rank q's bags [j0, j1) from the host's
 // table (tile_j0; bags of one feature, sized for similar ids per tile; tiles past a rank's
-// last bag are empty and count zero) and its first id (tile_id0: the host sums the lengths
-// it planned the tiles from). From the bag lengths:
+// last bag are empty and count zero), its first id (tile_id0: the host sums the lengths it
+// planned the tiles from) and its feature (tile_feat: one routing rule per tile, read once
+// per block). From the bag lengths:
 //   partition_count_kernel  per tile: the tile's bag offsets (a block scan of its lengths,
 //                           shifted to its first id): writes the bag offsets; each id's bag
 //                           and bucket; the W x nb counts in shared memory become new_lengths
@@ -24,10 +25,9 @@
 //                           of the tile's first bucket-d id; else the place kernel sums its
 //                           rank's row of tile_cnt itself, the same value);
 //   partition_place_kernel  per tile, 2048-id chunks in input order, ranked as the block-per-
-//                           bag path ranks a bag's chunk (ranking.cuh, stable; routed per id by
-//                           its bag's feature when the tile spans features), placed through
-//                           shared memory (placement.cuh) from run[d] = tile_base, advanced by
-//                           each chunk's counts.
+//                           bag path ranks a bag's chunk (ranking.cuh, stable, by the tile's
+//                           rule), placed through shared memory (placement.cuh) from run[d] =
+//                           tile_base, advanced by each chunk's counts.
 // Ids are read twice (count, place); new_lengths written once; new_offsets is not produced:
 // its buffer holds tile_cnt, then tile_base (2 x R x W x tiles_per_rank <= W x total_bags, the
 // dispatch checks).
@@ -44,16 +44,17 @@ namespace dynemb::cuda::bucketize {
 
 struct PartitionArgs {
   BucketizeArgs a;
-  const int64_t* lengths;   // [total_bags] bag lengths (the stage's input)
-  FastDivU64 wd;            // divides by W
-  const int64_t* tile_j0;   // [R][tiles_per_rank+1] rank-local first bag of each tile
-                            // (BucketizeArgs::tile_j0): <= kPartMaxTileBags bags a tile,
-                            // W x bags <= kPartMaxCells
-  const int64_t* tile_id0;  // [R][tiles_per_rank] global index of each tile's first id
-  int64_t tiles_per_rank;   // T
-  int64_t* tile_cnt;        // [R][W][tiles_per_rank]
-  int64_t* tile_base;       // [R][W][tiles_per_rank], exclusive scan of tile_cnt; nullptr:
-                            // the place kernel sums tile_cnt of its rank itself
+  const int64_t* lengths;    // [total_bags] bag lengths (the stage's input)
+  FastDivU64 wd;             // divides by W
+  const int64_t* tile_j0;    // [R][tiles_per_rank+1] rank-local first bag of each tile
+                             // (BucketizeArgs::tile_j0): <= kPartMaxTileBags bags a tile,
+                             // W x bags <= kPartMaxCells
+  const int64_t* tile_id0;   // [R][tiles_per_rank] global index of each tile's first id
+  const int32_t* tile_feat;  // [R][tiles_per_rank] the feature of each tile's bags
+  int64_t tiles_per_rank;    // T
+  int64_t* tile_cnt;         // [R][W][tiles_per_rank]
+  int64_t* tile_base;        // [R][W][tiles_per_rank], exclusive scan of tile_cnt; nullptr:
+                             // the place kernel sums tile_cnt of its rank itself
 };
 
 // The block's tile, the same in all its threads.
@@ -63,13 +64,24 @@ struct PartitionTile {
   int64_t rank_bags;     // bags of the rank: new_lengths stride per bucket
   int64_t j0;            // the tile's first bag, rank-local
   int nb;                // bags in this tile (0: past the rank's last bag)
+  int f;                 // the feature of its bags
   int64_t id0;           // global index of the tile's first id
   int64_t rank_id_base;  // global index of the rank's first id (perm is rank-local)
 };
 
-// The block's tile from the host's table: rank, index in the rank, first bag (rank-local) and
-// bag count (0: past the rank's last bag). Same in every thread.
-__device__ __forceinline__ void tile_span(const PartitionArgs& p, PartitionTile& ti) {
+// The routing rule of a tile's bags (their feature's), in shared memory: read from global
+// memory once per block, beside the tile's first loads, instead of once per thread where its
+// first id is routed.
+struct TileRule {
+  uint64_t blk;  // the feature's block size
+  int dist;      // its RouteRule
+};
+
+// The block's tile from the host's table: rank, index in the rank, first bag (rank-local), bag
+// count (0: past the rank's last bag) and feature. Same in every thread. With bags, thread 0
+// also starts the read of the rule; it is in `rule` after the caller's next barrier.
+__device__ __forceinline__ void tile_span(const PartitionArgs& p, PartitionTile& ti,
+                                          TileRule* rule) {
   const BucketizeArgs& a = p.a;
   ti.q = static_cast<int64_t>(blockIdx.x) / p.tiles_per_rank;
   ti.kt = static_cast<int64_t>(blockIdx.x) - ti.q * p.tiles_per_rank;
@@ -78,27 +90,21 @@ __device__ __forceinline__ void tile_span(const PartitionArgs& p, PartitionTile&
   const int64_t* tj = p.tile_j0 + ti.q * (p.tiles_per_rank + 1) + ti.kt;
   ti.j0 = tj[0];
   ti.nb = static_cast<int>(tj[1] - tj[0]);
-}
-
-// feat[k] = the feature of the tile's bag k, k < nb (nb > 0). The host's tiles hold bags of
-// one feature: when the first and last bag's features agree, no bag is searched.
-__device__ __forceinline__ void tile_features(const PartitionArgs& p, const PartitionTile& ti,
-                                              int* feat) {
-  const BucketizeArgs& a = p.a;
-  const int64_t* fbo = a.feat_bag_off + ti.q * (a.num_features + 1);
-  const int f0 = static_cast<int>(d_upper_bound_m1(fbo, a.num_features, ti.j0));
-  const int f1 = static_cast<int>(d_upper_bound_m1(fbo, a.num_features, ti.j0 + ti.nb - 1));
-  for (int k = threadIdx.x; k < ti.nb; k += kThreads)
-    feat[k] = f0 == f1 ? f0 : static_cast<int>(d_upper_bound_m1(fbo, a.num_features, ti.j0 + k));
+  ti.f = p.tile_feat[blockIdx.x];
+  if (threadIdx.x == 0 && ti.nb > 0) {
+    rule->blk = a.block_sizes[ti.f];
+    rule->dist = static_cast<int>(a.dist_types[ti.f]);
+  }
 }
 
 // Reads the tile's geometry; when it has bags, off[k] = first id of its bag k relative to id0
-// (k <= nb; the host keeps nb x max_bag_len + kChunk < 2^31) and feat[k] = bag k's feature. Ends
-// with a barrier (off and feat are read by every thread afterwards).
-__device__ __forceinline__ PartitionTile load_tile(const PartitionArgs& p, int* off, int* feat) {
+// (k <= nb; the host keeps nb x max_bag_len + kChunk < 2^31) and its rule. Ends with a barrier
+// (off and the rule are read by every thread afterwards).
+__device__ __forceinline__ PartitionTile load_tile(const PartitionArgs& p, int* off,
+                                                   TileRule* rule) {
   const BucketizeArgs& a = p.a;
   PartitionTile ti;
-  tile_span(p, ti);
+  tile_span(p, ti, rule);
   ti.id0 = 0;
   ti.rank_id_base = 0;
   if (ti.nb > 0) {
@@ -107,7 +113,6 @@ __device__ __forceinline__ PartitionTile load_tile(const PartitionArgs& p, int* 
     ti.rank_id_base = a.bag_offsets[ti.first];
     for (int k = threadIdx.x; k <= ti.nb; k += kThreads)
       off[k] = static_cast<int>(a.bag_offsets[g0 + k] - ti.id0);
-    tile_features(p, ti, feat);
   }
   __syncthreads();
   return ti;
@@ -117,12 +122,12 @@ __device__ __forceinline__ PartitionTile load_tile(const PartitionArgs& p, int* 
 // scan of the tile's nb lengths, shifted to the host's tile_id0), so no offsets scan runs
 // before it and no tile waits on another. rank_id_base is not set (0). Ends with a barrier.
 // wsum: kWarps ints.
-__device__ __forceinline__ PartitionTile scan_tile(const PartitionArgs& p, int* off, int* feat,
+__device__ __forceinline__ PartitionTile scan_tile(const PartitionArgs& p, int* off, TileRule* rule,
                                                    int* wsum) {
   const BucketizeArgs& a = p.a;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   PartitionTile ti;
-  tile_span(p, ti);
+  tile_span(p, ti, rule);
   ti.rank_id_base = 0;
   ti.id0 = p.tile_id0[blockIdx.x];
   const int64_t g0 = ti.first + ti.j0;
@@ -138,15 +143,14 @@ __device__ __forceinline__ PartitionTile scan_tile(const PartitionArgs& p, int* 
     if (lane >= o) x += y;
   }
   if (lane == 31) wsum[warp] = x;
-  if (ti.nb > 0) tile_features(p, ti, feat);  // uniform
-  __syncthreads();                            // wsum written
+  __syncthreads();  // wsum (and the rule) written
   int below = 0;
   for (int wi = 0; wi < warp; ++wi) below += wsum[wi];
   const int incl = below + x;  // ids of the tile's bags 0 .. 2t+1
   if (t == 0) off[0] = 0;
   if (k0 < ti.nb) off[k0 + 1] = incl - l1;
   if (k0 + 1 < ti.nb) off[k0 + 2] = incl;
-  __syncthreads();  // off and feat written
+  __syncthreads();  // off written
   // The offsets of the tile's bags, for the place kernel and the caller: bag g's end is
   // written by the tile holding g; offset 0 by block 0.
   for (int k = t; k < ti.nb; k += kThreads) a.bag_offsets[g0 + k + 1] = ti.id0 + off[k + 1];
@@ -166,21 +170,6 @@ __device__ __forceinline__ int tile_bag(const int* off, int nb, int i) {
       hi = mid;
   }
   return lo;
-}
-
-// Bucket and local id of tile-relative id i (value x), by the rule of its bag's feature.
-__device__ __forceinline__ int route_in_tile(const PartitionArgs& p, const int* off,
-                                             const int* feat, int nb, int i, int64_t x,
-                                             int64_t* local, int* bag) {
-  const int kb = tile_bag(off, nb, i);
-  const int f = feat[kb];
-  BagInfo rb{};
-  rb.blk = p.a.block_sizes[f];
-  rb.dist = static_cast<int32_t>(p.a.dist_types[f]);
-  int64_t d64;
-  route(x, rb, p.wd, p.a.ids_i32, &d64, local);
-  *bag = kb;
-  return static_cast<int>(d64);
 }
 
 // run[d] = bucket d's first global position in tile kt of its rank: (ids of ranks before it)
@@ -221,12 +210,11 @@ __device__ __forceinline__ void tile_bases(int W, int64_t T, int64_t kt, int64_t
 // The tile's counts (nb > 0): cells[d * nb + k] = bucket-d ids of its bag k, and the
 // new_lengths of its bags from them. Counts are order-free, so thread t takes kIdsPerLane
 // consecutive ids of each chunk: one bag search per thread and chunk, then a walk forward over
-// the tile's offsets (short bags: about one step per bag), the routing rule reloaded only
-// where the feature changes; one shared atomic per id into its cell. Nothing here is
-// warp-synchronous, so threads past the tile's ids just skip. Ends with a barrier before the
-// new_lengths stores (cells stay readable).
+// the tile's offsets (short bags: about one step per bag); one shared atomic per id into its
+// cell. Nothing here is warp-synchronous, so threads past the tile's ids just skip. Ends with
+// a barrier before the new_lengths stores (cells stay readable).
 __device__ __forceinline__ void count_tile(const PartitionArgs& p, const PartitionTile& ti,
-                                           const int* off, const int* feat, int* cells) {
+                                           const int* off, const TileRule* rule, int* cells) {
   const BucketizeArgs& a = p.a;
   const int t = threadIdx.x;
   const int W = static_cast<int>(a.world_size);
@@ -235,6 +223,9 @@ __device__ __forceinline__ void count_tile(const PartitionArgs& p, const Partiti
   __syncthreads();
   const int n = off[nb];
   const int64_t* ids = a.ids + ti.id0;
+  BagInfo rb{};
+  rb.blk = rule->blk;
+  rb.dist = rule->dist;
   for (int c0 = 0; c0 < n; c0 += kChunk) {
     const int i0 = c0 + kIdsPerLane * t;
     if (i0 >= n) continue;
@@ -242,8 +233,6 @@ __device__ __forceinline__ void count_tile(const PartitionArgs& p, const Partiti
 #pragma unroll
     for (int k = 0; k < kIdsPerLane; ++k) x[k] = i0 + k < n ? ids[i0 + k] : 0;
     int kb = tile_bag(off, nb, i0);
-    int f = -1;
-    BagInfo rb{};
 #pragma unroll
     for (int k = 0; k < kIdsPerLane; ++k) {
       const int i = i0 + k;
@@ -251,12 +240,6 @@ __device__ __forceinline__ void count_tile(const PartitionArgs& p, const Partiti
         // off[nb] = n > i ends the walk at the last bag; empty bags (off[kb+1] == off[kb]) are
         // stepped over.
         while (off[kb + 1] <= i) ++kb;
-        const int fk = feat[kb];
-        if (fk != f) {
-          f = fk;
-          rb.blk = a.block_sizes[f];
-          rb.dist = static_cast<int32_t>(a.dist_types[f]);
-        }
         int64_t d64, local;
         route(x[k], rb, p.wd, a.ids_i32, &d64, &local);
         atomicAdd(&cells[static_cast<int>(d64) * nb + kb], 1);
@@ -277,19 +260,19 @@ __device__ __forceinline__ void count_tile(const PartitionArgs& p, const Partiti
 // and tile_cnt.
 __global__ void __launch_bounds__(kThreads) partition_count_kernel(PartitionArgs p) {
   __shared__ int s_off[kPartMaxTileBags + 1];
-  __shared__ int s_feat[kPartMaxTileBags];
+  __shared__ TileRule s_rule;
   __shared__ int s_cnt[kPartMaxCells];  // [d][k]: bucket-d ids of the tile's bag k
   __shared__ int s_wsum[kWarps];
   const BucketizeArgs& a = p.a;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   const int W = static_cast<int>(a.world_size);
-  const PartitionTile ti = scan_tile(p, s_off, s_feat, s_wsum);
+  const PartitionTile ti = scan_tile(p, s_off, &s_rule, s_wsum);
   int64_t* tc = p.tile_cnt + ti.q * W * p.tiles_per_rank + ti.kt;  // + d * tiles_per_rank
   if (ti.nb == 0) {  // uniform: past the rank's last bag, nothing of it in the scan
     for (int d = t; d < W; d += kThreads) tc[d * p.tiles_per_rank] = 0;
     return;
   }
-  count_tile(p, ti, s_off, s_feat, s_cnt);
+  count_tile(p, ti, s_off, &s_rule, s_cnt);
   const int nb = ti.nb;
   for (int d = warp; d < W; d += kWarps) {  // a warp per bucket row: the tile's total
     int64_t sum = 0;
@@ -300,67 +283,29 @@ __global__ void __launch_bounds__(kThreads) partition_count_kernel(PartitionArgs
   }
 }
 
-// One chunk of the tile (its n <= kChunk ids start at tile-relative id c0, at `ids`): as
-// rank_chunk (ranking.cuh), but each id routed by its own bag's feature. On return, after a
-// barrier: value[k] = local ids, key[] = bucket | slot << 8 (slot among the same-bucket ids
-// of its warp, in input order), wc[w][d] = bucket d's ids in warps < w, chunk_tot[d] = its ids
-// in the chunk.
-template <int Bits>
-__device__ __forceinline__ void partition_rank_chunk(const PartitionArgs& p, const int* off,
-                                                     const int* feat, int nb, int c0,
-                                                     const int64_t* ids, int n,
-                                                     int64_t (&value)[kIdsPerLane],
-                                                     unsigned (&key)[kIdsPerLane / 2],
-                                                     int (*wc)[kMaxSharedW], int* chunk_tot) {
-  const int t = threadIdx.x, w = t / 32, lane = t % 32;
-  const int W = static_cast<int>(p.a.world_size);
-  load_chunk_ids(ids, n, value);  // replaced by their local ids below
-  __syncthreads();                // wc of the previous chunk is no longer read
-  for (int d = lane; d < W; d += 32) wc[w][d] = 0;
-  __syncwarp();
-  const unsigned lt = (1u << lane) - 1u;
-#pragma unroll
-  for (int k = 0; k < kIdsPerLane; ++k) {
-    const int o = w * kWarpIds + k * 32 + lane;
-    int dest = -1;
-    if (o < n) {
-      int kb;
-      dest = route_in_tile(p, off, feat, nb, c0 + o, value[k], &value[k], &kb);
-    }
-    rank_tile<Bits>(dest, k, lt, wc[w], key);
-  }
-  warp_counts_to_offsets(wc, chunk_tot, W);
-}
-
 // The tile's n > 0 ids ranked and placed chunk by chunk (values, perm, weights, dest_rank):
-// run[d] = bucket d's next global position in the tile, advanced by each chunk. Features are
-// nondecreasing over a rank's bags: a tile whose first and last bag share one has a single
-// routing rule, and takes the block-per-bag ranking as is (the rule resolved at compile time,
-// no per-id bag search); tiles across a feature boundary route per id. after_first_rank()
-// runs once, uniformly, between the first chunk's ranking and its placement (the one launch
-// waits there for its rank's counts and sets run; the ranking overlaps that wait); a barrier
-// follows it before any placement. Shared arrays as partition_place_kernel's.
+// run[d] = bucket d's next global position in the tile, advanced by each chunk. The tile's bags
+// share one feature (the host plans them so), hence one routing rule: each chunk takes the
+// block-per-bag ranking as is (the rule resolved at compile time, no per-id bag search).
+// after_first_rank() runs once, uniformly, between the first chunk's ranking and its placement
+// (the one launch waits there for its rank's counts and sets run; the ranking overlaps that
+// wait); a barrier follows it before any placement. Shared arrays as partition_place_kernel's.
 template <int Bits, typename AfterFirstRank>
 __device__ __forceinline__ void place_tile(const PartitionArgs& p, const PartitionTile& ti,
-                                           const int* off, const int* feat, int n,
-                                           int (*wc)[kMaxSharedW], int* cnt, int* lex, int64_t* run,
-                                           int64_t* stage, int64_t* stage_pos,
-                                           AfterFirstRank after_first_rank) {
+                                           const TileRule* rule, int n, int (*wc)[kMaxSharedW],
+                                           int* cnt, int* lex, int64_t* run, int64_t* stage,
+                                           int64_t* stage_pos, AfterFirstRank after_first_rank) {
   const BucketizeArgs& a = p.a;
   const int W = static_cast<int>(a.world_size);
-  const int f0 = feat[0];
-  const bool one_rule = f0 == feat[ti.nb - 1];
-  const uint64_t blk = a.block_sizes[f0];
-  const int dist = static_cast<int>(a.dist_types[f0]);
+  const uint64_t blk = rule->blk;
+  const int dist = rule->dist;
   int64_t value[kIdsPerLane];
   unsigned key[kIdsPerLane / 2];
   for (int c0 = 0; c0 < n; c0 += kChunk) {  // uniform over the block
     const int m = n - c0 < kChunk ? n - c0 : kChunk;
     const int64_t i0 = ti.id0 + c0;
-    if (one_rule)  // uniform over the block; both end with a barrier
-      rank_chunk_any<Bits>(a, p.wd, dist, a.ids + i0, m, blk, value, key, wc, cnt);
-    else
-      partition_rank_chunk<Bits>(p, off, feat, ti.nb, c0, a.ids + i0, m, value, key, wc, cnt);
+    // Ends with a barrier.
+    rank_chunk_any<Bits>(a, p.wd, dist, a.ids + i0, m, blk, value, key, wc, cnt);
     if (c0 == 0) after_first_rank();
     exclusive_scan_buckets(cnt, lex, W);
     __syncthreads();
@@ -380,7 +325,7 @@ __device__ __forceinline__ void place_tile(const PartitionArgs& p, const Partiti
 template <int Bits>
 __global__ void __launch_bounds__(kThreads, 4) partition_place_kernel(PartitionArgs p) {
   __shared__ int s_off[kPartMaxTileBags + 1];
-  __shared__ int s_feat[kPartMaxTileBags];
+  __shared__ TileRule s_rule;
   __shared__ int wc[kWarps][kMaxSharedW];
   __shared__ int s_cnt[kMaxSharedW], s_lex[kMaxSharedW];
   __shared__ int64_t s_run[kMaxSharedW];  // bucket d's next global position in this tile
@@ -388,14 +333,14 @@ __global__ void __launch_bounds__(kThreads, 4) partition_place_kernel(PartitionA
   const BucketizeArgs& a = p.a;
   const int t = threadIdx.x;
   const int W = static_cast<int>(a.world_size);
-  const PartitionTile ti = load_tile(p, s_off, s_feat);
+  const PartitionTile ti = load_tile(p, s_off, &s_rule);
   if (ti.nb == 0) return;  // uniform
   const int n = s_off[ti.nb];
   if (n == 0) return;  // uniform: only empty bags
   if (p.tile_base) {
     const int64_t* tb = p.tile_base + ti.q * W * p.tiles_per_rank + ti.kt;
     for (int d = t; d < W; d += kThreads)
-      s_run[d] = tb[d * p.tiles_per_rank];  // read after partition_rank_chunk's barriers
+      s_run[d] = tb[d * p.tiles_per_rank];  // read after the ranking's barriers
   } else {
     // No scan: the place kernel sums its rank's row of tile counts itself (tiles past its last
     // bag count zero); the rows' totals go to s_stage (unused until the first chunk's
@@ -408,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, 4) partition_place_kernel(PartitionA
     // s_stage is next written in place_chunk_staged, after the ranking's closing barrier: every
     // read of it above is done by then.
   }
-  place_tile<Bits>(p, ti, s_off, s_feat, n, wc, s_cnt, s_lex, s_run, s_stage, s_stage_pos, [] {});
+  place_tile<Bits>(p, ti, &s_rule, n, wc, s_cnt, s_lex, s_run, s_stage, s_stage_pos, [] {});
 }
 
 }  // namespace dynemb::cuda::bucketize

@@ -5,7 +5,7 @@
 //
 // Each block, for tile (q, kt) of T = tiles_per_rank:
 //   scan_tile        the tile's bag offsets from its lengths and the host's tile_id0 (writes
-//                    bag_offsets), its bags' features;
+//                    bag_offsets), its feature's routing rule;
 //   count            the (bucket, bag) cells in shared memory (as partition_count_kernel):
 //                    new_lengths, and the tile's total per bucket, published as one
 //                    epoch-tagged 64-bit word each, words[(q x W + d) x T + kt] (the one-pass
@@ -45,7 +45,7 @@ struct ResidentPartitionArgs {
 template <int Bits, bool Trace = false>
 __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(ResidentPartitionArgs r) {
   __shared__ int s_off[kPartMaxTileBags + 1];
-  __shared__ int s_feat[kPartMaxTileBags];
+  __shared__ TileRule s_rule;
   __shared__ int wc[kWarps][kMaxSharedW];
   __shared__ int s_cnt[kMaxSharedW], s_lex[kMaxSharedW];
   __shared__ int64_t s_run[kMaxSharedW];  // bucket d's next global position in this tile
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
         r.trace[static_cast<int64_t>(blockIdx.x) * kBucketizeTracePoints + pt] = global_ns();
   };
   mark(0, 0);
-  PartitionTile ti = scan_tile(p, s_off, s_feat, s_wsum);
+  PartitionTile ti = scan_tile(p, s_off, &s_rule, s_wsum);
   mark(1, 1);
   ti.rank_id_base = p.tile_id0[ti.q * T];
   unsigned long long* row0 = r.words + ti.q * W * T;  // + d * T: bucket d's row of the rank
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
     mark(2, 5);
     return;
   }
-  count_tile(p, ti, s_off, s_feat, u.cells);
+  count_tile(p, ti, s_off, &s_rule, u.cells);
   for (int d = warp; d < W; d += kWarps) {  // a warp per bucket row
     int sum = 0;
     for (int k = lane; k < nb; k += 32) sum += u.cells[d * nb + k];
@@ -115,12 +115,11 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
     }
     return static_cast<int64_t>(v & 0xffffffffu);
   };
-  place_tile<Bits>(p, ti, s_off, s_feat, n, wc, s_cnt, s_lex, s_run, u.stage.value, u.stage.pos,
-                   [&] {
-                     mark(3, 3);
-                     tile_bases(W, T, ti.kt, ti.rank_id_base, count, u.stage.pos, s_run);
-                     mark(4, 4);
-                   });
+  place_tile<Bits>(p, ti, &s_rule, n, wc, s_cnt, s_lex, s_run, u.stage.value, u.stage.pos, [&] {
+    mark(3, 3);
+    tile_bases(W, T, ti.kt, ti.rank_id_base, count, u.stage.pos, s_run);
+    mark(4, 4);
+  });
   mark(5, 5);
 }
 

@@ -1,9 +1,9 @@
 // The partition path's tiling (plan_partition_tiles, host code of kernels/bucketize.cu): what
 // the kernels rely on, over random batches. Needs no GPU (it runs wherever the CUDA code is
-// compiled, CI included): every bag in exactly one tile of one rank and one feature, the
-// shared-memory bounds, each tile's first id (the kernels take it instead of a look-back
-// over the tiles before it), and the bound on the tile count that keeps every tile resident
-// for the one-launch kernel.
+// compiled, CI included): every bag in exactly one tile of one rank and one feature (the
+// tile's feature in the table), the shared-memory bounds, each tile's first id (the kernels
+// take it instead of a look-back over the tiles before it), and the bound on the tile count
+// that keeps every tile resident for the one-launch kernel.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -60,6 +60,7 @@ int64_t check_tiling(const Batch& b, const cuda::PartitionTiling& t) {
   REQUIRE(T > 0);
   REQUIRE(static_cast<int64_t>(t.tile_j0.size()) == R * (T + 1));
   REQUIRE(static_cast<int64_t>(t.tile_id0.size()) == R * T);
+  REQUIRE(static_cast<int64_t>(t.tile_feat.size()) == R * T);
   CHECK(t.max_tile_bags <= bk::kPartMaxTileBags);
   CHECK(b.W * t.max_tile_bags <= bk::kPartMaxCells);
   std::vector<int64_t> offsets{0};  // the batch's bag offsets
@@ -80,9 +81,11 @@ int64_t check_tiling(const Batch& b, const cuda::PartitionTiling& t) {
       if (j1 == j0) continue;
       ++used;
       most = std::max(most, j1 - j0);
-      // One feature: the feature of the first bag also holds the last.
+      // One feature, the table's (the kernels route the whole tile by its rule): the feature
+      // of the first bag also holds the last.
       const int64_t f = std::upper_bound(fb, fb + b.F + 1, j0) - fb - 1;
       CHECK(j1 <= fb[f + 1]);
+      CHECK(t.tile_feat[q * T + kt] == f);
     }
   }
   CHECK(most == t.max_tile_bags);
