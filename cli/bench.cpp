@@ -102,8 +102,8 @@ void setup_bench(CLI::App& app, RunFn& run) {
                 "CUDA, with --preset: time only the bucketize, at B = 512, 1024, ... 65536 per "
                 "rank (the preset's plan and hotness), each row naming the path taken");
   sub->add_flag("--diagnostics", o->diagnostics,
-                "CUDA: also print the bucketize path taken, its floors and the one-pass "
-                "kernel's step trace (bench/README.md)");
+                "CUDA: also print the bucketize path taken, its floors and the step trace "
+                "of its cooperative kernels (bench/README.md)");
   sub->callback([&run, o] { run = [o] { return run_bench(*o); }; });
 }
 
