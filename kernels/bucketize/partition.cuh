@@ -77,16 +77,6 @@ struct TileRule {
   int dist;      // its RouteRule
 };
 
-// An asynchronous copy of 8 bytes from global into shared memory (cp.async, sm_80 and later),
-// and the wait for all of this thread's: the copies run while the thread goes on.
-__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_all;" ::: "memory");
-}
-
 // The block's tile from the host's table: rank, index in the rank, first bag (rank-local), bag
 // count (0: past the rank's last bag) and feature. Same in every thread. With bags, thread 0
 // also starts the read of the rule; it is in `rule` after the caller's next barrier.
@@ -131,26 +121,15 @@ __device__ __forceinline__ PartitionTile load_tile(const PartitionArgs& p, int* 
 // The count kernel's tile: as load_tile, but the offsets come from the bag lengths (a block
 // scan of the tile's nb lengths, shifted to the host's tile_id0), so no offsets scan runs
 // before it and no tile waits on another. rank_id_base is not set (0). Ends with a barrier.
-// wsum: kWarps ints. first (kChunk ids of shared memory, or null): the tile's first chunk of
-// ids is copied there asynchronously, while the lengths are read and scanned (as many as the
-// batch holds from the tile's first id on: those past the tile are never read); each thread
-// waits for its copies (cp_async_wait_all) before the barrier after which they are read.
+// wsum: kWarps ints.
 __device__ __forceinline__ PartitionTile scan_tile(const PartitionArgs& p, int* off, TileRule* rule,
-                                                   int* wsum, int64_t* first = nullptr) {
+                                                   int* wsum) {
   const BucketizeArgs& a = p.a;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   PartitionTile ti;
   tile_span(p, ti, rule);
   ti.rank_id_base = 0;
   ti.id0 = p.tile_id0[blockIdx.x];
-  if (first && ti.nb > 0) {  // uniform
-    const int64_t left = a.total_ids - ti.id0;
-#pragma unroll
-    for (int k = 0; k < kIdsPerLane; ++k) {  // a warp copies 256 consecutive bytes at a time
-      const int i = k * kThreads + t;
-      if (i < left) cp_async8(first + i, a.ids + ti.id0 + i);
-    }
-  }
   const int64_t g0 = ti.first + ti.j0;
   // Bags 2t and 2t+1 of the tile (nb <= 2 x kThreads); a bag and the tile hold < 2^31 ids
   // (the host's bound on nb x max_bag_len).
@@ -233,12 +212,9 @@ __device__ __forceinline__ void tile_bases(int W, int64_t T, int64_t kt, int64_t
 // consecutive ids of each chunk: one bag search per thread and chunk, then a walk forward over
 // the tile's offsets (short bags: about one step per bag); one shared atomic per id into its
 // cell. Nothing here is warp-synchronous, so threads past the tile's ids just skip. Ends with
-// a barrier before the new_lengths stores (cells stay readable). first: null, or the tile's
-// first chunk of ids in shared memory (scan_tile's copy, complete in every thread: the barrier
-// after the cells are zeroed makes it visible).
+// a barrier before the new_lengths stores (cells stay readable).
 __device__ __forceinline__ void count_tile(const PartitionArgs& p, const PartitionTile& ti,
-                                           const int* off, const TileRule* rule, int* cells,
-                                           const int64_t* first = nullptr) {
+                                           const int* off, const TileRule* rule, int* cells) {
   const BucketizeArgs& a = p.a;
   const int t = threadIdx.x;
   const int W = static_cast<int>(a.world_size);
@@ -253,10 +229,9 @@ __device__ __forceinline__ void count_tile(const PartitionArgs& p, const Partiti
   for (int c0 = 0; c0 < n; c0 += kChunk) {
     const int i0 = c0 + kIdsPerLane * t;
     if (i0 >= n) continue;
-    const int64_t* src = c0 == 0 && first ? first : ids;
     int64_t x[kIdsPerLane];
 #pragma unroll
-    for (int k = 0; k < kIdsPerLane; ++k) x[k] = i0 + k < n ? src[i0 + k] : 0;
+    for (int k = 0; k < kIdsPerLane; ++k) x[k] = i0 + k < n ? ids[i0 + k] : 0;
     int kb = tile_bag(off, nb, i0);
 #pragma unroll
     for (int k = 0; k < kIdsPerLane; ++k) {
@@ -315,14 +290,11 @@ __global__ void __launch_bounds__(kThreads) partition_count_kernel(PartitionArgs
 // after_first_rank() runs once, uniformly, between the first chunk's ranking and its placement
 // (the one launch waits there for its rank's counts and sets run; the ranking overlaps that
 // wait); a barrier follows it before any placement. Shared arrays as partition_place_kernel's.
-// first: null, or the tile's first chunk of ids in shared memory, read instead of global memory
-// (before the ranking's first barrier: it may share its memory with the stage).
 template <int Bits, typename AfterFirstRank>
 __device__ __forceinline__ void place_tile(const PartitionArgs& p, const PartitionTile& ti,
                                            const TileRule* rule, int n, int (*wc)[kMaxSharedW],
                                            int* cnt, int* lex, int64_t* run, int64_t* stage,
-                                           int64_t* stage_pos, AfterFirstRank after_first_rank,
-                                           const int64_t* first = nullptr) {
+                                           int64_t* stage_pos, AfterFirstRank after_first_rank) {
   const BucketizeArgs& a = p.a;
   const int W = static_cast<int>(a.world_size);
   const uint64_t blk = rule->blk;
@@ -333,8 +305,7 @@ __device__ __forceinline__ void place_tile(const PartitionArgs& p, const Partiti
     const int m = n - c0 < kChunk ? n - c0 : kChunk;
     const int64_t i0 = ti.id0 + c0;
     // Ends with a barrier.
-    rank_chunk_any<Bits>(a, p.wd, dist, c0 == 0 && first ? first : a.ids + i0, m, blk, value, key,
-                         wc, cnt);
+    rank_chunk_any<Bits>(a, p.wd, dist, a.ids + i0, m, blk, value, key, wc, cnt);
     if (c0 == 0) after_first_rank();
     exclusive_scan_buckets(cnt, lex, W);
     __syncthreads();

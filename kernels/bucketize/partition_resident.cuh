@@ -5,10 +5,7 @@
 //
 // Each block, for tile (q, kt) of T = tiles_per_rank:
 //   scan_tile        the tile's bag offsets from its lengths and the host's tile_id0 (writes
-//                    bag_offsets), its feature's routing rule; meanwhile its first chunk of
-//                    ids is copied into shared memory (cp.async), where the count and the
-//                    first chunk's ranking read it (ids read once from global memory when the
-//                    tile is one chunk);
+//                    bag_offsets), its feature's routing rule;
 //   count            the (bucket, bag) cells in shared memory (as partition_count_kernel):
 //                    new_lengths, and the tile's total per bucket, published as one
 //                    epoch-tagged 64-bit word each, words[(q x W + d) x T + kt] (the one-pass
@@ -53,14 +50,9 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
   __shared__ int s_cnt[kMaxSharedW], s_lex[kMaxSharedW];
   __shared__ int64_t s_run[kMaxSharedW];  // bucket d's next global position in this tile
   __shared__ int s_wsum[kWarps];
-  // The counts' cells and the placement's stage are never live together (barriers between);
-  // the first chunk's ids are read by the count and by the first ranking, before the first
-  // placement writes the stage.
+  // The counts' cells and the placement's stage are never live together (barriers between).
   __shared__ union {
-    struct {
-      int64_t first[kChunk];     // the tile's first chunk of ids (scan_tile's copy)
-      int cells[kPartMaxCells];  // [d][k]: bucket-d ids of the tile's bag k
-    } c;
+    int cells[kPartMaxCells];  // [d][k]: bucket-d ids of the tile's bag k
     struct {
       int64_t value[kChunk], pos[kChunk];
     } stage;
@@ -79,7 +71,7 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
         r.trace[static_cast<int64_t>(blockIdx.x) * kBucketizeTracePoints + pt] = global_ns();
   };
   mark(0, 0);
-  PartitionTile ti = scan_tile(p, s_off, &s_rule, s_wsum, u.c.first);
+  PartitionTile ti = scan_tile(p, s_off, &s_rule, s_wsum);
   mark(1, 1);
   ti.rank_id_base = p.tile_id0[ti.q * T];
   unsigned long long* row0 = r.words + ti.q * W * T;  // + d * T: bucket d's row of the rank
@@ -93,11 +85,10 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
     mark(2, 5);
     return;
   }
-  cp_async_wait_all();  // the first chunk's copies (read after count_tile's first barrier)
-  count_tile(p, ti, s_off, &s_rule, u.c.cells, u.c.first);
+  count_tile(p, ti, s_off, &s_rule, u.cells);
   for (int d = warp; d < W; d += kWarps) {  // a warp per bucket row
     int sum = 0;
-    for (int k = lane; k < nb; k += 32) sum += u.c.cells[d * nb + k];
+    for (int k = lane; k < nb; k += 32) sum += u.cells[d * nb + k];
     sum = __reduce_add_sync(0xffffffffu, sum);
     if (lane == 0) st_word(row0 + d * T + ti.kt, tag | static_cast<unsigned>(sum));
   }
@@ -124,14 +115,11 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
     }
     return static_cast<int64_t>(v & 0xffffffffu);
   };
-  place_tile<Bits>(
-      p, ti, &s_rule, n, wc, s_cnt, s_lex, s_run, u.stage.value, u.stage.pos,
-      [&] {
-        mark(3, 3);
-        tile_bases(W, T, ti.kt, ti.rank_id_base, count, u.stage.pos, s_run);
-        mark(4, 4);
-      },
-      u.c.first);
+  place_tile<Bits>(p, ti, &s_rule, n, wc, s_cnt, s_lex, s_run, u.stage.value, u.stage.pos, [&] {
+    mark(3, 3);
+    tile_bases(W, T, ti.kt, ti.rank_id_base, count, u.stage.pos, s_run);
+    mark(4, 4);
+  });
   mark(5, 5);
 }
 
