@@ -445,7 +445,7 @@ class BatchWrites {
           // output, which a whole batch's dist may still be reading on the main thread.
           rb.kjt = Kjt{};
           rb.ctx.reset();
-          rb.output.reset();  // written: not kept while later ranks are
+          rb.output.reset();
           rb.keys.reset();
           rb.module_output.reset();
           rb.inverse_indices.reset();
