@@ -138,12 +138,15 @@ __device__ __forceinline__ void rank_chunk_any(const BucketizeArgs& a, const Fas
     rank_chunk<0, Bits>(a, wd, ids, n, blk, value, key, wc, chunk_tot);
 }
 
-// Counts before ranks (W <= 16, a bag of one chunk): the block's counts come from a cheap
-// histogram so they can be published before the ranking, which then overlaps the exchange.
+// Counts before ranks (W <= 16): a chunk's counts come from a cheap histogram, so that a
+// one-chunk bag or tile can publish them before its ranking (rank_from_dest), which then
+// overlaps the exchange; the partition ranks every chunk of a tile this way.
 // Loads and routes the chunk's n ids like rank_chunk (value[k] = local value) and packs each
 // id's bucket in 4 bits of dpack (bits 4k..4k+3). Each thread counts its 8 ids in 16 4-bit
 // fields (<= 8 each), warps sum them as 16-bit fields (<= 256), and on return, after a
 // barrier, wc[w][d] = bucket d's ids in warps < w and chunk_tot[d] = its ids in the chunk.
+// The warp writes its row of wc before the first barrier: every earlier read of wc must be
+// behind a barrier already.
 template <int Dist>
 __device__ __forceinline__ void hist_chunk(const BucketizeArgs& a, const FastDivU64& wd,
                                            const int64_t* ids, int n, uint64_t blk,
