@@ -71,8 +71,10 @@ int64_t one_pass_capacity() {
 // (R x tiles_per_rank) is no larger.
 int64_t resident_capacity() {
   static DeviceCache cache;
-  return resident_blocks(cache, {reinterpret_cast<const void*>(partition_resident_kernel<4>),
-                                 reinterpret_cast<const void*>(partition_resident_kernel<8>)});
+  return resident_blocks(cache,
+                         {reinterpret_cast<const void*>(partition_resident_kernel<4>),
+                          reinterpret_cast<const void*>(partition_resident_kernel<4, false, true>),
+                          reinterpret_cast<const void*>(partition_resident_kernel<8>)});
 }
 
 bool one_pass_eligible(const BucketizeArgs& a, const BucketizeOnePass& ws) {
@@ -245,12 +247,16 @@ bool launch_partition_resident(const BucketizeArgs& a, const int64_t* lengths,
   r.epoch = next_epoch(ws, s);
   r.trace = trace;
   void* params[] = {&r};
+  // W <= 16 with every tile of at most one chunk: the counts-first instance.
   const bool small = a.world_size <= kSmallW;
+  const bool one_chunk = small && a.tile_max_ids <= kChunk;
   const void* kernel =
-      trace ? (small ? reinterpret_cast<const void*>(partition_resident_kernel<4, true>)
-                     : reinterpret_cast<const void*>(partition_resident_kernel<8, true>))
-            : (small ? reinterpret_cast<const void*>(partition_resident_kernel<4>)
-                     : reinterpret_cast<const void*>(partition_resident_kernel<8>));
+      trace ? (one_chunk ? reinterpret_cast<const void*>(partition_resident_kernel<4, true, true>)
+               : small   ? reinterpret_cast<const void*>(partition_resident_kernel<4, true>)
+                         : reinterpret_cast<const void*>(partition_resident_kernel<8, true>))
+            : (one_chunk ? reinterpret_cast<const void*>(partition_resident_kernel<4, false, true>)
+               : small   ? reinterpret_cast<const void*>(partition_resident_kernel<4>)
+                         : reinterpret_cast<const void*>(partition_resident_kernel<8>));
   const cudaError_t err = cudaLaunchCooperativeKernel(kernel, dim3(static_cast<unsigned>(pp.tiles)),
                                                       dim3(kThreads), params, 0, s);
   if (err == cudaErrorCooperativeLaunchTooLarge) {
@@ -407,8 +413,10 @@ PartitionTiling plan_partition_tiles(int64_t world_size, int64_t num_features,
     const int64_t* tj = t.tile_j0.data() + q * (T + 1);
     for (int64_t kt = 0; kt < T; ++kt) {
       t.tile_id0.push_back(id);
+      const int64_t id0 = id;
       for (int64_t j = rank_bag_off[q] + tj[kt]; j < rank_bag_off[q] + tj[kt + 1]; ++j)
         id += lengths[j];
+      t.max_tile_ids = std::max(t.max_tile_ids, id - id0);
     }
   }
   return t;

@@ -72,6 +72,7 @@ struct BucketizeArgs {
   bool partition_one_launch = true;
   int64_t tiles_per_rank = 0;  // T
   int64_t tile_max_bags = 0;   // bags of the largest tile
+  int64_t tile_max_ids = 0;    // ids of the largest tile (<= one chunk: W <= 16 counts first)
   // Outputs.
   int64_t* new_lengths = nullptr;  // [W*total_bags]
   // [W*total_bags] scratch, not an output: the three passes leave the exclusive scan of
@@ -99,6 +100,7 @@ size_t bucketize_scan_temp_bytes(int64_t n);
 // tile resident, one launch), if tiles of at most four chunks can.
 struct PartitionTiling {
   int64_t tiles_per_rank = 0, max_tile_bags = 0;
+  int64_t max_tile_ids = 0;        // ids of the largest tile
   std::vector<int64_t> tile_j0;    // [R*(tiles_per_rank+1)]
   std::vector<int64_t> tile_id0;   // [R*tiles_per_rank]: global index of each tile's first id
   std::vector<int32_t> tile_feat;  // [R*tiles_per_rank]: the feature of its bags (empty: 0)

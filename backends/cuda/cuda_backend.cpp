@@ -831,6 +831,7 @@ void BatchedBucketize::plan_tiles(int64_t tile_ids, cudaStream_t s) {
   args.tile_feat = nullptr;
   args.tiles_per_rank = t.tiles_per_rank;
   args.tile_max_bags = t.max_tile_bags;
+  args.tile_max_ids = t.max_tile_ids;
   if (t.tile_j0.empty()) return;
   d_tile_j0.upload(t.tile_j0, s);
   d_tile_id0.upload(t.tile_id0, s);

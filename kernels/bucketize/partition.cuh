@@ -159,9 +159,10 @@ __device__ __forceinline__ PartitionTile scan_tile(const PartitionArgs& p, int* 
 }
 
 // The tile's bag holding tile-relative id i: the last k < nb with off[k] <= i (empty bags
-// have off[k] == off[k + 1], so the last such k is the bag that holds i). off[0] = 0 <= i.
-__device__ __forceinline__ int tile_bag(const int* off, int nb, int i) {
-  int lo = 0, hi = nb;  // invariant: off[lo] <= i, answer in [lo, hi)
+// have off[k] == off[k + 1], so the last such k is the bag that holds i), searched from bag
+// lo, known to have off[lo] <= i (off[0] = 0 <= i).
+__device__ __forceinline__ int tile_bag_from(const int* off, int lo, int nb, int i) {
+  int hi = nb;  // invariant: off[lo] <= i, answer in [lo, hi)
   while (hi - lo > 1) {
     const int mid = (lo + hi) >> 1;
     if (off[mid] <= i)
@@ -170,6 +171,9 @@ __device__ __forceinline__ int tile_bag(const int* off, int nb, int i) {
       hi = mid;
   }
   return lo;
+}
+__device__ __forceinline__ int tile_bag(const int* off, int nb, int i) {
+  return tile_bag_from(off, 0, nb, i);
 }
 
 // run[d] = bucket d's first global position in tile kt of its rank: (ids of ranks before it)
@@ -207,12 +211,25 @@ __device__ __forceinline__ void tile_bases(int W, int64_t T, int64_t kt, int64_t
   }
 }
 
-// The tile's counts (nb > 0): cells[d * nb + k] = bucket-d ids of its bag k, and the
-// new_lengths of its bags from them. Counts are order-free, so thread t takes kIdsPerLane
-// consecutive ids of each chunk: one bag search per thread and chunk, then a walk forward over
-// the tile's offsets (short bags: about one step per bag); one shared atomic per id into its
-// cell. Nothing here is warp-synchronous, so threads past the tile's ids just skip. Ends with
-// a barrier before the new_lengths stores (cells stay readable).
+// The tile's cells (cells[d * nb + k] = bucket-d ids of its bag k, nb > 0) to new_lengths: rank
+// q's start at W x first, entry (d, j) at d x rank_bags + j, so row d of the tile is nb
+// consecutive entries.
+__device__ __forceinline__ void store_new_lengths(const BucketizeArgs& a, const PartitionTile& ti,
+                                                  const int* cells) {
+  const int nb = ti.nb, ncells = static_cast<int>(a.world_size) * nb;
+  int64_t* nl = a.new_lengths + a.world_size * ti.first + ti.j0;
+  for (int e = threadIdx.x; e < ncells; e += kThreads) {
+    const int d = e / nb, k = e - d * nb;
+    nl[d * ti.rank_bags + k] = cells[e];
+  }
+}
+
+// The tile's counts (nb > 0): cells[d * nb + k] = bucket-d ids of its bag k (the caller
+// stores them as new_lengths: store_new_lengths). Counts are order-free, so thread t takes
+// kIdsPerLane consecutive ids of each chunk: one bag search per thread and chunk, then a walk
+// forward over the tile's offsets (short bags: about one step per bag); one shared atomic per
+// id into its cell. Nothing here is warp-synchronous, so threads past the tile's ids just
+// skip. Ends with a barrier (the cells complete).
 __device__ __forceinline__ void count_tile(const PartitionArgs& p, const PartitionTile& ti,
                                            const int* off, const TileRule* rule, int* cells) {
   const BucketizeArgs& a = p.a;
@@ -247,17 +264,10 @@ __device__ __forceinline__ void count_tile(const PartitionArgs& p, const Partiti
     }
   }
   __syncthreads();
-  // new_lengths of rank q start at W * first, entry (d, j) at d * rank_bags + j: row d of the
-  // tile is nb consecutive entries.
-  int64_t* nl = a.new_lengths + W * ti.first + ti.j0;
-  for (int e = t; e < ncells; e += kThreads) {
-    const int d = e / nb, k = e - d * nb;
-    nl[d * ti.rank_bags + k] = cells[e];
-  }
 }
 
-// The count kernel: the bag offsets (scan_tile), new_lengths of the tile's bags (count_tile)
-// and tile_cnt.
+// The count kernel: the bag offsets (scan_tile), new_lengths of the tile's bags (count_tile,
+// store_new_lengths) and tile_cnt.
 __global__ void __launch_bounds__(kThreads) partition_count_kernel(PartitionArgs p) {
   __shared__ int s_off[kPartMaxTileBags + 1];
   __shared__ TileRule s_rule;
@@ -281,6 +291,7 @@ __global__ void __launch_bounds__(kThreads) partition_count_kernel(PartitionArgs
     for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (lane == 0) tc[d * p.tiles_per_rank] = sum;
   }
+  store_new_lengths(a, ti, s_cnt);
 }
 
 // One chunk of a tile ranked as rank_chunk_any ranks it (value, key, wc, cnt alike; ends

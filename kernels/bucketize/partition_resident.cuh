@@ -6,15 +6,19 @@
 // Each block, for tile (q, kt) of T = tiles_per_rank:
 //   scan_tile        the tile's bag offsets from its lengths and the host's tile_id0 (writes
 //                    bag_offsets), its feature's routing rule;
-//   count            the (bucket, bag) cells in shared memory (as partition_count_kernel):
-//                    new_lengths, and the tile's total per bucket, published as one
-//                    epoch-tagged 64-bit word each, words[(q x W + d) x T + kt] (the one-pass
-//                    kernel's scratch and epoch: nothing is reset between launches);
+//   count            the (bucket, bag) cells in shared memory (as partition_count_kernel);
+//                    the tile's total per bucket, published as one epoch-tagged 64-bit word
+//                    each, words[(q x W + d) x T + kt] (the one-pass kernel's scratch and
+//                    epoch: nothing is reset between launches); then new_lengths;
 //   tile_bases       a warp per bucket row d reads the rank's T words of row d, waiting for
 //                    those not yet carrying the epoch: the rank's bucket-d ids and those of
 //                    its tiles before kt give run[d] = (the rank's first id) + (its ids of
 //                    buckets < d) + (its bucket-d ids in tiles < kt);
 //   place            each 2048-id chunk ranked and placed as partition_place_kernel does.
+// W <= kSmallW with every tile of at most one chunk (the OneChunk instance) publishes first:
+// the chunk's 4-bit histogram (hist_chunk) gives the tile's totals, published before the
+// ranking (rank_from_dest) and the cells (from the buckets held in registers), so the ids are
+// read and routed once and the rank's other tiles see the counts earlier.
 // Every block publishes before it waits (empty tiles publish zeros) and all are resident, so
 // every wait ends; a wait that outlives kMaxPolls polls traps instead of hanging the GPU.
 #pragma once
@@ -42,8 +46,12 @@ struct ResidentPartitionArgs {
 // 4 rank's counts seen, 5 placed; a tile with nothing to place stamps 2 to 5 at once), with a
 // barrier before each stamp so that it marks the whole block's step. Untraced instances
 // compile as if the stamps were not there.
-template <int Bits, bool Trace = false>
+// OneChunk (Bits 4 only): every tile holds at most one chunk of ids (the host's tiling says
+// so), and each takes the counts-first order below; an instance of its own, because with both
+// orders in one kernel the register allocator spills.
+template <int Bits, bool Trace = false, bool OneChunk = false>
 __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(ResidentPartitionArgs r) {
+  static_assert(!OneChunk || Bits == 4, "counts first needs the 4-bit histogram (W <= kSmallW)");
   __shared__ int s_off[kPartMaxTileBags + 1];
   __shared__ TileRule s_rule;
   __shared__ int wc[kWarps][kMaxSharedW];
@@ -57,6 +65,8 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
       int64_t value[kChunk], pos[kChunk];
     } stage;
   } u;
+  static_assert(sizeof(int) * kPartMaxCells <= sizeof(int64_t) * kChunk,
+                "the cells end before the stage's positions (tile_bases' scratch)");
   const PartitionArgs& p = r.p;
   const BucketizeArgs& a = p.a;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
@@ -85,26 +95,10 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
     mark(2, 5);
     return;
   }
-  count_tile(p, ti, s_off, &s_rule, u.cells);
-  for (int d = warp; d < W; d += kWarps) {  // a warp per bucket row
-    int sum = 0;
-    for (int k = lane; k < nb; k += 32) sum += u.cells[d * nb + k];
-    sum = __reduce_add_sync(0xffffffffu, sum);
-    if (lane == 0) st_word(row0 + d * T + ti.kt, tag | static_cast<unsigned>(sum));
-  }
-  mark(2, 2);
-  if (n == 0) {  // uniform: only empty bags, nothing to place
-    mark(3, 5);
-    return;
-  }
-
-  // Rank and place (place_tile). The first chunk is ranked before the wait for the rank's
-  // counts (its values and keys stay in registers until its placement), so that ranking
-  // overlaps the other tiles' counting, as in the one-pass kernel. The rank's tile counts come
-  // from its words, waiting for those not yet carrying this launch's tag: every tile of the
-  // rank publishes before it waits and all are resident, so each wait ends; should that ever
-  // break, trap after kMaxPolls polls (as the one-pass kernel does). The rows' totals go to
-  // the stage's positions, read before the barrier that precedes the first placement.
+  // The rank's tile counts come from its words, waiting for those not yet carrying this
+  // launch's tag: every tile of the rank publishes before it waits and all are resident, so
+  // each wait ends; should that ever break, trap after kMaxPolls polls (as the one-pass kernel
+  // does).
   const auto count = [&](int d, int64_t k) {
     const unsigned long long* w = row0 + d * T + k;
     unsigned long long v = ld_word(w);
@@ -115,12 +109,76 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
     }
     return static_cast<int64_t>(v & 0xffffffffu);
   };
-  place_tile<Bits>(p, ti, &s_rule, n, wc, s_cnt, s_lex, s_run, u.stage.value, u.stage.pos, [&] {
+
+  if constexpr (OneChunk) {  // n <= kChunk, W <= kSmallW: counts first
+    // The chunk's counts from the 4-bit histogram are the tile's totals: published at once,
+    // before the ranking and the cells, which then overlap the other tiles' counting (the
+    // one-pass kernel's order). The ids are read once: their values and 4-bit buckets stay
+    // in registers for the ranking, the cells and the placement.
+    if (n > kChunk) __trap();  // the host's tile_max_ids was wrong
+    int64_t value[kIdsPerLane];
+    unsigned key[kIdsPerLane / 2];
+    unsigned dpack;
+    const int ncells = W * nb;
+    for (int e = t; e < ncells; e += kThreads) u.cells[e] = 0;  // before hist's barriers
+    hist_chunk_any(a, p.wd, s_rule.dist, a.ids + ti.id0, n, s_rule.blk, value, dpack, wc, s_cnt);
+    for (int d = t; d < W; d += kThreads)
+      st_word(row0 + d * T + ti.kt, tag | static_cast<unsigned>(s_cnt[d]));
+    mark(2, 2);
+    rank_from_dest(n, dpack, key);
+    // The cells from the buckets in registers: lane l of warp w holds ids w x kWarpIds +
+    // k x 32 + l, increasing with k, so each search starts at the previous id's bag.
+    int kb = 0;
+#pragma unroll
+    for (int k = 0; k < kIdsPerLane; ++k) {
+      const int i = warp * kWarpIds + k * 32 + lane;
+      if (i < n) {
+        kb = tile_bag_from(s_off, kb, nb, i);
+        atomicAdd(&u.cells[static_cast<int>((dpack >> (4 * k)) & 0xfu) * nb + kb], 1);
+      }
+    }
+    __syncthreads();
+    store_new_lengths(a, ti, u.cells);
+    if (n == 0) {  // uniform: only empty bags, nothing to place
+      mark(3, 5);
+      return;
+    }
+    exclusive_scan_buckets(s_cnt, s_lex, W);  // warp 0
     mark(3, 3);
+    // tile_bases' scratch (stage.pos) lies past the cells, which new_lengths still reads.
     tile_bases(W, T, ti.kt, ti.rank_id_base, count, u.stage.pos, s_run);
     mark(4, 4);
-  });
-  mark(5, 5);
+    __syncthreads();  // run, lex written; the cells' reads done before the stage is written
+    const ChunkOut<int64_t> o{a.weights ? a.weights + ti.id0 : nullptr, a.perm + ti.id0,
+                              a.dest_rank ? a.dest_rank + ti.id0 : nullptr, ti.rank_id_base};
+    place_chunk_staged(a, o, n, value, key, wc, s_run, s_lex, u.stage.value, u.stage.pos);
+    mark(5, 5);
+  } else {
+    count_tile(p, ti, s_off, &s_rule, u.cells);
+    for (int d = warp; d < W; d += kWarps) {  // a warp per bucket row
+      int sum = 0;
+      for (int k = lane; k < nb; k += 32) sum += u.cells[d * nb + k];
+      sum = __reduce_add_sync(0xffffffffu, sum);
+      if (lane == 0) st_word(row0 + d * T + ti.kt, tag | static_cast<unsigned>(sum));
+    }
+    store_new_lengths(a, ti, u.cells);  // after the publish: the rank's tiles wait on it
+    mark(2, 2);
+    if (n == 0) {  // uniform: only empty bags, nothing to place
+      mark(3, 5);
+      return;
+    }
+
+    // Rank and place (place_tile). The first chunk is ranked before the wait for the rank's
+    // counts (its values and keys stay in registers until its placement), so that ranking
+    // overlaps the other tiles' counting, as in the one-pass kernel. The rows' totals go to the
+    // stage's positions, read before the barrier that precedes the first placement.
+    place_tile<Bits>(p, ti, &s_rule, n, wc, s_cnt, s_lex, s_run, u.stage.value, u.stage.pos, [&] {
+      mark(3, 3);
+      tile_bases(W, T, ti.kt, ti.rank_id_base, count, u.stage.pos, s_run);
+      mark(4, 4);
+    });
+    mark(5, 5);
+  }
 }
 
 }  // namespace dynemb::cuda::bucketize

@@ -65,7 +65,7 @@ int64_t check_tiling(const Batch& b, const cuda::PartitionTiling& t) {
   CHECK(b.W * t.max_tile_bags <= bk::kPartMaxCells);
   std::vector<int64_t> offsets{0};  // the batch's bag offsets
   for (int64_t len : b.lengths) offsets.push_back(offsets.back() + len);
-  int64_t used = 0, most = 0;
+  int64_t used = 0, most = 0, most_ids = 0;
   for (int64_t q = 0; q < R; ++q) {
     const int64_t bags = b.rank_bag_off[q + 1] - b.rank_bag_off[q];
     const int64_t* tj = t.tile_j0.data() + q * (T + 1);
@@ -78,6 +78,8 @@ int64_t check_tiling(const Batch& b, const cuda::PartitionTiling& t) {
       CHECK(j1 - j0 <= t.max_tile_bags);
       // The tile's first id, also for tiles past the rank's last bag (the rank's end).
       CHECK(t.tile_id0[q * T + kt] == offsets[b.rank_bag_off[q] + j0]);
+      most_ids =
+          std::max(most_ids, offsets[b.rank_bag_off[q] + j1] - offsets[b.rank_bag_off[q] + j0]);
       if (j1 == j0) continue;
       ++used;
       most = std::max(most, j1 - j0);
@@ -89,6 +91,7 @@ int64_t check_tiling(const Batch& b, const cuda::PartitionTiling& t) {
     }
   }
   CHECK(most == t.max_tile_bags);
+  CHECK(most_ids == t.max_tile_ids);  // the one launch's counts-first instance relies on it
   return used;
 }
 

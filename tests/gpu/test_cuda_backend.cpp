@@ -17,6 +17,7 @@
 #include <random>
 #include <string>
 
+#include "bucketize/config.cuh"  // kChunk, kSmallW
 #include "capture/capture.hpp"
 #include "common/hash.hpp"
 #include "cuda/cuda_backend.hpp"
@@ -835,6 +836,7 @@ TEST_CASE("batched bucketize: the partition path (large batches) == cpu") {
       {256, 64, 32, 0, 40, false, true, true, true, false, true, 5000},  // over a chunk, 16 bags
   };
   int resident_runs = 0, two_kernel_runs = 0;
+  int one_chunk_runs = 0, multi_chunk_runs = 0;  // one launch, W <= 16: the two orders
   for (const Shape& sh : shapes) {
     const Plan p = bucketize_plan(sh.W);
     const int64_t W = sh.W, F = p.num_features();
@@ -890,14 +892,17 @@ TEST_CASE("batched bucketize: the partition path (large batches) == cpu") {
       const bool resident =
           one_launch && W * ba.tiles_per_rank <= cuda::bucketize_partition_resident_capacity();
       INFO("W=" << W << " B=" << (small ? sh.B_small : sh.B) << " bags of " << sh.min_len << ".."
-                << sh.max_len << " ids, L=" << ba.total_bags << " N=" << ba.total_ids
-                << " int32=" << sh.i32 << " weighted=" << sh.weighted << " path "
-                << cuda::to_string(c.path) << " tiles " << ba.tiles_per_rank
-                << " per rank, <= " << ba.tile_max_bags << " bags");
+                << sh.max_len << " ids, L=" << ba.total_bags << " N=" << ba.total_ids << " int32="
+                << sh.i32 << " weighted=" << sh.weighted << " path " << cuda::to_string(c.path)
+                << " tiles " << ba.tiles_per_rank << " per rank, <= " << ba.tile_max_bags
+                << " bags, <= " << ba.tile_max_ids << " ids");
       CHECK(c.path == (W > 256    ? cuda::BucketizePath::thread_per_bag
                        : resident ? cuda::BucketizePath::partition_resident
                                   : cuda::BucketizePath::partition));
       if (W <= 256) ++(resident ? resident_runs : two_kernel_runs);
+      // W <= 16 with tiles of at most one chunk: the one launch's counts-first instance.
+      if (resident && W <= cuda::bucketize::kSmallW)
+        ++(ba.tile_max_ids <= cuda::bucketize::kChunk ? one_chunk_runs : multi_chunk_runs);
       // First on other ids (same lengths), then on the real ones: new_offsets (the tile counts)
       // and every output then hold an earlier launch's values, which must all be replaced.
       DeviceBuffer<int64_t> d_other;
@@ -938,9 +943,14 @@ TEST_CASE("batched bucketize: the partition path (large batches) == cpu") {
       }
     }
   }
-  // Both partition kernels ran (the small shapes fit one launch, the large ones do not).
+  // Both partition kernels ran (the small shapes fit one launch, the large ones do not), and
+  // the one launch's counts-first instance (tiles of one chunk: the re-planned tiles under a
+  // chunk, and the small batches). Tiles of several chunks at W <= 16 come with the full
+  // batches (ec-bench-criteo's shape).
   CHECK(resident_runs > 0);
   CHECK(two_kernel_runs > 0);
+  CHECK(one_chunk_runs > 0);
+  if (!small) CHECK(multi_chunk_runs > 0);
 }
 
 TEST_CASE("worked example (docs/semantics.md §6.1) on the GPU") {
