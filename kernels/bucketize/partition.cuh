@@ -294,26 +294,6 @@ __global__ void __launch_bounds__(kThreads) partition_count_kernel(PartitionArgs
   store_new_lengths(a, ti, s_cnt);
 }
 
-// One chunk of a tile ranked as rank_chunk_any ranks it (value, key, wc, cnt alike; ends
-// with a barrier). W <= kSmallW (Bits 4): the counts from the 4-bit histogram and the keys
-// from the warp-local ranking (hist_chunk, rank_from_dest), as the one-pass kernel ranks a
-// bag: one barrier and no shared running rows fewer per chunk than rank_chunk. A tile is one
-// feature's bags, so it has one rule and the same keys either way.
-template <int Bits>
-__device__ __forceinline__ void rank_tile_chunk(const BucketizeArgs& a, const FastDivU64& wd,
-                                                int dist, const int64_t* ids, int n, uint64_t blk,
-                                                int64_t (&value)[kIdsPerLane],
-                                                unsigned (&key)[kIdsPerLane / 2],
-                                                int (*wc)[kMaxSharedW], int* cnt) {
-  if constexpr (Bits == 4) {
-    unsigned dpack;
-    hist_chunk_any(a, wd, dist, ids, n, blk, value, dpack, wc, cnt);
-    rank_from_dest(n, dpack, key);
-  } else {
-    rank_chunk_any<Bits>(a, wd, dist, ids, n, blk, value, key, wc, cnt);
-  }
-}
-
 // The tile's n > 0 ids ranked and placed chunk by chunk (values, perm, weights, dest_rank):
 // run[d] = bucket d's next global position in the tile, advanced by each chunk. The tile's bags
 // share one feature (the host plans them so), hence one routing rule: each chunk takes the
@@ -335,7 +315,9 @@ __device__ __forceinline__ void place_tile(const PartitionArgs& p, const Partiti
   for (int c0 = 0; c0 < n; c0 += kChunk) {  // uniform over the block
     const int m = n - c0 < kChunk ? n - c0 : kChunk;
     const int64_t i0 = ti.id0 + c0;
-    rank_tile_chunk<Bits>(a, p.wd, dist, a.ids + i0, m, blk, value, key, wc, cnt);  // synced
+    // Ends with a barrier. (For W <= 16 the histogram and warp-local ranking of the one-pass
+    // kernel, hist_chunk and rank_from_dest, were slower here, chunk after chunk.)
+    rank_chunk_any<Bits>(a, p.wd, dist, a.ids + i0, m, blk, value, key, wc, cnt);
     if (c0 == 0) after_first_rank();
     exclusive_scan_buckets(cnt, lex, W);
     __syncthreads();
