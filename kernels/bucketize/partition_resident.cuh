@@ -81,18 +81,6 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
         r.trace[static_cast<int64_t>(blockIdx.x) * kBucketizeTracePoints + pt] = global_ns();
   };
   mark(0, 0);
-  // OneChunk: the tile's ids are loaded first, from the host's first ids (tile_id0 is
-  // increasing over the grid; the last tile ends at the batch's last id), so that their round
-  // trip overlaps the lengths' and the offsets' scan instead of following it.
-  int64_t value[kIdsPerLane];
-  int pre_n = 0;
-  if constexpr (OneChunk) {
-    const int64_t g = blockIdx.x, id0 = p.tile_id0[g];
-    const int64_t id1 = g + 1 < gridDim.x ? p.tile_id0[g + 1] : a.total_ids;
-    pre_n = static_cast<int>(id1 - id0);
-    if (pre_n > kChunk) __trap();  // the host's tile_max_ids was wrong
-    load_chunk_ids(a.ids + id0, pre_n, value);
-  }
   PartitionTile ti = scan_tile(p, s_off, &s_rule, s_wsum);
   mark(1, 1);
   ti.rank_id_base = p.tile_id0[ti.q * T];
@@ -127,12 +115,13 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
     // before the ranking and the cells, which then overlap the other tiles' counting (the
     // one-pass kernel's order). The ids are read once: their values and 4-bit buckets stay
     // in registers for the ranking, the cells and the placement.
-    if (n != pre_n) __trap();  // the offsets disagree with the host's first ids
+    if (n > kChunk) __trap();  // the host's tile_max_ids was wrong
+    int64_t value[kIdsPerLane];
     unsigned key[kIdsPerLane / 2];
     unsigned dpack;
     const int ncells = W * nb;
     for (int e = t; e < ncells; e += kThreads) u.cells[e] = 0;  // before hist's barriers
-    hist_chunk_any<true>(a, p.wd, s_rule.dist, nullptr, n, s_rule.blk, value, dpack, wc, s_cnt);
+    hist_chunk_any(a, p.wd, s_rule.dist, a.ids + ti.id0, n, s_rule.blk, value, dpack, wc, s_cnt);
     for (int d = t; d < W; d += kThreads)
       st_word(row0 + d * T + ti.kt, tag | static_cast<unsigned>(s_cnt[d]));
     mark(2, 2);

@@ -146,16 +146,15 @@ __device__ __forceinline__ void rank_chunk_any(const BucketizeArgs& a, const Fas
 // fields (<= 8 each), warps sum them as 16-bit fields (<= 256), and on return, after a
 // barrier, wc[w][d] = bucket d's ids in warps < w and chunk_tot[d] = its ids in the chunk.
 // The warp writes its row of wc before the first barrier: every earlier read of wc must be
-// behind a barrier already. Loaded: value[] holds the ids already (load_chunk_ids by the
-// caller, issued earlier), ids is not read.
-template <int Dist, bool Loaded>
+// behind a barrier already.
+template <int Dist>
 __device__ __forceinline__ void hist_chunk(const BucketizeArgs& a, const FastDivU64& wd,
                                            const int64_t* ids, int n, uint64_t blk,
                                            int64_t (&value)[kIdsPerLane], unsigned& dpack,
                                            int (*wc)[kMaxSharedW], int* chunk_tot) {
   const int t = threadIdx.x, w = t / 32, lane = t % 32;
   const int W = static_cast<int>(a.world_size);
-  if (!Loaded) load_chunk_ids(ids, n, value);
+  load_chunk_ids(ids, n, value);
   BagInfo rb{};
   rb.blk = blk;
   rb.dist = Dist;
@@ -200,17 +199,16 @@ __device__ __forceinline__ void hist_chunk(const BucketizeArgs& a, const FastDiv
   warp_counts_to_offsets(wc, chunk_tot, W);
 }
 
-template <bool Loaded = false>
 __device__ __forceinline__ void hist_chunk_any(const BucketizeArgs& a, const FastDivU64& wd,
                                                int dist, const int64_t* ids, int n, uint64_t blk,
                                                int64_t (&value)[kIdsPerLane], unsigned& dpack,
                                                int (*wc)[kMaxSharedW], int* chunk_tot) {
   if (dist == 2)
-    hist_chunk<2, Loaded>(a, wd, ids, n, blk, value, dpack, wc, chunk_tot);
+    hist_chunk<2>(a, wd, ids, n, blk, value, dpack, wc, chunk_tot);
   else if (dist == 1)
-    hist_chunk<1, Loaded>(a, wd, ids, n, blk, value, dpack, wc, chunk_tot);
+    hist_chunk<1>(a, wd, ids, n, blk, value, dpack, wc, chunk_tot);
   else
-    hist_chunk<0, Loaded>(a, wd, ids, n, blk, value, dpack, wc, chunk_tot);
+    hist_chunk<0>(a, wd, ids, n, blk, value, dpack, wc, chunk_tot);
 }
 
 // The lanes with (x & mask) != 0. Written in PTX so that the test is one predicate-setting
