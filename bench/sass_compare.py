@@ -44,9 +44,11 @@ RENAMES = {
 
 # Template parameters added by a restructuring, with the value that gives the old instance:
 # (kernel, position, value). The one-pass kernel and the partition's one launch gained Trace
-# (false: the untraced instance).
+# (false: the untraced instance); the one launch then OneChunk (false: the instance for tiles
+# of any size).
 ADDED_TEMPLATE_ARGS = [("dynemb::cuda::bucketize::one_pass_kernel", 2, "false"),
-                       ("dynemb::cuda::bucketize::partition_resident_kernel", 1, "false")]
+                       ("dynemb::cuda::bucketize::partition_resident_kernel", 1, "false"),
+                       ("dynemb::cuda::bucketize::partition_resident_kernel", 2, "false")]
 
 NVCC = os.environ.get("NVCC", "nvcc")
 ARCH = os.environ.get("SASS_ARCH", "90")
@@ -221,9 +223,11 @@ def key(demangled):
     base = RENAMES.get(base, base)
     if targs:
         args = [x.strip() for x in targs[:-1].split(",")]
-        for kernel, pos, value in ADDED_TEMPLATE_ARGS:
-            if base == kernel and len(args) > pos and args[pos] == value:
-                del args[pos]
+        # Trailing arguments that hold an added parameter's old value go, last first (as C++
+        # defaults do): <4, false, false> and <4, false> are both <4>; <4, false, true> stays.
+        added = {(kernel, pos): value for kernel, pos, value in ADDED_TEMPLATE_ARGS}
+        while args and added.get((base, len(args) - 1)) == args[-1]:
+            args.pop()
         targs = ", ".join(args) + ">"
     return base + ("<" + targs if targs else "")
 
