@@ -25,8 +25,8 @@ void launch_stream_floor(const int64_t* ids, int64_t n, int64_t* values, int64_t
 // of each block at the end of each step. The one-pass kernel (a block per bag): 0 start, 1 bag
 // offsets, 2 counts published, 3 rank's counts seen, 4 bases, 5 placed. The partition's one
 // launch (a block per tile, R x tiles_per_rank): 0 start, 1 bag offsets, 2 counts published,
-// 3 first chunk ranked, 4 rank's counts seen, 5 placed. Untouched when the launch takes
-// another path.
+// 3 first chunk ranked (W <= 16, tiles of one chunk: also the cells and new_lengths), 4 rank's
+// counts seen, 5 placed. Untouched when the launch takes another path.
 constexpr int kBucketizeTracePoints = 6;
 void launch_bucketize_traced(const BucketizeArgs& a, const int64_t* lengths, BucketizeOnePass& ws,
                              unsigned long long* trace, cudaStream_t s);
