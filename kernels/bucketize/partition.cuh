@@ -228,16 +228,10 @@ __device__ __forceinline__ void store_new_lengths(const BucketizeArgs& a, const 
 // stores them as new_lengths: store_new_lengths). Counts are order-free, so thread t takes
 // kIdsPerLane consecutive ids of each chunk: one bag search per thread and chunk, then a walk
 // forward over the tile's offsets (short bags: about one step per bag); one shared atomic per
-// id into its cell. Rounds of Chunks (1 or 2) chunks: a round's loads are all issued before
-// any of its ids is counted, so with 2 a tile of up to two chunks (the one launch's tiles
-// mostly spill a little into a second) waits for one round trip, not two; the count kernel
-// keeps 1 (46 registers, where 2 takes 74 and fewer resident blocks). Nothing here is
-// warp-synchronous, so threads past the tile's ids just skip. Ends with a barrier (the cells
-// complete).
-template <int Chunks>
+// id into its cell. Nothing here is warp-synchronous, so threads past the tile's ids just
+// skip. Ends with a barrier (the cells complete).
 __device__ __forceinline__ void count_tile(const PartitionArgs& p, const PartitionTile& ti,
                                            const int* off, const TileRule* rule, int* cells) {
-  static_assert(Chunks == 1 || Chunks == 2, "one or two chunks a round");
   const BucketizeArgs& a = p.a;
   const int t = threadIdx.x;
   const int W = static_cast<int>(a.world_size);
@@ -249,8 +243,12 @@ __device__ __forceinline__ void count_tile(const PartitionArgs& p, const Partiti
   BagInfo rb{};
   rb.blk = rule->blk;
   rb.dist = rule->dist;
-  // The ids i0 .. i0 + kIdsPerLane - 1 (those below n), already loaded into x.
-  const auto count_ids = [&](int i0, const int64_t(&x)[kIdsPerLane]) {
+  for (int c0 = 0; c0 < n; c0 += kChunk) {
+    const int i0 = c0 + kIdsPerLane * t;
+    if (i0 >= n) continue;
+    int64_t x[kIdsPerLane];
+#pragma unroll
+    for (int k = 0; k < kIdsPerLane; ++k) x[k] = i0 + k < n ? ids[i0 + k] : 0;
     int kb = tile_bag(off, nb, i0);
 #pragma unroll
     for (int k = 0; k < kIdsPerLane; ++k) {
@@ -264,19 +262,6 @@ __device__ __forceinline__ void count_tile(const PartitionArgs& p, const Partiti
         atomicAdd(&cells[static_cast<int>(d64) * nb + kb], 1);
       }
     }
-  };
-  for (int c0 = 0; c0 < n; c0 += Chunks * kChunk) {
-    const int i0 = c0 + kIdsPerLane * t, i1 = i0 + kChunk;
-    if (i0 >= n) continue;
-    int64_t x0[kIdsPerLane], x1[kIdsPerLane];
-#pragma unroll
-    for (int k = 0; k < kIdsPerLane; ++k) x0[k] = i0 + k < n ? ids[i0 + k] : 0;
-    if constexpr (Chunks == 2) {
-#pragma unroll
-      for (int k = 0; k < kIdsPerLane; ++k) x1[k] = i1 + k < n ? ids[i1 + k] : 0;
-    }
-    count_ids(i0, x0);
-    if (Chunks == 2 && i1 < n) count_ids(i1, x1);
   }
   __syncthreads();
 }
@@ -297,7 +282,7 @@ __global__ void __launch_bounds__(kThreads) partition_count_kernel(PartitionArgs
     for (int d = t; d < W; d += kThreads) tc[d * p.tiles_per_rank] = 0;
     return;
   }
-  count_tile<1>(p, ti, s_off, &s_rule, s_cnt);
+  count_tile(p, ti, s_off, &s_rule, s_cnt);
   const int nb = ti.nb;
   for (int d = warp; d < W; d += kWarps) {  // a warp per bucket row: the tile's total
     int64_t sum = 0;

@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
     place_chunk_staged(a, o, n, value, key, wc, s_run, s_lex, u.stage.value, u.stage.pos);
     mark(5, 5);
   } else {
-    count_tile<2>(p, ti, s_off, &s_rule, u.cells);
+    count_tile(p, ti, s_off, &s_rule, u.cells);
     for (int d = warp; d < W; d += kWarps) {  // a warp per bucket row
       int sum = 0;
       for (int k = lane; k < nb; k += 32) sum += u.cells[d * nb + k];
