@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, 4) partition_resident_kernel(Residen
       sum = __reduce_add_sync(0xffffffffu, sum);
       if (lane == 0) st_word(row0 + d * T + ti.kt, tag | static_cast<unsigned>(sum));
     }
-    store_new_lengths(a, ti, u.cells);  // after the publish: the rank's tiles wait on it
+    store_new_lengths(a, ti, u.cells);  // after the publish, which the rank's tiles wait on
     mark(2, 2);
     if (n == 0) {  // uniform: only empty bags, nothing to place
       mark(3, 5);
