@@ -31,6 +31,16 @@ const void* one_pass_instance(int bits, bool long_bags) {
                    : reinterpret_cast<const void*>(one_pass_kernel<8, false, Trace>);
 }
 
+// The partition's one launch for a ballot count (4 or 8 bits) and whether every tile holds at
+// most one chunk (the counts-first instance, 4 bits only), and whether it records the trace.
+template <bool Trace>
+const void* resident_instance(int bits, bool one_chunk) {
+  if (bits == 4)
+    return one_chunk ? reinterpret_cast<const void*>(partition_resident_kernel<4, Trace, true>)
+                     : reinterpret_cast<const void*>(partition_resident_kernel<4, Trace>);
+  return reinterpret_cast<const void*>(partition_resident_kernel<8, Trace>);
+}
+
 // Blocks of these kernels (kThreads threads, static shared memory only) that the current device
 // keeps resident at once: SMs x the fewest blocks per SM any of them keeps (every instance a
 // launch may take must fit); 0 without cooperative launch. Cached per device in `cache`.
@@ -72,9 +82,8 @@ int64_t one_pass_capacity() {
 int64_t resident_capacity() {
   static DeviceCache cache;
   return resident_blocks(cache,
-                         {reinterpret_cast<const void*>(partition_resident_kernel<4>),
-                          reinterpret_cast<const void*>(partition_resident_kernel<4, false, true>),
-                          reinterpret_cast<const void*>(partition_resident_kernel<8>)});
+                         {resident_instance<false>(4, false), resident_instance<false>(4, true),
+                          resident_instance<false>(8, false)});
 }
 
 bool one_pass_eligible(const BucketizeArgs& a, const BucketizeOnePass& ws) {
@@ -248,15 +257,10 @@ bool launch_partition_resident(const BucketizeArgs& a, const int64_t* lengths,
   r.trace = trace;
   void* params[] = {&r};
   // W <= 16 with every tile of at most one chunk: the counts-first instance.
-  const bool small = a.world_size <= kSmallW;
-  const bool one_chunk = small && a.tile_max_ids <= kChunk;
+  const int bits = a.world_size <= kSmallW ? 4 : 8;
+  const bool one_chunk = a.tile_max_ids <= kChunk;
   const void* kernel =
-      trace ? (one_chunk ? reinterpret_cast<const void*>(partition_resident_kernel<4, true, true>)
-               : small   ? reinterpret_cast<const void*>(partition_resident_kernel<4, true>)
-                         : reinterpret_cast<const void*>(partition_resident_kernel<8, true>))
-            : (one_chunk ? reinterpret_cast<const void*>(partition_resident_kernel<4, false, true>)
-               : small   ? reinterpret_cast<const void*>(partition_resident_kernel<4>)
-                         : reinterpret_cast<const void*>(partition_resident_kernel<8>));
+      trace ? resident_instance<true>(bits, one_chunk) : resident_instance<false>(bits, one_chunk);
   const cudaError_t err = cudaLaunchCooperativeKernel(kernel, dim3(static_cast<unsigned>(pp.tiles)),
                                                       dim3(kThreads), params, 0, s);
   if (err == cudaErrorCooperativeLaunchTooLarge) {

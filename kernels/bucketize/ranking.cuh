@@ -139,8 +139,8 @@ __device__ __forceinline__ void rank_chunk_any(const BucketizeArgs& a, const Fas
 }
 
 // Counts before ranks (W <= 16): a chunk's counts come from a cheap histogram, so that a
-// one-chunk bag or tile can publish them before its ranking (rank_from_dest), which then
-// overlaps the exchange; the partition ranks every chunk of a tile this way.
+// one-chunk bag (the one-pass kernel) or tile (the partition's one launch) can publish them
+// before its ranking (rank_from_dest), which then overlaps the exchange.
 // Loads and routes the chunk's n ids like rank_chunk (value[k] = local value) and packs each
 // id's bucket in 4 bits of dpack (bits 4k..4k+3). Each thread counts its 8 ids in 16 4-bit
 // fields (<= 8 each), warps sum them as 16-bit fields (<= 256), and on return, after a
