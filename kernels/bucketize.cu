@@ -353,18 +353,21 @@ PartitionTiling plan_partition_tiles(int64_t world_size, int64_t num_features,
                      : std::clamp<int64_t>(n / kPartMinTiles, kPartMinTileIds, kPartTileIds);
   want = want >= kChunk ? (want / kChunk) * (kChunk - kChunk / 16)
                         : std::min<int64_t>(want, kChunk - kChunk / 16);
-  // Bags of a tile at most: the shared arrays (kPartMaxTileBags, W x bags <= kPartMaxCells) and
-  // int32 tile-relative id indices (bags x longest bag + a chunk < 2^31).
-  const int64_t cap = std::max<int64_t>(
-      1, std::min<int64_t>({kPartMaxTileBags, kPartMaxCells / std::max<int64_t>(1, world_size),
-                            ((int64_t{1} << 31) - 1 - kChunk) / std::max<int64_t>(1, max_len)}));
+  // Bags of a tile at most: as planned (kPartTileBags), or the most the shared arrays hold
+  // (kPartMaxTileBags, W x bags <= kPartMaxCells); and int32 tile-relative id indices (bags x
+  // longest bag + a chunk < 2^31).
+  const auto bag_cap = [&](int64_t bags) {
+    return std::max<int64_t>(
+        1, std::min<int64_t>({bags, kPartMaxCells / std::max<int64_t>(1, world_size),
+                              ((int64_t{1} << 31) - 1 - kChunk) / std::max<int64_t>(1, max_len)}));
+  };
   // Each rank's tiles for tiles of about `ids` ids: feature by feature, runs of nb[f] = ids /
   // (the feature's mean length) bags, the last one shorter. (Runs of equal length instead cost
   // more: each of those tiles then spills into a partly filled chunk, where the one short tile
   // fills one chunk; measured on ec-bench-criteo.) Returns the tiles of the largest rank.
   std::vector<std::vector<int64_t>> starts(static_cast<size_t>(R));
   std::vector<std::vector<int32_t>> feats(static_cast<size_t>(R));  // each start's feature
-  const auto tile = [&](int64_t ids) {
+  const auto tile = [&](int64_t ids, int64_t cap) {
     t.max_tile_bags = 0;
     int64_t most = 0;
     for (int64_t q = 0; q < R; ++q) {
@@ -384,21 +387,24 @@ PartitionTiling plan_partition_tiles(int64_t world_size, int64_t num_features,
     }
     return most;
   };
-  t.tiles_per_rank = tile(want);
+  const int64_t cap = bag_cap(kPartTileBags);
+  t.tiles_per_rank = tile(want, cap);
   if (tile_ids <= 0 && max_tiles > 0 && R * t.tiles_per_rank > max_tiles) {
     // Larger tiles, up to kPartTileIds ids, until the grid fits max_tiles (every tile resident
     // at once: one launch instead of two). Tiles then spill into partly filled chunks, which
-    // the one launch pays for; without a fitting tiling, the first one stays.
+    // the one launch pays for; without a fitting tiling, the first one stays. Past one chunk a
+    // tile, tiles of short bags take up to kPartMaxTileBags bags: fewer of them leave more of
+    // the grid to the long-bag features, whose tiles, the largest, set the launch's length.
     bool fits = false;
     for (int64_t ids = std::max(want + 1, (n + max_tiles - 1) / max_tiles); ids <= kPartTileIds;
          ids += ids / 16 + 1) {
-      t.tiles_per_rank = tile(ids);
+      t.tiles_per_rank = tile(ids, ids > kChunk ? bag_cap(kPartMaxTileBags) : cap);
       if (R * t.tiles_per_rank <= max_tiles) {
         fits = true;
         break;
       }
     }
-    if (!fits) t.tiles_per_rank = tile(want);
+    if (!fits) t.tiles_per_rank = tile(want, cap);
   }
   // The table: each rank's starts, padded with its bag count (empty tiles); and each tile's
   // first id, so that no tile waits on the tiles before it for its place in the ids (the

@@ -32,9 +32,16 @@ constexpr unsigned kMaxPolls = 1u << 25;  // step 4 traps after this many polls 
 
 // Partition path (partition.cuh, partition_resident.cuh; tiles planned on the host by
 // plan_partition_tiles, bucketize.cu).
-// Bags of a tile at most (the tile's offsets and features live in shared memory; the place
-// kernel's static shared memory stays under 48 KB with this many).
-constexpr int kPartMaxTileBags = 384;
+// Bags of a tile at most (the tile's offsets live in shared memory; the place kernel's static
+// shared memory stays under 48 KB with this many), and W x bags <= kPartMaxCells.
+constexpr int kPartMaxTileBags = 512;
+// Bags of a tile as planned. Tiles of up to kPartMaxTileBags short bags measured slower where
+// tiles stay within one chunk (small batches) and for ec-bench-criteo (384 bags of 10 ids fill
+// two chunks, 512 spill into a third), and faster where the one launch's tiles must grow past
+// one chunk to be resident at once: fewer short-bag tiles leave more of the grid to the
+// long-bag features, whose tiles set the launch's length. plan_partition_tiles takes the wider
+// cap there only; docs/perf/2026-12-04-bucketize.md has the runs.
+constexpr int kPartTileBags = 384;
 // W x (bags of a tile) at most: the count kernel's shared count matrix.
 constexpr int kPartMaxCells = 4096;
 // Ids of a tile (plan_partition_tiles, bucketize.cu): the batch's ids over kPartMinTiles
@@ -51,4 +58,5 @@ constexpr int64_t kPartMinTiles = 512;
 constexpr int64_t kPartDirectBaseEntries = 4096;
 
 static_assert(kPartMaxTileBags <= 2 * kThreads, "two bag lengths per thread");
+static_assert(kPartTileBags <= kPartMaxTileBags);
 }  // namespace dynemb::cuda::bucketize

@@ -107,14 +107,16 @@ TEST_CASE("partition tiles: bags, features, bounds and first ids over random bat
     const int64_t tile_ids = it % 3 == 0 ? 0 : std::vector<int64_t>{100, 700, 1920, 5000}[it % 4];
     INFO("it " << it << " W=" << W << " F=" << F << " bags " << b.lengths.size() << " ids " << b.ids
                << " tile_ids " << tile_ids);
-    check_tiling(
-        b, cuda::plan_partition_tiles(W, F, b.rank_bag_off, b.feat_bag_off, b.lengths, tile_ids));
+    const cuda::PartitionTiling t =
+        cuda::plan_partition_tiles(W, F, b.rank_bag_off, b.feat_bag_off, b.lengths, tile_ids);
+    check_tiling(b, t);
+    CHECK(t.max_tile_bags <= bk::kPartTileBags);  // no bound on the tile count: the planned cap
   }
 }
 
 TEST_CASE("partition tiles: a bound on the tile count (the one-launch kernel's residency)") {
   std::mt19937_64 rng(27);
-  int coarser = 0;
+  int coarser = 0, wide = 0;
   for (int it = 0; it < 200; ++it) {
     const int64_t W = std::vector<int64_t>{4, 8, 16}[it % 3];
     const Batch b = random_batch(rng, W, 4, 2500);
@@ -133,6 +135,8 @@ TEST_CASE("partition tiles: a bound on the tile count (the one-launch kernel's r
     } else if (W * bound.tiles_per_rank <= max_tiles) {
       ++coarser;  // fewer, larger tiles
       CHECK(bound.tiles_per_rank < free.tiles_per_rank);
+      // Tiles of more than the planned bags only where the tiles grew (past one chunk).
+      if (bound.max_tile_bags > bk::kPartTileBags) ++wide;
     } else {
       // No tiling of at most kPartTileIds ids a tile fits: the unbounded one stays. That
       // needs more ids than max_tiles such tiles hold (or the bag caps bind).
@@ -140,4 +144,5 @@ TEST_CASE("partition tiles: a bound on the tile count (the one-launch kernel's r
     }
   }
   CHECK(coarser > 20);  // the bound did take effect, and many times
+  CHECK(wide > 0);      // and short-bag tiles took the wider cap
 }
