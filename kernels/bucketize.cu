@@ -344,13 +344,13 @@ PartitionTiling plan_partition_tiles(int64_t world_size, int64_t num_features,
       f_bags[f] += fb[f + 1] - fb[f];
     }
   for (int64_t x : f_ids) n += x;
-  // Ids of a tile: the batch over kPartMinTiles tiles, within [kPartMinTileIds, kPartTileIds]
+  // Ids of a tile: the batch over kPartMinTiles tiles, within [kPartMinTileIds, kPartTargetIds]
   // (partition.cuh says why). A whole number of chunks with 1/16 to spare, or under one chunk
   // by as much, so that a tile of mean-length bags does not spill a few ids into one more
   // (mostly idle) chunk.
   int64_t want = tile_ids > 0
                      ? tile_ids
-                     : std::clamp<int64_t>(n / kPartMinTiles, kPartMinTileIds, kPartTileIds);
+                     : std::clamp<int64_t>(n / kPartMinTiles, kPartMinTileIds, kPartTargetIds);
   want = want >= kChunk ? (want / kChunk) * (kChunk - kChunk / 16)
                         : std::min<int64_t>(want, kChunk - kChunk / 16);
   // Bags of a tile at most: as planned (kPartTileBags), or the most the shared arrays hold

@@ -45,10 +45,12 @@ constexpr int kPartTileBags = 384;
 // W x (bags of a tile) at most: the count kernel's shared count matrix.
 constexpr int kPartMaxCells = 4096;
 // Ids of a tile (plan_partition_tiles, bucketize.cu): the batch's ids over kPartMinTiles
-// (about one resident place block per SM quarter), within [kPartMinTileIds, kPartTileIds]:
+// (about one resident place block per SM quarter), within [kPartMinTileIds, kPartTargetIds]:
 // at least half a chunk (a tile's fixed work, its offsets and the summing of tile counts,
-// outweighs a smaller tile's ids), at most four chunks. `bench --sweep --tile-ids` measures
-// the choice.
+// outweighs a smaller tile's ids), at most three chunks (four measured slower on the two
+// kernels' large batches). The one launch may grow tiles up to kPartTileIds (four chunks) to
+// keep them all resident. `bench --sweep --tile-ids` measures the choice.
+constexpr int64_t kPartTargetIds = 6144;
 constexpr int64_t kPartTileIds = 8192;
 constexpr int64_t kPartMinTileIds = 1024;
 constexpr int64_t kPartMinTiles = 512;
