@@ -387,7 +387,7 @@ PartitionTiling plan_partition_tiles(int64_t world_size, int64_t num_features,
     }
     return most;
   };
-  const int64_t cap = bag_cap(kPartTileBags);
+  const int64_t cap = bag_cap(kPartTileBags), wide_cap = bag_cap(kPartMaxTileBags);
   t.tiles_per_rank = tile(want, cap);
   if (tile_ids <= 0 && max_tiles > 0 && R * t.tiles_per_rank > max_tiles) {
     // Larger tiles, up to kPartTileIds ids, until the grid fits max_tiles (every tile resident
@@ -398,7 +398,7 @@ PartitionTiling plan_partition_tiles(int64_t world_size, int64_t num_features,
     bool fits = false;
     for (int64_t ids = std::max(want + 1, (n + max_tiles - 1) / max_tiles); ids <= kPartTileIds;
          ids += ids / 16 + 1) {
-      t.tiles_per_rank = tile(ids, ids > kChunk ? bag_cap(kPartMaxTileBags) : cap);
+      t.tiles_per_rank = tile(ids, ids > kChunk ? wide_cap : cap);
       if (R * t.tiles_per_rank <= max_tiles) {
         fits = true;
         break;
