@@ -23,6 +23,7 @@
 #include "common/error.hpp"
 #include "common/memory.hpp"
 #include "common/output_file.hpp"
+#include "common/signals.hpp"
 #include "registry.hpp"
 
 namespace dynemb::cli {
@@ -125,6 +126,7 @@ void on_crash_signal(int sig) {
     _exit(2);
   }
   if (file[0] == '\0') {  // not reading a capture: the default action (core dump, exit 128+sig)
+    remove_registered_temps();  // but no partial output left behind
     std::signal(sig, SIG_DFL);
     return;  // the faulting instruction runs again, now under SIG_DFL
   }
@@ -237,7 +239,7 @@ int main_entry(int argc, char** argv) {
   }
   arm_open_watchdog();
   install_crash_handler();
-  install_interrupt_handlers();  // SIGINT/SIGTERM remove temporaries; SIGXFSZ -> EFBIG
+  install_exit_signal_handlers();  // any ending signal removes temporaries (common/signals.hpp)
   try {
     return run();
   } catch (const PlanError& e) {  // already "file:line:col: error: ..."

@@ -54,7 +54,7 @@ int run_bench(const bench::Options& o) {
   print_table(o, w, r);
   if (json_out) {
     json_out->write(bench::json_report(o, w, r).dump(2) + "\n");
-    json_out->commit();
+    commit_outputs({json_out.get()}, 0);
   }
   return 0;
 }

@@ -252,7 +252,7 @@ int run_merge(const MergeOptions& opt) {
   std::vector<NamedPath> inputs;
   for (const auto& p : opt.inputs) inputs.push_back({"per-rank file", p});
   check_output_clashes(inputs, {{"-o", opt.output}});
-  OutputFile out_file(opt.output, opt.force, "use --force to replace it");
+  OutputFile out_file(opt.output, opt.force ? Existing::replace : Existing::refuse);
   std::vector<RankFile> files;
   files.reserve(opt.inputs.size());
   for (const auto& p : opt.inputs) files.push_back(open_rank_file(p));
@@ -315,7 +315,8 @@ int run_merge(const MergeOptions& opt) {
     ~NoteGuard() { set_crash_note(""); }
   } note_guard;
   {
-    Hid out(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    Hid out(H5Fcreate(out_file.open_path().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
+            H5Fclose);
     if (!out.valid())
       throw Error(
           fmt::format("merge: cannot create the temporary file {}: {}", tmp, h5::last_error()));
@@ -349,7 +350,7 @@ int run_merge(const MergeOptions& opt) {
   }
   // The merged file must read as a complete capture against its own plan (shapes, F, sums).
   check_capture(tmp);
-  out_file.commit();
+  commit_outputs({&out_file}, 0);
   fmt::print("merged {} rank files ({} batches, world_size {}) into {}\n", files.size(),
              ref.num_batches, ref.world_size, opt.output);
   return 0;

@@ -38,6 +38,7 @@ struct ReplayCliOptions {
   std::string annotations;  // "", "github", "none" ("": github under GITHUB_ACTIONS=true)
   bool quiet = false;
   bool fail_fast = false;
+  bool force = false;
   std::string max_memory;
   int read_ahead = 1;
 };
@@ -121,11 +122,14 @@ int run_replay_cli(const ReplayCliOptions& o) {
   const std::string trace_path = trace_env ? trace_env : "";
   if (!trace_path.empty()) outputs.push_back({"DYNEMB_TRACE", trace_path});
   check_output_clashes(inputs, outputs);
-  if (!trace_path.empty()) start_trace(std::make_unique<OutputFile>(trace_path));
+  // Reports are replaced run after run; a read-only one is kept unless --force.
+  const Existing existing = o.force ? Existing::replace : Existing::replace_writable;
+  if (!trace_path.empty()) start_trace(std::make_unique<OutputFile>(trace_path, existing));
   std::unique_ptr<OutputFile> json_out, junit_out;
-  if (!o.json.empty()) json_out = std::make_unique<OutputFile>(o.json);
-  if (!o.junit.empty()) junit_out = std::make_unique<OutputFile>(o.junit);
-  if (!o.write_output.empty()) opt.write_output_file = std::make_shared<OutputFile>(o.write_output);
+  if (!o.json.empty()) json_out = std::make_unique<OutputFile>(o.json, existing);
+  if (!o.junit.empty()) junit_out = std::make_unique<OutputFile>(o.junit, existing);
+  if (!o.write_output.empty())
+    opt.write_output_file = std::make_shared<OutputFile>(o.write_output, existing);
   // A GPU backend starts while the capture is opened and its first batch read.
   std::unique_ptr<Backend> backend = start_backend(o.backend, o.devices);
 
@@ -160,24 +164,26 @@ int run_replay_cli(const ReplayCliOptions& o) {
   Report report = run_replay(opt, *backend, cb);
   progress.clear();
   // The files first, so that a failure to write them (a full disk) is in the text summary and
-  // the exit status; both are complete in their temporaries before either is renamed.
-  try {
-    write_trace();
-  } catch (const Error& e) {
-    const std::string msg = fmt::format("cannot write the trace: {}", e.what());
+  // the exit status; all are complete in their temporaries before any is renamed, and they are
+  // renamed as one step (a signal meanwhile waits; after it the run is complete).
+  const auto add_trouble = [&report](const std::string& msg) {
     report.trouble = report.trouble.empty() ? msg : report.trouble + "; " + msg;
+  };
+  std::unique_ptr<OutputFile> trace_out;
+  try {
+    trace_out = write_trace();
+  } catch (const Error& e) {
+    add_trouble(fmt::format("cannot write the trace: {}", e.what()));
   }
   try {
     if (json_out) json_out->write(json_report(report));
     if (junit_out) junit_out->write(junit_report(report));
-    if (json_out) json_out->commit();
-    if (junit_out) junit_out->commit();
+    commit_outputs({json_out.get(), junit_out.get(), opt.write_output_file.get(), trace_out.get()},
+                   report.summary().exit_code);
   } catch (const Error& e) {
-    const std::string msg = fmt::format("cannot write the report: {}", e.what());
-    report.trouble = report.trouble.empty() ? msg : report.trouble + "; " + msg;
+    add_trouble(fmt::format("cannot write the report: {}", e.what()));
   } catch (const std::bad_alloc&) {
-    const std::string msg = "cannot write the report: " + out_of_memory_text();
-    report.trouble = report.trouble.empty() ? msg : report.trouble + "; " + msg;
+    add_trouble("cannot write the report: " + out_of_memory_text());
   }
   std::fputs(text_summary(report, colour).c_str(), stdout);
   if (annotations_enabled(o.annotations)) std::fputs(replay_annotations(report).c_str(), stdout);
@@ -247,6 +253,9 @@ void setup_replay(CLI::App& app, RunFn& run) {
                   "GITHUB_ACTIONS=true, else none")
       ->check(CLI::IsMember({"github", "none"}))
       ->type_name("github|none");
+  sub->add_flag("--force", o->force,
+                "Replace --json, --junit and --write-output files even when they are "
+                "read-only (writable ones are replaced without it)");
   sub->add_flag("--fail-fast", o->fail_fast,
                 "Stop at the first trouble (an unreadable dataset, a bounds error, out of "
                 "memory) instead of reporting it for its batch and rank and going on");

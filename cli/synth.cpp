@@ -185,14 +185,16 @@ int run_synth(const SynthArgs& a) {
   std::vector<NamedPath> inputs;
   if (!a.plan_path.empty()) inputs.push_back({"plan", a.plan_path});
   check_output_clashes(inputs, {{"-o", a.out}});
-  auto out = std::make_shared<OutputFile>(a.out, a.force, "use --force to replace it");
+  auto out = std::make_shared<OutputFile>(a.out, a.force ? Existing::replace : Existing::refuse);
 
   ProgressLine line("synth", true);  // only when a person is watching: stderr on a terminal
   auto progress = [&](int64_t k) {
     line.update(double(k + 1) / double(std::max<int64_t>(1, o.batches)),
                 fmt::format("{}/{} batches", k + 1, o.batches), 0, 0, k + 1 == o.batches);
   };
-  synth_capture(plan, o, std::move(out), progress);
+  synth_capture(plan, o, out, progress);
+  // Without --force, a file that appeared at OUT meanwhile is kept (exit 2, nothing replaced).
+  commit_outputs({out.get()}, 0);
   line.clear();
   std::vector<std::string> parts;
   if (o.store_ctx) parts.emplace_back("ctx");

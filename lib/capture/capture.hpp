@@ -181,11 +181,12 @@ struct WriterOptions {
   bool fixed_length_strings = true;
 };
 
-// Writes a capture one batch at a time into "<target>.tmp-<pid>"; commit() writes
-// num_batches and renames it onto `target`. Destroyed without commit(): every HDF5 handle is
-// closed and the temp is removed. The temp is an OutputFile (common/output_file.hpp): made
-// here from `target` (replacing an existing file), or handed over by a caller that created it
-// up front.
+// Writes a capture one batch at a time into its temporary; finish() writes num_batches and
+// closes the file, commit() finishes and renames it onto `target`. Destroyed before either:
+// every HDF5 handle is closed and the temporary is removed. The temporary is an OutputFile
+// (common/output_file.hpp): made here from `target` (replacing an existing file), or handed
+// over by a caller that created it up front and that, after finish(), commits it together
+// with its other outputs (commit_outputs).
 class CaptureWriter {
  public:
   CaptureWriter(const std::string& target, const Plan& plan, std::optional<uint64_t> oracle_seed,
@@ -211,6 +212,7 @@ class CaptureWriter {
   void write_rank_outputs(int64_t rank, const RankBatch& rb);  // output, inverse indices, module
   void end_batch();
   int64_t batches_written() const { return batches_; }
+  void finish();
   void commit();
 
  private:
@@ -219,6 +221,7 @@ class CaptureWriter {
   int64_t world_size_ = 0;
   int64_t batches_ = 0;
   bool committed_ = false;
+  bool finished_ = false;
   std::shared_ptr<OutputFile> out_;
   std::unique_ptr<Impl> impl_;
 };

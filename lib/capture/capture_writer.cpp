@@ -171,7 +171,9 @@ CaptureWriter::CaptureWriter(std::shared_ptr<OutputFile> out, const Plan& plan,
   I.target = target;
   I.opt = options;
   I.half = h5::make_f16_type();
-  I.fid = h5::file_id(H5Fcreate(temp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+  // Through the open descriptor: a name swapped into the directory meanwhile is not followed.
+  I.fid =
+      h5::file_id(H5Fcreate(out_->open_path().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
   if (!I.fid.valid())
     throw CaptureError(target, "/",
                        "cannot create temporary file " + temp_ + ": " + h5::last_error());
@@ -215,7 +217,7 @@ CaptureWriter::CaptureWriter(std::shared_ptr<OutputFile> out, const Plan& plan,
 }
 
 CaptureWriter::~CaptureWriter() {
-  if (committed_) return;
+  if (committed_ || finished_) return;
   // Close every handle before removing the half-written temp (the OutputFile removes it).
   impl_->rank_group.reset();
   impl_->batch_group.reset();
@@ -352,7 +354,8 @@ void CaptureWriter::end_batch() {
   ++batches_;
 }
 
-void CaptureWriter::commit() {
+void CaptureWriter::finish() {
+  if (finished_) return;
   Impl& I = *impl_;
   if (I.next != Impl::Next::batch)
     I.fail(I.batch_path, fmt::format("committed after {} of {} ranks", I.rank, world_size_));
@@ -365,6 +368,11 @@ void CaptureWriter::commit() {
   if (H5Fflush(I.fid, H5F_SCOPE_GLOBAL) < 0) I.fail("/", h5::last_error());
   // A close that fails (the last metadata write on a full disk) is an error, not a success.
   if (H5Fclose(I.fid.release()) < 0) I.fail("/", h5::last_error());
+  finished_ = true;
+}
+
+void CaptureWriter::commit() {
+  finish();
   try {
     out_->commit();
   } catch (const Error& e) {

@@ -321,7 +321,9 @@ std::vector<int64_t> synth_inverse_indices(const SynthOptions& o, const Kjt& kjt
 void synth_capture(const Plan& plan, const SynthOptions& o, const std::string& path,
                    const std::function<void(int64_t)>& progress) {
   check_synth_options(plan, o);
-  synth_capture(plan, o, std::make_shared<OutputFile>(path), progress);
+  auto out = std::make_shared<OutputFile>(path);
+  synth_capture(plan, o, out, progress);
+  out->commit();
 }
 
 namespace {
@@ -697,7 +699,7 @@ void synth_capture(const Plan& plan, const SynthOptions& o, std::shared_ptr<Outp
   }
   queue.wait(last_end);
   if (o.batches > 0 && progress) progress(o.batches - 1);
-  writer.commit();
+  writer.finish();  // the caller commits `out`
 }
 
 }  // namespace dynemb

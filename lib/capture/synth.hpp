@@ -90,7 +90,8 @@ std::vector<int64_t> synth_inverse_indices(const SynthOptions& opt, const Kjt& k
 // called after batch k is written.
 void synth_capture(const Plan& plan, const SynthOptions& opt, const std::string& out,
                    const std::function<void(int64_t)>& progress = {});
-// The same into an output file the caller created up front (common/output_file.hpp).
+// The same into an output file the caller created up front (common/output_file.hpp); the file
+// is complete in its temporary on return, and the caller commits it.
 void synth_capture(const Plan& plan, const SynthOptions& opt, std::shared_ptr<OutputFile> out,
                    const std::function<void(int64_t)>& progress = {});
 

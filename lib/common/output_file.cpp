@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <limits.h>
 #include <signal.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -11,10 +12,13 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include "common/error.hpp"
+#include "common/signals.hpp"
 
 namespace dynemb {
 
@@ -26,7 +30,9 @@ std::string errno_text(int e) {
 namespace {
 
 // A fixed table, so that the signal handler reads it without locks or allocation: a slot is
-// claimed (0 -> 2), filled, published (1); the handler unlinks every published path.
+// claimed (0 -> 2), filled, published (1); the handler unlinks every published path. A path is
+// published before its file is created, so no moment exists where the file is there and the
+// handler does not know it (unlinking a name that does not exist yet is harmless).
 constexpr int kSlots = 32;
 struct Slot {
   std::atomic<int> state{0};
@@ -49,23 +55,6 @@ int register_temp(const std::string& path) {
 
 void unregister_temp(int slot) {
   if (slot >= 0) g_slots[slot].state.store(0);
-}
-
-void put_stderr(const char* s) {
-  size_t n = std::strlen(s);
-  while (n > 0) {
-    const ssize_t w = ::write(STDERR_FILENO, s, n);
-    if (w <= 0) return;
-    s += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
-extern "C" void on_interrupt(int sig) {
-  remove_registered_temps();
-  put_stderr(sig == SIGINT ? "\ndynemb-dist: interrupted (SIGINT); temporary files removed\n"
-                           : "\ndynemb-dist: terminated (SIGTERM); temporary files removed\n");
-  ::_exit(128 + sig);
 }
 
 std::string dir_of(const std::string& p) {
@@ -108,19 +97,6 @@ uint64_t file_size_limit() {
   struct rlimit rl;
   if (::getrlimit(RLIMIT_FSIZE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
   return static_cast<uint64_t>(rl.rlim_cur);
-}
-
-void install_interrupt_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = on_interrupt;
-  sigemptyset(&sa.sa_mask);
-  sigaddset(&sa.sa_mask, SIGINT);
-  sigaddset(&sa.sa_mask, SIGTERM);
-  sa.sa_flags = 0;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  // A write past RLIMIT_FSIZE then fails with EFBIG and is reported like a full disk.
-  ::signal(SIGXFSZ, SIG_IGN);
 }
 
 // ------------------------------------------------------------------ identity
@@ -188,9 +164,51 @@ void check_output_clashes(const std::vector<NamedPath>& inputs,
 }
 
 // ------------------------------------------------------------------ OutputFile
+namespace {
 
-OutputFile::OutputFile(const std::string& target, bool overwrite, const std::string& force_hint)
-    : target_(target), resolved_(resolve_output_path(target)) {
+// 48 random bits in 8 base-32 digits: the temporary's name cannot be guessed ahead of time.
+std::string random_tag() {
+  uint64_t r = 0;
+  if (::getrandom(&r, sizeof r, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof r)) {
+    // No entropy source: O_EXCL still refuses anything planted, the name is only guessable.
+    struct timespec ts {};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    r = static_cast<uint64_t>(ts.tv_nsec) * 0x9E3779B97F4A7C15ull ^
+        static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&r));
+  }
+  static const char kDigits[] = "0123456789abcdefghijklmnopqrstuv";
+  std::string tag(8, '0');
+  for (char& c : tag) {
+    c = kDigits[r & 31];
+    r >>= 5;
+  }
+  return tag;
+}
+
+// "<dir>/<base>.tmp-<pid>-<tag>", the base shortened where the whole name would pass NAME_MAX
+// (a 250-character output name still gets a temporary next to it).
+std::string temp_name_for(const std::string& resolved) {
+  const std::string suffix = fmt::format(".tmp-{}-{}", static_cast<long>(::getpid()), random_tag());
+  std::string base = base_of(resolved);
+  constexpr size_t kNameMax = NAME_MAX;
+  if (base.size() + suffix.size() > kNameMax) base.resize(kNameMax - suffix.size());
+  const std::string dir = dir_of(resolved);
+  return (dir == "/" ? "" : dir) + "/" + base + suffix;
+}
+
+// No write permission bit for whoever would replace it.
+bool read_only(const struct stat& st, const std::string& path) {
+  if (st.st_uid == ::geteuid()) return (st.st_mode & S_IWUSR) == 0;
+  return (st.st_mode & 0222) == 0 || ::faccessat(AT_FDCWD, path.c_str(), W_OK, AT_EACCESS) != 0;
+}
+
+}  // namespace
+
+OutputFile::OutputFile(const std::string& target, Existing existing, const std::string& force_hint)
+    : target_(target),
+      resolved_(resolve_output_path(target)),
+      existing_(existing),
+      force_hint_(force_hint) {
   struct stat st;
   mode_t mode = 0644;
   if (::stat(resolved_.c_str(), &st) == 0) {
@@ -201,22 +219,44 @@ OutputFile::OutputFile(const std::string& target, bool overwrite, const std::str
           "{}: not a regular file (a pipe, a socket or a device); outputs are written to a "
           "temporary file and renamed, which needs a regular file or a new name",
           target));
-    if (!overwrite)
+    if (existing == Existing::refuse)
       throw UsageError(
           fmt::format("{} exists{}", target, force_hint.empty() ? "" : " (" + force_hint + ")"));
+    if (existing == Existing::replace_writable && read_only(st, resolved_))
+      throw UsageError(fmt::format("{} exists and is read-only (mode {:04o}){}", target,
+                                   st.st_mode & 07777,
+                                   force_hint.empty() ? "" : "; " + force_hint));
     mode = st.st_mode & 07777;
   }
-  temp_ = fmt::format("{}.tmp-{}", resolved_, static_cast<long>(::getpid()));
-  fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0)
-    throw Error(fmt::format("{}: cannot create the temporary file {}: {}", target, temp_,
-                            errno_text(errno)));
+  // A name that exists already (planted, or left by a process with our pid) is never opened:
+  // O_EXCL refuses it, and another random name is tried.
+  for (int attempt = 0;; ++attempt) {
+    temp_ = temp_name_for(resolved_);
+    slot_ = register_temp(temp_);
+    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd_ >= 0) break;
+    const int e = errno;
+    unregister_temp(slot_);
+    slot_ = -1;
+    if (e != EEXIST || attempt == 8)
+      throw Error(
+          fmt::format("{}: cannot create the temporary file {}: {}", target, temp_, errno_text(e)));
+  }
   if (mode != 0644) ::fchmod(fd_, mode);
-  slot_ = register_temp(temp_);
 }
 
 OutputFile::~OutputFile() {
   discard();
+}
+
+std::string OutputFile::open_path() const {
+  if (fd_ < 0) return temp_;
+  const std::string proc = fmt::format("/proc/self/fd/{}", fd_);
+  struct stat a, b;
+  if (::stat(proc.c_str(), &a) == 0 && ::fstat(fd_, &b) == 0 && a.st_dev == b.st_dev &&
+      a.st_ino == b.st_ino)
+    return proc;
+  return temp_;
 }
 
 void OutputFile::write(const std::string& bytes) {
@@ -233,21 +273,37 @@ void OutputFile::write(const std::string& bytes) {
   }
 }
 
-void OutputFile::commit() {
-  if (committed_) return;
-  if (fd_ >= 0) {
-    if (::fsync(fd_) != 0)
-      throw Error(fmt::format("{}: cannot write (temporary file {}): fsync: {}", target_, temp_,
+void OutputFile::sync_temp() {
+  if (discarded_) throw Error(fmt::format("{}: not written (its temporary was removed)", target_));
+  if (fd_ < 0) return;
+  if (::fsync(fd_) != 0)
+    throw Error(fmt::format("{}: cannot write (temporary file {}): fsync: {}", target_, temp_,
+                            errno_text(errno)));
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0)
+    throw Error(fmt::format("{}: cannot write (temporary file {}): close: {}", target_, temp_,
+                            errno_text(errno)));
+}
+
+void OutputFile::rename_into_place() {
+  if (existing_ == Existing::refuse) {
+    // Atomic "no --force": a file that appeared at the target since the check is kept.
+    int rc = ::renameat2(AT_FDCWD, temp_.c_str(), AT_FDCWD, resolved_.c_str(), RENAME_NOREPLACE);
+    if (rc != 0 && (errno == EINVAL || errno == ENOSYS)) {  // a file system without it
+      rc = ::link(temp_.c_str(), resolved_.c_str());
+      if (rc == 0) ::unlink(temp_.c_str());
+    }
+    if (rc != 0 && errno == EEXIST)
+      throw UsageError(fmt::format("{} appeared while it was being written and was kept{}", target_,
+                                   force_hint_.empty() ? "" : " (" + force_hint_ + ")"));
+    if (rc != 0)
+      throw Error(fmt::format("{}: cannot rename the temporary file {} onto it: {}", target_, temp_,
                               errno_text(errno)));
-    const int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0)
-      throw Error(fmt::format("{}: cannot write (temporary file {}): close: {}", target_, temp_,
-                              errno_text(errno)));
-  }
-  if (std::rename(temp_.c_str(), resolved_.c_str()) != 0)
+  } else if (std::rename(temp_.c_str(), resolved_.c_str()) != 0) {
     throw Error(fmt::format("{}: cannot rename the temporary file {} onto it: {}", target_, temp_,
                             errno_text(errno)));
+  }
   committed_ = true;
   unregister_temp(slot_);
   slot_ = -1;
@@ -259,14 +315,33 @@ void OutputFile::commit() {
   }
 }
 
+void OutputFile::commit() {
+  if (committed_) return;
+  DeferSignals hold;
+  sync_temp();
+  rename_into_place();
+}
+
 void OutputFile::discard() noexcept {
   if (fd_ >= 0) {
     ::close(fd_);
     fd_ = -1;
   }
-  if (!committed_ && !temp_.empty()) ::unlink(temp_.c_str());
+  if (!committed_ && !temp_.empty() && !discarded_) {
+    ::unlink(temp_.c_str());
+    discarded_ = true;
+  }
   unregister_temp(slot_);
   slot_ = -1;
+}
+
+void commit_outputs(const std::vector<OutputFile*>& files, int exit_status) {
+  DeferSignals hold;
+  for (OutputFile* f : files)
+    if (f && !f->committed() && !f->discarded()) f->sync_temp();
+  for (OutputFile* f : files)
+    if (f && !f->committed() && !f->discarded()) f->rename_into_place();
+  mark_run_complete(exit_status);
 }
 
 }  // namespace dynemb

@@ -55,11 +55,11 @@ void start_trace(std::unique_ptr<OutputFile> out) {
   r.on = r.out != nullptr;
 }
 
-void write_trace() {
+std::unique_ptr<OutputFile> write_trace() {
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.m);
   r.on = false;
-  if (!r.out) return;
+  if (!r.out) return nullptr;
   std::string json = "{\"traceEvents\":[\n";
   for (size_t i = 0; i < r.events.size(); ++i) {
     const Event& e = r.events[i];
@@ -72,7 +72,7 @@ void write_trace() {
   r.events.clear();
   std::unique_ptr<OutputFile> out = std::move(r.out);
   out->write(json);
-  out->commit();
+  return out;
 }
 
 void TraceSpan::record(const char* name, int64_t arg, std::chrono::steady_clock::time_point t0,

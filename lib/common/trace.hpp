@@ -17,9 +17,10 @@ bool tracing();
 // Records every span from now on into `out` (an output like any other: checked against the
 // inputs and made by the caller, its temporary removed if the command fails or is interrupted).
 void start_trace(std::unique_ptr<OutputFile> out);
-// Writes the spans recorded so far and commits the file; recording stops. Throws Error (the
-// file's own) when it cannot be written. Nothing to do when start_trace was not called.
-void write_trace();
+// Writes the spans recorded so far into the file and hands it back for the caller to commit
+// with the command's other outputs; recording stops. Throws Error (the file's own) when it
+// cannot be written. Null when start_trace was not called.
+std::unique_ptr<OutputFile> write_trace();
 
 // Records [construction, destruction) under `name` (a string literal: kept by pointer) with an
 // optional argument (a rank, a batch, a chunk count), when tracing.

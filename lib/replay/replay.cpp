@@ -196,7 +196,9 @@ void Replayer::run() {
   clock_.print();
   start();  // when every batch was trouble
   if (writer_ && troubles_ > 0) drop_writer();
-  if (writer_) writer_->commit();
+  // A file the caller handed over is committed by the caller, with its other outputs.
+  if (writer_ && opt_.write_output_file) writer_->finish();
+  if (writer_ && !opt_.write_output_file) writer_->commit();
 }
 
 // The plan (the capture's, or --plan's with what differs), the tolerance and the batches.

@@ -32,8 +32,10 @@ struct ReplayOptions {
   int64_t max_mismatches = 10;         // details kept per check
   std::string batches;                 // --batches RANGE, empty: all
   std::string write_output;            // --write-output OUT.h5, empty: none
-  // --write-output's file when the caller created it up front (common/output_file.hpp);
-  // null: made from `write_output` when the run starts.
+  // --write-output's file when the caller created it up front (common/output_file.hpp): the
+  // replay leaves it complete but uncommitted, for the caller to commit with its other
+  // outputs (or discarded, when trouble kept it from being complete); null: made from
+  // `write_output` when the run starts, and committed by the replay.
   std::shared_ptr<OutputFile> write_output_file;
   // Stop at the first trouble (the run's trouble, exit 2) instead of recording it as an error
   // check of its batch (or rank) and going on with the others.

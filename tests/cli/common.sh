@@ -22,6 +22,13 @@ no_temps() {
   left=$(find "$1" -name '*.tmp-*' 2>/dev/null)
   [[ -z "$left" ]] || fail "$2: temporary files left: $left"
 }
+# temp_of TARGET PID: the temporary "<TARGET>.tmp-<PID>-<random>" of that process, if any.
+temp_of() {
+  local f
+  for f in "$1".tmp-"$2"-*; do
+    [[ -e "$f" ]] && { echo "$f"; return; }
+  done
+}
 has_text() {
   grep -qF -- "$2" "$1" || {
     fail "$3: no '$2' in $1:"

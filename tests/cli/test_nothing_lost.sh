@@ -2,7 +2,7 @@
 # Nothing lost: `synth` and `replay --write-output` killed by SIGKILL mid-write leave
 # no partial file under the target name (a target that existed before keeps its bytes), and
 # the inputs are unchanged (sha256 before / after). What a SIGKILL can leave is the temporary
-# "<target>.tmp-<pid>" (no handler runs): documented in docs/robustness.md, and checked to be
+# "<target>.tmp-<pid>-<random>" (no handler runs): documented in docs/robustness.md, and checked to be
 # the only leftover.
 # Env (tests/CMakeLists.txt): DYNEMB (binary), DYNEMB_PYTHON.
 set -u
@@ -18,9 +18,10 @@ kill_mid() {
   local before=""
   [[ -e "$target" ]] && before=$(sha "$target")
   "$DYNEMB" "$@" >"$tmp/$name.out" 2>&1 &
-  local pid=$! waited=0 size=0
+  local pid=$! waited=0 size=0 tf=""
   while ((waited < 600)); do
-    size=$(stat -c %s "$target.tmp-$pid" 2>/dev/null || echo 0)
+    tf=$(temp_of "$target" "$pid")
+    size=$( [[ -n "$tf" ]] && stat -c %s "$tf" 2>/dev/null || echo 0)
     ((size > 65536)) && break
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.05
@@ -32,7 +33,7 @@ kill_mid() {
     return
   fi
   wait "$pid" 2>/dev/null
-  echo "$name: killed pid $pid with $size bytes in $target.tmp-$pid"
+  echo "$name: killed pid $pid with $size bytes in $tf"
   if [[ -n "$before" ]]; then
     [[ "$(sha "$target")" == "$before" ]] || fail "$name: the existing $target was changed"
   else
@@ -40,9 +41,9 @@ kill_mid() {
   fi
   # The only leftover is the temp of the killed process.
   local left
-  left=$(cd "$(dirname "$target")" && ls -1 | grep -F "$(basename "$target")." | grep -v -x -F "$(basename "$target").tmp-$pid" || true)
+  left=$(cd "$(dirname "$target")" && ls -1 | grep -F "$(basename "$target")." | grep -v "^$(basename "$target")\.tmp-$pid-" || true)
   [[ -z "$left" ]] || fail "$name: unexpected leftovers: $left"
-  rm -f "$target.tmp-$pid"
+  rm -f "$target".tmp-"$pid"-*
 }
 
 # Input: a capture big enough that both jobs take a few seconds.
