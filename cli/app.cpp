@@ -105,6 +105,7 @@ std::atomic<bool> g_crash_note_set{false};
 
 #ifndef DYNEMB_ASAN
 void on_crash_signal(int sig) {
+  remove_registered_temps();  // whatever follows, no partial output is left behind
   const char* file = capture_being_read();
   const auto put = [](const char* s) {
     size_t n = 0;
@@ -117,7 +118,6 @@ void on_crash_signal(int sig) {
     }
   };
   if (g_crash_note_set.load()) {
-    remove_registered_temps();
     put("dynemb-dist: error: ");
     put(g_crash_note);
     put(sig == SIGBUS ? ": libhdf5 crashed (SIGBUS)" : ": libhdf5 crashed (SIGSEGV)");
@@ -126,7 +126,6 @@ void on_crash_signal(int sig) {
     _exit(2);
   }
   if (file[0] == '\0') {  // not reading a capture: the default action (core dump, exit 128+sig)
-    remove_registered_temps();  // but no partial output left behind
     std::signal(sig, SIG_DFL);
     return;  // the faulting instruction runs again, now under SIG_DFL
   }
