@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Hostile files and hostile machines, the smaller cases: text inputs read with a bound (a plan
+# that is /dev/zero, /dev/urandom, a FIFO, a huge file), a run that checks nothing (a capture of
+# 0 batches), output options given an empty name, DYNEMB_* variables with values that mean
+# nothing, synth's numeric options out of their domain. Each is exit 2 with one line naming
+# what and where, never an exit by signal, a hang or a wrong "PASS".
+# Env (tests/CMakeLists.txt): DYNEMB (binary), DYNEMB_SRC, DYNEMB_PYTHON (python3 + h5py).
+set -u
+: "${DYNEMB:?}" "${DYNEMB_SRC:?}" "${DYNEMB_PYTHON:=python3}"
+"$DYNEMB_PYTHON" -c 'import h5py, numpy' 2>/dev/null || { echo "no h5py for $DYNEMB_PYTHON"; exit 77; }
+
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail
+asan=0
+nm "$DYNEMB" 2>/dev/null | grep -q __asan_init && asan=1
+# run NAME WANT_RC ARGS...: the tool under a 60 s limit and 4 GiB of address space (plain
+# builds only: ASan reserves far more); stdout and stderr in $tmp/NAME.out.
+run() {
+  local name=$1 want=$2
+  shift 2
+  (
+    [[ $asan -eq 1 ]] || ulimit -v 4194304 2>/dev/null
+    exec timeout 60 "$DYNEMB" "$@"
+  ) >"$tmp/$name.out" 2>&1
+  local rc=$?
+  if [[ $rc -ne $want ]]; then
+    fail "$name: exit $rc, want $want ($*)"
+    sed 's/^/    /' "$tmp/$name.out" | head -30
+  else
+    ok "$name: exit $rc"
+  fi
+}
+# has NAME REGEX / hasnt NAME REGEX: a line of $tmp/NAME.out matches / none does.
+has() { grep -qE -- "$2" "$tmp/$1.out" || { fail "$1: no line matches: $2"; sed 's/^/    /' "$tmp/$1.out" | head -30; }; }
+hasnt() { ! grep -qE -- "$2" "$tmp/$1.out" || { fail "$1: a line matches: $2"; sed 's/^/    /' "$tmp/$1.out" | head -30; }; }
+
+"$DYNEMB" synth --preset unit-seq-w2 --batches 2 --seed 3 -o "$tmp/seq.h5" >/dev/null || fail "synth seq"
+"$DYNEMB_PYTHON" -c 'import sys, h5py; open(sys.argv[2], "w").write(h5py.File(sys.argv[1], "r")["plan"][()].decode())' \
+  "$tmp/seq.h5" "$tmp/plan.yaml" || fail "extract plan"
+
+# ---- plans read with a bound: stopped at 16 MiB while reading, whatever the file is
+too_big="the plan( file)? is larger than 16 MiB; refusing it"
+for dev in /dev/zero /dev/urandom; do
+  n=$(basename "$dev")
+  run "val_$n" 2 validate "$dev"
+  has "val_$n" "^dynemb-dist: error: $dev: $too_big"
+  run "rep_$n" 2 replay "$tmp/seq.h5" --plan "$dev" --quiet
+  has "rep_$n" "error: $dev: $too_big"
+  hasnt "rep_$n" "seq\.h5: out of memory"
+  run "synth_$n" 2 synth "$dev" -o "$tmp/never.h5"
+  has "synth_$n" "$dev: $too_big"
+  run "inspect_$n" 2 inspect "$tmp/seq.h5" --plan "$dev"
+  has "inspect_$n" "$dev: $too_big"
+done
+[[ -e "$tmp/never.h5" ]] && fail "synth of /dev/zero wrote a capture"
+# A regular file of 17 MiB: refused by its size, before it is read.
+{ cat "$tmp/plan.yaml"; head -c $((17 << 20)) /dev/zero | tr '\0' '#'; } >"$tmp/huge.yaml"
+run val_huge 2 validate "$tmp/huge.yaml"
+has val_huge "huge\.yaml: $too_big"
+run val_huge_json 2 validate "$tmp/huge.yaml" --format json
+has val_huge_json "huge\.yaml: $too_big"
+# A FIFO fed more than the bound (the writer never stops): refused at the bound.
+mkfifo "$tmp/fifo.yaml"
+(head -c $((64 << 20)) /dev/zero >"$tmp/fifo.yaml" 2>/dev/null &)
+run val_fifo 2 validate "$tmp/fifo.yaml"
+has val_fifo "fifo\.yaml: $too_big"
+# A FIFO nobody writes to: the open timeout, as before.
+mkfifo "$tmp/idle.yaml"
+DYNEMB_OPEN_TIMEOUT=1 run val_idle 2 validate "$tmp/idle.yaml"
+has val_idle "idle\.yaml: cannot read the plan: it is a pipe \(FIFO\) and reading it did not finish in 1 s"
+# A plan just under the bound is read (and judged on its text).
+{ cat "$tmp/plan.yaml"; head -c $(((16 << 20) - 4096)) /dev/zero | tr '\0' '\n'; } >"$tmp/long.yaml"
+run val_long 0 validate "$tmp/long.yaml"
+# A FIFO with a whole plan in it is read as before.
+mkfifo "$tmp/plan.fifo"
+(cat "$tmp/plan.yaml" >"$tmp/plan.fifo" &)
+run val_fifo_ok 0 validate "$tmp/plan.fifo"
