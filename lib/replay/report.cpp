@@ -184,11 +184,14 @@ std::string text_summary(const Report& r, bool colour) {
   const std::string word = sum.exit_code == 0   ? paint(colour, kGreen, "PASS")
                            : sum.exit_code == 1 ? paint(colour, kRed, "FAIL")
                                                 : paint(colour, kRed, "ERROR");
+  // How many checks ran, always: a run that checked nothing must not read like a clean one.
+  const int64_t ran = sum.checks - sum.skipped;
   s += fmt::format(
       "# result: {} (exit {}): {} context mismatches, {} lookup mismatches, {} output "
-      "mismatches ({} data), {} errors\n",
+      "mismatches ({} data), {} errors; {} {} ran{}\n",
       word, sum.exit_code, sum.context_mismatches, sum.lookup_mismatches, sum.output_mismatches,
-      sum.data_mismatches, sum.errors);
+      sum.data_mismatches, sum.errors, ran, ran == 1 ? "check" : "checks",
+      sum.skipped > 0 ? fmt::format(", {} skipped", sum.skipped) : "");
   return s;
 }
 

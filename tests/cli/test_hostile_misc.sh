@@ -74,3 +74,63 @@ run val_long 0 validate "$tmp/long.yaml"
 mkfifo "$tmp/plan.fifo"
 (cat "$tmp/plan.yaml" >"$tmp/plan.fifo" &)
 run val_fifo_ok 0 validate "$tmp/plan.fifo"
+
+# ---- a run that checks nothing fails: a capture of 0 batches (a job that captured none)
+cp "$tmp/seq.h5" "$tmp/nobatch.h5"
+"$DYNEMB_PYTHON" - "$tmp/nobatch.h5" <<'PY' || fail "make nobatch.h5"
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r+") as f:
+    del f["batches"]
+    f.create_group("batches")
+    f.attrs["num_batches"] = np.int64(0)
+PY
+run nobatch_rep 2 replay "$tmp/nobatch.h5"
+has nobatch_rep "^dynemb-dist: error: .*nobatch\.h5: no batches: the capture holds 0"
+has nobatch_rep "^# result: ERROR \(exit 2\): .*; 0 checks ran$"
+hasnt nobatch_rep "PASS"
+run nobatch_json 2 replay "$tmp/nobatch.h5" --quiet --json "$tmp/nobatch.json"
+"$DYNEMB_PYTHON" - "$tmp/nobatch.json" <<'PY' || fail "nobatch.json: summary"
+import json, sys
+j = json.load(open(sys.argv[1]))
+s = j["summary"]
+assert s["status"] == "error" and s["exit_code"] == 2 and s["checks"] == 0, s
+assert "no batches: the capture holds 0" in j["trouble"], j["trouble"]
+PY
+# structurally valid, so validate passes it, with a warning that says what replay will do
+run nobatch_val 0 validate "$tmp/plan.yaml" --capture "$tmp/nobatch.h5"
+has nobatch_val "nobatch\.h5:/batches: warning: no batches: the capture holds 0 .*replay refuses it"
+run nobatch_inspect 0 inspect "$tmp/nobatch.h5"
+has nobatch_inspect "^# batches +0: the capture holds no batches; replay refuses it \(exit 2\)"
+# per-rank files of a job that captured no batch: merge refuses them
+for r in 0 1; do
+  "$DYNEMB_PYTHON" - "$tmp/nobatch.h5" "$tmp/rank$r.h5" "$r" <<'PY' || fail "make rank$r.h5"
+import sys, h5py
+with h5py.File(sys.argv[1], "r") as f, h5py.File(sys.argv[2], "w") as g:
+    for k, v in f.attrs.items():
+        g.attrs[k] = v
+    g.attrs["rank"] = int(sys.argv[3])
+    f.copy("plan", g)
+    f.copy("oracle", g)
+    g.create_group("batches")
+PY
+done
+run nobatch_merge 2 merge "$tmp/rank0.h5" "$tmp/rank1.h5" -o "$tmp/merged0.h5"
+has nobatch_merge "rank0\.h5.*no batches: the per-rank files hold 0"
+[[ -e "$tmp/merged0.h5" ]] && fail "merge of 0-batch rank files wrote $tmp/merged0.h5"
+# every check skipped (--plan shards a pooled capture differently, and no /oracle or /tables
+# to look its rows up): nothing was checked, exit 2
+"$DYNEMB" synth --preset unit-pooled-w8 --batches 2 --batch-size 2 --store local_embs,output \
+  -o "$tmp/pool.h5" >/dev/null || fail "synth pool"
+"$DYNEMB_PYTHON" - "$tmp/pool.h5" "$tmp/pool.yaml" <<'PY' || fail "strip pool.h5"
+import sys, h5py
+with h5py.File(sys.argv[1], "r+") as f:
+    del f["oracle"]
+    text = f["plan"][()].decode()
+open(sys.argv[2], "w").write(text.replace("dist_type: continuous", "dist_type: roundrobin", 1))
+PY
+run allskip 2 replay "$tmp/pool.h5" --plan "$tmp/pool.yaml"
+has allskip "error: .*pool\.h5: nothing was checked: all 16 checks of the 2 replayed batches were skipped"
+has allskip "^# result: ERROR \(exit 2\): .*; 0 checks ran, 16 skipped$"
+# the summary line says how many checks ran, on a clean run too
+run clean 0 replay "$tmp/seq.h5" --quiet
+has clean "^# result: PASS \(exit 0\): .*, 0 errors; 56 checks ran$"
