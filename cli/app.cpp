@@ -174,6 +174,19 @@ void arm_open_watchdog() {
   });
 }
 
+// An option given an empty value (`--json ""`, `-o ""`, `--plan ""`) would silently mean its
+// default (no report, the embedded plan): refused as a usage error naming the option. Flags
+// take no value and are not judged.
+const CLI::Option* option_with_empty_value(const CLI::App& app) {
+  for (const CLI::App* sub : app.get_subcommands())
+    for (const CLI::Option* opt : sub->get_options()) {
+      if (opt->count() == 0 || opt->get_type_size() == 0) continue;
+      for (const std::string& v : opt->results())
+        if (v.empty()) return opt;
+    }
+  return nullptr;
+}
+
 }  // namespace
 
 void set_crash_note(const std::string& note) {
@@ -229,6 +242,14 @@ int main_entry(int argc, char** argv) {
     fmt::print(stderr, "{}: error: {}\n", who, e.what());
     fmt::print(stderr, "Run '{} --help' for its options{}.\n", who,
                sub ? ", 'man dynemb-dist' for examples" : "");
+    return 2;
+  }
+  if (const CLI::Option* opt = option_with_empty_value(app)) {
+    const CLI::App* sub = named_subcommand(app, argc, argv);
+    const std::string who = sub ? "dynemb-dist " + sub->get_name() : "dynemb-dist";
+    fmt::print(stderr, "{}: error: {}: the value is empty; give one, or leave the option out\n",
+               who, opt->get_name(true, true));
+    fmt::print(stderr, "Run '{} --help' for its options.\n", who);
     return 2;
   }
   if (!run) {

@@ -134,3 +134,23 @@ has allskip "^# result: ERROR \(exit 2\): .*; 0 checks ran, 16 skipped$"
 # the summary line says how many checks ran, on a clean run too
 run clean 0 replay "$tmp/seq.h5" --quiet
 has clean "^# result: PASS \(exit 0\): .*, 0 errors; 56 checks ran$"
+
+# ---- an option given an empty value is a usage error naming it (it was silently ignored:
+# no report written, the embedded plan used, every batch replayed)
+empty_value() {  # NAME OPTION ARGS...: exit 2, and the line names OPTION
+  local name=$1 opt=$2
+  shift 2
+  run "$name" 2 "$@"
+  has "$name" "^dynemb-dist [a-z]+: error: $opt: the value is empty; give one, or leave the option out$"
+}
+empty_value empty_json --json replay "$tmp/seq.h5" --quiet --json ""
+empty_value empty_junit --junit replay "$tmp/seq.h5" --quiet --junit ""
+empty_value empty_write --write-output replay "$tmp/seq.h5" --quiet --write-output ""
+empty_value empty_plan --plan replay "$tmp/seq.h5" --quiet --plan ""
+empty_value empty_batches --batches replay "$tmp/seq.h5" --quiet --batches ""
+empty_value empty_synth_o "-o,--output" synth --preset unit-seq-w2 -o ""
+empty_value empty_merge_o "-o,--output" merge "$tmp/seq.h5" -o ""
+empty_value empty_bench_json --json bench --preset unit-seq-w2 --backend cpu --json ""
+empty_value empty_bench_export --export bench --preset unit-seq-w2 --backend cpu --export ""
+empty_value empty_val_capture --capture validate "$tmp/plan.yaml" --capture ""
+empty_value empty_inspect_plan --plan inspect "$tmp/seq.h5" --plan ""
