@@ -20,7 +20,9 @@
 #include "capture/capture.hpp"
 #include "capture/h5chunks.hpp"
 #include "commands.hpp"
+#include "common/env.hpp"
 #include "common/error.hpp"
+#include "common/input_file.hpp"
 #include "common/memory.hpp"
 #include "common/output_file.hpp"
 #include "registry.hpp"
@@ -156,12 +158,7 @@ void install_crash_handler() {
 }
 
 void arm_open_watchdog() {
-  double secs = 60;
-  if (const char* env = std::getenv("DYNEMB_OPEN_TIMEOUT"); env && *env) {
-    char* end = nullptr;
-    const double v = std::strtod(env, &end);
-    if (end != env && *end == '\0' && v >= 0) secs = v;
-  }
+  const double secs = open_timeout_seconds();
   set_capture_open_watchdog(secs, [secs](const std::string& path) {
     std::fflush(stdout);
     fmt::print(stderr,
@@ -255,6 +252,12 @@ int main_entry(int argc, char** argv) {
   if (!run) {
     std::fputs(kShortUsage, stdout);
     return 0;
+  }
+  try {  // a DYNEMB_* variable whose value means nothing: exit 2 before any work
+    env::check_all();
+  } catch (const UsageError& e) {
+    fmt::print(stderr, "dynemb-dist: error: {}\n", e.what());
+    return 2;
   }
   arm_open_watchdog();
   install_crash_handler();

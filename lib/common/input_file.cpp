@@ -12,18 +12,13 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/env.hpp"
 #include "common/error.hpp"
 
 namespace dynemb {
 
 double open_timeout_seconds() {
-  double secs = 60;
-  if (const char* env = std::getenv("DYNEMB_OPEN_TIMEOUT"); env && *env) {
-    char* end = nullptr;
-    const double v = std::strtod(env, &end);
-    if (end != env && *end == '\0' && v >= 0) secs = v;
-  }
-  return secs;
+  return env::seconds("DYNEMB_OPEN_TIMEOUT").value_or(60.0);
 }
 
 std::string read_input_text(const std::string& path, const std::string& what, size_t max_bytes) {

@@ -154,3 +154,34 @@ empty_value empty_bench_json --json bench --preset unit-seq-w2 --backend cpu --j
 empty_value empty_bench_export --export bench --preset unit-seq-w2 --backend cpu --export ""
 empty_value empty_val_capture --capture validate "$tmp/plan.yaml" --capture ""
 empty_value empty_inspect_plan --plan inspect "$tmp/seq.h5" --plan ""
+
+# ---- DYNEMB_* variables whose value means nothing: exit 2 naming the variable and the value
+# (they were silently ignored, the default taking their place)
+bad_env() {  # NAME VAR=VALUE WHY-REGEX ARGS...
+  local name=$1 setting=$2 why=$3
+  shift 3
+  local -x "$setting"  # exported to the tool, for this call only
+  run "$name" 2 "$@"
+  has "$name" "^dynemb-dist: error: ${setting%%=*}='${setting#*=}': $why"
+}
+for v in lots 0 -1G nan inf 1e30T 12Q; do
+  bad_env "mem_$v" "DYNEMB_MEMORY_LIMIT=$v" "not a size in bytes" replay "$tmp/seq.h5" --quiet
+done
+for v in -5 x nan inf 1e300 5s; do
+  bad_env "timeout_$v" "DYNEMB_OPEN_TIMEOUT=$v" "(not a number of seconds|more than 1e9 seconds)" \
+    replay "$tmp/seq.h5" --quiet
+done
+bad_env timeout_validate DYNEMB_OPEN_TIMEOUT=-5 "not a number of seconds" validate "$tmp/plan.yaml"
+bad_env slice_cols DYNEMB_SLICE_COLUMNS=-3 "not a whole number of 1 or more" replay "$tmp/seq.h5" --quiet
+bad_env dest_rows DYNEMB_DESTINATION_ROWS=many "not a whole number" replay "$tmp/seq.h5" --quiet
+bad_env unit_rows DYNEMB_SYNTH_UNIT_ROWS=0 "not a whole number" synth --preset unit-seq-w2 -o "$tmp/u.h5"
+bad_env by_dest DYNEMB_BY_DESTINATION=of "want 'off' or 'report'" replay "$tmp/seq.h5" --quiet
+bad_env hold DYNEMB_HOLD_OUTPUTS=gpu "want 'host'" replay "$tmp/seq.h5" --quiet --backend cpu
+bad_env serial DYNEMB_H5_SERIAL_WRITE=yes "want '0' or '1'" synth --preset unit-seq-w2 -o "$tmp/u.h5"
+# good values still work
+DYNEMB_MEMORY_LIMIT=1.5G DYNEMB_OPEN_TIMEOUT=0.5 run good_env 0 replay "$tmp/seq.h5" --quiet
+# --max-memory's sizes are read the same way: nan and inf are no size
+run maxmem_nan 2 replay "$tmp/seq.h5" --quiet --max-memory nan
+has maxmem_nan "--max-memory 'nan': not a size"
+run maxmem_inf 2 replay "$tmp/seq.h5" --quiet --max-memory inf
+has maxmem_inf "--max-memory 'inf': not a size"
