@@ -185,3 +185,14 @@ run maxmem_nan 2 replay "$tmp/seq.h5" --quiet --max-memory nan
 has maxmem_nan "--max-memory 'nan': not a size"
 run maxmem_inf 2 replay "$tmp/seq.h5" --quiet --max-memory inf
 has maxmem_inf "--max-memory 'inf': not a size"
+
+# ---- synth's numeric options out of their domain: usage errors (zipf:nan put every id on
+# rank 0 and wrote the capture)
+for a in nan inf -inf -1 0 1e9; do
+  run "ids_zipf_$a" 2 synth --preset unit-seq-w2 -o "$tmp/z.h5" --force --ids "zipf:$a"
+  has "ids_zipf_$a" "^dynemb-dist: error: --ids zipf:.*: want 0 < ALPHA <= 100$"
+  run "hot_zipf_$a" 2 synth --preset unit-seq-w2 -o "$tmp/z.h5" --force --hotness "zipf:$a:8"
+  has "hot_zipf_$a" "--hotness entry 'zipf:$a:8': want 0 < ALPHA <= 100 and MAX >= 1"
+done
+[[ -e "$tmp/z.h5" ]] && fail "synth wrote a capture with a Zipf exponent out of its domain"
+run ids_zipf_ok 0 synth --preset unit-seq-w2 -o "$tmp/z.h5" --ids zipf:1.2 --hotness zipf:1.5:8
