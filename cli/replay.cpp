@@ -108,6 +108,7 @@ int run_replay_cli(const ReplayCliOptions& o) {
           fmt::format("--max-memory '{}': not a size (e.g. 2G, 512M, 1.5GiB)", o.max_memory));
   }
   opt.read_ahead = o.read_ahead;
+  opt.keep_passes = !o.json.empty() || !o.junit.empty();  // only the reports list them
   // Before any work: no output is an input or another output (by device and inode, whatever
   // the spelling), and every output's temporary exists, so a long run never ends in "cannot
   // write the report".

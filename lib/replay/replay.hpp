@@ -46,6 +46,10 @@ struct ReplayOptions {
   // --read-ahead: batches read (and inflated) on another thread while one is replayed, 0 or 1.
   int read_ahead = 1;
   std::vector<std::string> argv;
+  // Whether Report::checks keeps the checks that passed (a report file lists every check).
+  // Off, they are only counted (Report::passes_not_kept), so that the replay's memory does not
+  // grow with the batches: a pass costs hundreds of bytes, and a batch makes dozens.
+  bool keep_passes = true;
 };
 
 // Where a replay stands, after each rank-batch: rank-batches and the capture's logical bytes

@@ -73,6 +73,10 @@ class Replayer {
     }
     if (started_ && !header_shown_) start();  // the header waited for the capture's hash
     if (cb_.on_check && header_shown_) cb_.on_check(c);
+    if (!opt_.keep_passes && c.status == CheckStatus::pass && c.details.empty()) {
+      ++rep_.passes_not_kept[c.stage];  // counted; kept only for a file that lists every check
+      return;
+    }
     rep_.checks.push_back(std::move(c));
   }
   // The header (on_start) once, then the checks decided before it (trouble in a batch read

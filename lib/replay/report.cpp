@@ -68,6 +68,10 @@ Summary Report::summary() const {
         break;
     }
   }
+  for (const auto& [stage, n] : passes_not_kept) {
+    s.checks += n;
+    s.passed += n;
+  }
   if (!trouble.empty() || s.errors > 0) {
     s.status = "error";
     s.exit_code = 2;
@@ -160,6 +164,10 @@ std::string text_summary(const Report& r, bool colour) {
     row.failed += c.status == CheckStatus::fail;
     row.errors += c.status == CheckStatus::error;
     row.skipped += c.status == CheckStatus::skipped;
+  }
+  for (const auto& [stage, n] : r.passes_not_kept) {
+    rows[stage].checks += n;
+    rows[stage].passed += n;
   }
   const Summary sum = r.summary();
   std::string s = "#\n";

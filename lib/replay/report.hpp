@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -83,6 +84,9 @@ struct Report {
   std::vector<CheckResult> checks;
   std::vector<std::string> warnings;
   std::string trouble;  // the exit-2 message when the run stopped on trouble, else empty
+  // Checks that passed and were not kept in `checks` (ReplayOptions::keep_passes), by stage:
+  // they count in the summary and the text table, and no file lists them.
+  std::map<std::string, int64_t> passes_not_kept;
 
   Summary summary() const;
 };
