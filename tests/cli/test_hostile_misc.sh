@@ -225,3 +225,10 @@ print(f"peak RSS: 1000 batches {small[1]:.1f} MiB, 4000 batches {big[1]:.1f} MiB
 assert grow < 8, f"peak RSS grew by {grow:.1f} MiB from 1000 to 4000 batches (want < 8 MiB)"
 PY
 fi
+
+# ---- bench --export without CUDA: the arrays it writes are the CUDA stages' (for
+# bench/peer_torch.py); on the CPU backend it wrote nothing and exited 0. Now exit 2 with the
+# reason, and no directory left behind.
+run export_cpu 2 bench --preset unit-seq-w2 --backend cpu --iters 1 --export "$tmp/exp"
+has export_cpu "^dynemb-dist: error: bench --export .*exp: it writes the CUDA stages' index data for bench/peer_torch.py, and the backend here is cpu"
+[[ -e "$tmp/exp" ]] && fail "export_cpu: $tmp/exp was left behind"
