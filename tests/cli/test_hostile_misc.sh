@@ -70,6 +70,17 @@ has val_idle "idle\.yaml: cannot read the plan: it is a pipe \(FIFO\) and readin
 # A plan just under the bound is read (and judged on its text).
 { cat "$tmp/plan.yaml"; head -c $(((16 << 20) - 4096)) /dev/zero | tr '\0' '\n'; } >"$tmp/long.yaml"
 run val_long 0 validate "$tmp/long.yaml"
+# An embedded /plan is bounded by its dataset (and the file): one past 16 MiB is refused too.
+cp "$tmp/seq.h5" "$tmp/bigplan.h5"
+"$DYNEMB_PYTHON" - "$tmp/bigplan.h5" <<'PY' || fail "make bigplan.h5"
+import sys, h5py
+with h5py.File(sys.argv[1], "r+") as f:
+    text = f["plan"][()].decode()
+    del f["plan"]
+    f["plan"] = (text + "#" * (17 << 20)).encode()
+PY
+run rep_bigplan 2 replay "$tmp/bigplan.h5" --quiet
+has rep_bigplan "bigplan\.h5:/plan:1:1: error: plan is [0-9]+ bytes; plans larger than 16 MiB are refused"
 # A FIFO with a whole plan in it is read as before.
 mkfifo "$tmp/plan.fifo"
 (cat "$tmp/plan.yaml" >"$tmp/plan.fifo" &)
