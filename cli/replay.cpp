@@ -108,7 +108,8 @@ int run_replay_cli(const ReplayCliOptions& o) {
           fmt::format("--max-memory '{}': not a size (e.g. 2G, 512M, 1.5GiB)", o.max_memory));
   }
   opt.read_ahead = o.read_ahead;
-  opt.keep_passes = !o.json.empty() || !o.junit.empty();  // only the reports list them
+  // Passes are listed only by the report files; the text report counts them.
+  opt.passes = !o.json.empty() || !o.junit.empty() ? PassMode::compact : PassMode::counted;
   // Before any work: no output is an input or another output (by device and inode, whatever
   // the spelling), and every output's temporary exists, so a long run never ends in "cannot
   // write the report".
@@ -169,8 +170,8 @@ int run_replay_cli(const ReplayCliOptions& o) {
     report.trouble = report.trouble.empty() ? msg : report.trouble + "; " + msg;
   }
   try {
-    if (json_out) json_out->write(json_report(report));
-    if (junit_out) junit_out->write(junit_report(report));
+    if (json_out) write_json_report(report, [&](const std::string& s) { json_out->write(s); });
+    if (junit_out) write_junit_report(report, [&](const std::string& s) { junit_out->write(s); });
     if (json_out) json_out->commit();
     if (junit_out) junit_out->commit();
   } catch (const Error& e) {

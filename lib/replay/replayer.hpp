@@ -73,8 +73,9 @@ class Replayer {
     }
     if (started_ && !header_shown_) start();  // the header waited for the capture's hash
     if (cb_.on_check && header_shown_) cb_.on_check(c);
-    if (!opt_.keep_passes && c.status == CheckStatus::pass && c.details.empty()) {
-      ++rep_.passes_not_kept[c.stage];  // counted; kept only for a file that lists every check
+    if (opt_.passes != PassMode::whole && PassLog::fits(c)) {
+      ++rep_.pass_counts[c.stage];
+      if (opt_.passes == PassMode::compact) rep_.pass_log.add(c, rep_.checks.size());
       return;
     }
     rep_.checks.push_back(std::move(c));

@@ -210,8 +210,8 @@ run ids_zipf_ok 0 synth --preset unit-seq-w2 -o "$tmp/z.h5" --ids zipf:1.2 --hot
 
 # ---- replay's memory does not grow with the batches: a capture of 4,000 tiny batches peaks
 # where one of 1,000 does (each pass was kept whole for the report, ~17 KB a batch at W = 2;
-# now counted, and kept only for --json / --junit, which list every check). Peak RSS from
-# wait4; not under ASan, whose RSS is its shadow memory and quarantine.
+# now counted, and kept compactly only for --json / --junit, which list every check). Peak
+# RSS from wait4; not under ASan, whose RSS is its shadow memory and quarantine.
 if [[ $asan -eq 1 ]]; then
   echo "skipped: peak RSS under ASan (shadow memory and quarantine, not the tool's)"
 else
@@ -221,8 +221,8 @@ else
   done
   "$DYNEMB_PYTHON" - "$DYNEMB" "$tmp/tiny1000.h5" "$tmp/tiny4000.h5" <<'PY' || fail "replay RSS grows with the batches"
 import os, subprocess, sys
-def run(capture):
-    p = subprocess.Popen([sys.argv[1], "replay", capture, "--backend", "cpu", "--quiet"],
+def run(capture, *more):
+    p = subprocess.Popen([sys.argv[1], "replay", capture, "--backend", "cpu", "--quiet", *more],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     out = p.stdout.read().decode()
     _, status, ru = os.wait4(p.pid, 0)
@@ -234,6 +234,14 @@ assert "; 28000 checks ran" in small[0] and "; 112000 checks ran" in big[0], (sm
 grow = big[1] - small[1]
 print(f"peak RSS: 1000 batches {small[1]:.1f} MiB, 4000 batches {big[1]:.1f} MiB, growth {grow:.1f} MiB")
 assert grow < 8, f"peak RSS grew by {grow:.1f} MiB from 1000 to 4000 batches (want < 8 MiB)"
+# With --json and --junit every pass is listed: kept as a 72-byte record, and the reports
+# written as they are made (no JSON tree of every check): about 3 MiB a 1,000 batches here
+# (it was over 150 MiB).
+out = os.path.dirname(sys.argv[2])
+listed = run(sys.argv[3], "--json", f"{out}/t.json", "--junit", f"{out}/t.xml")
+grow = listed[1] - small[1]
+print(f"peak RSS: 4000 batches with --json and --junit {listed[1]:.1f} MiB, growth {grow:.1f} MiB")
+assert grow < 32, f"--json/--junit: peak RSS grew by {grow:.1f} MiB (want < 32 MiB)"
 PY
 fi
 
