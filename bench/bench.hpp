@@ -59,6 +59,9 @@ struct Result {
 
 // Runs every stage of the workload on o.backend. Throws UsageError for a bad option or a
 // backend this build lacks, DeviceError when the GPU disagrees with the CPU reference.
+// Throws UsageError for options that cannot run here (--sweep or --export without CUDA, ...);
+// returns the backend that will run ("cpu" or "cuda", auto resolved). Call before any work.
+std::string check_options(const Options& o);
 Result run(const Options& o, const Workload& w);
 
 // The report as JSON: the schema_version/tool header of the other reports, then the run.

@@ -44,12 +44,26 @@ Workload load_workload(const Options& o) {
   return w;
 }
 
-Result run(const Options& o, const Workload& w) {
+std::string check_options(const Options& o) {
   if (o.iters < 1) throw UsageError("bench: --iters must be >= 1");
   if (o.scale < 1) throw UsageError("bench: --scale must be >= 1");
   std::string backend = o.backend;
   if (backend == "auto") backend = cuda_backend_usable() ? "cuda" : "cpu";
   if (o.sweep && backend != "cuda") throw UsageError("bench: --sweep needs the CUDA backend");
+  // The exported arrays are the CUDA stages' own index data (the batched bucketize's output,
+  // the sequence dist's row maps), for bench/peer_torch.py to time torch on the same GPU data:
+  // the CPU stages make none of them, and an empty directory with exit 0 would pass for them.
+  if (!o.export_dir.empty() && backend != "cuda")
+    throw UsageError(
+        fmt::format("bench --export {}: it writes the CUDA stages' index data for "
+                    "bench/peer_torch.py, and the backend here is {}; run it with --backend cuda "
+                    "on a machine with a GPU",
+                    o.export_dir, backend));
+  return backend;
+}
+
+Result run(const Options& o, const Workload& w) {
+  const std::string backend = check_options(o);
   if (backend == "cpu") return run_cpu_stages(o, w);
   if (backend == "cuda") return run_cuda_stages(o, w);
   throw UsageError("bench: --backend must be auto, cuda or cpu, got '" + o.backend + "'");

@@ -20,7 +20,9 @@
 #include "capture/capture.hpp"
 #include "capture/h5chunks.hpp"
 #include "commands.hpp"
+#include "common/env.hpp"
 #include "common/error.hpp"
+#include "common/input_file.hpp"
 #include "common/memory.hpp"
 #include "common/output_file.hpp"
 #include "common/signals.hpp"
@@ -157,12 +159,7 @@ void install_crash_handler() {
 }
 
 void arm_open_watchdog() {
-  double secs = 60;
-  if (const char* env = std::getenv("DYNEMB_OPEN_TIMEOUT"); env && *env) {
-    char* end = nullptr;
-    const double v = std::strtod(env, &end);
-    if (end != env && *end == '\0' && v >= 0) secs = v;
-  }
+  const double secs = open_timeout_seconds();
   set_capture_open_watchdog(secs, [secs](const std::string& path) {
     std::fflush(stdout);
     fmt::print(stderr,
@@ -173,6 +170,19 @@ void arm_open_watchdog() {
     std::fflush(stderr);
     std::_Exit(2);
   });
+}
+
+// An option given an empty value (`--json ""`, `-o ""`, `--plan ""`) would silently mean its
+// default (no report, the embedded plan): refused as a usage error naming the option. Flags
+// take no value and are not judged.
+const CLI::Option* option_with_empty_value(const CLI::App& app) {
+  for (const CLI::App* sub : app.get_subcommands())
+    for (const CLI::Option* opt : sub->get_options()) {
+      if (opt->count() == 0 || opt->get_type_size() == 0) continue;
+      for (const std::string& v : opt->results())
+        if (v.empty()) return opt;
+    }
+  return nullptr;
 }
 
 }  // namespace
@@ -232,9 +242,23 @@ int main_entry(int argc, char** argv) {
                sub ? ", 'man dynemb-dist' for examples" : "");
     return 2;
   }
+  if (const CLI::Option* opt = option_with_empty_value(app)) {
+    const CLI::App* sub = named_subcommand(app, argc, argv);
+    const std::string who = sub ? "dynemb-dist " + sub->get_name() : "dynemb-dist";
+    fmt::print(stderr, "{}: error: {}: the value is empty; give one, or leave the option out\n",
+               who, opt->get_name(true, true));
+    fmt::print(stderr, "Run '{} --help' for its options.\n", who);
+    return 2;
+  }
   if (!run) {
     std::fputs(kShortUsage, stdout);
     return 0;
+  }
+  try {  // a DYNEMB_* variable whose value means nothing: exit 2 before any work
+    env::check_all();
+  } catch (const UsageError& e) {
+    fmt::print(stderr, "dynemb-dist: error: {}\n", e.what());
+    return 2;
   }
   arm_open_watchdog();
   install_crash_handler();

@@ -3,6 +3,7 @@
 // and checks are the bench library's (bench/).
 #include <fmt/core.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -46,7 +47,17 @@ int run_bench(const bench::Options& o) {
     throw UsageError("bench: give either a CAPTURE.h5 or --preset NAME");
   // Outputs are checked against the capture (any spelling) and --json's temporary is created
   // before any work, so a long bench never ends in "cannot write".
+  // The outputs' clashes first, then what cannot run here (--export without CUDA): a directory
+  // made for --export is removed again then, nothing left behind.
+  std::error_code ec;
+  const bool had_dir = !o.export_dir.empty() && std::filesystem::exists(o.export_dir, ec);
   bench::check_export_outputs(o);
+  try {
+    bench::check_options(o);
+  } catch (const UsageError&) {
+    if (!o.export_dir.empty() && !had_dir) std::filesystem::remove(o.export_dir, ec);
+    throw;
+  }
   std::unique_ptr<OutputFile> json_out;
   if (!o.json.empty()) json_out = std::make_unique<OutputFile>(o.json);
   const bench::Workload w = bench::load_workload(o);
@@ -97,7 +108,7 @@ void setup_bench(CLI::App& app, RunFn& run) {
                   "Sequence: also time the unbucketize gather at these fp32 row widths, e.g. "
                   "4,8,16,32,64,128 (same permutation)");
   sub->add_option("--export", o->export_dir,
-                  "Write the index data as .npy files for bench/peer_torch.py");
+                  "Write the index data as .npy files for bench/peer_torch.py (CUDA backend only)");
   sub->add_flag("--sweep", o->sweep,
                 "CUDA, with --preset: time only the bucketize, at B = 512, 1024, ... 65536 per "
                 "rank (the preset's plan and hotness), each row naming the path taken");

@@ -83,6 +83,10 @@ int run_inspect(const InspectArgs& a) {
     fmt::print("# weights      {} [{}] {} ({} stored)\n", s.path, fmt::join(s.dims, ", "), s.dtype,
                human_bytes(s.stored_bytes));
   if (tstats.empty()) fmt::print("# weights      (none)\n");
+  if (nb == 0) {  // said plainly: a replay of it checks nothing, and refuses it
+    fmt::print("# batches      0: the capture holds no batches; replay refuses it (exit 2)\n");
+    return 0;
+  }
   fmt::print("# batches      {}\n", nb);
 
   // Bytes per part, summed over batches and ranks; presence counted per (batch, rank).

@@ -280,6 +280,11 @@ int run_merge(const MergeOptions& opt) {
           rf.path, "/",
           fmt::format("rank {} appears twice (also in {})", rf.rank, it->second->path));
   }
+  // A job that captured no batch: the merged file would replay nothing (replay refuses it).
+  if (ref.num_batches == 0)
+    throw CaptureError(ref.path, "/",
+                       "no batches: the per-rank files hold 0 (num_batches = 0); nothing to "
+                       "merge (did the job capture the steps it was asked for?)");
   for (int64_t r = 0; r < ref.world_size; ++r)
     if (!by_rank.count(r))
       throw UsageError(fmt::format("merge: no file for rank {} of world_size {} ({} file(s) given)",

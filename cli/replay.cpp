@@ -109,6 +109,8 @@ int run_replay_cli(const ReplayCliOptions& o) {
           fmt::format("--max-memory '{}': not a size (e.g. 2G, 512M, 1.5GiB)", o.max_memory));
   }
   opt.read_ahead = o.read_ahead;
+  // Passes are listed only by the report files; the text report counts them.
+  opt.passes = !o.json.empty() || !o.junit.empty() ? PassMode::compact : PassMode::counted;
   // Before any work: no output is an input or another output (by device and inode, whatever
   // the spelling), and every output's temporary exists, so a long run never ends in "cannot
   // write the report".
@@ -176,8 +178,8 @@ int run_replay_cli(const ReplayCliOptions& o) {
     add_trouble(fmt::format("cannot write the trace: {}", e.what()));
   }
   try {
-    if (json_out) json_out->write(json_report(report));
-    if (junit_out) junit_out->write(junit_report(report));
+    if (json_out) write_json_report(report, [&](const std::string& s) { json_out->write(s); });
+    if (junit_out) write_junit_report(report, [&](const std::string& s) { junit_out->write(s); });
     commit_outputs({json_out.get(), junit_out.get(), opt.write_output_file.get(), trace_out.get()},
                    report.summary().exit_code);
   } catch (const Error& e) {

@@ -164,3 +164,58 @@ TEST_CASE("write_file_atomic writes the whole content and leaves no temporary") 
   std::remove(path.c_str());
   CHECK_THROWS_AS(write_file_atomic("/nonexistent-dir/r.json", "x"), Error);
 }
+
+TEST_CASE("passes kept compactly (PassLog) give the same reports, in the order decided") {
+  // Whole: pass0, fail ctx, pass1 (with errors), fail data, pass2.
+  Report whole = sample_report();
+  CheckResult p1 = whole.checks[0];
+  p1.batch = 1;
+  p1.stage = "output";
+  p1.check = "reference";
+  p1.got_label = "replayed";
+  p1.want_label = "reference";
+  p1.compared = 512;
+  p1.max_abs_err = 0.0;
+  p1.max_rel_err = 1.5e-7;
+  p1.message = "512 elements within ulp:4 (max abs err 0, max rel err 1.5e-07)";
+  CheckResult p2 = whole.checks[0];
+  p2.rank = 1;
+  whole.checks = {whole.checks[0], whole.checks[1], p1, whole.checks[2], p2};
+  // Compact: the passes in the log, each after the checks decided before it.
+  Report compact = whole;
+  compact.checks = {whole.checks[1], whole.checks[3]};
+  REQUIRE(PassLog::fits(whole.checks[0]));
+  REQUIRE(!PassLog::fits(whole.checks[1]));
+  compact.pass_log.add(whole.checks[0], 0);
+  compact.pass_log.add(p1, 1);
+  compact.pass_log.add(p2, 2);
+  for (const CheckResult& c : {whole.checks[0], p1, p2}) ++compact.pass_counts[c.stage];
+  std::vector<std::string> names;
+  for (const CheckResult& c : compact.listed_checks()) names.push_back(c.name());
+  CHECK(names ==
+        std::vector<std::string>{"batch0.rank0.ctx.input_splits", "batch0.rank1.ctx.input_splits",
+                                 "batch1.rank0.output.reference", "batch0.rank1.output.golden",
+                                 "batch0.rank1.ctx.input_splits"});
+  CHECK(compact.summary().checks == 5);
+  CHECK(compact.summary().passed == 3);
+  CHECK(json_report(compact) == json_report(whole));
+  CHECK(junit_report(compact) == junit_report(whole));
+  CHECK(text_summary(compact, false) == text_summary(whole, false));
+  // Counted only (no log): the summary and the text table still count them.
+  Report counted = compact;
+  counted.pass_log = PassLog();
+  CHECK(text_summary(counted, false) == text_summary(whole, false));
+  // Written in pieces: the same bytes.
+  std::string pieces;
+  write_json_report(compact, [&](const std::string& s) { pieces += s; });
+  CHECK(pieces == json_report(whole));
+  CHECK(json_report(whole).find("\"checks\": [\n    {\n      \"batch\": 0,") != std::string::npos);
+}
+
+TEST_CASE("a report with no checks: the JSON's \"checks\" is an empty array") {
+  Report r = sample_report();
+  r.checks.clear();
+  const std::string j = json_report(r);
+  CHECK(j.find("\n  \"checks\": [],\n") != std::string::npos);
+  CHECK(nlohmann::json::parse(j)["checks"].empty());
+}

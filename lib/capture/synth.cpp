@@ -60,6 +60,13 @@ SplitMix64 stream(uint64_t seed, int64_t batch, int64_t rank, uint64_t purpose) 
   return SplitMix64{s};
 }
 
+// A Zipf exponent: finite and positive (nan and inf would put every id on one rank, the
+// draw's arithmetic being undefined); past 100 every draw is already the first value.
+constexpr double kMaxZipfAlpha = 100;
+bool zipf_alpha_ok(double alpha) {
+  return std::isfinite(alpha) && alpha > 0 && alpha <= kMaxZipfAlpha;
+}
+
 // Zipf(alpha) over [1, n] by inverting the continuous power law (close to the discrete
 // Zipf for n >> 1; the head is what matters here).
 int64_t zipf(SplitMix64& rng, double alpha, int64_t n) {
@@ -172,8 +179,9 @@ Hotness parse_hotness(const std::string& s) {
       throw UsageError(fmt::format("{} '{}': want zipf:ALPHA:MAX", what, s));
     Hotness h{Hotness::Kind::zipf, 1, parse_int(s.substr(c + 1), what),
               parse_double(s.substr(5, c - 5), what)};
-    if (h.alpha <= 0 || h.hi < 1)
-      throw UsageError(fmt::format("{} '{}': want ALPHA > 0 and MAX >= 1", what, s));
+    if (!zipf_alpha_ok(h.alpha) || h.hi < 1)
+      throw UsageError(
+          fmt::format("{} '{}': want 0 < ALPHA <= {} and MAX >= 1", what, s, kMaxZipfAlpha));
     return h;
   }
   const size_t dots = s.find("..");
@@ -229,7 +237,9 @@ void check_synth_options(const Plan& plan, const SynthOptions& o) {
                                  o.hotness.size(), F, plan.num_features()));
   if (o.empty_rank && (*o.empty_rank < 0 || *o.empty_rank >= W))
     throw UsageError(fmt::format("--empty-rank {} out of range [0, {})", *o.empty_rank, W));
-  if (o.zipf_ids && o.zipf_alpha <= 0) throw UsageError("--ids zipf:ALPHA needs ALPHA > 0");
+  if (o.zipf_ids && !zipf_alpha_ok(o.zipf_alpha))
+    throw UsageError(
+        fmt::format("--ids zipf:{}: want 0 < ALPHA <= {}", o.zipf_alpha, kMaxZipfAlpha));
   if (!(o.oob_fraction >= 0 && o.oob_fraction <= 1))
     throw UsageError(fmt::format("--oob-ids {}: want a fraction in [0, 1]", o.oob_fraction));
   if ((o.store_module_output || o.plant != SynthOptions::Plant::none) &&

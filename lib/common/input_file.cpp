@@ -8,30 +8,34 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
+#include "common/env.hpp"
 #include "common/error.hpp"
 
 namespace dynemb {
 
 double open_timeout_seconds() {
-  double secs = 60;
-  if (const char* env = std::getenv("DYNEMB_OPEN_TIMEOUT"); env && *env) {
-    char* end = nullptr;
-    const double v = std::strtod(env, &end);
-    if (end != env && *end == '\0' && v >= 0) secs = v;
-  }
-  return secs;
+  return env::seconds("DYNEMB_OPEN_TIMEOUT").value_or(60.0);
 }
 
-std::string read_input_text(const std::string& path, const std::string& what) {
+std::string read_input_text(const std::string& path, const std::string& what, size_t max_bytes) {
   const auto fail = [&](const std::string& why) {
     return Error(fmt::format("{}: cannot read the {}: {}", path, what, why));
+  };
+  const auto too_large = [&] {
+    const std::string limit = max_bytes % (size_t{1} << 20) == 0
+                                  ? fmt::format("{} MiB", max_bytes >> 20)
+                                  : fmt::format("{} bytes", max_bytes);
+    return Error(fmt::format("{}: the {} is larger than {}; refusing it", path, what, limit));
   };
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) throw fail(std::strerror(errno));
   if (S_ISDIR(st.st_mode)) throw fail("it is a directory");
+  // A regular file says its size; a device (/dev/zero) or a FIFO is bounded while it is read.
+  if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > max_bytes) throw too_large();
   const bool fifo = S_ISFIFO(st.st_mode);
   // A FIFO without a writer would block open() itself: open it non-blocking, then wait.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (fifo ? O_NONBLOCK : 0));
@@ -77,6 +81,10 @@ std::string read_input_text(const std::string& path, const std::string& what) {
       break;
     }
     seen_writer = true;
+    if (static_cast<size_t>(n) > max_bytes - text.size()) {
+      ::close(fd);
+      throw too_large();
+    }
     text.append(buf, static_cast<size_t>(n));
   }
   ::close(fd);

@@ -4,9 +4,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
+
+#include "common/env.hpp"
 
 namespace dynemb {
 
@@ -61,8 +65,7 @@ uint64_t cgroup_limit() {
 }  // namespace
 
 uint64_t usable_memory_bytes() {
-  if (const char* env = std::getenv("DYNEMB_MEMORY_LIMIT"); env && *env)
-    if (const uint64_t v = parse_size(env); v > 0) return v;
+  if (const std::optional<uint64_t> v = env::size("DYNEMB_MEMORY_LIMIT")) return *v;
   const uint64_t a = physical_memory_bytes(), b = cgroup_limit();
   if (a == 0) return b;
   if (b == 0) return a;
@@ -73,7 +76,7 @@ uint64_t parse_size(const std::string& text) {
   if (text.empty()) return 0;
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || v <= 0) return 0;
+  if (end == text.c_str() || !std::isfinite(v) || v <= 0) return 0;
   const std::string unit = end;
   double mult = 1;
   if (unit == "K" || unit == "k" || unit == "KiB")
@@ -86,6 +89,8 @@ uint64_t parse_size(const std::string& text) {
     mult = 1024.0 * 1024 * 1024 * 1024;
   else if (!unit.empty())
     return 0;
+  // No size past 2^63 bytes means anything here (nor converts to uint64_t defined).
+  if (v * mult >= 9.2e18) return 0;
   return static_cast<uint64_t>(v * mult);
 }
 

@@ -44,7 +44,8 @@ void resize_to_overwrite(std::vector<T>& v, size_t n) {
   v.resize(n);
 }
 
-// "123", "4G", "512M", "1.5GiB" (K/M/G/T, binary): bytes; 0 when the text is not a size.
+// "123", "4G", "512M", "1.5GiB" (K/M/G/T, binary): bytes; 0 when the text is not a size (nan,
+// inf, 0, negative, past 2^63 bytes).
 uint64_t parse_size(const std::string& text);
 
 }  // namespace dynemb

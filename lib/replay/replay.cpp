@@ -133,6 +133,13 @@ void Replayer::run() {
   } settle_shapes{*this};
   capture_sha_ = start_capture_sha(opt_.capture_path);
   open_plan(reader);
+  // A run that checks nothing is no pass: a capture of 0 batches (a job that captured none)
+  // is trouble, not "PASS" on 0 checks.
+  if (reader.num_batches() == 0)
+    throw Error(
+        fmt::format("{}: no batches: the capture holds 0 (num_batches = 0); there is "
+                    "nothing to replay",
+                    opt_.capture_path));
   check_memory(reader);
   open_source_and_dist(reader);
   open_writer(reader);
@@ -205,8 +212,15 @@ void Replayer::run() {
 void Replayer::open_plan(const CaptureReader& reader) {
   ReportInfo& info = rep_.info;
   if (!opt_.plan_path.empty()) {
-    const std::string text = read_text_file(opt_.plan_path);
-    const Plan override_plan = load_plan_or_throw(text, opt_.plan_path);
+    std::string text;
+    Plan override_plan;
+    try {  // what goes wrong here is the plan's, not the capture's
+      text = read_text_file(opt_.plan_path);
+      override_plan = load_plan_or_throw(text, opt_.plan_path);
+    } catch (const std::bad_alloc&) {
+      throw Error(fmt::format("{}: {} while reading this plan (--plan)", opt_.plan_path,
+                              out_of_memory_text()));
+    }
     plan_ = capture_plan(reader, &override_plan);
     info.plan = {opt_.plan_path, sha256_hex(text), false};
     setup_replan(reader);
@@ -583,6 +597,20 @@ Report run_replay(const ReplayOptions& opt, Backend& backend, const ReplayCallba
         "{}: {} (opening the capture, reading its plan or tables, or "
         "writing --write-output)",
         opt.capture_path, out_of_memory_text());
+  }
+  // A run that checked nothing (every check skipped: --plan with nothing to run on, say) is
+  // trouble: exit 2, never "PASS" on 0 checks.
+  if (rep.trouble.empty()) {
+    const Summary s = rep.summary();
+    if (s.errors == 0 && s.passed + s.failed == 0)
+      rep.trouble =
+          s.skipped > 0
+              ? fmt::format(
+                    "{}: nothing was checked: all {} checks of the {} replayed batches "
+                    "were skipped (the warnings say why)",
+                    opt.capture_path, s.skipped, info.batches.size())
+              : fmt::format("{}: nothing was checked: the {} replayed batches gave no check",
+                            opt.capture_path, info.batches.size());
   }
   try {  // when the run stopped before its header (the hash's own trouble is the run's)
     rp.take_capture_sha();

@@ -24,6 +24,8 @@ namespace dynemb {
 
 enum class CtxMode : uint8_t { automatic, captured, derived };
 
+enum class PassMode : uint8_t { whole, compact, counted };
+
 struct ReplayOptions {
   std::string capture_path;
   std::string plan_path;  // empty: the plan embedded in the capture
@@ -48,6 +50,10 @@ struct ReplayOptions {
   // --read-ahead: batches read (and inflated) on another thread while one is replayed, 0 or 1.
   int read_ahead = 1;
   std::vector<std::string> argv;
+  // Where the checks that passed go: Report::checks (whole), Report::pass_log (compact: 72
+  // bytes each, for a report file that lists every check), or only Report::pass_counts
+  // (counted: the replay's memory then does not grow with the batches).
+  PassMode passes = PassMode::whole;
 };
 
 // Where a replay stands, after each rank-batch: rank-batches and the capture's logical bytes

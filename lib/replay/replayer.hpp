@@ -73,6 +73,11 @@ class Replayer {
     }
     if (started_ && !header_shown_) start();  // the header waited for the capture's hash
     if (cb_.on_check && header_shown_) cb_.on_check(c);
+    if (opt_.passes != PassMode::whole && PassLog::fits(c)) {
+      ++rep_.pass_counts[c.stage];
+      if (opt_.passes == PassMode::compact) rep_.pass_log.add(c, rep_.checks.size());
+      return;
+    }
     rep_.checks.push_back(std::move(c));
   }
   // The header (on_start) once, then the checks decided before it (trouble in a batch read

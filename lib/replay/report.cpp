@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -67,6 +68,10 @@ Summary Report::summary() const {
         }
         break;
     }
+  }
+  for (const auto& [stage, n] : pass_counts) {
+    s.checks += n;
+    s.passed += n;
   }
   if (!trouble.empty() || s.errors > 0) {
     s.status = "error";
@@ -161,6 +166,10 @@ std::string text_summary(const Report& r, bool colour) {
     row.errors += c.status == CheckStatus::error;
     row.skipped += c.status == CheckStatus::skipped;
   }
+  for (const auto& [stage, n] : r.pass_counts) {
+    rows[stage].checks += n;
+    rows[stage].passed += n;
+  }
   const Summary sum = r.summary();
   std::string s = "#\n";
   s += fmt::format("# {:<8} {:>8} {:>8} {:>8} {:>8} {:>8}\n", "stage", "checks", "passed", "failed",
@@ -184,11 +193,14 @@ std::string text_summary(const Report& r, bool colour) {
   const std::string word = sum.exit_code == 0   ? paint(colour, kGreen, "PASS")
                            : sum.exit_code == 1 ? paint(colour, kRed, "FAIL")
                                                 : paint(colour, kRed, "ERROR");
+  // How many checks ran, always: a run that checked nothing must not read like a clean one.
+  const int64_t ran = sum.checks - sum.skipped;
   s += fmt::format(
       "# result: {} (exit {}): {} context mismatches, {} lookup mismatches, {} output "
-      "mismatches ({} data), {} errors\n",
+      "mismatches ({} data), {} errors; {} {} ran{}\n",
       word, sum.exit_code, sum.context_mismatches, sum.lookup_mismatches, sum.output_mismatches,
-      sum.data_mismatches, sum.errors);
+      sum.data_mismatches, sum.errors, ran, ran == 1 ? "check" : "checks",
+      sum.skipped > 0 ? fmt::format(", {} skipped", sum.skipped) : "");
   return s;
 }
 
@@ -221,7 +233,57 @@ nlohmann::json where_json(const Coords& c) {
 
 }  // namespace
 
-std::string json_report(const Report& r) {
+namespace {
+
+// One entry of the report's "checks".
+nlohmann::json check_json(const CheckResult& c) {
+  using nlohmann::json;
+  json d = json::array();
+  for (const Detail& x : c.details) {
+    d.push_back({{"where", where_json(x.where)},
+                 {"got", x.got},
+                 {"want", x.want},
+                 {"note", opt_string(x.note)}});
+  }
+  return {{"name", c.name()},
+          {"batch", c.batch >= 0 ? json(c.batch) : json(nullptr)},
+          {"rank", c.rank >= 0 ? json(c.rank) : json(nullptr)},
+          {"stage", c.stage},
+          {"check", c.check},
+          {"status", to_string(c.status)},
+          {"message", c.message},
+          {"cause", opt_string(c.cause)},
+          {"got_label", c.got_label},
+          {"want_label", c.want_label},
+          {"compared", c.compared},
+          {"mismatches", c.mismatches},
+          {"max_abs_err", opt_number(c.max_abs_err)},
+          {"max_rel_err", opt_number(c.max_rel_err)},
+          {"details", d}};
+}
+
+// Appends pieces of a report to `out` in chunks of about a MiB: a long replay's report is
+// written as it is made, never held whole (nor as a JSON tree) in memory.
+class ChunkedSink {
+ public:
+  explicit ChunkedSink(const std::function<void(const std::string&)>& out) : out_(out) {}
+  void add(const std::string& s) {
+    buf_ += s;
+    if (buf_.size() >= (size_t{1} << 20)) flush();
+  }
+  void flush() {
+    if (!buf_.empty()) out_(buf_);
+    buf_.clear();
+  }
+
+ private:
+  const std::function<void(const std::string&)>& out_;
+  std::string buf_;
+};
+
+}  // namespace
+
+void write_json_report(const Report& r, const std::function<void(const std::string&)>& out) {
   using nlohmann::json;
   const ReportInfo& i = r.info;
   const Summary sum = r.summary();
@@ -256,34 +318,33 @@ std::string json_report(const Report& r) {
                   {"module_mismatches", sum.module_mismatches}};
   j["warnings"] = r.warnings;
   j["trouble"] = opt_string(r.trouble);
-  json checks = json::array();
-  for (const CheckResult& c : r.checks) {
-    json d = json::array();
-    for (const Detail& x : c.details) {
-      d.push_back({{"where", where_json(x.where)},
-                   {"got", x.got},
-                   {"want", x.want},
-                   {"note", opt_string(x.note)}});
+  // The checks are rendered one at a time into the place of an empty "checks" (keys are
+  // sorted, so it is neither the first nor the last member): the same bytes as one dump of
+  // the whole tree, with one check's tree in memory at a time.
+  j["checks"] = json::array();
+  const std::string doc = j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+  const std::string slot = "\n  \"checks\": [],\n";
+  const size_t at = doc.find(slot);
+  ChunkedSink w(out);
+  w.add(doc.substr(0, at) + "\n  \"checks\": [");
+  bool first = true;
+  for (const CheckResult& c : r.listed_checks()) {
+    std::string e = first ? "\n    " : ",\n    ";
+    first = false;
+    for (const char ch : check_json(c).dump(2, ' ', false, json::error_handler_t::replace)) {
+      e += ch;
+      if (ch == '\n') e += "    ";  // nested two levels deep
     }
-    checks.push_back({{"name", c.name()},
-                      {"batch", c.batch >= 0 ? json(c.batch) : json(nullptr)},
-                      {"rank", c.rank >= 0 ? json(c.rank) : json(nullptr)},
-                      {"stage", c.stage},
-                      {"check", c.check},
-                      {"status", to_string(c.status)},
-                      {"message", c.message},
-                      {"cause", opt_string(c.cause)},
-                      {"got_label", c.got_label},
-                      {"want_label", c.want_label},
-                      {"compared", c.compared},
-                      {"mismatches", c.mismatches},
-                      {"max_abs_err", opt_number(c.max_abs_err)},
-                      {"max_rel_err", opt_number(c.max_rel_err)},
-                      {"details", d}});
+    w.add(e);
   }
-  j["checks"] = checks;
-  // Invalid UTF-8 in a path or message is replaced rather than thrown on.
-  return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+  w.add(std::string(first ? "" : "\n  ") + "],\n" + doc.substr(at + slot.size()));
+  w.flush();
+}
+
+std::string json_report(const Report& r) {
+  std::string s;
+  write_json_report(r, [&](const std::string& piece) { s += piece; });
+  return s;
 }
 
 // ---------------------------------------------------------------- JUnit
@@ -322,7 +383,7 @@ std::string xml_escape(const std::string& s) {
 
 }  // namespace
 
-std::string junit_report(const Report& r) {
+void write_junit_report(const Report& r, const std::function<void(const std::string&)>& out) {
   const Summary sum = r.summary();
   int64_t tests = sum.checks, errors = sum.errors;
   // Trouble that stopped the run is one more <error> testcase.
@@ -339,7 +400,11 @@ std::string junit_report(const Report& r) {
   s += fmt::format(
       "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\">\n",
       suite, tests, sum.failed, errors, sum.skipped);
-  for (const CheckResult& c : r.checks) {
+  for (const CheckResult& c : r.listed_checks()) {
+    if (s.size() >= (size_t{1} << 20)) {  // written as it is made (ChunkedSink)
+      out(s);
+      s.clear();
+    }
     const std::string cls =
         c.batch >= 0 ? fmt::format("replay.batch{}", c.batch) : std::string("replay");
     s += fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"0\"", xml_escape(cls),
@@ -368,6 +433,12 @@ std::string junit_report(const Report& r) {
     s += "    </testcase>\n";
   }
   s += "  </testsuite>\n</testsuites>\n";
+  out(s);
+}
+
+std::string junit_report(const Report& r) {
+  std::string s;
+  write_junit_report(r, [&](const std::string& piece) { s += piece; });
   return s;
 }
 

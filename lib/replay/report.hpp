@@ -3,11 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "replay/coords.hpp"
+#include "replay/pass_log.hpp"
 
 namespace dynemb {
 
@@ -83,8 +86,42 @@ struct Report {
   std::vector<CheckResult> checks;
   std::vector<std::string> warnings;
   std::string trouble;  // the exit-2 message when the run stopped on trouble, else empty
+  // Checks that passed and are not in `checks` (ReplayOptions::passes), by stage: they count
+  // in the summary and the text table.
+  std::map<std::string, int64_t> pass_counts;
+  // Their records when a report file lists every check (PassMode::compact), else empty.
+  PassLog pass_log;
 
   Summary summary() const;
+
+  // Every check kept, in the order decided: `checks` and `pass_log` merged (by value: a pass
+  // is made again from its record).
+  class Listed {
+   public:
+    class iterator {
+     public:
+      iterator(const Report& r, size_t i, size_t p) : r_(&r), i_(i), p_(p) {}
+      CheckResult operator*() const { return from_log() ? r_->pass_log.at(p_) : r_->checks[i_]; }
+      iterator& operator++() {
+        (from_log() ? p_ : i_) += 1;
+        return *this;
+      }
+      bool operator!=(const iterator& o) const { return i_ != o.i_ || p_ != o.p_; }
+
+     private:
+      // The log's next pass was decided after checks[0, before) and before checks[before].
+      bool from_log() const { return p_ < r_->pass_log.size() && r_->pass_log.before(p_) <= i_; }
+      const Report* r_;
+      size_t i_, p_;
+    };
+    explicit Listed(const Report& r) : r_(r) {}
+    iterator begin() const { return {r_, 0, 0}; }
+    iterator end() const { return {r_, r_.checks.size(), r_.pass_log.size()}; }
+
+   private:
+    const Report& r_;
+  };
+  Listed listed_checks() const { return Listed(*this); }
 };
 
 // Text rendering (cli.md "Reports"): `colour` adds ANSI colour to the status words.
@@ -94,6 +131,10 @@ std::string text_summary(const Report& r, bool colour);          // table + '#' 
 
 std::string json_report(const Report& r);   // pretty-printed, schema_version 1.1.0
 std::string junit_report(const Report& r);  // JUnit XML
+// The same bytes, handed to `out` in pieces as they are made (a long replay's report is never
+// held whole in memory): what the CLI writes its report files with.
+void write_json_report(const Report& r, const std::function<void(const std::string&)>& out);
+void write_junit_report(const Report& r, const std::function<void(const std::string&)>& out);
 
 // Writes `content` to `path` through a temporary name in the same directory, then renames;
 // throws Error naming the path on failure (and leaves no temporary behind).

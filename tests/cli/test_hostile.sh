@@ -66,10 +66,12 @@ trouble sumlen "sumlen\.h5.*/batches/0/rank1/lengths.*sum [0-9]+ != len\(values\
 # ---- zero-size datasets: lengths of extent 0 where the plan wants F*B
 plant zerolen seq 'del f["batches/0/rank0/lengths"]; f["batches/0/rank0/lengths"] = np.zeros(0, np.int64)'
 trouble zerolen "zerolen\.h5.*/batches/0/rank0/lengths.*0"
-# ... and a capture with no batches at all: nothing to check, nothing to replay, no crash
+# ... and a capture with no batches at all: well formed (validate passes it, with a warning),
+# but a replay of it would check nothing, so replay refuses it (exit 2), no crash
 plant nobatch seq 'del f["batches"]; f.create_group("batches"); f.attrs["num_batches"] = np.int64(0)'
 run nobatch.val 0 validate "$tmp/plan.yaml" --capture "$tmp/nobatch.h5"
-run nobatch.rep 0 replay "$tmp/nobatch.h5" --quiet
+run nobatch.rep 2 replay "$tmp/nobatch.h5" --quiet
+has nobatch.rep "nobatch\.h5: no batches: the capture holds 0"
 
 # ---- attributes that claim sizes the datasets do not have: refused before any allocation
 plant bigbatches seq 'f.attrs["num_batches"] = np.int64(1) << 50'
