@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/error.hpp"
+#include "common/safe_text.hpp"
 
 namespace dynemb::cli {
 
@@ -19,8 +20,10 @@ inline bool annotations_enabled(const std::string& option) {
 }
 
 // Escaping of the workflow-command syntax: the message loses only %, CR and LF; property
-// values (file, title) also ':' and ',', which separate the properties.
-inline std::string gha_escape(const std::string& s, bool property) {
+// values (file, title) also ':' and ',', which separate the properties. First escape_field
+// (common/safe_text.hpp): no control character or invalid UTF-8 of an input reaches the log.
+inline std::string gha_escape(const std::string& text, bool property) {
+  const std::string s = escape_field(text);
   std::string out;
   for (char ch : s) {
     switch (ch) {
@@ -47,6 +50,8 @@ inline std::string gha_escape(const std::string& s, bool property) {
 }
 
 // One annotation line: `level` is error, warning or notice; line <= 0 leaves line (and col) out.
+// Written with console::out_annotations (or err_annotations), the one way a line that begins
+// with "::" reaches stdout or stderr.
 inline std::string gha_annotation(const std::string& level, const std::string& file, int line,
                                   int col, const std::string& title, const std::string& message) {
   std::string props;

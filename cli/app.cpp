@@ -20,6 +20,7 @@
 #include "capture/capture.hpp"
 #include "capture/h5chunks.hpp"
 #include "commands.hpp"
+#include "common/console.hpp"
 #include "common/env.hpp"
 #include "common/error.hpp"
 #include "common/input_file.hpp"
@@ -72,9 +73,10 @@ bool unknown_command(const CLI::App& app, const std::string& arg) {
     const size_t d = edit_distance(arg, sub->get_name());
     if (d < best_d) best_d = d, best = sub->get_name();
   }
-  fmt::print(stderr, "dynemb-dist: unknown command '{}'{} (commands: {})\n", arg,
-             best.empty() ? "" : fmt::format("; did you mean '{}'?", best), fmt::join(names, ", "));
-  fmt::print(stderr, "Run 'dynemb-dist' for where to start, 'dynemb-dist --help' for all.\n");
+  console::message_line(fmt::format("dynemb-dist: unknown command '{}'{} (commands: {})", arg,
+                                    best.empty() ? "" : fmt::format("; did you mean '{}'?", best),
+                                    fmt::join(names, ", ")));
+  console::err("Run 'dynemb-dist' for where to start, 'dynemb-dist --help' for all.\n");
   return true;
 }
 
@@ -161,12 +163,11 @@ void install_crash_handler() {
 void arm_open_watchdog() {
   const double secs = open_timeout_seconds();
   set_capture_open_watchdog(secs, [secs](const std::string& path) {
-    std::fflush(stdout);
-    fmt::print(stderr,
-               "dynemb-dist: error: {}: opening the capture did not finish in {:g} s (libhdf5 "
-               "1.10 can loop on a damaged file; a pipe or a network file system can block). "
-               "DYNEMB_OPEN_TIMEOUT sets the limit.\n",
-               path, secs);
+    console::error_line(
+        fmt::format("{}: opening the capture did not finish in {:g} s (libhdf5 1.10 can loop on "
+                    "a damaged file; a pipe or a network file system can block). "
+                    "DYNEMB_OPEN_TIMEOUT sets the limit.",
+                    path, secs));
     std::fflush(stderr);
     std::_Exit(2);
   });
@@ -195,7 +196,9 @@ void set_crash_note(const std::string& note) {
   g_crash_note_set.store(n > 0);
 }
 
-int main_entry(int argc, char** argv) {
+namespace {
+
+int run_command_line(int argc, char** argv) {
   // libhdf5 closes its open files again at exit (atexit); a file whose close already failed
   // (its last write on a full disk) then crashes it (SIGSEGV in H5F__close_cb). Every handle
   // is closed by its owner (RAII) and every close that matters is checked, so nothing is left
@@ -224,7 +227,7 @@ int main_entry(int argc, char** argv) {
   setup_merge(app, run);
 
   if (argc <= 1) {
-    std::fputs(kShortUsage, stdout);
+    console::out(kShortUsage);
     return 0;
   }
   if (unknown_command(app, argv[1])) return 2;
@@ -237,27 +240,28 @@ int main_entry(int argc, char** argv) {
     // CLI11's message, then where the options of this command are (not a bare "--help").
     const CLI::App* sub = named_subcommand(app, argc, argv);
     const std::string who = sub ? "dynemb-dist " + sub->get_name() : "dynemb-dist";
-    fmt::print(stderr, "{}: error: {}\n", who, e.what());
-    fmt::print(stderr, "Run '{} --help' for its options{}.\n", who,
-               sub ? ", 'man dynemb-dist' for examples" : "");
+    console::message_line(fmt::format("{}: error: {}", who, e.what()));
+    console::errf("Run '{} --help' for its options{}.\n", who,
+                  sub ? ", 'man dynemb-dist' for examples" : "");
     return 2;
   }
   if (const CLI::Option* opt = option_with_empty_value(app)) {
     const CLI::App* sub = named_subcommand(app, argc, argv);
     const std::string who = sub ? "dynemb-dist " + sub->get_name() : "dynemb-dist";
-    fmt::print(stderr, "{}: error: {}: the value is empty; give one, or leave the option out\n",
-               who, opt->get_name(true, true));
-    fmt::print(stderr, "Run '{} --help' for its options.\n", who);
+    console::message_line(
+        fmt::format("{}: error: {}: the value is empty; give one, or leave the option out", who,
+                    opt->get_name(true, true)));
+    console::errf("Run '{} --help' for its options.\n", who);
     return 2;
   }
   if (!run) {
-    std::fputs(kShortUsage, stdout);
+    console::out(kShortUsage);
     return 0;
   }
   try {  // a DYNEMB_* variable whose value means nothing: exit 2 before any work
     env::check_all();
   } catch (const UsageError& e) {
-    fmt::print(stderr, "dynemb-dist: error: {}\n", e.what());
+    console::error_line(e.what());
     return 2;
   }
   arm_open_watchdog();
@@ -266,22 +270,26 @@ int main_entry(int argc, char** argv) {
   try {
     return run();
   } catch (const PlanError& e) {  // already "file:line:col: error: ..."
-    std::fflush(stdout);
-    fmt::print(stderr, "{}\n", e.what());
+    console::message_line(e.what());
     return 2;
   } catch (const Error& e) {
-    std::fflush(stdout);
-    fmt::print(stderr, "dynemb-dist: error: {}\n", e.what());
+    console::error_line(e.what());
     return 2;
   } catch (const std::bad_alloc&) {
-    std::fflush(stdout);
-    fmt::print(stderr, "dynemb-dist: error: {}\n", out_of_memory_text());
+    console::error_line(out_of_memory_text());
     return 2;
   } catch (const std::exception& e) {
-    std::fflush(stdout);
-    fmt::print(stderr, "dynemb-dist: internal error: {}\n", e.what());
+    console::message_line(std::string("dynemb-dist: internal error: ") + e.what());
     return 2;
   }
+}
+
+}  // namespace
+
+int main_entry(int argc, char** argv) {
+  console::init();
+  // Every path ends here: a report that did not reach stdout is exit 2, whatever the run found.
+  return console::finish(run_command_line(argc, argv));
 }
 
 }  // namespace dynemb::cli

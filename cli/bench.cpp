@@ -9,8 +9,10 @@
 
 #include "bench.hpp"
 #include "commands.hpp"
+#include "common/console.hpp"
 #include "common/error.hpp"
 #include "common/output_file.hpp"
+#include "common/safe_text.hpp"
 #include "export.hpp"
 
 namespace dynemb::cli {
@@ -18,28 +20,30 @@ namespace {
 
 void print_table(const bench::Options& o, const bench::Workload& w, const bench::Result& r) {
   const Plan& p = w.plan;
-  fmt::print("# dynemb-dist bench: {} ({}, W={}, F={}, {} ids), backend {}, device {}\n", w.name,
-             to_string(p.module), p.world_size, p.num_features(), w.num_ids(), r.backend, r.device);
+  console::outf("# dynemb-dist bench: {} ({}, W={}, F={}, {} ids), backend {}, device {}\n",
+                escape_field(w.name), to_string(p.module), p.world_size, p.num_features(),
+                w.num_ids(), r.backend, r.device);
   if (r.copy_gbps > 0)
-    fmt::print("# copy bandwidth (D2D cudaMemcpy, bytes read + written): {:.1f} GB/s\n",
-               r.copy_gbps);
-  fmt::print("# iters {} after warm-up; time = median; bytes = fewest bytes the stage must move\n",
-             o.iters);
+    console::outf("# copy bandwidth (D2D cudaMemcpy, bytes read + written): {:.1f} GB/s\n",
+                  r.copy_gbps);
+  console::outf(
+      "# iters {} after warm-up; time = median; bytes = fewest bytes the stage must move\n",
+      o.iters);
   if (r.backend == "cuda")
-    fmt::print(
+    console::outf(
         "# launch latency {} (--queue-ahead {})\n",
         r.launch_latency_excluded ? "excluded: stage queued behind a spin kernel" : "included",
         o.queue_ahead);
   const bool pct = r.copy_gbps > 0;  // no %copy column where no copy was measured
-  fmt::print("#{:>34} {:>12} {:>6} {:>12} {:>11} {:>9}{}\n", "stage", "rows", "dim", "bytes",
-             "time(us)", "GB/s", pct ? fmt::format(" {:>7}", "%copy") : "");
+  console::outf("#{:>34} {:>12} {:>6} {:>12} {:>11} {:>9}{}\n", "stage", "rows", "dim", "bytes",
+                "time(us)", "GB/s", pct ? fmt::format(" {:>7}", "%copy") : "");
   for (const bench::Stage& s : r.stages)
-    fmt::print(" {:>34} {:>12} {:>6} {:>12.0f} {:>11.2f} {:>9.1f}{}{}\n", s.name, s.rows, s.dim,
-               s.bytes, s.us, s.gbps(),
-               pct ? fmt::format(" {:>7.1f}", 100.0 * s.gbps() / r.copy_gbps) : "",
-               s.note.empty() ? "" : "  " + s.note);
-  for (const std::string& n : r.checks) fmt::print("# {}\n", n);
-  for (const std::string& n : r.diagnostics) fmt::print("# {}\n", n);
+    console::outf(" {:>34} {:>12} {:>6} {:>12.0f} {:>11.2f} {:>9.1f}{}{}\n", s.name, s.rows, s.dim,
+                  s.bytes, s.us, s.gbps(),
+                  pct ? fmt::format(" {:>7.1f}", 100.0 * s.gbps() / r.copy_gbps) : "",
+                  s.note.empty() ? "" : "  " + s.note);
+  for (const std::string& n : r.checks) console::outf("# {}\n", escape_field(n));
+  for (const std::string& n : r.diagnostics) console::outf("# {}\n", escape_field(n));
 }
 
 int run_bench(const bench::Options& o) {
@@ -64,7 +68,9 @@ int run_bench(const bench::Options& o) {
   const bench::Result r = bench::run(o, w);
   print_table(o, w, r);
   if (json_out) {
-    json_out->write(bench::json_report(o, w, r).dump(2) + "\n");
+    nlohmann::json j = bench::json_report(o, w, r);
+    escape_json_strings(j);  // the workload's name and paths: valid UTF-8 whatever they hold
+    json_out->write(j.dump(2) + "\n");
     commit_outputs({json_out.get()}, 0);
   }
   return 0;

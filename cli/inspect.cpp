@@ -8,7 +8,9 @@
 
 #include "capture/capture.hpp"
 #include "commands.hpp"
+#include "common/console.hpp"
 #include "common/error.hpp"
+#include "common/safe_text.hpp"
 
 namespace dynemb::cli {
 
@@ -58,36 +60,38 @@ int run_inspect(const InspectArgs& a) {
   const Plan plan = capture_plan(reader, override_plan ? &*override_plan : nullptr);
   const int64_t W = reader.world_size(), nb = reader.num_batches();
 
-  fmt::print("# capture      {}\n", a.capture);
-  fmt::print("# format       {} v{}\n", kCaptureFormat, kCaptureFormatVersion);
-  fmt::print("# plan         {}{}: {}, W={}, F={}, {}={}, data_type {}, comm_precision {}{}\n",
-             override_plan ? a.plan_path : "/plan", override_plan ? " (override)" : "",
-             to_string(plan.module), W, plan.num_features(),
-             plan.module == ModuleKind::sequence ? "D" : "sum_D", plan.sum_dim,
-             to_string(plan.data_type()), to_string(plan.comm_precision),
-             plan.any_mean ? ", has MEAN" : "");
+  // Names, paths and attributes come from the capture and the plan: each escaped (one line).
+  console::outf("# capture      {}\n", escape_field(a.capture));
+  console::outf("# format       {} v{}\n", kCaptureFormat, kCaptureFormatVersion);
+  console::outf("# plan         {}{}: {}, W={}, F={}, {}={}, data_type {}, comm_precision {}{}\n",
+                override_plan ? escape_field(a.plan_path) : "/plan",
+                override_plan ? " (override)" : "", to_string(plan.module), W, plan.num_features(),
+                plan.module == ModuleKind::sequence ? "D" : "sum_D", plan.sum_dim,
+                to_string(plan.data_type()), to_string(plan.comm_precision),
+                plan.any_mean ? ", has MEAN" : "");
   for (size_t t = 0; t < plan.tables.size(); ++t) {
     const TableConfig& tc = plan.tables[t];
-    fmt::print("#   table {}: {} rows (blk {}), D={}, {}, {}{}, features {}\n", tc.name,
-               tc.num_embeddings, rw_block_size(tc.num_embeddings, W), tc.embedding_dim,
-               to_string(tc.data_type), to_string(tc.dist_type),
-               plan.module == ModuleKind::pooled ? fmt::format(", {}", to_string(tc.pooling)) : "",
-               fmt::join(tc.features, ","));
+    console::outf(
+        "#   table {}: {} rows (blk {}), D={}, {}, {}{}, features {}\n", escape_field(tc.name),
+        tc.num_embeddings, rw_block_size(tc.num_embeddings, W), tc.embedding_dim,
+        to_string(tc.data_type), to_string(tc.dist_type),
+        plan.module == ModuleKind::pooled ? fmt::format(", {}", to_string(tc.pooling)) : "",
+        escape_field(fmt::format("{}", fmt::join(tc.features, ","))));
   }
   if (reader.oracle_seed())
-    fmt::print("# oracle       hash64, seed {}\n", *reader.oracle_seed());
+    console::outf("# oracle       hash64, seed {}\n", *reader.oracle_seed());
   else
-    fmt::print("# oracle       (none)\n");
+    console::outf("# oracle       (none)\n");
   const auto tstats = reader.table_stats();
   for (const DatasetStat& s : tstats)
-    fmt::print("# weights      {} [{}] {} ({} stored)\n", s.path, fmt::join(s.dims, ", "), s.dtype,
-               human_bytes(s.stored_bytes));
-  if (tstats.empty()) fmt::print("# weights      (none)\n");
+    console::outf("# weights      {} [{}] {} ({} stored)\n", escape_field(s.path),
+                  fmt::join(s.dims, ", "), escape_field(s.dtype), human_bytes(s.stored_bytes));
+  if (tstats.empty()) console::outf("# weights      (none)\n");
   if (nb == 0) {  // said plainly: a replay of it checks nothing, and refuses it
-    fmt::print("# batches      0: the capture holds no batches; replay refuses it (exit 2)\n");
+    console::outf("# batches      0: the capture holds no batches; replay refuses it (exit 2)\n");
     return 0;
   }
-  fmt::print("# batches      {}\n", nb);
+  console::outf("# batches      {}\n", nb);
 
   // Bytes per part, summed over batches and ranks; presence counted per (batch, rank).
   std::map<std::string, std::pair<int64_t, int64_t>> bytes;  // part -> (logical, stored)
@@ -95,8 +99,8 @@ int run_inspect(const InspectArgs& a) {
   ReadParts kjt_only;
   kjt_only.ctx = kjt_only.local_embs = kjt_only.output = false;
   Imbalance in_all, routed_all;
-  fmt::print("\n#{:>6} {:>5} {:>8} {:>10} {:>10} {:>6} {:>9} {:>6}  {}\n", "batch", "rank", "B",
-             "ids", "looked_up", "vbe", "weighted", "index", "optional parts");
+  console::outf("\n#{:>6} {:>5} {:>8} {:>10} {:>10} {:>6} {:>9} {:>6}  {}\n", "batch", "rank", "B",
+                "ids", "looked_up", "vbe", "weighted", "index", "optional parts");
   for (int64_t k = 0; k < nb; ++k) {
     const Batch batch = reader.read_batch(plan, k, kjt_only);
     std::vector<int64_t> routed(static_cast<size_t>(W), 0);
@@ -132,40 +136,41 @@ int run_inspect(const InspectArgs& a) {
       }
       const auto& pr = parts_of_rank[r];
       for (const std::string& p : pr) ++present[p];
-      fmt::print(" {:>6} {:>5} {:>8} {:>10} {:>10} {:>6} {:>9} {:>6}  {}\n", k, r, b, kjt.num_ids(),
-                 routed[r], kjt.is_vbe() ? "yes" : "no", kjt.weighted ? "yes" : "no",
-                 to_string(kjt.values_type),
-                 pr.empty() ? "-" : fmt::format("{}", fmt::join(pr, ",")));
+      console::outf(" {:>6} {:>5} {:>8} {:>10} {:>10} {:>6} {:>9} {:>6}  {}\n", k, r, b,
+                    kjt.num_ids(), routed[r], kjt.is_vbe() ? "yes" : "no",
+                    kjt.weighted ? "yes" : "no", to_string(kjt.values_type),
+                    pr.empty() ? "-" : fmt::format("{}", fmt::join(pr, ",")));
       in_b.add(kjt.num_ids());
       routed_b.add(routed[r]);
       in_all.add(kjt.num_ids());
       routed_all.add(routed[r]);
     }
-    fmt::print("# batch {}: ids per rank {}; looked up per rank {}\n", k, in_b.str(),
-               routed_b.str());
+    console::outf("# batch {}: ids per rank {}; looked up per rank {}\n", k, in_b.str(),
+                  routed_b.str());
   }
 
-  fmt::print("\n# ids per rank (input KJT, all batches):      {}\n", in_all.str());
-  fmt::print("# ids per rank (looked up after routing):     {}\n", routed_all.str());
+  console::outf("\n# ids per rank (input KJT, all batches):      {}\n", in_all.str());
+  console::outf("# ids per rank (looked up after routing):     {}\n", routed_all.str());
   const int64_t rb = W * nb;
   for (const char* p : {"ctx", "local_embs", "output"})
-    fmt::print("# optional part {:<11} {}\n", p,
-               present[p] == 0 ? std::string("absent")
-                               : fmt::format("present in {}/{} rank-batches", present[p], rb));
+    console::outf("# optional part {:<11} {}\n", p,
+                  present[p] == 0 ? std::string("absent")
+                                  : fmt::format("present in {}/{} rank-batches", present[p], rb));
 
-  fmt::print("\n#{:>40} {:>14} {:>14}\n", "part", "bytes", "stored");
+  console::outf("\n#{:>40} {:>14} {:>14}\n", "part", "bytes", "stored");
   int64_t tl = 0, ts = 0;
   for (const auto& [part, b] : bytes) {
-    fmt::print(" {:>40} {:>14} {:>14}\n", part, b.first, b.second);
+    console::outf(" {:>40} {:>14} {:>14}\n", escape_field(part), b.first, b.second);
     tl += b.first;
     ts += b.second;
   }
   for (const DatasetStat& s : tstats) {
-    fmt::print(" {:>40} {:>14} {:>14}\n", s.path, s.logical_bytes, s.stored_bytes);
+    console::outf(" {:>40} {:>14} {:>14}\n", escape_field(s.path), s.logical_bytes, s.stored_bytes);
     tl += s.logical_bytes;
     ts += s.stored_bytes;
   }
-  fmt::print("# total: {} ({} bytes) of data, {} stored\n", human_bytes(tl), tl, human_bytes(ts));
+  console::outf("# total: {} ({} bytes) of data, {} stored\n", human_bytes(tl), tl,
+                human_bytes(ts));
   return 0;
 }
 

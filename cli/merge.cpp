@@ -23,9 +23,11 @@
 #include "capture/h5string.hpp"
 #include "capture/h5util.hpp"
 #include "commands.hpp"
+#include "common/console.hpp"
 #include "common/error.hpp"
 #include "common/memory.hpp"
 #include "common/output_file.hpp"
+#include "common/safe_text.hpp"
 
 namespace dynemb::cli {
 
@@ -356,8 +358,8 @@ int run_merge(const MergeOptions& opt) {
   // The merged file must read as a complete capture against its own plan (shapes, F, sums).
   check_capture(tmp);
   commit_outputs({&out_file}, 0);
-  fmt::print("merged {} rank files ({} batches, world_size {}) into {}\n", files.size(),
-             ref.num_batches, ref.world_size, opt.output);
+  console::outf("merged {} rank files ({} batches, world_size {}) into {}\n", files.size(),
+                ref.num_batches, ref.world_size, escape_field(opt.output));
   return 0;
 }
 

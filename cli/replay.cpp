@@ -13,6 +13,7 @@
 
 #include "annotations.hpp"
 #include "commands.hpp"
+#include "common/console.hpp"
 #include "common/error.hpp"
 #include "common/memory.hpp"
 #include "common/output_file.hpp"
@@ -142,14 +143,14 @@ int run_replay_cli(const ReplayCliOptions& o) {
   ReplayCallbacks cb;
   cb.on_start = [&](const Report& r) {
     progress.clear();  // the header may come after the first batch began (the capture's hash)
-    std::fputs(text_header(r).c_str(), stdout);
-    std::fflush(stdout);
+    console::out(text_header(r));
+    console::flush();
   };
   cb.on_check = [&](const CheckResult& c) {
     if (o.quiet || c.status == CheckStatus::pass || c.status == CheckStatus::skipped) return;
     progress.clear();
-    std::fputs(text_check_line(c, colour).c_str(), stdout);
-    std::fflush(stdout);
+    console::out_coloured(text_check_line(c, colour));
+    console::flush();
   };
   if (progress.active()) {
     cb.on_progress = [&](const ReplayProgress& p) {
@@ -187,10 +188,10 @@ int run_replay_cli(const ReplayCliOptions& o) {
   } catch (const std::bad_alloc&) {
     add_trouble("cannot write the report: " + out_of_memory_text());
   }
-  std::fputs(text_summary(report, colour).c_str(), stdout);
-  if (annotations_enabled(o.annotations)) std::fputs(replay_annotations(report).c_str(), stdout);
-  std::fflush(stdout);
-  if (!report.trouble.empty()) fmt::print(stderr, "dynemb-dist: error: {}\n", report.trouble);
+  console::out_coloured(text_summary(report, colour));
+  if (annotations_enabled(o.annotations)) console::out_annotations(replay_annotations(report));
+  console::flush();
+  if (!report.trouble.empty()) console::error_line(report.trouble);
   // Trouble recorded for a batch or a rank (the run went on): each on stderr, one line.
   constexpr int64_t kMaxTroubleLines = 20;
   int64_t shown = 0, more = 0;
@@ -201,10 +202,10 @@ int run_replay_cli(const ReplayCliOptions& o) {
       continue;
     }
     ++shown;
-    fmt::print(stderr, "dynemb-dist: error: {}\n", c.message);
+    console::error_line(c.message);
   }
   if (more > 0)
-    fmt::print(stderr, "dynemb-dist: error: ... and {} more; the report lists every one\n", more);
+    console::error_line(fmt::format("... and {} more; the report lists every one", more));
   return report.summary().exit_code;
 }
 

@@ -10,9 +10,11 @@
 
 #include "capture/synth.hpp"
 #include "commands.hpp"
+#include "common/console.hpp"
 #include "common/error.hpp"
 #include "common/memory.hpp"
 #include "common/output_file.hpp"
+#include "common/safe_text.hpp"
 #include "engine/memory_estimate.hpp"
 #include "progress.hpp"
 
@@ -201,9 +203,9 @@ int run_synth(const SynthArgs& a) {
   if (o.store_local_embs) parts.emplace_back("local_embs");
   if (o.store_output) parts.emplace_back("output");
   if (o.store_module_output) parts.emplace_back("module_output");
-  fmt::print("wrote {}: {} plan, W={}, F={}, {} batch(es), seed {}, stored: KJT{}{}\n", a.out,
-             to_string(plan.module), plan.world_size, plan.num_features(), o.batches, o.seed,
-             parts.empty() ? "" : ", ", fmt::join(parts, ", "));
+  console::outf("wrote {}: {} plan, W={}, F={}, {} batch(es), seed {}, stored: KJT{}{}\n",
+                escape_field(a.out), to_string(plan.module), plan.world_size, plan.num_features(),
+                o.batches, o.seed, parts.empty() ? "" : ", ", fmt::join(parts, ", "));
   return 0;
 }
 

@@ -15,8 +15,10 @@
 #include "annotations.hpp"
 #include "capture/capture.hpp"
 #include "commands.hpp"
+#include "common/console.hpp"
 #include "common/error.hpp"
 #include "common/memory.hpp"
+#include "common/safe_text.hpp"
 #include "engine/memory_estimate.hpp"
 #include "plan/plan.hpp"
 #include "registry.hpp"
@@ -145,11 +147,14 @@ std::string plural(int n, const char* word) {
 
 void print_text(const std::string& plan_path, const Plan* plan, int64_t mem_batch_size,
                 double mem_bag_length, const std::vector<Diagnostic>& findings, int exit_code) {
-  std::string out = fmt::format("# dynemb-dist validate {}\n", plan_path);
-  for (const Diagnostic& d : findings) out += d.str() + "\n";
+  // Names and findings come from the plan file: each escaped, one finding per line.
+  std::string out = fmt::format("# dynemb-dist validate {}\n", escape_field(plan_path));
+  for (const Diagnostic& d : findings) out += escape_field(d.str()) + "\n";
 
   if (plan) {
     const Plan& p = *plan;
+    std::vector<std::string> tname;
+    for (const TableConfig& t : p.tables) tname.push_back(escape_field(t.name));
     out += fmt::format(
         "#\n# world_size {}  module {}  comm_precision {}  bounds_check {}  data_type {}  "
         "{} {}\n",
@@ -159,8 +164,8 @@ void print_text(const std::string& plan_path, const Plan* plan, int64_t mem_batc
     // Features in sharding order with their block size (docs/semantics.md §2).
     size_t wf = 7, wt = 5;
     for (const FeatureInfo& f : p.features) {
-      wf = std::max(wf, f.name.size());
-      wt = std::max(wt, p.tables[static_cast<size_t>(f.table)].name.size());
+      wf = std::max(wf, escape_field(f.name).size());
+      wt = std::max(wt, tname[static_cast<size_t>(f.table)].size());
     }
     out += "#\n";
     out += fmt::format("# {:>{}}  {:>{}}  {:>15}  {:>14}  {:>7}  {:>12}{}\n", "feature", wf,
@@ -174,9 +179,9 @@ void print_text(const std::string& plan_path, const Plan* plan, int64_t mem_batc
       if (p.module == ModuleKind::pooled)
         pooled_cols = fmt::format("  {:>7}  {:>7}", to_string(f.pooling),
                                   fmt::format("[{},{})", f.column_offset, f.column_offset + f.dim));
-      out += fmt::format("  {:>{}}  {:>{}}  {:>15}  {:>14}  {:>7}  {:>12}{}\n", f.name, wf,
-                         p.tables[static_cast<size_t>(f.table)].name, wt, to_string(f.dist_type),
-                         f.hash_size, f.dim, f.block_size, pooled_cols);
+      out += fmt::format("  {:>{}}  {:>{}}  {:>15}  {:>14}  {:>7}  {:>12}{}\n",
+                         escape_field(f.name), wf, tname[static_cast<size_t>(f.table)], wt,
+                         to_string(f.dist_type), f.hash_size, f.dim, f.block_size, pooled_cols);
     }
 
     // Per-rank memory of the sharded tables.
@@ -186,7 +191,7 @@ void print_text(const std::string& plan_path, const Plan* plan, int64_t mem_batc
     if (p.tables.size() <= kMaxWideTables) {
       std::vector<size_t> w;
       for (size_t t = 0; t < p.tables.size(); ++t) {
-        size_t width = std::max<size_t>(8, p.tables[t].name.size());
+        size_t width = std::max<size_t>(8, tname[t].size());
         for (size_t r = 0; r < W; ++r)
           width = std::max(width, std::to_string(rt.bytes[t][r]).size());
         w.push_back(width);
@@ -196,7 +201,7 @@ void print_text(const std::string& plan_path, const Plan* plan, int64_t mem_batc
         wtot = std::max(wtot, std::to_string(rt.total_bytes[r]).size());
       std::string h1 = fmt::format("# {:>4}", "rank"), h2 = fmt::format("# {:>4}", "");
       for (size_t t = 0; t < p.tables.size(); ++t) {
-        h1 += fmt::format("  {:>{}}  {:>{}}", p.tables[t].name, w[t], p.tables[t].name, w[t]);
+        h1 += fmt::format("  {:>{}}  {:>{}}", tname[t], w[t], tname[t], w[t]);
         h2 += fmt::format("  {:>{}}  {:>{}}", "(rows)", w[t], "(B)", w[t]);
       }
       h1 += fmt::format("  {:>{}}  {:>{}}\n", "total", wtot, "total", wtot);
@@ -212,14 +217,14 @@ void print_text(const std::string& plan_path, const Plan* plan, int64_t mem_batc
     } else {
       // Long form: one line per (rank, table), then the rank's total.
       size_t wt2 = 5;
-      for (const TableConfig& t : p.tables) wt2 = std::max(wt2, t.name.size());
+      for (const std::string& n : tname) wt2 = std::max(wt2, n.size());
       out +=
           fmt::format("# {:>4}  {:>{}}  {:>14}  {:>16}\n", "rank", "table", wt2, "rows", "bytes");
       out += fmt::format("# {:>4}  {:>{}}  {:>14}  {:>16}\n", "", "", wt2, "(rows)", "(B)");
       for (size_t r = 0; r < W; ++r) {
         for (size_t t = 0; t < p.tables.size(); ++t)
-          out += fmt::format("  {:>4}  {:>{}}  {:>14}  {:>16}\n", r, p.tables[t].name, wt2,
-                             rt.rows[t][r], rt.bytes[t][r]);
+          out += fmt::format("  {:>4}  {:>{}}  {:>14}  {:>16}\n", r, tname[t], wt2, rt.rows[t][r],
+                             rt.bytes[t][r]);
         out += fmt::format("  {:>4}  {:>{}}  {:>14}  {:>16}\n", r, "total", wt2, rt.total_rows[r],
                            rt.total_bytes[r]);
       }
@@ -244,7 +249,7 @@ void print_text(const std::string& plan_path, const Plan* plan, int64_t mem_batc
   out += fmt::format("# status: {} ({}, {}, {}), exit {}\n", exit_code == 0 ? "ok" : "error",
                      plural(c.errors, "error"), plural(c.warnings, "warning"),
                      plural(c.notes, "note"), exit_code);
-  std::fputs(out.c_str(), stdout);
+  console::out(out);
 }
 
 // ---------------------------------------------------------------- JSON report
@@ -332,7 +337,9 @@ void print_json(const ValidateOptions& o, const Plan* plan, const std::vector<Di
                   {"errors", c.errors},
                   {"warnings", c.warnings},
                   {"notes", c.notes}};
-  std::fputs((j.dump(2) + "\n").c_str(), stdout);
+  // Every string escaped (common/safe_text.hpp): valid UTF-8 whatever the plan or capture holds.
+  escape_json_strings(j);
+  console::out(j.dump(2) + "\n");
 }
 
 int run_validate(const ValidateOptions& o) {
@@ -360,7 +367,8 @@ int run_validate(const ValidateOptions& o) {
   // explicitly (not from GITHUB_ACTIONS, so scripts that merge the streams keep valid JSON),
   // and on stderr (the Actions runner reads workflow commands from both).
   if (o.format == "json" ? o.annotations == "github" : annotations_enabled(o.annotations))
-    std::fputs(validate_annotations(o, r.findings).c_str(), o.format == "json" ? stderr : stdout);
+    (o.format == "json" ? console::err_annotations
+                        : console::out_annotations)(validate_annotations(o, r.findings));
   return exit_code;
 }
 

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "common/safe_text.hpp"
 
 namespace dynemb {
 
@@ -113,6 +114,12 @@ std::string status_word(CheckStatus s, bool colour) {
   return "?";
 }
 
+// Every text of a report that came from an input (paths, names, messages that carry them) goes
+// through esc(): one field stays one line, with no control character (common/safe_text.hpp).
+std::string esc(const std::string& s) {
+  return escape_field(s);
+}
+
 std::string where_prefix(const CheckResult& c) {
   std::string s;
   if (c.batch >= 0) s += fmt::format("batch {} ", c.batch);
@@ -124,27 +131,27 @@ std::string where_prefix(const CheckResult& c) {
 
 std::string text_header(const Report& r) {
   const ReportInfo& i = r.info;
-  std::string s = fmt::format("# dynemb-dist {} replay\n", i.tool_version);
-  s += fmt::format("# capture    {}{}\n", i.capture.path,
-                   i.capture.sha256.empty() ? "" : "  sha256 " + i.capture.sha256);
-  s += fmt::format("# plan       {}{}\n", i.plan.path,
-                   i.plan.sha256.empty() ? "" : "  sha256 " + i.plan.sha256);
+  std::string s = fmt::format("# dynemb-dist {} replay\n", esc(i.tool_version));
+  s += fmt::format("# capture    {}{}\n", esc(i.capture.path),
+                   i.capture.sha256.empty() ? "" : "  sha256 " + esc(i.capture.sha256));
+  s += fmt::format("# plan       {}{}\n", esc(i.plan.path),
+                   i.plan.sha256.empty() ? "" : "  sha256 " + esc(i.plan.sha256));
   s += fmt::format("# module     {}, world size {}, {} batches in the capture, {} replayed\n",
-                   i.module, i.world_size, i.num_batches, i.batches.size());
-  s += fmt::format("# backend    {} ({})\n", i.backend, i.device);
-  s += fmt::format("# ctx        {}    tolerance {}\n", i.ctx_mode, i.tolerance);
+                   esc(i.module), i.world_size, i.num_batches, i.batches.size());
+  s += fmt::format("# backend    {} ({})\n", esc(i.backend), esc(i.device));
+  s += fmt::format("# ctx        {}    tolerance {}\n", esc(i.ctx_mode), esc(i.tolerance));
   return s;
 }
 
 std::string text_check_line(const CheckResult& c, bool colour) {
   std::string s = fmt::format("{} {}{} {}: {}", status_word(c.status, colour), where_prefix(c),
-                              c.stage, c.check, c.message);
-  if (!c.cause.empty()) s += fmt::format(" [cause: {}]", c.cause);
+                              esc(c.stage), esc(c.check), esc(c.message));
+  if (!c.cause.empty()) s += fmt::format(" [cause: {}]", esc(c.cause));
   s += "\n";
   for (const Detail& d : c.details) {
-    s += fmt::format("        at {}: {} {}, {} {}", to_string(d.where), c.got_label, d.got,
-                     c.want_label, d.want);
-    if (!d.note.empty()) s += " (" + d.note + ")";
+    s += fmt::format("        at {}: {} {}, {} {}", esc(to_string(d.where)), esc(c.got_label),
+                     esc(d.got), esc(c.want_label), esc(d.want));
+    if (!d.note.empty()) s += " (" + esc(d.note) + ")";
     s += "\n";
   }
   if (c.mismatches > int64_t(c.details.size()) && !c.details.empty())
@@ -175,7 +182,7 @@ std::string text_summary(const Report& r, bool colour) {
   s += fmt::format("# {:<8} {:>8} {:>8} {:>8} {:>8} {:>8}\n", "stage", "checks", "passed", "failed",
                    "errors", "skipped");
   auto line = [&](const std::string& name, const Row& row) {
-    s += fmt::format("# {:<8} {:>8} {:>8} {:>8} {:>8} {:>8}\n", name, row.checks, row.passed,
+    s += fmt::format("# {:<8} {:>8} {:>8} {:>8} {:>8} {:>8}\n", esc(name), row.checks, row.passed,
                      row.failed, row.errors, row.skipped);
   };
   for (const char* st : order) {
@@ -188,8 +195,8 @@ std::string text_summary(const Report& r, bool colour) {
   }
   line("total", Row{sum.checks, sum.passed, sum.failed, sum.errors, sum.skipped});
   s += "#\n";
-  for (const std::string& w : r.warnings) s += fmt::format("# warning: {}\n", w);
-  if (!r.trouble.empty()) s += fmt::format("# trouble: {}\n", r.trouble);
+  for (const std::string& w : r.warnings) s += fmt::format("# warning: {}\n", esc(w));
+  if (!r.trouble.empty()) s += fmt::format("# trouble: {}\n", esc(r.trouble));
   const std::string word = sum.exit_code == 0   ? paint(colour, kGreen, "PASS")
                            : sum.exit_code == 1 ? paint(colour, kRed, "FAIL")
                                                 : paint(colour, kRed, "ERROR");
@@ -322,7 +329,10 @@ void write_json_report(const Report& r, const std::function<void(const std::stri
   // sorted, so it is neither the first nor the last member): the same bytes as one dump of
   // the whole tree, with one check's tree in memory at a time.
   j["checks"] = json::array();
-  const std::string doc = j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+  // Every string escaped (common/safe_text.hpp): valid UTF-8, no control character, whatever
+  // a path, name or message holds.
+  escape_json_strings(j);
+  const std::string doc = j.dump(2) + "\n";
   const std::string slot = "\n  \"checks\": [],\n";
   const size_t at = doc.find(slot);
   ChunkedSink w(out);
@@ -331,7 +341,9 @@ void write_json_report(const Report& r, const std::function<void(const std::stri
   for (const CheckResult& c : r.listed_checks()) {
     std::string e = first ? "\n    " : ",\n    ";
     first = false;
-    for (const char ch : check_json(c).dump(2, ' ', false, json::error_handler_t::replace)) {
+    json cj = check_json(c);
+    escape_json_strings(cj);
+    for (const char ch : cj.dump(2)) {
       e += ch;
       if (ch == '\n') e += "    ";  // nested two levels deep
     }
@@ -351,11 +363,13 @@ std::string json_report(const Report& r) {
 
 namespace {
 
-std::string xml_escape(const std::string& s) {
+// XML 1.0 well-formed whatever the input: the text first through escape_lines (attributes:
+// escape_field), which leaves no control character but '\n' and only valid UTF-8 without
+// U+FFFE/U+FFFF, then the markup characters.
+std::string xml_markup(const std::string& s) {
   std::string o;
   o.reserve(s.size());
   for (char ch : s) {
-    const unsigned char c = static_cast<unsigned char>(ch);
     switch (ch) {
       case '&':
         o += "&amp;";
@@ -373,12 +387,18 @@ std::string xml_escape(const std::string& s) {
         o += "&apos;";
         break;
       default:
-        // XML 1.0 forbids most control characters even escaped; drop them (and ESC).
-        if (c < 0x20 && ch != '\n' && ch != '\t' && ch != '\r') break;
         o += ch;
     }
   }
   return o;
+}
+
+std::string xml_attr(const std::string& s) {
+  return xml_markup(escape_field(s));
+}
+
+std::string xml_text(const std::string& s) {
+  return xml_markup(escape_lines(s));
 }
 
 }  // namespace
@@ -393,7 +413,7 @@ void write_junit_report(const Report& r, const std::function<void(const std::str
     ++errors;
   }
   std::string s = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-  const std::string suite = xml_escape("dynemb-dist replay " + r.info.capture.path);
+  const std::string suite = xml_attr("dynemb-dist replay " + r.info.capture.path);
   s += fmt::format(
       "<testsuites name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\">\n", suite,
       tests, sum.failed, errors, sum.skipped);
@@ -407,8 +427,8 @@ void write_junit_report(const Report& r, const std::function<void(const std::str
     }
     const std::string cls =
         c.batch >= 0 ? fmt::format("replay.batch{}", c.batch) : std::string("replay");
-    s += fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"0\"", xml_escape(cls),
-                     xml_escape(c.name()));
+    s += fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"0\"", xml_attr(cls),
+                     xml_attr(c.name()));
     if (c.status == CheckStatus::pass) {
       s += "/>\n";
       continue;
@@ -417,19 +437,19 @@ void write_junit_report(const Report& r, const std::function<void(const std::str
     std::string body = text_check_line(c, false);
     if (c.status == CheckStatus::fail) {
       s += fmt::format("      <failure type=\"{} mismatch\" message=\"{}\">{}</failure>\n",
-                       xml_escape(c.stage), xml_escape(c.message), xml_escape(body));
+                       xml_attr(c.stage), xml_attr(c.message), xml_text(body));
     } else if (c.status == CheckStatus::error) {
       s += fmt::format("      <error type=\"trouble\" message=\"{}\">{}</error>\n",
-                       xml_escape(c.message), xml_escape(body));
+                       xml_attr(c.message), xml_text(body));
     } else {
-      s += fmt::format("      <skipped message=\"{}\"/>\n", xml_escape(c.message));
+      s += fmt::format("      <skipped message=\"{}\"/>\n", xml_attr(c.message));
     }
     s += "    </testcase>\n";
   }
   if (trouble_case) {
     s += "    <testcase classname=\"replay\" name=\"replay.trouble\" time=\"0\">\n";
     s += fmt::format("      <error type=\"trouble\" message=\"{}\">{}</error>\n",
-                     xml_escape(r.trouble), xml_escape(r.trouble));
+                     xml_attr(r.trouble), xml_attr(r.trouble));
     s += "    </testcase>\n";
   }
   s += "  </testsuite>\n</testsuites>\n";
