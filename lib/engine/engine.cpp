@@ -5,7 +5,9 @@
 #include <string>
 #include <thread>
 
+#include "common/console.hpp"
 #include "common/error.hpp"
+#include "common/safe_text.hpp"
 #include "common/trace.hpp"
 #include "engine/lookup_runs.hpp"
 #include "engine/ops.hpp"
@@ -121,12 +123,11 @@ std::vector<EmbTensor> derive_lookups(const Plan& plan, const DerivedBatch& deri
     }
     for (int64_t f = 0; f < plan.num_features(); ++f)
       if (oob[f])
-        std::fprintf(stderr,
-                     "warning: batch %lld, feature %s: %lld ids outside table %s, using local "
-                     "row 0 of the rank they were routed to (bounds_check=warn_zero_row)\n",
-                     static_cast<long long>(batch), plan.features[f].name.c_str(),
-                     static_cast<long long>(oob[f]),
-                     plan.tables[plan.features[f].table].name.c_str());
+        console::err(fmt::format(
+            "warning: batch {}, feature {}: {} ids outside table {}, using local row 0 of the "
+            "rank they were routed to (bounds_check=warn_zero_row)\n",
+            batch, escape_field(plan.features[f].name), oob[f],
+            escape_field(plan.tables[plan.features[f].table].name)));
   }
   std::vector<EmbTensor> out;
   out.reserve(W);
