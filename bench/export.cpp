@@ -6,6 +6,7 @@
 
 #include "common/error.hpp"
 #include "common/output_file.hpp"
+#include "common/safe_text.hpp"
 
 namespace dynemb::bench {
 namespace {
@@ -57,7 +58,9 @@ void write_npy_i64(const Options& o, const std::string& name, const std::vector<
 }
 
 void write_meta_json(const Options& o, const nlohmann::json& meta) {
-  write_file(path_of(o, "meta.json"), meta.dump(2) + "\n");
+  nlohmann::json safe = meta;
+  escape_json_strings(safe);  // valid UTF-8 whatever a path or name holds
+  write_file(path_of(o, "meta.json"), safe.dump(2) + "\n");
 }
 
 }  // namespace dynemb::bench

@@ -242,6 +242,10 @@ expect_rc key_ff 2 "$rc"
 json_ok key_ff.json 2
 xml_ok key_ff.xml
 has_text key_ff.out 'keys at the input dist are [f\xff0, f1' key_ff
+t bench_ff bench "$pff" --backend cpu --iters 1 --json bench_ff.json
+expect_rc bench_ff 0 "$rc"
+json_ok bench_ff.json
+has_text bench_ff.json '"workload": "path\\xff.h5"' bench_ff
 t fmt_ff_val validate plan.yaml --capture fmt_ff.h5 --format json
 expect_rc fmt_ff_val 2 "$rc"
 json_ok fmt_ff_val.out 2
@@ -251,7 +255,7 @@ json_ok fmt_ff.json 2
 xml_ok fmt_ff.xml
 has_text fmt_ff.err 'unknown format "dynemb-dist-capture\xff"' fmt_ff
 clean none ff_json.out ff_text.out ff_dup.out path_ff.out path_ff.err path_ff_val.out key_ff.out \
-  key_ff.err fmt_ff_val.out fmt_ff.out fmt_ff.err
+  key_ff.err fmt_ff_val.out fmt_ff.out fmt_ff.err bench_ff.out bench_ff.err
 row_ok "row 9: non-UTF-8 bytes"
 
 # ---- row 10: ESC, BEL, CR, LF: escaped; no "::" line but our own annotations
@@ -282,7 +286,10 @@ expect_rc inspect_ctl 0 "$rc"
 has_text inspect_ctl.out '#   table t\x1b]0;pwn\x07\r\n::add-mask::secret\n::stop-commands::end: 1000 rows' inspect_ctl
 t replay_plan_ctl replay plan_ctl.h5 --annotations none
 expect_rc replay_plan_ctl 0 "$rc"
-clean none inspect_ctl.out inspect_ctl.err replay_plan_ctl.out replay_plan_ctl.err
+t bench_ctl bench "$pctl" --backend cpu --iters 1
+expect_rc bench_ctl 0 "$rc"
+has_text bench_ctl.out '# dynemb-dist bench: path\x1b[31m\r\n::add-mask::p.h5 (sequence' bench_ctl
+clean none inspect_ctl.out inspect_ctl.err replay_plan_ctl.out replay_plan_ctl.err bench_ctl.out bench_ctl.err
 # One finding, one line, the name escaped in it; under github one annotation, ours.
 has_text ctl_dup_none.out \
   "error: tables[1].name: duplicate table name 't\\x1b]0;pwn\\x07\\r\\n::add-mask::secret\\n::stop-com...' (first at line" \
