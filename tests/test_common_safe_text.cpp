@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <initializer_list>
 #include <string>
 
 #include "common/safe_text.hpp"
@@ -74,6 +75,15 @@ TEST_CASE("escape_lines: the guard's options") {
         "\x1b[31;1mFAIL\x1b[0m \\x1b]0;t\\x07\n");
   CHECK(escape_lines("::error file=a::m\n", commands) == "::error file=a::m\n");
   CHECK(escape_lines("::error file=a::m\x1b\n", commands) == "::error file=a::m\\x1b\n");
+}
+
+TEST_CASE("needs_escape: exactly when escape_field changes the text") {
+  for (const std::string& s : std::initializer_list<std::string>{
+           "", "plain ascii", "caf\xc3\xa9", "a\nb", "\xff", "a ##[b", "##", "\xc2\x85", "\xc2\xa0",
+           "\xef\xbf\xbf", "\xed\xa0\x80", std::string("t\0x", 3)})
+    CHECK(dynemb::needs_escape(s) == (escape_field(s) != s));
+  CHECK_FALSE(dynemb::needs_escape("caf\xc3\xa9"));
+  CHECK(dynemb::needs_escape("a ##[b"));
 }
 
 TEST_CASE("escape_json_strings: values and keys, nested") {

@@ -103,15 +103,6 @@ size_t escape_one(std::string_view s, size_t i, std::string& o, bool keep_sgr) {
   return i + n;
 }
 
-bool plain(std::string_view s) {
-  for (size_t i = 0; i < s.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c < 0x20 || c >= 0x7f) return false;
-    if (c == '#' && i + 2 < s.size() && s[i + 1] == '#' && s[i + 2] == '[') return false;
-  }
-  return true;
-}
-
 // The length of the blank (what .NET's TrimStart removes, as the GitHub Actions runner does
 // before it looks for "::") at s[i], else 0. Controls are escaped by now; left: the space and
 // the Unicode spaces.
@@ -126,8 +117,25 @@ size_t blank_length(std::string_view s, size_t i) {
 
 }  // namespace
 
+bool needs_escape(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      if (c == '#' && i + 2 < s.size() && s[i + 1] == '#' && s[i + 2] == '[') return true;
+      ++i;
+      continue;
+    }
+    if (c < 0x80) return true;
+    uint32_t cp = 0;
+    const size_t n = utf8_sequence(s, i, cp);
+    if (n == 0 || (cp >= 0x80 && cp <= 0x9f) || cp == 0xfffe || cp == 0xffff) return true;
+    i += n;
+  }
+  return false;
+}
+
 std::string escape_field(std::string_view s) {
-  if (plain(s)) return std::string(s);
+  if (!needs_escape(s)) return std::string(s);
   std::string o;
   o.reserve(s.size() + 8);
   for (size_t i = 0; i < s.size();) i = escape_one(s, i, o, false);

@@ -16,6 +16,9 @@
 
 namespace dynemb {
 
+// Whether escape_field changes `s` (a fast scan, no allocation).
+bool needs_escape(std::string_view s);
+
 // One field or one-line message: every line break becomes "\n" too, so that what was one
 // finding stays one line.
 std::string escape_field(std::string_view s);
@@ -39,13 +42,12 @@ template <class Json>
 void escape_json_strings(Json& j) {
   if (j.is_string()) {
     std::string& s = j.template get_ref<std::string&>();
-    s = escape_field(s);
+    if (needs_escape(s)) s = escape_field(s);
   } else if (j.is_array()) {
     for (auto& x : j) escape_json_strings(x);
   } else if (j.is_object()) {
     bool keys_ok = true;
-    for (auto it = j.begin(); it != j.end() && keys_ok; ++it)
-      keys_ok = escape_field(it.key()) == it.key();
+    for (auto it = j.begin(); it != j.end() && keys_ok; ++it) keys_ok = !needs_escape(it.key());
     if (keys_ok) {
       for (auto& x : j) escape_json_strings(x);
       return;
