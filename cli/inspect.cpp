@@ -47,25 +47,16 @@ struct Imbalance {
   }
 };
 
-int run_inspect(const InspectArgs& a) {
-  CaptureReader reader(a.capture);
-  std::optional<Plan> override_plan;
-  if (!a.plan_path.empty()) {
-    PlanLoadResult r = load_plan_file(a.plan_path);
-    for (const Diagnostic& d : r.findings)
-      if (d.severity == Severity::error)
-        throw PlanError(d.loc, d.path.empty() ? d.message : d.path + ": " + d.message);
-    override_plan = std::move(*r.plan);
-  }
-  const Plan plan = capture_plan(reader, override_plan ? &*override_plan : nullptr);
-  const int64_t W = reader.world_size(), nb = reader.num_batches();
-
-  // Names, paths and attributes come from the capture and the plan: each escaped (one line).
+// The capture's header lines: file, format, plan, tables, oracle, weights. Names, paths and
+// attributes come from the capture and the plan: each escaped (one line).
+void print_header(const InspectArgs& a, const CaptureReader& reader, const Plan& plan,
+                  bool override, const std::vector<DatasetStat>& tstats) {
+  const int64_t W = reader.world_size();
   console::outf("# capture      {}\n", escape_field(a.capture));
   console::outf("# format       {} v{}\n", kCaptureFormat, kCaptureFormatVersion);
   console::outf("# plan         {}{}: {}, W={}, F={}, {}={}, data_type {}, comm_precision {}{}\n",
-                override_plan ? escape_field(a.plan_path) : "/plan",
-                override_plan ? " (override)" : "", to_string(plan.module), W, plan.num_features(),
+                override ? escape_field(a.plan_path) : "/plan", override ? " (override)" : "",
+                to_string(plan.module), W, plan.num_features(),
                 plan.module == ModuleKind::sequence ? "D" : "sum_D", plan.sum_dim,
                 to_string(plan.data_type()), to_string(plan.comm_precision),
                 plan.any_mean ? ", has MEAN" : "");
@@ -82,11 +73,27 @@ int run_inspect(const InspectArgs& a) {
     console::outf("# oracle       hash64, seed {}\n", *reader.oracle_seed());
   else
     console::outf("# oracle       (none)\n");
-  const auto tstats = reader.table_stats();
   for (const DatasetStat& s : tstats)
     console::outf("# weights      {} [{}] {} ({} stored)\n", escape_field(s.path),
                   fmt::join(s.dims, ", "), escape_field(s.dtype), human_bytes(s.stored_bytes));
   if (tstats.empty()) console::outf("# weights      (none)\n");
+}
+
+int run_inspect(const InspectArgs& a) {
+  CaptureReader reader(a.capture);
+  std::optional<Plan> override_plan;
+  if (!a.plan_path.empty()) {
+    PlanLoadResult r = load_plan_file(a.plan_path);
+    for (const Diagnostic& d : r.findings)
+      if (d.severity == Severity::error)
+        throw PlanError(d.loc, d.path.empty() ? d.message : d.path + ": " + d.message);
+    override_plan = std::move(*r.plan);
+  }
+  const Plan plan = capture_plan(reader, override_plan ? &*override_plan : nullptr);
+  const int64_t W = reader.world_size(), nb = reader.num_batches();
+
+  const auto tstats = reader.table_stats();
+  print_header(a, reader, plan, override_plan.has_value(), tstats);
   if (nb == 0) {  // said plainly: a replay of it checks nothing, and refuses it
     console::outf("# batches      0: the capture holds no batches; replay refuses it (exit 2)\n");
     return 0;
