@@ -13,6 +13,8 @@ set -u
 [[ -w /dev/full ]] || { echo "no /dev/full"; exit 77; }
 
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail, expect_rc, no_temps
+# Annotations only where a check asks for them (a GitHub Actions job sets GITHUB_ACTIONS=true).
+unset GITHUB_ACTIONS
 cd "$tmp" || exit 1
 
 # t NAME ARGS...: the tool, stdout to NAME.out, stderr to NAME.err; its status in $rc.
