@@ -31,38 +31,7 @@ namespace dynemb::cli {
 
 namespace {
 
-// Owns one HDF5 identifier; closes it with the matching H5*close.
-class Hid {
- public:
-  Hid() = default;
-  Hid(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  Hid(const Hid&) = delete;
-  Hid& operator=(const Hid&) = delete;
-  Hid(Hid&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = H5I_INVALID_HID; }
-  Hid& operator=(Hid&& o) noexcept {
-    reset();
-    id_ = o.id_;
-    close_ = o.close_;
-    o.id_ = H5I_INVALID_HID;
-    return *this;
-  }
-  ~Hid() { reset(); }
-  hid_t get() const { return id_; }
-  bool valid() const { return id_ >= 0; }
-  hid_t release() {
-    const hid_t id = id_;
-    id_ = H5I_INVALID_HID;
-    return id;
-  }
-  void reset() {
-    if (id_ >= 0 && close_) close_(id_);
-    id_ = H5I_INVALID_HID;
-  }
-
- private:
-  hid_t id_ = H5I_INVALID_HID;
-  herr_t (*close_)(hid_t) = nullptr;
-};
+using h5::Hid;
 
 struct RankFile {
   std::string path;
@@ -74,43 +43,6 @@ struct RankFile {
   std::optional<uint64_t> oracle_seed;
   std::string oracle_kind;
 };
-
-bool exists(hid_t loc, const std::string& path) {
-  // H5Lexists on "a/b" needs "a" to exist: walk the path one component at a time.
-  std::string cur;
-  size_t start = path[0] == '/' ? 1 : 0;
-  while (start <= path.size()) {
-    size_t end = path.find('/', start);
-    if (end == std::string::npos) end = path.size();
-    cur += "/" + path.substr(start, end - start);
-    if (H5Lexists(loc, cur.c_str(), H5P_DEFAULT) <= 0) return false;
-    start = end + 1;
-  }
-  return true;
-}
-
-// Integer attribute of the object at `obj` (read as int64 whatever its integer width).
-std::optional<int64_t> int_attr(hid_t obj, const char* name) {
-  if (H5Aexists(obj, name) <= 0) return std::nullopt;
-  Hid a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  Hid t(H5Aget_type(a.get()), H5Tclose);
-  Hid s(H5Aget_space(a.get()), H5Sclose);
-  if (H5Tget_class(t.get()) != H5T_INTEGER || H5Sget_simple_extent_npoints(s.get()) != 1)
-    return std::nullopt;
-  int64_t v = 0;
-  if (H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0) return std::nullopt;
-  return v;
-}
-
-std::optional<uint64_t> uint_attr(hid_t obj, const char* name) {
-  if (H5Aexists(obj, name) <= 0) return std::nullopt;
-  Hid a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  Hid t(H5Aget_type(a.get()), H5Tclose);
-  if (H5Tget_class(t.get()) != H5T_INTEGER) return std::nullopt;
-  uint64_t v = 0;
-  if (H5Aread(a.get(), H5T_NATIVE_UINT64, &v) < 0) return std::nullopt;
-  return v;
-}
 
 // Scalar string attribute / dataset, fixed or variable length (h5string.hpp: variable-length
 // strings are resolved from the file's bytes, never by libhdf5's global heap code).
@@ -161,19 +93,21 @@ RankFile open_rank_file(const std::string& path) {
     throw CaptureError(path, "/",
                        fmt::format("attribute format: want \"{}\", got {}", kCaptureFormat,
                                    format ? "\"" + *format + "\"" : "none"));
-  auto version = int_attr(f, "format_version");
+  // Integer attributes through the one checked read (h5util.hpp): one element of an integer
+  // type, else the file is refused naming the attribute.
+  auto version = h5::int64_attr(f, "format_version", path, "/");
   if (!version || *version != kCaptureFormatVersion)
     throw CaptureError(
         path, "/",
         fmt::format("attribute format_version: this build reads version {}, got {}",
                     kCaptureFormatVersion, version ? std::to_string(*version) : "none"));
-  auto ws = int_attr(f, "world_size");
+  auto ws = h5::int64_attr(f, "world_size", path, "/");
   if (!ws || *ws < 1) throw CaptureError(path, "/", "attribute world_size: missing or < 1");
   rf.world_size = *ws;
-  auto nb = int_attr(f, "num_batches");
+  auto nb = h5::int64_attr(f, "num_batches", path, "/");
   if (!nb || *nb < 0) throw CaptureError(path, "/", "attribute num_batches: missing or < 0");
   rf.num_batches = *nb;
-  auto rank = int_attr(f, "rank");
+  auto rank = h5::int64_attr(f, "rank", path, "/");
   if (!rank)
     throw CaptureError(
         path, "/",
@@ -188,10 +122,10 @@ RankFile open_rank_file(const std::string& path) {
   if (H5Lexists(f, "/oracle", H5P_DEFAULT) > 0) {
     Hid g(H5Gopen2(f, "/oracle", H5P_DEFAULT), H5Gclose);
     auto kind = string_attr(g.get(), "kind", raw);
-    auto seed = uint_attr(g.get(), "seed");
+    auto seed = h5::int_attr_value(g.get(), "seed", path, "/oracle");
     if (!kind || !seed) throw CaptureError(path, "/oracle", "needs attributes kind and seed");
     rf.oracle_kind = *kind;
-    rf.oracle_seed = *seed;
+    rf.oracle_seed = seed->bits;
   }
   // Exactly the batch groups 0..nb-1, each with exactly this file's rank group.
   auto batches = children(f, "/batches");
@@ -202,7 +136,7 @@ RankFile open_rank_file(const std::string& path) {
   const std::string want_rank = "rank" + std::to_string(rf.rank);
   for (int64_t k = 0; k < rf.num_batches; ++k) {
     std::string bp = "/batches/" + std::to_string(k);
-    if (!exists(f, bp)) throw CaptureError(path, bp, "missing batch group");
+    if (!h5::exists(f, bp)) throw CaptureError(path, bp, "missing batch group");
     auto ranks = children(f, bp);
     for (const auto& r : ranks)
       if (r != want_rank)

@@ -283,17 +283,11 @@ struct CaptureReader::Impl {
     return v;
   }
 
+  // A required integer attribute, through the one checked read (h5util.hpp).
   int64_t int_attr(hid_t obj, const std::string& path, const char* name) const {
-    Hid a = h5::attr_id(H5Aopen(obj, name, H5P_DEFAULT));
-    if (!a.valid()) fail(path, fmt::format("missing attribute '{}'", name));
-    Hid t = h5::type_id(H5Aget_type(a));
-    Hid sp = h5::space_id(H5Aget_space(a));
-    if (H5Tget_class(t) != H5T_INTEGER || H5Sget_simple_extent_npoints(sp) != 1)
-      fail(path, fmt::format("attribute '{}' is {}, want one integer", name, h5::type_name(t)));
-    int64_t v = 0;
-    if (H5Aread(a, H5T_NATIVE_INT64, &v) < 0)
-      fail(path, fmt::format("attribute '{}': {}", name, h5::last_error()));
-    return v;
+    const auto v = h5::int64_attr(obj, name, file, path);
+    if (!v) fail(path, fmt::format("missing attribute '{}'", name));
+    return *v;
   }
 
   void read_kjt(const Plan& plan, const std::string& rp, Kjt& kjt) const;
@@ -425,23 +419,10 @@ void CaptureReader::read_root() {
       I.fail("/oracle", "attribute 'kind': " + why);
     if (kind != "hash64")
       I.fail("/oracle", fmt::format("unknown oracle kind \"{}\" (want \"hash64\")", kind));
-    Hid a = h5::attr_id(H5Aopen(og, "seed", H5P_DEFAULT));
-    if (!a.valid()) I.fail("/oracle", "missing attribute 'seed'");
-    Hid t = h5::type_id(H5Aget_type(a));
-    if (H5Tget_class(t) != H5T_INTEGER)
-      I.fail("/oracle", "attribute 'seed' is " + h5::type_name(t) + ", want uint64");
-    // h5py writes a Python int below 2^63 as int64: take its bits as they are.
-    uint64_t seed = 0;
-    herr_t st;
-    if (H5Tget_sign(t) == H5T_SGN_2) {
-      int64_t v = 0;
-      st = H5Aread(a, H5T_NATIVE_INT64, &v);
-      seed = static_cast<uint64_t>(v);
-    } else {
-      st = H5Aread(a, H5T_NATIVE_UINT64, &seed);
-    }
-    if (st < 0) I.fail("/oracle", "attribute 'seed': " + h5::last_error());
-    oracle_seed_ = seed;
+    // h5py writes a Python int below 2^63 as int64: its bits are the seed.
+    const auto seed = h5::int_attr_value(og, "seed", I.file, "/oracle");
+    if (!seed) I.fail("/oracle", "missing attribute 'seed'");
+    oracle_seed_ = seed->bits;
   }
 }
 
