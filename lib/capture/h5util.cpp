@@ -119,17 +119,17 @@ std::string IntValue::str() const {
 AttrRead read_int_attr(hid_t obj, const char* name, IntValue& out, std::string& why) {
   if (!has_attr(obj, name)) return AttrRead::missing;
   Hid a = attr_id(H5Aopen(obj, name, H5P_DEFAULT));
-  if (!a.valid()) return why = "unreadable: " + last_error(), AttrRead::bad;
+  if (!a.valid()) return why = "is unreadable: " + last_error(), AttrRead::bad;
   Hid t = type_id(H5Aget_type(a));
   Hid sp = space_id(H5Aget_space(a));
-  if (!t.valid() || !sp.valid()) return why = "unreadable: " + last_error(), AttrRead::bad;
+  if (!t.valid() || !sp.valid()) return why = "is unreadable: " + last_error(), AttrRead::bad;
   // Exactly one element: a scalar, or a simple dataspace of one point (h5py's shape (1,)).
   const H5S_class_t cls = H5Sget_simple_extent_type(sp);
   const bool one =
       cls == H5S_SCALAR || (cls == H5S_SIMPLE && H5Sget_simple_extent_npoints(sp) == 1);
   const size_t size = H5Tget_size(t);
   if (!one || H5Tget_class(t) != H5T_INTEGER || size < 1 || size > 8)
-    return why = describe(t, sp) + ", want one integer", AttrRead::bad;
+    return why = "is " + describe(t, sp) + ", want one integer", AttrRead::bad;
   // The value's stored bytes are in the object header: a damaged message can claim fewer.
   if (H5Aget_storage_size(a) < size)
     return why = fmt::format("stores {} bytes, want {} for one {}: damaged",
@@ -146,7 +146,7 @@ AttrRead read_int_attr(hid_t obj, const char* name, IntValue& out, std::string& 
     st = H5Aread(a, H5T_NATIVE_UINT64, &v);
     out.bits = v;
   }
-  if (st < 0) return why = "unreadable: " + last_error(), AttrRead::bad;
+  if (st < 0) return why = "is unreadable: " + last_error(), AttrRead::bad;
   return AttrRead::ok;
 }
 
@@ -158,7 +158,7 @@ std::optional<IntValue> int_attr_value(hid_t obj, const char* name, const std::s
     case AttrRead::missing:
       return std::nullopt;
     case AttrRead::bad:
-      throw CaptureError(file, path, fmt::format("attribute '{}': {}", name, why));
+      throw CaptureError(file, path, fmt::format("attribute '{}' {}", name, why));
     case AttrRead::ok:
       break;
   }

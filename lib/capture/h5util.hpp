@@ -117,12 +117,12 @@ enum class AttrRead { ok, missing, bad };
 // THE read of an integer attribute (the capture reader and merge both use it): before any
 // byte is read, its dataspace must hold exactly one element (scalar, or simple of one point)
 // and its type must be an integer class of 1..8 bytes, so the read fills one 8-byte value
-// whatever the file claims. `bad` with `why` ("uint64 array of shape [16], want one integer",
-// "string, want one integer", "unreadable: ...") otherwise.
+// whatever the file claims. `bad` with `why` ("is uint64 array of shape [16], want one
+// integer", "is string, want one integer", "is unreadable: ...") otherwise.
 AttrRead read_int_attr(hid_t obj, const char* name, IntValue& out, std::string& why);
 
 // read_int_attr with the project's error: nullopt when missing; CaptureError(file, path,
-// "attribute 'NAME': ...") when it is not one integer, or (int64_attr) an unsigned value that
+// "attribute 'NAME' is ...") when it is not one integer, or (int64_attr) an unsigned value that
 // int64 cannot hold.
 std::optional<IntValue> int_attr_value(hid_t obj, const char* name, const std::string& file,
                                        const std::string& path);
