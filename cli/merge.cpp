@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "capture/capture.hpp"
+#include "capture/h5chunks.hpp"
 #include "capture/h5string.hpp"
 #include "capture/h5util.hpp"
 #include "commands.hpp"
@@ -144,6 +145,13 @@ RankFile open_rank_file(const std::string& path) {
                            fmt::format("unexpected group in the file of rank {}", rf.rank));
     if (ranks.empty()) throw CaptureError(path, bp + "/" + want_rank, "missing rank group");
   }
+  // The groups are copied verbatim: a filter the reader cannot undo, or a chunk whose record
+  // (stored size, filter mask) cannot be one of its dataset's, is named in this file now
+  // rather than in the merged one. Records only (the chunk index, no chunk read): the reader
+  // of the merged capture checks each chunk's decoded size when it reads it.
+  std::string bad_path, why;
+  if (!h5::check_chunks_under(f, bad_path, why, /*decode_too=*/false))
+    throw CaptureError(path, bad_path, why);
   return rf;
 }
 
@@ -282,7 +290,23 @@ int run_merge(const MergeOptions& opt) {
       throw CaptureError(tmp, "/", "cannot write: " + h5::last_error());
   }
   // The merged file must read as a complete capture against its own plan (shapes, F, sums).
-  check_capture(tmp);
+  // Its objects are verbatim copies: a damaged one is named in the per-rank file it came from
+  // (/batches/<k>/rank<r>/... from rank r's, the rest from rank 0's), not in the temporary.
+  try {
+    check_capture(tmp);
+  } catch (const CaptureError& e) {
+    if (e.file() != tmp) throw;
+    const std::string& p = e.h5path();
+    const RankFile* from = by_rank.at(0);
+    long long k = 0, r = 0;
+    int used = 0;
+    if (std::sscanf(p.c_str(), "/batches/%lld/rank%lld%n", &k, &r, &used) == 2 &&
+        (p[size_t(used)] == '\0' || p[size_t(used)] == '/') && by_rank.count(r))
+      from = by_rank.at(r);
+    else if (p.rfind("/batches", 0) == 0)
+      throw;  // a batch group the merge made, not one it copied
+    throw CaptureError(from->path, p, e.message());
+  }
   out_file.commit();
   fmt::print("merged {} rank files ({} batches, world_size {}) into {}\n", files.size(),
              ref.num_batches, ref.world_size, opt.output);

@@ -72,8 +72,13 @@ std::string filters_trouble(hid_t dset);
 // does not ("chunk 3 (offset 192): deflate stream decodes to 100 bytes, chunk needs 512") or
 // the filter (filters_trouble). libhdf5 1.10's H5Dread copies a whole chunk out of whatever
 // a chunk decodes to (out of bounds when shorter): every H5Dread of a chunked dataset is
-// preceded by this. Serial; decodes each chunk once.
-bool check_chunks(hid_t dset, std::string& why);
+// preceded by this. Serial; decodes each chunk once (`decode_too` = false: only the records,
+// from the chunk index, no chunk read).
+bool check_chunks(hid_t dset, std::string& why, bool decode_too = true);
+
+// check_chunks of every dataset reachable from `file` by hard links; false with the first
+// bad dataset's absolute `path` and `why`.
+bool check_chunks_under(hid_t file, std::string& path, std::string& why, bool decode_too);
 
 enum class ChunkWrite {
   declined,  // not this layout (or DYNEMB_H5_SERIAL_WRITE is set): nothing was written
