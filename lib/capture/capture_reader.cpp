@@ -208,17 +208,11 @@ struct CaptureReader::Impl {
     if (std::string why = h5::filters_trouble(ds.d); !why.empty()) fail(path, why);
     // Each stored chunk's record (size, filter mask) against the chunk shape, from the chunk
     // index alone, so `validate --capture` (which reads shapes, not data) names a bad one too;
-    // up to kMaxRecordChecks chunks (one index look-up each). Decoded sizes are checked when
-    // the data is read.
+    // for chunk grids of up to kMaxRecordChecks chunks (one index look-up each). Decoded sizes are
+    // checked when the data is read.
     constexpr hsize_t kMaxRecordChecks = 4096;
-    Hid space = h5::space_id(H5Dget_space(ds.d));
-    hsize_t nstored = 0;
-    if (H5Dget_num_chunks(ds.d, space, &nstored) < 0) {
-      h5::last_error();  // not chunked
-    } else if (nstored <= kMaxRecordChecks) {
-      std::string why;
-      if (!h5::check_chunks(ds.d, why, /*decode_too=*/false)) fail(path, why);
-    }
+    if (std::string why; !h5::check_chunks(ds.d, why, /*decode_too=*/false, kMaxRecordChecks))
+      fail(path, why);
     for (int64_t x : ds.dims) ds.numel *= x;
     return ds;
   }

@@ -650,10 +650,11 @@ std::string filters_trouble(hid_t dset) {
   return fmt::format("{} filters in an order this reader does not undo (shuffle, then deflate)", n);
 }
 
-bool check_chunks(hid_t dset, std::string& why, bool decode_too) {
+bool check_chunks(hid_t dset, std::string& why, bool decode_too, uint64_t max_grid) {
   if (why = filters_trouble(dset); !why.empty()) return false;
   Layout L;
   if (!layout_of(dset, L)) return true;  // not chunked, or nothing stored to check
+  if (L.nchunks > max_grid) return true;
   Inflater inflater;
   std::vector<unsigned char> plain(size_t(L.chunk_bytes())), tmp;
   RawChunk c;

@@ -73,8 +73,10 @@ std::string filters_trouble(hid_t dset);
 // the filter (filters_trouble). libhdf5 1.10's H5Dread copies a whole chunk out of whatever
 // a chunk decodes to (out of bounds when shorter): every H5Dread of a chunked dataset is
 // preceded by this. Serial; decodes each chunk once (`decode_too` = false: only the records,
-// from the chunk index, no chunk read).
-bool check_chunks(hid_t dset, std::string& why, bool decode_too = true);
+// from the chunk index, no chunk read). A grid of more than `max_grid` chunks is not checked
+// (true): one index look-up per chunk of the grid.
+bool check_chunks(hid_t dset, std::string& why, bool decode_too = true,
+                  uint64_t max_grid = UINT64_MAX);
 
 // check_chunks of every dataset reachable from `file` by hard links; false with the first
 // bad dataset's absolute `path` and `why`.
