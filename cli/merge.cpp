@@ -80,6 +80,8 @@ std::vector<std::string> children(hid_t loc, const std::string& group) {
   return names;
 }
 
+constexpr uint64_t kMaxMergeGrid = 1 << 16;
+
 RankFile open_rank_file(const std::string& path) {
   RankFile rf;
   rf.path = path;
@@ -148,9 +150,10 @@ RankFile open_rank_file(const std::string& path) {
   // The groups are copied verbatim: a filter the reader cannot undo, or a chunk whose record
   // (stored size, filter mask) cannot be one of its dataset's, is named in this file now
   // rather than in the merged one. Records only (the chunk index, no chunk read): the reader
-  // of the merged capture checks each chunk's decoded size when it reads it.
+  // of the merged capture checks each chunk's decoded size when it reads it. A chunk grid of
+  // more than kMaxMergeGrid chunks (one index look-up each) is left to the reader.
   std::string bad_path, why;
-  if (!h5::check_chunks_under(f, bad_path, why, /*decode_too=*/false))
+  if (!h5::check_chunks_under(f, bad_path, why, /*decode_too=*/false, kMaxMergeGrid))
     throw CaptureError(path, bad_path, why);
   return rf;
 }

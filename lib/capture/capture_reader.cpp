@@ -252,7 +252,10 @@ struct CaptureReader::Impl {
     const uint64_t bytes = uint64_t(ds.numel) * es;
     const int threads = bytes < kParallelReadBytes ? 1 : hardware_threads();
     h5::ChunkTrouble trouble;
-    if (H5Tequal(ds.t, mem_type) > 0) {
+    Hid dcpl = h5::plist_id(H5Dget_create_plist(ds.d));
+    if (!dcpl.valid() || H5Pget_layout(dcpl) != H5D_CHUNKED) {
+      // contiguous or compact: checked against the file when opened
+    } else if (H5Tequal(ds.t, mem_type) > 0) {
       if (h5::read_chunks_parallel(ds.d, out, bytes, threads, &trouble)) return;
     } else {
       std::vector<unsigned char> buf(size_t(ds.numel) * std::max(es, ms));

@@ -693,7 +693,8 @@ herr_t collect_hard_links(hid_t, const char* name, const LinkInfo* info, void* d
 }
 }  // namespace
 
-bool check_chunks_under(hid_t file, std::string& path, std::string& why, bool decode_too) {
+bool check_chunks_under(hid_t file, std::string& path, std::string& why, bool decode_too,
+                        uint64_t max_grid) {
   std::vector<std::string> names;
   if (H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, collect_hard_links, &names) < 0)
     return path = "/", why = "cannot list its objects: " + last_error(), false;
@@ -704,7 +705,7 @@ bool check_chunks_under(hid_t file, std::string& path, std::string& why, bool de
       continue;  // not an object this walk can open: the reader reports it where it reads
     }
     if (H5Iget_type(obj) != H5I_DATASET) continue;
-    if (!check_chunks(obj, why, decode_too)) return path = "/" + name, false;
+    if (!check_chunks(obj, why, decode_too, max_grid)) return path = "/" + name, false;
   }
   return true;
 }

@@ -80,7 +80,8 @@ bool check_chunks(hid_t dset, std::string& why, bool decode_too = true,
 
 // check_chunks of every dataset reachable from `file` by hard links; false with the first
 // bad dataset's absolute `path` and `why`.
-bool check_chunks_under(hid_t file, std::string& path, std::string& why, bool decode_too);
+bool check_chunks_under(hid_t file, std::string& path, std::string& why, bool decode_too,
+                        uint64_t max_grid = UINT64_MAX);
 
 enum class ChunkWrite {
   declined,  // not this layout (or DYNEMB_H5_SERIAL_WRITE is set): nothing was written
