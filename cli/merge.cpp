@@ -184,6 +184,27 @@ void write_string_attr(hid_t obj, const char* name, const std::string& v) {
     throw Error(fmt::format("cannot write root attribute {}", name));
 }
 
+// check_capture of the merged temporary. Its objects are verbatim copies: a damaged one is
+// named in the per-rank file it came from (/batches/<k>/rank<r>/... from rank r's, the rest
+// from rank 0's), not in the temporary.
+void check_merged(const std::string& tmp, const std::map<int64_t, const RankFile*>& by_rank) {
+  try {
+    check_capture(tmp);
+  } catch (const CaptureError& e) {
+    if (e.file() != tmp) throw;
+    const std::string& p = e.h5path();
+    const RankFile* from = by_rank.at(0);
+    long long k = 0, r = 0;
+    int used = 0;
+    if (std::sscanf(p.c_str(), "/batches/%lld/rank%lld%n", &k, &r, &used) == 2 &&
+        (p[size_t(used)] == '\0' || p[size_t(used)] == '/') && by_rank.count(r))
+      from = by_rank.at(r);
+    else if (p.rfind("/batches", 0) == 0)
+      throw;  // a batch group the merge made, not one it copied
+    throw CaptureError(from->path, p, e.message());
+  }
+}
+
 struct MergeOptions {
   std::vector<std::string> inputs;
   std::string output;
@@ -293,23 +314,7 @@ int run_merge(const MergeOptions& opt) {
       throw CaptureError(tmp, "/", "cannot write: " + h5::last_error());
   }
   // The merged file must read as a complete capture against its own plan (shapes, F, sums).
-  // Its objects are verbatim copies: a damaged one is named in the per-rank file it came from
-  // (/batches/<k>/rank<r>/... from rank r's, the rest from rank 0's), not in the temporary.
-  try {
-    check_capture(tmp);
-  } catch (const CaptureError& e) {
-    if (e.file() != tmp) throw;
-    const std::string& p = e.h5path();
-    const RankFile* from = by_rank.at(0);
-    long long k = 0, r = 0;
-    int used = 0;
-    if (std::sscanf(p.c_str(), "/batches/%lld/rank%lld%n", &k, &r, &used) == 2 &&
-        (p[size_t(used)] == '\0' || p[size_t(used)] == '/') && by_rank.count(r))
-      from = by_rank.at(r);
-    else if (p.rfind("/batches", 0) == 0)
-      throw;  // a batch group the merge made, not one it copied
-    throw CaptureError(from->path, p, e.message());
-  }
+  check_merged(tmp, by_rank);
   out_file.commit();
   fmt::print("merged {} rank files ({} batches, world_size {}) into {}\n", files.size(),
              ref.num_batches, ref.world_size, opt.output);
