@@ -46,17 +46,24 @@ struct RankFile {
 };
 
 // Scalar string attribute / dataset, fixed or variable length (h5string.hpp: variable-length
-// strings are resolved from the file's bytes, never by libhdf5's global heap code).
-std::optional<std::string> string_attr(hid_t obj, const char* name, const h5::RawFile& raw) {
+// strings are resolved from the file's bytes, never by libhdf5's global heap code). nullopt
+// when missing; one of another form is refused saying what it is.
+std::optional<std::string> string_attr(hid_t obj, const char* name, const h5::RawFile& raw,
+                                       const std::string& file, const std::string& where) {
+  if (!h5::has_attr(obj, name)) return std::nullopt;
   std::string s, why;
-  if (!h5::read_string_attr(obj, name, raw, s, why)) return std::nullopt;
+  if (!h5::read_string_attr(obj, name, raw, s, why))
+    throw CaptureError(file, where, fmt::format("attribute '{}': {}", name, why));
   return s;
 }
 
-std::optional<std::string> string_dataset(hid_t file, const char* path, const h5::RawFile& raw) {
+std::optional<std::string> string_dataset(hid_t file, const char* path, const h5::RawFile& raw,
+                                          const std::string& file_name) {
+  if (!h5::exists(file, path)) return std::nullopt;
   Hid d(H5Dopen2(file, path, H5P_DEFAULT), H5Dclose);
   std::string s, why;
-  if (!d.valid() || !h5::read_string_dataset(d.get(), raw, s, why)) return std::nullopt;
+  if (!d.valid()) throw CaptureError(file_name, path, "not a dataset: " + h5::last_error());
+  if (!h5::read_string_dataset(d.get(), raw, s, why)) throw CaptureError(file_name, path, why);
   return s;
 }
 
@@ -91,7 +98,7 @@ RankFile open_rank_file(const std::string& path) {
   if (!rf.file.valid()) throw CaptureError(path, "/", "cannot open as HDF5");
   hid_t f = rf.file.get();
   const h5::RawFile raw = h5::RawFile::open_path(path);
-  auto format = string_attr(f, "format", raw);
+  auto format = string_attr(f, "format", raw, path, "/");
   if (!format || *format != kCaptureFormat)
     throw CaptureError(path, "/",
                        fmt::format("attribute format: want \"{}\", got {}", kCaptureFormat,
@@ -119,12 +126,12 @@ RankFile open_rank_file(const std::string& path) {
     throw CaptureError(path, "/",
                        fmt::format("attribute rank: {} not in [0, {})", *rank, rf.world_size));
   rf.rank = *rank;
-  auto plan = string_dataset(f, "/plan", raw);
+  auto plan = string_dataset(f, "/plan", raw, path);
   if (!plan) throw CaptureError(path, "/plan", "missing or not a scalar string");
   rf.plan = *plan;
   if (H5Lexists(f, "/oracle", H5P_DEFAULT) > 0) {
     Hid g(H5Gopen2(f, "/oracle", H5P_DEFAULT), H5Gclose);
-    auto kind = string_attr(g.get(), "kind", raw);
+    auto kind = string_attr(g.get(), "kind", raw, path, "/oracle");
     auto seed = h5::int_attr_value(g.get(), "seed", path, "/oracle");
     if (!kind || !seed) throw CaptureError(path, "/oracle", "needs attributes kind and seed");
     rf.oracle_kind = *kind;

@@ -246,6 +246,9 @@ merge_refuses m-ws-arr16 'f.attrs["world_size"] = np.full(16, 0x4141414141414141
 merge_refuses m-nb-str 'f.attrs["num_batches"] = "2"' "m-nb-str\.h5:/: attribute 'num_batches' is string, want one integer"
 merge_refuses m-fv-arr0 'f.attrs["format_version"] = np.zeros(0, np.int64)' \
   "m-fv-arr0\.h5:/: attribute 'format_version' is int64 array of shape \[0\], want one integer"
+merge_refuses m-kind-arr 'f["oracle"].attrs["kind"] = np.array([b"hash64", b"hash64"])' \
+  "m-kind-arr\.h5:/oracle: attribute 'kind': want a single string"
+merge_refuses m-format-int 'f.attrs["format"] = np.int64(3)' "m-format-int\.h5:/: attribute 'format': int64, want a string"
 # ... chunks and filters, named in the per-rank file (not the merge's temporary)
 merge_refuses m-lzf 'v = f["batches/0/rank1/output"][()]; del f["batches/0/rank1/output"]; f.create_dataset("batches/0/rank1/output", data=v, chunks=(64, 128), compression="lzf")' \
   "m-lzf\.h5:/batches/0/rank1/output: filter lzf \(id 32000\) cannot be decoded"
