@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "capture/capture.hpp"
+#include "capture/h5chunks.hpp"
 #include "capture/h5string.hpp"
 #include "capture/h5util.hpp"
 #include "commands.hpp"
@@ -33,38 +34,7 @@ namespace dynemb::cli {
 
 namespace {
 
-// Owns one HDF5 identifier; closes it with the matching H5*close.
-class Hid {
- public:
-  Hid() = default;
-  Hid(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  Hid(const Hid&) = delete;
-  Hid& operator=(const Hid&) = delete;
-  Hid(Hid&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = H5I_INVALID_HID; }
-  Hid& operator=(Hid&& o) noexcept {
-    reset();
-    id_ = o.id_;
-    close_ = o.close_;
-    o.id_ = H5I_INVALID_HID;
-    return *this;
-  }
-  ~Hid() { reset(); }
-  hid_t get() const { return id_; }
-  bool valid() const { return id_ >= 0; }
-  hid_t release() {
-    const hid_t id = id_;
-    id_ = H5I_INVALID_HID;
-    return id;
-  }
-  void reset() {
-    if (id_ >= 0 && close_) close_(id_);
-    id_ = H5I_INVALID_HID;
-  }
-
- private:
-  hid_t id_ = H5I_INVALID_HID;
-  herr_t (*close_)(hid_t) = nullptr;
-};
+using h5::Hid;
 
 struct RankFile {
   std::string path;
@@ -77,55 +47,25 @@ struct RankFile {
   std::string oracle_kind;
 };
 
-bool exists(hid_t loc, const std::string& path) {
-  // H5Lexists on "a/b" needs "a" to exist: walk the path one component at a time.
-  std::string cur;
-  size_t start = path[0] == '/' ? 1 : 0;
-  while (start <= path.size()) {
-    size_t end = path.find('/', start);
-    if (end == std::string::npos) end = path.size();
-    cur += "/" + path.substr(start, end - start);
-    if (H5Lexists(loc, cur.c_str(), H5P_DEFAULT) <= 0) return false;
-    start = end + 1;
-  }
-  return true;
-}
-
-// Integer attribute of the object at `obj` (read as int64 whatever its integer width).
-std::optional<int64_t> int_attr(hid_t obj, const char* name) {
-  if (H5Aexists(obj, name) <= 0) return std::nullopt;
-  Hid a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  Hid t(H5Aget_type(a.get()), H5Tclose);
-  Hid s(H5Aget_space(a.get()), H5Sclose);
-  if (H5Tget_class(t.get()) != H5T_INTEGER || H5Sget_simple_extent_npoints(s.get()) != 1)
-    return std::nullopt;
-  int64_t v = 0;
-  if (H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0) return std::nullopt;
-  return v;
-}
-
-std::optional<uint64_t> uint_attr(hid_t obj, const char* name) {
-  if (H5Aexists(obj, name) <= 0) return std::nullopt;
-  Hid a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  Hid t(H5Aget_type(a.get()), H5Tclose);
-  if (H5Tget_class(t.get()) != H5T_INTEGER) return std::nullopt;
-  uint64_t v = 0;
-  if (H5Aread(a.get(), H5T_NATIVE_UINT64, &v) < 0) return std::nullopt;
-  return v;
-}
-
 // Scalar string attribute / dataset, fixed or variable length (h5string.hpp: variable-length
-// strings are resolved from the file's bytes, never by libhdf5's global heap code).
-std::optional<std::string> string_attr(hid_t obj, const char* name, const h5::RawFile& raw) {
+// strings are resolved from the file's bytes, never by libhdf5's global heap code). nullopt
+// when missing; one of another form is refused saying what it is.
+std::optional<std::string> string_attr(hid_t obj, const char* name, const h5::RawFile& raw,
+                                       const std::string& file, const std::string& where) {
+  if (!h5::has_attr(obj, name)) return std::nullopt;
   std::string s, why;
-  if (!h5::read_string_attr(obj, name, raw, s, why)) return std::nullopt;
+  if (!h5::read_string_attr(obj, name, raw, s, why))
+    throw CaptureError(file, where, fmt::format("attribute '{}': {}", name, why));
   return s;
 }
 
-std::optional<std::string> string_dataset(hid_t file, const char* path, const h5::RawFile& raw) {
+std::optional<std::string> string_dataset(hid_t file, const char* path, const h5::RawFile& raw,
+                                          const std::string& file_name) {
+  if (!h5::exists(file, path)) return std::nullopt;
   Hid d(H5Dopen2(file, path, H5P_DEFAULT), H5Dclose);
   std::string s, why;
-  if (!d.valid() || !h5::read_string_dataset(d.get(), raw, s, why)) return std::nullopt;
+  if (!d.valid()) throw CaptureError(file_name, path, "not a dataset: " + h5::last_error());
+  if (!h5::read_string_dataset(d.get(), raw, s, why)) throw CaptureError(file_name, path, why);
   return s;
 }
 
@@ -149,6 +89,8 @@ std::vector<std::string> children(hid_t loc, const std::string& group) {
   return names;
 }
 
+constexpr uint64_t kMaxMergeGrid = 1 << 16;
+
 RankFile open_rank_file(const std::string& path) {
   RankFile rf;
   rf.path = path;
@@ -158,24 +100,26 @@ RankFile open_rank_file(const std::string& path) {
   if (!rf.file.valid()) throw CaptureError(path, "/", "cannot open as HDF5");
   hid_t f = rf.file.get();
   const h5::RawFile raw = h5::RawFile::open_path(path);
-  auto format = string_attr(f, "format", raw);
+  auto format = string_attr(f, "format", raw, path, "/");
   if (!format || *format != kCaptureFormat)
     throw CaptureError(path, "/",
                        fmt::format("attribute format: want \"{}\", got {}", kCaptureFormat,
                                    format ? "\"" + *format + "\"" : "none"));
-  auto version = int_attr(f, "format_version");
+  // Integer attributes through the one checked read (h5util.hpp): one element of an integer
+  // type, else the file is refused naming the attribute.
+  auto version = h5::int64_attr(f, "format_version", path, "/");
   if (!version || *version != kCaptureFormatVersion)
     throw CaptureError(
         path, "/",
         fmt::format("attribute format_version: this build reads version {}, got {}",
                     kCaptureFormatVersion, version ? std::to_string(*version) : "none"));
-  auto ws = int_attr(f, "world_size");
+  auto ws = h5::int64_attr(f, "world_size", path, "/");
   if (!ws || *ws < 1) throw CaptureError(path, "/", "attribute world_size: missing or < 1");
   rf.world_size = *ws;
-  auto nb = int_attr(f, "num_batches");
+  auto nb = h5::int64_attr(f, "num_batches", path, "/");
   if (!nb || *nb < 0) throw CaptureError(path, "/", "attribute num_batches: missing or < 0");
   rf.num_batches = *nb;
-  auto rank = int_attr(f, "rank");
+  auto rank = h5::int64_attr(f, "rank", path, "/");
   if (!rank)
     throw CaptureError(
         path, "/",
@@ -184,16 +128,16 @@ RankFile open_rank_file(const std::string& path) {
     throw CaptureError(path, "/",
                        fmt::format("attribute rank: {} not in [0, {})", *rank, rf.world_size));
   rf.rank = *rank;
-  auto plan = string_dataset(f, "/plan", raw);
+  auto plan = string_dataset(f, "/plan", raw, path);
   if (!plan) throw CaptureError(path, "/plan", "missing or not a scalar string");
   rf.plan = *plan;
   if (H5Lexists(f, "/oracle", H5P_DEFAULT) > 0) {
     Hid g(H5Gopen2(f, "/oracle", H5P_DEFAULT), H5Gclose);
-    auto kind = string_attr(g.get(), "kind", raw);
-    auto seed = uint_attr(g.get(), "seed");
+    auto kind = string_attr(g.get(), "kind", raw, path, "/oracle");
+    auto seed = h5::int_attr_value(g.get(), "seed", path, "/oracle");
     if (!kind || !seed) throw CaptureError(path, "/oracle", "needs attributes kind and seed");
     rf.oracle_kind = *kind;
-    rf.oracle_seed = *seed;
+    rf.oracle_seed = seed->bits;
   }
   // Exactly the batch groups 0..nb-1, each with exactly this file's rank group.
   auto batches = children(f, "/batches");
@@ -204,7 +148,7 @@ RankFile open_rank_file(const std::string& path) {
   const std::string want_rank = "rank" + std::to_string(rf.rank);
   for (int64_t k = 0; k < rf.num_batches; ++k) {
     std::string bp = "/batches/" + std::to_string(k);
-    if (!exists(f, bp)) throw CaptureError(path, bp, "missing batch group");
+    if (!h5::exists(f, bp)) throw CaptureError(path, bp, "missing batch group");
     auto ranks = children(f, bp);
     for (const auto& r : ranks)
       if (r != want_rank)
@@ -212,6 +156,14 @@ RankFile open_rank_file(const std::string& path) {
                            fmt::format("unexpected group in the file of rank {}", rf.rank));
     if (ranks.empty()) throw CaptureError(path, bp + "/" + want_rank, "missing rank group");
   }
+  // The groups are copied verbatim: a filter the reader cannot undo, or a chunk whose record
+  // (stored size, filter mask) cannot be one of its dataset's, is named in this file now
+  // rather than in the merged one. Records only (the chunk index, no chunk read): the reader
+  // of the merged capture checks each chunk's decoded size when it reads it. A chunk grid of
+  // more than kMaxMergeGrid chunks (one index look-up each) is left to the reader.
+  std::string bad_path, why;
+  if (!h5::check_chunks_under(f, bad_path, why, /*decode_too=*/false, kMaxMergeGrid))
+    throw CaptureError(path, bad_path, why);
   return rf;
 }
 
@@ -239,6 +191,27 @@ void write_string_attr(hid_t obj, const char* name, const std::string& v) {
   Hid a(H5Acreate2(obj, name, t.get(), s.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
   if (!a.valid() || H5Awrite(a.get(), t.get(), v.data()) < 0)
     throw Error(fmt::format("cannot write root attribute {}", name));
+}
+
+// check_capture of the merged temporary. Its objects are verbatim copies: a damaged one is
+// named in the per-rank file it came from (/batches/<k>/rank<r>/... from rank r's, the rest
+// from rank 0's), not in the temporary.
+void check_merged(const std::string& tmp, const std::map<int64_t, const RankFile*>& by_rank) {
+  try {
+    check_capture(tmp);
+  } catch (const CaptureError& e) {
+    if (e.file() != tmp) throw;
+    const std::string& p = e.h5path();
+    const RankFile* from = by_rank.at(0);
+    long long k = 0, r = 0;
+    int used = 0;
+    if (std::sscanf(p.c_str(), "/batches/%lld/rank%lld%n", &k, &r, &used) == 2 &&
+        (p[size_t(used)] == '\0' || p[size_t(used)] == '/') && by_rank.count(r))
+      from = by_rank.at(r);
+    else if (p.rfind("/batches", 0) == 0)
+      throw;  // a batch group the merge made, not one it copied
+    throw CaptureError(from->path, p, e.message());
+  }
 }
 
 struct MergeOptions {
@@ -356,7 +329,7 @@ int run_merge(const MergeOptions& opt) {
       throw CaptureError(tmp, "/", "cannot write: " + h5::last_error());
   }
   // The merged file must read as a complete capture against its own plan (shapes, F, sums).
-  check_capture(tmp);
+  check_merged(tmp, by_rank);
   commit_outputs({&out_file}, 0);
   console::outf("merged {} rank files ({} batches, world_size {}) into {}\n", files.size(),
                 ref.num_batches, ref.world_size, escape_field(opt.output));

@@ -461,6 +461,64 @@ TEST_CASE("h5chunks: the row read declines split rows, contiguous data and bad c
   }
 }
 
+TEST_CASE("h5chunks: a chunk whose record or decoded size is not its dataset's is named") {
+  // 40 x 10 float32 in chunks of 8 rows (320 bytes, shuffle + deflate); chunk 2 (rows 16..23)
+  // replaced. Every read path reports it (read_chunks_parallel, read_rows_parallel,
+  // check_chunks), never decodes it into the output.
+  TempDir tmp;
+  const Case c{"f32 rows", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 4, {40, 10}, {8, 10}, 4};
+  const std::vector<unsigned char> data = sample(40 * 10 * 4, 3);
+  const std::string path = tmp.file("t.h5");
+  make_file(path, c, data, /*serial=*/true);
+  h5::Hid f;
+  h5::Hid d = open_x(path, f);
+  const hsize_t off[2] = {16, 0};
+  const std::vector<std::pair<uint64_t, uint64_t>> hit{{17, 18}};
+  std::vector<unsigned char> out(data.size());
+  const std::string at = "chunk 2 (offset [16, 0]): ";
+  auto expect = [&](const std::string& why) {
+    for (int threads : {1, 3}) {
+      h5::ChunkTrouble t;
+      CHECK_FALSE(h5::read_chunks_parallel(d, out.data(), out.size(), threads, &t));
+      CHECK(t.dset == d.get());
+      CHECK(t.what == at + why);
+      h5::ChunkTrouble r;
+      CHECK_FALSE(h5::read_rows_parallel(d, hit, out.data(), threads, &r));
+      CHECK(r.what == at + why);
+    }
+    std::string w;
+    CHECK_FALSE(h5::check_chunks(d, w));
+    CHECK(w == at + why);
+  };
+  std::string w;
+  REQUIRE(h5::check_chunks(d, w));
+  // deflate and shuffle skipped (mask 3) / deflate skipped (mask 2), 100 bytes stored
+  std::vector<unsigned char> hundred(101, 0x41);
+  REQUIRE(H5Dwrite_chunk(d, H5P_DEFAULT, 3, off, 100, hundred.data()) >= 0);
+  expect("stored 100 bytes, unfiltered chunk needs 320");
+  CHECK_FALSE(h5::check_chunks(d, w, /*decode_too=*/false));  // from the record alone
+  // (each rewrite another size: libhdf5 1.10 keeps the old mask of a chunk rewritten in place
+  // at its size)
+  REQUIRE(H5Dwrite_chunk(d, H5P_DEFAULT, 2, off, 101, hundred.data()) >= 0);
+  expect("stored 101 bytes, a shuffled, not deflated chunk needs 320");
+  // a mask naming a third filter
+  REQUIRE(H5Dwrite_chunk(d, H5P_DEFAULT, 4, off, 99, hundred.data()) >= 0);
+  expect("filter mask 0x4 skips filters the dataset does not have (2 filters)");
+  // valid deflate streams of 100 and of 400 bytes; bytes that are no stream
+  uLongf zn = compressBound(400);
+  std::vector<unsigned char> z(zn);
+  REQUIRE(compress2(z.data(), &zn, data.data(), 100, 4) == Z_OK);
+  REQUIRE(H5Dwrite_chunk(d, H5P_DEFAULT, 0, off, zn, z.data()) >= 0);
+  expect("deflate stream decodes to 100 bytes, chunk needs 320");
+  CHECK(h5::check_chunks(d, w, /*decode_too=*/false));  // the record is a deflated chunk's
+  zn = compressBound(400);
+  REQUIRE(compress2(z.data(), &zn, data.data(), 400, 4) == Z_OK);
+  REQUIRE(H5Dwrite_chunk(d, H5P_DEFAULT, 0, off, zn, z.data()) >= 0);
+  expect("deflate stream decodes to more than the 320 bytes the chunk needs");
+  REQUIRE(H5Dwrite_chunk(d, H5P_DEFAULT, 0, off, 100, hundred.data()) >= 0);
+  expect("stored 100 bytes that are not a valid deflate stream");
+}
+
 TEST_CASE("h5chunks: the inflate library names itself and its version") {
   const std::string lib = h5::inflate_library();
 #if defined(DYNEMB_HAVE_LIBDEFLATE)

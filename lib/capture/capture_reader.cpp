@@ -203,6 +203,16 @@ struct CaptureReader::Impl {
                                "bytes for it (a damaged header, or chunks never written)",
                                shape_str(ds.dims), bytes, stored));
     }
+    // A filter this reader cannot undo (h5py's lzf) is named here, before libhdf5 reports it
+    // as "can't open directory <plugin path>".
+    if (std::string why = h5::filters_trouble(ds.d); !why.empty()) fail(path, why);
+    // Each stored chunk's record (size, filter mask) against the chunk shape, from the chunk
+    // index alone, so `validate --capture` (which reads shapes, not data) names a bad one too;
+    // for chunk grids of up to kMaxRecordChecks chunks (one index look-up each). Decoded sizes are
+    // checked when the data is read.
+    constexpr hsize_t kMaxRecordChecks = 4096;
+    if (std::string why; !h5::check_chunks(ds.d, why, /*decode_too=*/false, kMaxRecordChecks))
+      fail(path, why);
     for (int64_t x : ds.dims) ds.numel *= x;
     return ds;
   }
@@ -231,28 +241,51 @@ struct CaptureReader::Impl {
       fail(ds.path, fmt::format("shape {}, want a 1-D dataset", shape_str(ds.dims)));
   }
 
-  // Large chunked datasets are inflated on every core (h5chunks.hpp) when their elements are
-  // stored exactly as they are wanted in memory; everything else goes through H5Dread.
-  bool read_fast(const Ds& ds, hid_t mem_type, void* out) const {
-    const size_t es = H5Tget_size(ds.t);
-    if (ds.numel * static_cast<int64_t>(es) < kParallelReadBytes) return false;
-    if (H5Tequal(ds.t, mem_type) <= 0) return false;
-    return h5::read_chunks_parallel(ds.d, out, uint64_t(ds.numel) * es, hardware_threads());
+  // Chunked datasets are inflated by h5chunks.hpp (on every core when large), every chunk's
+  // record and decoded size checked; into the file's element type, then converted to
+  // `mem_type` in memory. What it declines (chunks never written, other layouts) goes through
+  // H5Dread, chunked ones only after check_chunks: libhdf5 1.10 copies a whole chunk out of
+  // a shorter one.
+  void read_all(const Ds& ds, hid_t mem_type, void* out) const {
+    if (ds.numel == 0) return;
+    const size_t es = H5Tget_size(ds.t), ms = H5Tget_size(mem_type);
+    const uint64_t bytes = uint64_t(ds.numel) * es;
+    const int threads = bytes < kParallelReadBytes ? 1 : hardware_threads();
+    h5::ChunkTrouble trouble;
+    Hid dcpl = h5::plist_id(H5Dget_create_plist(ds.d));
+    if (!dcpl.valid() || H5Pget_layout(dcpl) != H5D_CHUNKED) {
+      // contiguous or compact: checked against the file when opened
+    } else if (H5Tequal(ds.t, mem_type) > 0) {
+      if (h5::read_chunks_parallel(ds.d, out, bytes, threads, &trouble)) return;
+    } else {
+      std::vector<unsigned char> buf(size_t(ds.numel) * std::max(es, ms));
+      if (h5::read_chunks_parallel(ds.d, buf.data(), bytes, threads, &trouble)) {
+        if (H5Tconvert(ds.t, mem_type, size_t(ds.numel), buf.data(), nullptr, H5P_DEFAULT) < 0)
+          fail(ds.path, fmt::format("{} to {}: {}", h5::type_name(ds.t), h5::type_name(mem_type),
+                                    h5::last_error()));
+        std::memcpy(out, buf.data(), size_t(ds.numel) * ms);
+        return;
+      }
+    }
+    if (!trouble.what.empty()) fail(ds.path, trouble.what);
+    check_chunks(ds);
+    if (H5Dread(ds.d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
+      fail(ds.path, "read failed: " + h5::last_error());
+  }
+  void check_chunks(const Ds& ds) const {
+    std::string why;
+    if (!h5::check_chunks(ds.d, why)) fail(ds.path, why);
   }
   static constexpr int64_t kParallelReadBytes = 1 << 20;
 
   std::vector<int64_t> read_ints(const Ds& ds) const {
     std::vector<int64_t> v(static_cast<size_t>(ds.numel));
-    if (ds.numel > 0 && !read_fast(ds, H5T_NATIVE_INT64, v.data()) &&
-        H5Dread(ds.d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
-      fail(ds.path, "read failed: " + h5::last_error());
+    read_all(ds, H5T_NATIVE_INT64, v.data());
     return v;
   }
   std::vector<int32_t> read_i32(const Ds& ds) const {
     std::vector<int32_t> v(static_cast<size_t>(ds.numel));
-    if (ds.numel > 0 &&
-        H5Dread(ds.d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
-      fail(ds.path, "read failed: " + h5::last_error());
+    read_all(ds, H5T_NATIVE_INT32, v.data());
     return v;
   }
   DType float_type(const Ds& ds) const {
@@ -266,34 +299,23 @@ struct CaptureReader::Impl {
   std::vector<float> read_floats(const Ds& ds, DType t) const {
     std::vector<float> v(static_cast<size_t>(ds.numel));
     if (ds.numel == 0) return v;
-    herr_t st;
     if (t == DType::f32) {
-      st = read_fast(ds, H5T_NATIVE_FLOAT, v.data())
-               ? 0
-               : H5Dread(ds.d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+      read_all(ds, H5T_NATIVE_FLOAT, v.data());
     } else {
       std::vector<uint16_t> bits(v.size());
       Hid half = h5::make_f16_type();
-      st = H5Dread(ds.d, t == DType::f16 ? half.get() : H5T_NATIVE_UINT16, H5S_ALL, H5S_ALL,
-                   H5P_DEFAULT, bits.data());
+      read_all(ds, t == DType::f16 ? half.get() : H5T_NATIVE_UINT16, bits.data());
       for (size_t i = 0; i < v.size(); ++i)
         v[i] = t == DType::f16 ? f16_bits_to_f32(bits[i]) : bf16_bits_to_f32(bits[i]);
     }
-    if (st < 0) fail(ds.path, "read failed: " + h5::last_error());
     return v;
   }
 
+  // A required integer attribute, through the one checked read (h5util.hpp).
   int64_t int_attr(hid_t obj, const std::string& path, const char* name) const {
-    Hid a = h5::attr_id(H5Aopen(obj, name, H5P_DEFAULT));
-    if (!a.valid()) fail(path, fmt::format("missing attribute '{}'", name));
-    Hid t = h5::type_id(H5Aget_type(a));
-    Hid sp = h5::space_id(H5Aget_space(a));
-    if (H5Tget_class(t) != H5T_INTEGER || H5Sget_simple_extent_npoints(sp) != 1)
-      fail(path, fmt::format("attribute '{}' is {}, want one integer", name, h5::type_name(t)));
-    int64_t v = 0;
-    if (H5Aread(a, H5T_NATIVE_INT64, &v) < 0)
-      fail(path, fmt::format("attribute '{}': {}", name, h5::last_error()));
-    return v;
+    const auto v = h5::int64_attr(obj, name, file, path);
+    if (!v) fail(path, fmt::format("missing attribute '{}'", name));
+    return *v;
   }
 
   void read_kjt(const Plan& plan, const std::string& rp, Kjt& kjt) const;
@@ -425,23 +447,10 @@ void CaptureReader::read_root() {
       I.fail("/oracle", "attribute 'kind': " + why);
     if (kind != "hash64")
       I.fail("/oracle", fmt::format("unknown oracle kind \"{}\" (want \"hash64\")", kind));
-    Hid a = h5::attr_id(H5Aopen(og, "seed", H5P_DEFAULT));
-    if (!a.valid()) I.fail("/oracle", "missing attribute 'seed'");
-    Hid t = h5::type_id(H5Aget_type(a));
-    if (H5Tget_class(t) != H5T_INTEGER)
-      I.fail("/oracle", "attribute 'seed' is " + h5::type_name(t) + ", want uint64");
-    // h5py writes a Python int below 2^63 as int64: take its bits as they are.
-    uint64_t seed = 0;
-    herr_t st;
-    if (H5Tget_sign(t) == H5T_SGN_2) {
-      int64_t v = 0;
-      st = H5Aread(a, H5T_NATIVE_INT64, &v);
-      seed = static_cast<uint64_t>(v);
-    } else {
-      st = H5Aread(a, H5T_NATIVE_UINT64, &seed);
-    }
-    if (st < 0) I.fail("/oracle", "attribute 'seed': " + h5::last_error());
-    oracle_seed_ = seed;
+    // h5py writes a Python int below 2^63 as int64: its bits are the seed.
+    const auto seed = h5::int_attr_value(og, "seed", I.file, "/oracle");
+    if (!seed) I.fail("/oracle", "missing attribute 'seed'");
+    oracle_seed_ = seed->bits;
   }
 }
 
@@ -837,9 +846,12 @@ void CaptureReader::Impl::read_rows_into(const Ds& ds, const std::string& path, 
   };
   const std::vector<std::pair<uint64_t, uint64_t>> rows_u(ranges.begin(), ranges.end());
   const auto read = [&](hid_t mem_type, void* buf) {
+    h5::ChunkTrouble trouble;
     if (H5Tequal(ds.t, mem_type) > 0 &&
-        h5::read_rows_parallel(ds.d, rows_u, buf, hardware_threads()))
+        h5::read_rows_parallel(ds.d, rows_u, buf, hardware_threads(), &trouble))
       return;
+    if (!trouble.what.empty()) fail(path, trouble.what);
+    check_chunks(ds);  // H5Dread copies whole chunks out of whatever they decode to
     if (!read_into(mem_type, buf))
       fail(path, fmt::format("rows {}..{} of extent {}: read failed: {}", ranges.front().first,
                              ranges.back().second, shape_str(ds.dims), h5::last_error()));
@@ -890,7 +902,10 @@ void CaptureReader::read_rank_rows(int64_t k, const char* name, DType dtype,
   for (size_t r = 0; fast && r < W; ++r)
     if (!ranges[r].empty())
       reads.push_back({ds[r].d, {ranges[r].begin(), ranges[r].end()}, out(r)});
-  if (fast && h5::read_rows_parallel(reads, hardware_threads())) return;
+  h5::ChunkTrouble trouble;
+  if (fast && h5::read_rows_parallel(reads, hardware_threads(), &trouble)) return;
+  for (size_t r = 0; r < W && !trouble.what.empty(); ++r)
+    if (!ranges[r].empty() && ds[r].d.get() == trouble.dset) I.fail(path[r], trouble.what);
   for (size_t r = 0; r < W; ++r)
     if (!ranges[r].empty()) I.read_rows_into(ds[r], path[r], dtype, ranges[r], elements[r], out(r));
 }

@@ -62,8 +62,16 @@ struct Layout {
   size_t es = 0;                     // element size in bytes
   std::vector<hsize_t> dims, chunk;  // extent and chunk shape, rank 1..8
   uint64_t numel = 1, chunk_elems = 1, nchunks = 1;
+  int nfilters = 0;
   uint64_t chunk_bytes() const { return chunk_elems * es; }
 
+  // The grid index (last dimension fastest) of the chunk at dataset offset `off`.
+  uint64_t index_of(const std::vector<hsize_t>& off) const {
+    uint64_t i = 0;
+    for (size_t d = 0; d < dims.size(); ++d)
+      i = i * ((dims[d] + chunk[d] - 1) / chunk[d]) + off[d] / chunk[d];
+    return i;
+  }
   // The grid coordinates of chunk i (grid order: last dimension fastest) as a dataset offset.
   void offset_of(uint64_t i, std::vector<hsize_t>& off) const {
     off.resize(dims.size());
@@ -80,6 +88,7 @@ bool layout_of(hid_t dset, Layout& L) {
   L.dcpl = plist_id(H5Dget_create_plist(dset));
   if (!L.dcpl.valid() || H5Pget_layout(L.dcpl) != H5D_CHUNKED) return false;
   if (!pipeline_of(L.dcpl, L.pipe)) return false;
+  L.nfilters = H5Pget_nfilters(L.dcpl);
   L.type = type_id(H5Dget_type(dset));
   if (!L.type.valid()) return false;
   L.es = H5Tget_size(L.type);
@@ -240,8 +249,9 @@ void unshuffle(const unsigned char* in, size_t n, size_t es, unsigned char* out)
   transpose_any<false>(in, n, es, out);
 }
 
-// Undoes deflate's zlib stream into exactly `n` bytes; false for anything else. One per
-// worker thread (libdeflate's decompressor holds its tables).
+// Undoes deflate's zlib stream into exactly `n` bytes; "" then, else why not ("deflate stream
+// decodes to 100 bytes, chunk needs 16384"). One per worker thread (libdeflate's decompressor
+// holds its tables).
 #if defined(DYNEMB_HAVE_LIBDEFLATE)
 class Inflater {
  public:
@@ -252,10 +262,20 @@ class Inflater {
   Inflater(const Inflater&) = delete;
   Inflater& operator=(const Inflater&) = delete;
   // libdeflate checks the adler32 of the stream as zlib does.
-  bool operator()(const unsigned char* in, size_t in_n, unsigned char* out, size_t n) {
+  std::string operator()(const unsigned char* in, size_t in_n, unsigned char* out, size_t n) {
+    if (!d_) return "no memory for a deflate decompressor";
     size_t got = 0;
-    return d_ && libdeflate_zlib_decompress(d_, in, in_n, out, n, &got) == LIBDEFLATE_SUCCESS &&
-           got == n;
+    switch (libdeflate_zlib_decompress(d_, in, in_n, out, n, &got)) {
+      case LIBDEFLATE_SUCCESS:
+        if (got == n) return "";
+        [[fallthrough]];
+      case LIBDEFLATE_SHORT_OUTPUT:
+        return fmt::format("deflate stream decodes to {} bytes, chunk needs {}", got, n);
+      case LIBDEFLATE_INSUFFICIENT_SPACE:
+        return fmt::format("deflate stream decodes to more than the {} bytes the chunk needs", n);
+      default:
+        return fmt::format("stored {} bytes that are not a valid deflate stream", in_n);
+    }
   }
 
  private:
@@ -264,9 +284,18 @@ class Inflater {
 #else
 class Inflater {
  public:
-  bool operator()(const unsigned char* in, size_t in_n, unsigned char* out, size_t n) {
+  std::string operator()(const unsigned char* in, size_t in_n, unsigned char* out, size_t n) {
     uLongf got = static_cast<uLongf>(n);
-    return ::uncompress(out, &got, in, static_cast<uLong>(in_n)) == Z_OK && got == n;
+    const int rc = ::uncompress(out, &got, in, static_cast<uLong>(in_n));
+    if (rc == Z_OK && got == n) return "";
+    if (rc == Z_OK)
+      return fmt::format("deflate stream decodes to {} bytes, chunk needs {}", got, n);
+    if (rc == Z_BUF_ERROR)
+      return fmt::format(
+          "deflate stream decodes to more than the {} bytes the chunk needs, or "
+          "is cut short",
+          n);
+    return fmt::format("stored {} bytes that are not a valid deflate stream", in_n);
   }
 };
 #endif
@@ -278,22 +307,45 @@ struct RawChunk {
   std::vector<unsigned char> bytes;
 };
 
-// Undoes the filters of `c` into `plain` (n bytes); false when it does not decode to exactly
-// that size. `tmp`: the shuffled bytes, when the chunk was shuffled.
-bool decode(const RawChunk& c, const Pipeline& p, size_t es, Inflater& inflater,
-            unsigned char* plain, size_t n, std::vector<unsigned char>& tmp) {
+// Why a chunk's record (filter mask, stored size) cannot be a chunk of L, "" when it can:
+// without deflate a chunk stores exactly its bytes (shuffle keeps the size), with it at most
+// what deflate makes of them. libhdf5 1.10 trusts both (it copies a whole chunk out of a
+// shorter buffer), so this runs before any chunk is decoded, by us or by H5Dread.
+std::string record_trouble(const Pipeline& p, int nfilters, unsigned mask, uint64_t size,
+                           uint64_t chunk_bytes) {
+  if (nfilters < 32 && (mask >> nfilters) != 0)
+    return fmt::format("filter mask {:#x} skips filters the dataset does not have ({} filters)",
+                       mask, nfilters);
+  const bool deflated = p.deflate_at >= 0 && !(mask & (1u << p.deflate_at));
+  if (!deflated && size != chunk_bytes) {
+    const bool shuffled = p.shuffle_at >= 0 && !(mask & (1u << p.shuffle_at));
+    return fmt::format("stored {} bytes, {} chunk needs {}", size,
+                       shuffled ? "a shuffled, not deflated" : "unfiltered", chunk_bytes);
+  }
+  if (deflated && (size == 0 || size > chunk_bytes + (chunk_bytes >> 3) + 4096))
+    return fmt::format("stored {} bytes, not what deflate makes of a {}-byte chunk", size,
+                       chunk_bytes);
+  return "";
+}
+
+// Undoes the filters of `c` into `plain` (n bytes); "" then, else why it does not decode to
+// exactly that size. `tmp`: the shuffled bytes, when the chunk was shuffled.
+std::string decode(const RawChunk& c, const Pipeline& p, size_t es, Inflater& inflater,
+                   unsigned char* plain, size_t n, std::vector<unsigned char>& tmp) {
   const bool inflate = p.deflate_at >= 0 && !(c.mask & (1u << p.deflate_at));
   const bool unshuf = shuffles(p, c.mask, es, n);
   if (unshuf) tmp.resize(n);
   unsigned char* stage = unshuf ? tmp.data() : plain;
   if (inflate) {
-    if (!inflater(c.bytes.data(), c.bytes.size(), stage, n)) return false;
+    std::string why = inflater(c.bytes.data(), c.bytes.size(), stage, n);
+    if (!why.empty()) return why;
   } else {
-    if (c.bytes.size() != n) return false;
+    if (c.bytes.size() != n)
+      return fmt::format("stored {} bytes, unfiltered chunk needs {}", c.bytes.size(), n);
     std::memcpy(stage, c.bytes.data(), n);
   }
   if (unshuf) unshuffle(tmp.data(), n, es, plain);
-  return true;
+  return "";
 }
 
 bool serial_write_forced() {
@@ -303,6 +355,12 @@ bool serial_write_forced() {
 
 std::string offset_str(const std::vector<hsize_t>& off) {
   return fmt::format("[{}]", fmt::join(off, ", "));
+}
+
+// "chunk 3 (offset 192)" (1-D) or "chunk 5 (offset [64, 0])": how a message names a chunk.
+std::string chunk_name(uint64_t index, const std::vector<hsize_t>& off) {
+  return off.size() == 1 ? fmt::format("chunk {} (offset {})", index, off[0])
+                         : fmt::format("chunk {} (offset {})", index, offset_str(off));
 }
 
 }  // namespace
@@ -323,11 +381,14 @@ struct Worker {
   Inflater inflater;
   std::vector<unsigned char> plain, tmp;
 
-  // Decodes `c` (a whole chunk of L's shape) into `at`; false when it does not decode.
+  std::string why;  // why the last decode failed
+
+  // Decodes `c` (a whole chunk of L's shape) into `at`; false (with `why`) when it does not.
   bool into(const RawChunk& c, const Layout& L, unsigned char* at) {
-    return decode(c, L.pipe, L.es, inflater, at, size_t(L.chunk_bytes()), tmp);
+    why = decode(c, L.pipe, L.es, inflater, at, size_t(L.chunk_bytes()), tmp);
+    return why.empty();
   }
-  // Decodes `c` into this worker's chunk buffer; nullptr when it does not decode.
+  // Decodes `c` into this worker's chunk buffer; nullptr (with `why`) when it does not decode.
   const unsigned char* buffered(const RawChunk& c, const Layout& L) {
     plain.resize(size_t(L.chunk_bytes()));
     return into(c, L, plain.data()) ? plain.data() : nullptr;
@@ -346,50 +407,79 @@ bool readable(hid_t dset, Layout& L) {
 // datasets) here, a window of 4 x `threads` at a time (libhdf5 on one thread), and calls
 // place(k, chunk, worker) for each on the workers, which decodes it and puts its bytes where
 // they belong; memory beyond the output is one window of stored chunks and the workers'
-// buffers. False as soon as a chunk is not stored, claims more than deflate could ever
-// produce from a chunk, cannot be read, or place says false.
+// buffers. False as soon as a chunk is not stored or cannot be read (declined: the caller
+// checks and reads otherwise), or a chunk's record is inconsistent or place says false (a bad
+// chunk: `trouble` says which and why, when given).
 template <class Offset, class Place>
-bool decode_chunks(uint64_t n, int threads, Offset&& offset, Place&& place) {
+bool decode_chunks(uint64_t n, int threads, ChunkTrouble* trouble, Offset&& offset, Place&& place) {
   if (threads <= 0) threads = hardware_threads();
   const uint64_t window = std::min<uint64_t>(n, uint64_t(4 * threads));
   std::vector<RawChunk> raw(static_cast<size_t>(window));
+  std::vector<std::pair<hid_t, const Layout*>> of(static_cast<size_t>(window));
   std::vector<std::unique_ptr<Worker>> workers(static_cast<size_t>(threads));
   for (auto& w : workers) w = std::make_unique<Worker>();
+  const auto bad = [&](hid_t dset, const Layout& L, const std::vector<hsize_t>& off,
+                       const std::string& why) {
+    if (trouble) {
+      trouble->dset = dset;
+      trouble->what = chunk_name(L.index_of(off), off) + ": " + why;
+    }
+    return false;
+  };
   for (uint64_t first = 0; first < n; first += window) {
     const uint64_t count = std::min(window, n - first);
     {
       const TraceSpan raw_span("raw chunks", int64_t(count));  // libhdf5, this thread only
       for (uint64_t i = 0; i < count; ++i) {
         RawChunk& c = raw[size_t(i)];
-        const auto [dset, L] = offset(first + i, c.offset);
-        const uint64_t chunk_bytes = L->chunk_bytes();
+        of[size_t(i)] = offset(first + i, c.offset);
+        const auto [dset, L] = of[size_t(i)];
+        unsigned mask = 0;
+        haddr_t addr = HADDR_UNDEF;
         hsize_t size = 0;
-        if (H5Dget_chunk_storage_size(dset, c.offset.data(), &size) < 0 || size == 0 ||
-            size > chunk_bytes + (chunk_bytes >> 3) + 4096)
+        if (H5Dget_chunk_info_by_coord(dset, c.offset.data(), &mask, &addr, &size) < 0) {
+          last_error();
           return false;
+        }
+        if (addr == HADDR_UNDEF) return false;  // not stored: fill values, H5Dread's
+        const std::string why = record_trouble(L->pipe, L->nfilters, mask, size, L->chunk_bytes());
+        if (!why.empty()) return bad(dset, *L, c.offset, why);
         c.bytes.resize(size_t(size));
-        uint32_t mask = 0;
-        if (H5Dread_chunk(dset, H5P_DEFAULT, c.offset.data(), &mask, c.bytes.data()) < 0)
+        uint32_t mask2 = 0;
+        if (H5Dread_chunk(dset, H5P_DEFAULT, c.offset.data(), &mask2, c.bytes.data()) < 0) {
+          last_error();
           return false;
-        c.mask = mask;
+        }
+        c.mask = mask2;
       }
     }
     const TraceSpan decode_span("decode", int64_t(count));
     std::atomic<bool> ok{true};
     std::atomic<size_t> next_worker{0};
+    std::mutex m;
+    int64_t failed = -1;  // the first chunk of the window that did not decode, under m
+    std::string failed_why;
     parallel_for(
         threads, static_cast<int64_t>(count),
         [&](int64_t b, int64_t e) {
           Worker& w = *workers[next_worker.fetch_add(1) % workers.size()];
           for (int64_t i = b; i < e && ok.load(std::memory_order_relaxed); ++i) {
             if (!place(first + uint64_t(i), raw[size_t(i)], w)) {
+              std::lock_guard<std::mutex> lk(m);
+              if (failed < 0 || i < failed) {
+                failed = i;
+                failed_why = w.why;
+              }
               ok = false;
               return;
             }
           }
         },
         /*grain=*/2);
-    if (!ok) return false;
+    if (!ok) {
+      const auto [dset, L] = of[size_t(failed)];
+      return bad(dset, *L, raw[size_t(failed)].offset, failed_why);
+    }
   }
   return true;
 }
@@ -407,7 +497,8 @@ uint64_t row_elems_of(const Layout& L, bool& whole_rows) {
 
 }  // namespace
 
-bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads) {
+bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads,
+                          ChunkTrouble* trouble) {
   Layout L;
   if (!readable(dset, L) || L.numel * L.es != bytes) return false;
   // Every chunk written. The dataset's own dataspace, not H5S_ALL: libhdf5 1.10 refuses
@@ -424,7 +515,7 @@ bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads) {
   bool whole_rows = true;
   const uint64_t row_elems = row_elems_of(L, whole_rows);
   return decode_chunks(
-      L.nchunks, threads,
+      L.nchunks, threads, trouble,
       [&](uint64_t k, std::vector<hsize_t>& off) {
         L.offset_of(k, off);
         return std::pair<hid_t, const Layout*>(dset, &L);
@@ -506,11 +597,11 @@ struct RowPlan {
 }  // namespace
 
 bool read_rows_parallel(hid_t dset, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
-                        void* out, int threads) {
-  return read_rows_parallel({RowsRead{dset, ranges, out}}, threads);
+                        void* out, int threads, ChunkTrouble* trouble) {
+  return read_rows_parallel({RowsRead{dset, ranges, out}}, threads, trouble);
 }
 
-bool read_rows_parallel(const std::vector<RowsRead>& reads, int threads) {
+bool read_rows_parallel(const std::vector<RowsRead>& reads, int threads, ChunkTrouble* trouble) {
   std::vector<RowPlan> plans(reads.size());
   std::vector<uint64_t> base{0};  // plan i's chunks are [base[i], base[i + 1]) of the stream
   for (size_t i = 0; i < reads.size(); ++i) {
@@ -523,7 +614,7 @@ bool read_rows_parallel(const std::vector<RowsRead>& reads, int threads) {
   // No H5Dget_num_chunks (it walks the whole chunk index, where a few rows may be wanted):
   // decode_chunks declines a needed chunk that is not stored.
   return decode_chunks(
-      base.back(), threads,
+      base.back(), threads, trouble,
       [&](uint64_t k, std::vector<hsize_t>& off) {
         const RowPlan& p = plans[plan_of(k)];
         off.assign(p.L.dims.size(), 0);
@@ -534,6 +625,89 @@ bool read_rows_parallel(const std::vector<RowsRead>& reads, int threads) {
         const size_t i = plan_of(k);
         return plans[i].place(k - base[i], c, w);
       });
+}
+
+std::string filters_trouble(hid_t dset) {
+  Hid dcpl = plist_id(H5Dget_create_plist(dset));
+  if (!dcpl.valid()) return "unreadable creation properties: " + last_error();
+  if (H5Pget_layout(dcpl) != H5D_CHUNKED) return "";  // filters need chunks
+  Pipeline p;
+  if (pipeline_of(dcpl, p)) return "";
+  const int n = H5Pget_nfilters(dcpl);
+  for (int i = 0; i < n; ++i) {
+    unsigned flags = 0, conf = 0, cd[4] = {0, 0, 0, 0};
+    size_t nelem = 4;
+    char name[64] = {0};
+    const H5Z_filter_t id = H5Pget_filter2(dcpl, static_cast<unsigned>(i), &flags, &nelem, cd,
+                                           sizeof name, name, &conf);
+    if (id == H5Z_FILTER_SHUFFLE || id == H5Z_FILTER_DEFLATE) continue;
+    const std::string known = id == 32000 ? "lzf" : name[0] ? name : "unnamed";
+    return fmt::format(
+        "filter {} (id {}) cannot be decoded: a capture's chunks use shuffle and deflate only "
+        "(gzip; h5py: compression=\"gzip\", shuffle=True)",
+        known, static_cast<long>(id));
+  }
+  return fmt::format("{} filters in an order this reader does not undo (shuffle, then deflate)", n);
+}
+
+bool check_chunks(hid_t dset, std::string& why, bool decode_too, uint64_t max_grid) {
+  if (why = filters_trouble(dset); !why.empty()) return false;
+  Layout L;
+  if (!layout_of(dset, L)) return true;  // not chunked, or nothing stored to check
+  if (L.nchunks > max_grid) return true;
+  Inflater inflater;
+  std::vector<unsigned char> plain(size_t(L.chunk_bytes())), tmp;
+  RawChunk c;
+  for (uint64_t i = 0; i < L.nchunks; ++i) {
+    L.offset_of(i, c.offset);
+    unsigned mask = 0;
+    haddr_t addr = HADDR_UNDEF;
+    hsize_t size = 0;
+    if (H5Dget_chunk_info_by_coord(dset, c.offset.data(), &mask, &addr, &size) < 0)
+      return why = chunk_name(i, c.offset) + ": unreadable chunk index: " + last_error(), false;
+    if (addr == HADDR_UNDEF) continue;  // never written: fill values
+    why = record_trouble(L.pipe, L.nfilters, mask, size, L.chunk_bytes());
+    if (why.empty() && decode_too) {
+      c.bytes.resize(size_t(size));
+      uint32_t mask2 = 0;
+      if (H5Dread_chunk(dset, H5P_DEFAULT, c.offset.data(), &mask2, c.bytes.data()) < 0)
+        return why = chunk_name(i, c.offset) + ": unreadable: " + last_error(), false;
+      c.mask = mask2;
+      why = decode(c, L.pipe, L.es, inflater, plain.data(), plain.size(), tmp);
+    }
+    if (!why.empty()) return why = chunk_name(i, c.offset) + ": " + why, false;
+  }
+  return true;
+}
+
+namespace {
+#if H5_VERSION_GE(1, 12, 0)
+using LinkInfo = H5L_info2_t;  // H5Lvisit maps to H5Lvisit2 from 1.12 on
+#else
+using LinkInfo = H5L_info_t;
+#endif
+herr_t collect_hard_links(hid_t, const char* name, const LinkInfo* info, void* data) {
+  if (info && info->type == H5L_TYPE_HARD)
+    static_cast<std::vector<std::string>*>(data)->emplace_back(name);
+  return 0;
+}
+}  // namespace
+
+bool check_chunks_under(hid_t file, std::string& path, std::string& why, bool decode_too,
+                        uint64_t max_grid) {
+  std::vector<std::string> names;
+  if (H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, collect_hard_links, &names) < 0)
+    return path = "/", why = "cannot list its objects: " + last_error(), false;
+  for (const std::string& name : names) {
+    Hid obj(H5Oopen(file, name.c_str(), H5P_DEFAULT), H5Oclose);
+    if (!obj.valid()) {
+      last_error();
+      continue;  // not an object this walk can open: the reader reports it where it reads
+    }
+    if (H5Iget_type(obj) != H5I_DATASET) continue;
+    if (!check_chunks(obj, why, decode_too, max_grid)) return path = "/" + name, false;
+  }
+  return true;
 }
 
 namespace {

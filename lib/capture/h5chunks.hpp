@@ -20,11 +20,23 @@
 
 namespace dynemb::h5 {
 
+// A chunk that cannot be one of its dataset's (its record or its bytes): which dataset, and
+// "chunk 3 (offset 192): stored 100 bytes, unfiltered chunk needs 512".
+struct ChunkTrouble {
+  hid_t dset = -1;
+  std::string what;
+};
+
 // `out`: the whole dataset in the file's element type, row-major, `bytes` long. False when the
 // layout is not taken or a chunk does not decode to exactly its size, with nothing promised
-// about `out`: the caller then reads with H5Dread. Memory beyond `out`: a window of
-// 4 x `threads` stored chunks and a chunk buffer per worker. `threads` <= 0: one per core.
-bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads);
+// about `out`: the caller then reads with H5Dread (after check_chunks). When the false is for a
+// chunk whose stored size or filter mask is inconsistent with the dataset's chunk shape and
+// pipeline, or that does not decode to exactly its size, `trouble` (when given) says which:
+// the file is damaged, and no other read of the dataset may be tried. Memory beyond `out`: a
+// window of 4 x `threads` stored chunks and a chunk buffer per worker. `threads` <= 0: one
+// per core.
+bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads,
+                          ChunkTrouble* trouble = nullptr);
 
 // Rows [ranges[i].first, ranges[i].second) along the first dimension of `dset` (for a 1-D
 // dataset: elements), whole in every other dimension, concatenated into `out` in the order of
@@ -37,7 +49,7 @@ bool read_chunks_parallel(hid_t dset, void* out, uint64_t bytes, int threads);
 // `threads` <= 0: one per core. Memory beyond `out`: a window of stored chunks and a chunk
 // buffer per worker, as read_chunks_parallel.
 bool read_rows_parallel(hid_t dset, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
-                        void* out, int threads);
+                        void* out, int threads, ChunkTrouble* trouble = nullptr);
 
 // Rows of several datasets at once (each as above): their chunks are read and decoded as one
 // stream, so that a few rows of each of many datasets (a destination rank's rows of every
@@ -47,7 +59,29 @@ struct RowsRead {
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   void* out = nullptr;
 };
-bool read_rows_parallel(const std::vector<RowsRead>& reads, int threads);
+bool read_rows_parallel(const std::vector<RowsRead>& reads, int threads,
+                        ChunkTrouble* trouble = nullptr);
+
+// "" when the dataset's filters are ones this reader undoes (none, shuffle, deflate), else
+// which one it cannot ("filter lzf (id 32000) cannot be decoded: ..."). libhdf5 would report
+// an unavailable filter as "can't open directory <plugin path>".
+std::string filters_trouble(hid_t dset);
+
+// True when every stored chunk of `dset` (when chunked) has a record consistent with the
+// chunk shape and pipeline and decodes to exactly its size; else `why` names the first that
+// does not ("chunk 3 (offset 192): deflate stream decodes to 100 bytes, chunk needs 512") or
+// the filter (filters_trouble). libhdf5 1.10's H5Dread copies a whole chunk out of whatever
+// a chunk decodes to (out of bounds when shorter): every H5Dread of a chunked dataset is
+// preceded by this. Serial; decodes each chunk once (`decode_too` = false: only the records,
+// from the chunk index, no chunk read). A grid of more than `max_grid` chunks is not checked
+// (true): one index look-up per chunk of the grid.
+bool check_chunks(hid_t dset, std::string& why, bool decode_too = true,
+                  uint64_t max_grid = UINT64_MAX);
+
+// check_chunks of every dataset reachable from `file` by hard links; false with the first
+// bad dataset's absolute `path` and `why`.
+bool check_chunks_under(hid_t file, std::string& path, std::string& why, bool decode_too,
+                        uint64_t max_grid = UINT64_MAX);
 
 enum class ChunkWrite {
   declined,  // not this layout (or DYNEMB_H5_SERIAL_WRITE is set): nothing was written

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "capture/h5chunks.hpp"
 #include "capture/h5util.hpp"
 
 namespace dynemb::h5 {
@@ -265,6 +266,7 @@ bool read_string_attr(hid_t obj, const char* name, const RawFile& raw, std::stri
 }
 
 bool read_string_dataset(hid_t dset, const RawFile& raw, std::string& out, std::string& why) {
+  if (!check_chunks(dset, why)) return false;  // H5Dread trusts a chunk's decoded size
   Hid t = type_id(H5Dget_type(dset));
   Hid sp = space_id(H5Dget_space(dset));
   if (!t.valid() || !sp.valid()) return why = last_error(), false;
@@ -287,6 +289,7 @@ bool read_string_dataset(hid_t dset, const RawFile& raw, std::string& out, std::
 
 bool read_string_list_dataset(hid_t dset, const RawFile& raw, int64_t max_count,
                               std::vector<std::string>& out, std::string& why) {
+  if (!check_chunks(dset, why)) return false;  // H5Dread trusts a chunk's decoded size
   Hid t = type_id(H5Dget_type(dset));
   Hid sp = space_id(H5Dget_space(dset));
   if (!t.valid() || !sp.valid()) return why = last_error(), false;

@@ -1,6 +1,8 @@
 // HDF5 helpers shared by the capture reader and writer (see h5util.hpp).
 #include "capture/h5util.hpp"
 
+#include <fmt/format.h>
+
 namespace dynemb::h5 {
 
 void quiet() {
@@ -95,6 +97,83 @@ std::string type_name(hid_t type) {
     default:
       return "type class " + std::to_string(static_cast<int>(cls));
   }
+}
+
+std::string describe(hid_t type, hid_t space) {
+  const H5S_class_t cls = H5Sget_simple_extent_type(space);
+  if (cls == H5S_NULL) return "null dataspace (no value)";
+  const std::string t = type_name(type);
+  if (cls == H5S_SCALAR) return t;
+  if (cls != H5S_SIMPLE) return t + " of an unreadable dataspace";
+  const int nd = H5Sget_simple_extent_ndims(space);
+  if (nd < 0 || nd > H5S_MAX_RANK) return t + " of an unreadable dataspace";
+  std::vector<hsize_t> d(static_cast<size_t>(nd));
+  if (nd > 0) H5Sget_simple_extent_dims(space, d.data(), nullptr);
+  return fmt::format("{} array of shape [{}]", t, fmt::join(d, ", "));
+}
+
+std::string IntValue::str() const {
+  return is_signed ? std::to_string(static_cast<int64_t>(bits)) : std::to_string(bits);
+}
+
+AttrRead read_int_attr(hid_t obj, const char* name, IntValue& out, std::string& why) {
+  if (!has_attr(obj, name)) return AttrRead::missing;
+  Hid a = attr_id(H5Aopen(obj, name, H5P_DEFAULT));
+  if (!a.valid()) return why = "is unreadable: " + last_error(), AttrRead::bad;
+  Hid t = type_id(H5Aget_type(a));
+  Hid sp = space_id(H5Aget_space(a));
+  if (!t.valid() || !sp.valid()) return why = "is unreadable: " + last_error(), AttrRead::bad;
+  // Exactly one element: a scalar, or a simple dataspace of one point (h5py's shape (1,)).
+  const H5S_class_t cls = H5Sget_simple_extent_type(sp);
+  const bool one =
+      cls == H5S_SCALAR || (cls == H5S_SIMPLE && H5Sget_simple_extent_npoints(sp) == 1);
+  const size_t size = H5Tget_size(t);
+  if (!one || H5Tget_class(t) != H5T_INTEGER || size < 1 || size > 8)
+    return why = "is " + describe(t, sp) + ", want one integer", AttrRead::bad;
+  // The value's stored bytes are in the object header: a damaged message can claim fewer.
+  if (H5Aget_storage_size(a) < size)
+    return why = fmt::format("stores {} bytes, want {} for one {}: damaged",
+                             static_cast<uint64_t>(H5Aget_storage_size(a)), size, type_name(t)),
+           AttrRead::bad;
+  out.is_signed = H5Tget_sign(t) != H5T_SGN_NONE;
+  herr_t st;
+  if (out.is_signed) {
+    int64_t v = 0;
+    st = H5Aread(a, H5T_NATIVE_INT64, &v);
+    out.bits = static_cast<uint64_t>(v);
+  } else {
+    uint64_t v = 0;
+    st = H5Aread(a, H5T_NATIVE_UINT64, &v);
+    out.bits = v;
+  }
+  if (st < 0) return why = "is unreadable: " + last_error(), AttrRead::bad;
+  return AttrRead::ok;
+}
+
+std::optional<IntValue> int_attr_value(hid_t obj, const char* name, const std::string& file,
+                                       const std::string& path) {
+  IntValue v;
+  std::string why;
+  switch (read_int_attr(obj, name, v, why)) {
+    case AttrRead::missing:
+      return std::nullopt;
+    case AttrRead::bad:
+      throw CaptureError(file, path, fmt::format("attribute '{}' {}", name, why));
+    case AttrRead::ok:
+      break;
+  }
+  return v;
+}
+
+std::optional<int64_t> int64_attr(hid_t obj, const char* name, const std::string& file,
+                                  const std::string& path) {
+  const auto v = int_attr_value(obj, name, file, path);
+  if (!v) return std::nullopt;
+  if (!v->fits_int64())
+    throw CaptureError(
+        file, path,
+        fmt::format("attribute '{}' = {} is out of range (above 2^63 - 1)", name, v->str()));
+  return v->as_int64();
 }
 
 }  // namespace dynemb::h5

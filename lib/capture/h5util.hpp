@@ -6,6 +6,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -96,5 +97,36 @@ int64_t compact_stored_bytes(hid_t dset);
 
 // Human name of a dataset's element type: "int32", "uint16", "float16", "float32", ...
 std::string type_name(hid_t type);
+
+// What an attribute or dataset holds, for messages: "int64", "uint64 array of shape [16]",
+// "string", "float64 array of shape [0]", "null dataspace (no value)".
+std::string describe(hid_t type, hid_t space);
+
+// One integer attribute value with its signedness, whatever its width in the file (1..8
+// bytes): `bits` is the value as uint64 (unsigned) or an int64's two's complement (signed).
+struct IntValue {
+  uint64_t bits = 0;
+  bool is_signed = true;
+  bool fits_int64() const { return is_signed || bits <= uint64_t(INT64_MAX); }
+  int64_t as_int64() const { return static_cast<int64_t>(bits); }
+  std::string str() const;  // the real value in decimal ("18446744073709551615", "-3")
+};
+
+enum class AttrRead { ok, missing, bad };
+
+// THE read of an integer attribute (the capture reader and merge both use it): before any
+// byte is read, its dataspace must hold exactly one element (scalar, or simple of one point)
+// and its type must be an integer class of 1..8 bytes, so the read fills one 8-byte value
+// whatever the file claims. `bad` with `why` ("is uint64 array of shape [16], want one
+// integer", "is string, want one integer", "is unreadable: ...") otherwise.
+AttrRead read_int_attr(hid_t obj, const char* name, IntValue& out, std::string& why);
+
+// read_int_attr with the project's error: nullopt when missing; CaptureError(file, path,
+// "attribute 'NAME' is ...") when it is not one integer, or (int64_attr) an unsigned value that
+// int64 cannot hold.
+std::optional<IntValue> int_attr_value(hid_t obj, const char* name, const std::string& file,
+                                       const std::string& path);
+std::optional<int64_t> int64_attr(hid_t obj, const char* name, const std::string& file,
+                                  const std::string& path);
 
 }  // namespace dynemb::h5

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs both libFuzzer targets for SECONDS each on copies of the seed corpora (plans/*.yaml,
-# fixtures/plans/*.yaml; fixtures/*.h5, fixtures/torchrec/*.h5) and the crash regressions.
+# fixtures/plans/*.yaml; fixtures/*.h5, fixtures/torchrec/*.h5, tests/fuzz/structure/*) and
+# the crash regressions.
 #   tests/fuzz/run.sh BUILD_DIR [SECONDS]      (BUILD_DIR configured with -DDYNEMB_FUZZ=ON)
 # Exit 0 when neither target found a crash; artifacts go to BUILD_DIR/fuzz-artifacts/.
 # FUZZ_SEED=N (default 1) fixes libFuzzer's seed and FUZZ_RUNS_PLAN (default 30000) /
@@ -30,6 +31,9 @@ mkdir -p "$work/plan" "$work/capture" "$build/fuzz-artifacts"
 cp "$src"/plans/*.yaml "$src"/fixtures/plans/*.yaml "$work/plan/"
 cp "$src"/fixtures/*.h5 "$src"/fixtures/torchrec/*.h5 "$work/capture/"
 cp "$src"/tests/fuzz/regressions/* "$work/capture/" 2>/dev/null || true
+# fuzz_capture's structure-aware recipes (any input that is not an HDF5 image: see
+# fuzz_capture.cpp), each an edit of a fixture through the HDF5 API
+cp "$src"/tests/fuzz/structure/* "$work/capture/"
 status=0
 seed=${FUZZ_SEED:-1}
 declare -A runs=([plan]=${FUZZ_RUNS_PLAN:-30000} [capture]=${FUZZ_RUNS_CAPTURE:-0})
