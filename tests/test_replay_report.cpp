@@ -219,40 +219,40 @@ TEST_CASE("a report with no checks: the JSON's \"checks\" is an empty array") {
   const std::string j = json_report(r);
   CHECK(j.find("\n  \"checks\": [],\n") != std::string::npos);
   CHECK(nlohmann::json::parse(j)["checks"].empty());
+}
 
-  TEST_CASE("hostile strings: escaped in text, JSON and JUnit; each stays one line") {
-    Report r = sample_report();
-    r.info.capture.path = "c\xff\n::add-mask::x.h5";
-    r.checks[1].message =
-        std::string("keys [f\x1b[2J\x07, f\r\n::stop-commands::e, t") + std::string(1, '\0') + "x]";
-    r.checks[2].details[0].where = {{"feature", 1, "f\n1"}};
-    r.warnings = {"w\x85"};
-    r.trouble = "bad \xc0\xaf";
-    const std::string line = text_check_line(r.checks[1], true);
-    CHECK(line ==
-          "\x1b[31;1mFAIL \x1b[0m batch 0 rank 1 ctx input_splits: keys [f\\x1b[2J\\x07, "
-          "f\\r\\n::stop-commands::e, t\\x00x]\n"
-          "        at index 1: captured 4, derived 3 (plan routes 3 ids of rank 1 to rank 1)\n");
-    CHECK(text_check_line(r.checks[2], false).find("at feature f\\n1: replayed 1.5") !=
-          std::string::npos);
-    CHECK(text_header(r).find("# capture    c\\xff\\n::add-mask::x.h5  sha256") !=
-          std::string::npos);
-    const std::string sum = text_summary(r, false);
-    CHECK(sum.find("# warning: w\\x85\n") != std::string::npos);  // invalid UTF-8: a lone byte
-    CHECK(sum.find("# trouble: bad \\xc0\\xaf\n") != std::string::npos);
+TEST_CASE("hostile strings: escaped in text, JSON and JUnit; each stays one line") {
+  Report r = sample_report();
+  r.info.capture.path = "c\xff\n::add-mask::x.h5";
+  r.checks[1].message =
+      std::string("keys [f\x1b[2J\x07, f\r\n::stop-commands::e, t") + std::string(1, '\0') + "x]";
+  r.checks[2].details[0].where = {{"feature", 1, "f\n1"}};
+  r.warnings = {"w\x85"};
+  r.trouble = "bad \xc0\xaf";
+  const std::string line = text_check_line(r.checks[1], true);
+  CHECK(line ==
+        "\x1b[31;1mFAIL \x1b[0m batch 0 rank 1 ctx input_splits: keys [f\\x1b[2J\\x07, "
+        "f\\r\\n::stop-commands::e, t\\x00x]\n"
+        "        at index 1: captured 4, derived 3 (plan routes 3 ids of rank 1 to rank 1)\n");
+  CHECK(text_check_line(r.checks[2], false).find("at feature f\\n1: replayed 1.5") !=
+        std::string::npos);
+  CHECK(text_header(r).find("# capture    c\\xff\\n::add-mask::x.h5  sha256") != std::string::npos);
+  const std::string sum = text_summary(r, false);
+  CHECK(sum.find("# warning: w\\x85\n") != std::string::npos);  // invalid UTF-8: a lone byte
+  CHECK(sum.find("# trouble: bad \\xc0\\xaf\n") != std::string::npos);
 
-    const auto j = nlohmann::json::parse(json_report(r));  // throws on invalid UTF-8
-    CHECK(j["capture"]["path"] == "c\\xff\\n::add-mask::x.h5");
-    CHECK(j["checks"][1]["message"] == "keys [f\\x1b[2J\\x07, f\\r\\n::stop-commands::e, t\\x00x]");
-    CHECK(j["checks"][2]["details"][0]["where"]["feature"] == "f\\n1");
-    CHECK(j["trouble"] == "bad \\xc0\\xaf");
+  const auto j = nlohmann::json::parse(json_report(r));  // throws on invalid UTF-8
+  CHECK(j["capture"]["path"] == "c\\xff\\n::add-mask::x.h5");
+  CHECK(j["checks"][1]["message"] == "keys [f\\x1b[2J\\x07, f\\r\\n::stop-commands::e, t\\x00x]");
+  CHECK(j["checks"][2]["details"][0]["where"]["feature"] == "f\\n1");
+  CHECK(j["trouble"] == "bad \\xc0\\xaf");
 
-    const std::string x = junit_report(r);
-    CHECK(x.find("<testsuites name=\"dynemb-dist replay c\\xff\\n::add-mask::x.h5\"") !=
-          std::string::npos);
-    CHECK(x.find("message=\"keys [f\\x1b[2J\\x07, f\\r\\n::stop-commands::e, t\\x00x]\"") !=
-          std::string::npos);
-    CHECK(std::count_if(x.begin(), x.end(), [](char c) {
-            return static_cast<unsigned char>(c) < 0x20 && c != '\n';
-          }) == 0);
-  }
+  const std::string x = junit_report(r);
+  CHECK(x.find("<testsuites name=\"dynemb-dist replay c\\xff\\n::add-mask::x.h5\"") !=
+        std::string::npos);
+  CHECK(x.find("message=\"keys [f\\x1b[2J\\x07, f\\r\\n::stop-commands::e, t\\x00x]\"") !=
+        std::string::npos);
+  CHECK(std::count_if(x.begin(), x.end(), [](char c) {
+          return static_cast<unsigned char>(c) < 0x20 && c != '\n';
+        }) == 0);
+}
