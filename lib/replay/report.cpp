@@ -186,9 +186,9 @@ std::string text_summary(const Report& r, bool colour) {
                                                 : paint(colour, kRed, "ERROR");
   s += fmt::format(
       "# result: {} (exit {}): {} context mismatches, {} lookup mismatches, {} output "
-      "mismatches ({} data), {} errors\n",
+      "mismatches ({} data), {} module mismatches, {} errors\n",
       word, sum.exit_code, sum.context_mismatches, sum.lookup_mismatches, sum.output_mismatches,
-      sum.data_mismatches, sum.errors);
+      sum.data_mismatches, sum.module_mismatches, sum.errors);
   return s;
 }
 
