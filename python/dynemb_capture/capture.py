@@ -140,10 +140,11 @@ def merge(rank_files, out, dynemb=None, compression="gzip"):
 
 
 class _Record:
-    __slots__ = ("k", "step", "data", "inv")
+    __slots__ = ("k", "step", "data", "inv", "weighted")
 
-    def __init__(self, k, step, inv):
+    def __init__(self, k, step, inv, weighted):
         self.k, self.step, self.data, self.inv = k, step, {}, inv
+        self.weighted = weighted  # the module's own input KJT carried weights (None: unseen)
 
 
 class Capture:
@@ -173,6 +174,7 @@ class Capture:
         self.merged = {}         # fqn -> merged capture (rank 0, after exit)
         self.captured = {}       # fqn -> number of batches written by this rank
         self._hooks, self._writers, self._steps, self._cur, self._inv = [], {}, {}, {}, {}
+        self._weighted = {}
         self._warned = set()
         self.hook_seconds = 0.0  # training-thread time spent in the capture hooks
 
@@ -196,6 +198,7 @@ class Capture:
             self._steps[t.fqn] = 0
             self._cur[t.fqn] = None
             self._inv[t.fqn] = None
+            self._weighted[t.fqn] = None
             self._hooks.append(adapter.Hooks(t, self))
         return self
 
@@ -209,8 +212,20 @@ class Capture:
             return False
         for t in self.targets:
             self._submit(t)
-        for w in self._writers.values():
-            w.close()
+        self._warn_missing_steps()
+        for t in self.targets:
+            w = self._writers[t.fqn]
+            if self.captured[t.fqn] == 0:
+                w.abort()  # a file of 0 batches replays nothing: none is written
+                warnings.warn(f"dynemb_capture: module '{t.fqn}': 0 batches captured on rank "
+                              f"{t.rank}; no file written", CaptureWarning, stacklevel=2)
+                try:  # the module's directory, if nothing else is in it
+                    os.rmdir(os.path.dirname(self.rank_files[t.fqn]))
+                except OSError:
+                    pass
+                del self.rank_files[t.fqn]
+            else:
+                w.close()
         adapter.barrier()
         if self.do_merge and adapter.dist_rank() == 0:
             for t in self.targets:
@@ -218,7 +233,21 @@ class Capture:
         adapter.barrier()
         return False
 
+    def _warn_missing_steps(self):
+        """A CaptureWarning per module whose requested steps did not (all) run."""
+        for t in self.targets:
+            ran = self._steps[t.fqn]
+            missing = [s for s in self._wanted if s >= ran]
+            if missing:
+                warnings.warn(f"dynemb_capture: module '{t.fqn}': requested steps "
+                              f"{_ranges(missing)} did not run (steps 0..{ran - 1} ran"
+                              f"{'' if ran else ': none'}); {self.captured[t.fqn]} of "
+                              f"{len(self._wanted)} batches captured", CaptureWarning,
+                              stacklevel=3)
+
     def _merge_one(self, t):
+        if self.captured[t.fqn] == 0:
+            return  # said in __exit__'s warning
         d = os.path.dirname(self.rank_files[t.fqn])
         files = [os.path.join(d, f"rank{r}.h5") for r in range(t.world_size)]
         missing = [f for f in files if not os.path.exists(f)]
@@ -236,8 +265,9 @@ class Capture:
         self.merged[t.fqn] = out
 
     # -- called by the adapter's hooks (training thread)
-    def on_module_input(self, t, inv):
+    def on_module_input(self, t, inv, weighted=None):
         self._inv[t.fqn] = inv
+        self._weighted[t.fqn] = weighted
 
     def want(self, t):
         self._submit(t)  # a record still waiting for a module output that never came
@@ -247,8 +277,9 @@ class Capture:
         if k is None:
             self._inv[t.fqn] = None
             return False
-        self._cur[t.fqn] = _Record(k, step, self._inv[t.fqn])
+        self._cur[t.fqn] = _Record(k, step, self._inv[t.fqn], self._weighted[t.fqn])
         self._inv[t.fqn] = None
+        self._weighted[t.fqn] = None
         return True
 
     def on_input(self, t, d):
@@ -295,8 +326,24 @@ class Capture:
             warnings.warn(f"dynemb_capture: {t.fqn}: the module's output was not waited on in "
                           "its step; batches written without module_output", CaptureWarning)
         r.data.setdefault("keys", None)
+        if t.kind == "pooled" and r.weighted is not None:
+            # TorchRec's MEAN divides by the weights of the module's own input KJT, or by the
+            # id count when it has none (a feature-processed EBC: the weights come later).
+            r.data["mean_divisor"] = "weights" if r.weighted else "count"
         self._writers[t.fqn].write_batch(r.k, iteration=r.step, **r.data)
         self.captured[t.fqn] += 1
+
+
+def _ranges(steps):
+    """[2, 3, 4, 7] -> '2..4, 7'."""
+    out, i = [], 0
+    while i < len(steps):
+        j = i
+        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
+            j += 1
+        out.append(str(steps[i]) if i == j else f"{steps[i]}..{steps[j]}")
+        i = j + 1
+    return ", ".join(out)
 
 
 def capture(model, out_dir, batches, module_output="auto", compression=None, merge=True,

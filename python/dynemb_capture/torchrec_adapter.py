@@ -217,6 +217,7 @@ def find_rw_shardings(model):
     """
     from torchrec.distributed.embedding import ShardedEmbeddingCollection
     from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+    from torchrec.distributed.sharding.rw_sharding import BaseRwEmbeddingSharding
     from torchrec.distributed.types import ShardedModule
 
     try:
@@ -257,13 +258,15 @@ def find_rw_shardings(model):
                                 f"TorchRec version moved what the adapter reads ({e})")
             continue
         plan = getattr(coll, "module_sharding_plan", {}) or {}
-        for st in types:
-            if st != ROW_WISE:
-                tabs = sorted(t for t, ps in plan.items() if ps.sharding_type == st)
-                not_captured.append(f"module '{fqn}': tables {', '.join(tabs) or '?'} are "
-                                    f"sharded {st}; only row_wise shardings are captured")
         for i, (st, sh) in enumerate(zip(types, shardings)):
-            if st != ROW_WISE:
+            # By type: DynamicEmb's shardings subclass TorchRec's RW ones (other class names,
+            # the same input dist, lookup interface and output dist).
+            if not isinstance(sh, BaseRwEmbeddingSharding):
+                tabs = sorted(t for t, ps in plan.items() if ps.sharding_type == st)
+                how = (f"sharded {st} by {type(sh).__name__}, not a subclass of TorchRec's "
+                       "row-wise sharding" if st == ROW_WISE else f"sharded {st}")
+                not_captured.append(f"module '{fqn}': tables {', '.join(tabs) or '?'} are "
+                                    f"{how}; only row_wise shardings are captured")
                 continue
             t = RwTarget(fqn, m, coll, i, sh, kind, fp)
             _export_plan(t)
@@ -343,6 +346,9 @@ class Hooks:
     @_timed
     def _module_pre(self, module, args):
         kjt = args[0] if args else None
+        weighted = None
+        if hasattr(kjt, "weights_or_none"):
+            weighted = kjt.weights_or_none() is not None
         inv = kjt.inverse_indices_or_none() if hasattr(kjt, "inverse_indices_or_none") else None
         if inv is not None:
             keys, ii = inv
@@ -351,7 +357,7 @@ class Hooks:
                 inv = _host(ii)[[row[f] for f in self.t.features]]
             except KeyError:
                 inv = None
-        self.rec.on_module_input(self.t, inv)
+        self.rec.on_module_input(self.t, inv, weighted)
 
     @_timed
     def _idist_pre(self, module, args):

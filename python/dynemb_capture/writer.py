@@ -32,6 +32,10 @@ For a sequence (EmbeddingCollection) sharding the context is a SequenceShardingC
 """
 
 import os
+import subprocess
+import sys
+import threading
+from typing import Optional
 
 import h5py
 import numpy as np
@@ -47,6 +51,65 @@ _COMPRESS_MIN_BYTES = 64 << 10
 
 class CaptureWriterError(ValueError):
     """Input that cannot be written as capture format v1; the message names the field."""
+
+
+_REAPER_CODE = (
+    "import os, sys\n"
+    "paths = set()\n"
+    "for line in sys.stdin:\n"
+    "    op, p = line[:1], line[1:].rstrip('\\n')\n"
+    "    (paths.add if op == '+' else paths.discard)(p)\n"
+    "for p in paths:\n"
+    "    try:\n"
+    "        os.remove(p)\n"
+    "    except OSError:\n"
+    "        pass\n"
+)
+
+
+class _Reaper:
+    """Removes this process's temporary files when it dies, however it dies.
+
+    A signal handler cannot do it: mp.spawn's SIGTERM finds a rank blocked inside a gloo
+    collective, where Python runs no handler, and the SIGKILL that follows runs nothing. So a
+    small child process holds the list (a line "+path" / "-path" per change on its stdin) and,
+    when its stdin reaches end of file (this process exited, normally or not), removes every
+    path still listed. One per process, started with the first temporary file.
+    """
+
+    def __init__(self) -> None:
+        self._proc: Optional["subprocess.Popen[bytes]"] = None
+        self._pid = -1
+        self._lock = threading.Lock()
+
+    def _send(self, line: str) -> None:
+        with self._lock:
+            if self._proc is None or self._pid != os.getpid():  # none yet, or a forked child
+                self._pid = os.getpid()
+                try:
+                    self._proc = subprocess.Popen(
+                        [sys.executable, "-c", _REAPER_CODE], stdin=subprocess.PIPE,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                        start_new_session=True)
+                except OSError:
+                    self._proc = None
+                    return
+            assert self._proc.stdin is not None
+            try:
+                self._proc.stdin.write(line.encode("utf-8", "surrogateescape") + b"\n")
+                self._proc.stdin.flush()
+            except OSError:
+                pass
+
+    def add(self, path: str) -> None:
+        """``path`` is removed if this process dies before discard(path)."""
+        self._send("+" + os.path.abspath(path))
+
+    def discard(self, path: str) -> None:
+        self._send("-" + os.path.abspath(path))
+
+
+_reaper = _Reaper()
 
 
 def to_numpy(x):
@@ -162,6 +225,7 @@ class CaptureWriter:
         self.path = os.fspath(path)
         self.world_size, self.rank = world_size, rank
         self._tmp = f"{self.path}.tmp-{os.getpid()}"
+        _reaper.add(self._tmp)
         self._f = h5py.File(self._tmp, "w")
         self._batches = set()
         self._num_features = None
@@ -213,6 +277,7 @@ class CaptureWriter:
         keys=None,
         module_output=None,
         inverse_indices=None,
+        mean_divisor=None,
     ):
         """Writes /batches/<k>/rank<r>/ for this rank.
 
@@ -227,6 +292,12 @@ class CaptureWriter:
                   features, plan column order, float32 [B_r, sum_D] ([B_full, sum_D] in VBE).
         inverse_indices: int64 [F, B_full], the module input KJT's inverse indices, rows in
                   plan feature order (required with module_output in a VBE batch).
+        mean_divisor: pooled only, what the module's MEAN pooling divides each feature's bags
+                  by: "count" (the ids) or "weights" (the sum of their weights), one string
+                  for every feature or a list of F. Give it when the module's own input KJT is
+                  not the one captured: a feature-processed EBC's input has no weights (its
+                  MEAN divides by the id count) while ``weights`` holds the processed ones the
+                  lookup uses. Without it replay takes the weights when there are any.
         """
         if self._f is None:
             raise CaptureWriterError("write_batch after close()")
@@ -251,6 +322,25 @@ class CaptureWriter:
         ka = keys_array(keys) if keys is not None else None
         if ka is not None:
             self._check_features(where + "/keys", ka.size)
+        md = None
+        if mean_divisor is not None:
+            nf = ka.size if ka is not None else self._num_features
+            if stride_per_feature is not None:
+                nf = int(np.asarray(to_numpy(stride_per_feature)).size)
+            md_list = [mean_divisor] * (nf or 0) if isinstance(mean_divisor, str) \
+                else list(mean_divisor)
+            if not md_list:
+                raise CaptureWriterError(f"{where}/mean_divisor: give one per feature (F is "
+                                         "not known without keys)")
+            for i, d in enumerate(md_list):
+                if d not in ("count", "weights"):
+                    raise CaptureWriterError(f"{where}/mean_divisor: entry {i} is {d!r}, want "
+                                             "'count' or 'weights'")
+                if d == "weights" and weights is None:
+                    raise CaptureWriterError(f"{where}/mean_divisor: entry {i} is 'weights' "
+                                             "but the KJT has no weights")
+            self._check_features(where + "/mean_divisor", len(md_list))
+            md = keys_array(md_list)
         mo = None
         if module_output is not None:
             mo, _ = _encode_float(to_numpy(module_output), f"{where}/module_output")
@@ -277,6 +367,8 @@ class CaptureWriter:
         _put(g, "values", values, c)
         if ka is not None:
             _put(g, "keys", ka)
+        if md is not None:
+            _put(g, "mean_divisor", md)
         if weights is not None:
             w = np.asarray(to_numpy(weights), dtype=np.float32).reshape(-1)
             if w.size != values.size:
@@ -381,6 +473,7 @@ class CaptureWriter:
         self._f.close()
         self._f = None
         os.replace(self._tmp, self.path)
+        _reaper.discard(self._tmp)
 
     def abort(self):
         """Drops the half-written temp file (the final path is never touched)."""
@@ -389,6 +482,7 @@ class CaptureWriter:
             self._f = None
         if os.path.exists(self._tmp):
             os.remove(self._tmp)
+        _reaper.discard(self._tmp)
 
 
 def compress_file(src, dst, compression="gzip"):
@@ -399,6 +493,7 @@ def compress_file(src, dst, compression="gzip"):
     if compression not in ("lzf", "gzip"):
         raise CaptureWriterError(f"compression: {compression!r} ('lzf' or 'gzip')")
     tmp = f"{os.fspath(dst)}.tmp-{os.getpid()}"
+    _reaper.add(tmp)
     try:
         with h5py.File(src, "r") as fi, h5py.File(tmp, "w") as fo:
             def copy_attrs(a, b):
@@ -424,6 +519,7 @@ def compress_file(src, dst, compression="gzip"):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+        _reaper.discard(tmp)
 
 
 # ---------------------------------------------------------------- hash64 oracle (numpy)
