@@ -276,8 +276,10 @@ def run_rank(rank, args):
         with dynemb_capture.capture(dmp, args.out, batches=range(args.skip, args.skip + args.batches),
                                     dynemb=args.dynemb, oracle_seed=ORACLE_SEED) as cap:
             for step in range(args.skip + args.batches):
-                if rank == args.fail_rank and step == args.fail_step:
+                if step == args.fail_step and rank == args.fail_rank:
                     raise RuntimeError(f"planted failure on rank {rank} at step {step}")
+                if step == args.fail_step:  # busy elsewhere (not in a collective that would
+                    time.sleep(300)         # fail too) until mp.spawn terminates this rank
                 train_step(batch(step))
         caught = [str(w.message) for w in wlist
                   if issubclass(w.category, dynemb_capture.CaptureWarning)]
