@@ -34,7 +34,6 @@ For a sequence (EmbeddingCollection) sharding the context is a SequenceShardingC
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 from types import TracebackType
@@ -88,26 +87,33 @@ class _Reaper:
     """
 
     def __init__(self) -> None:
-        self._proc: Optional["subprocess.Popen[bytes]"] = None
-        self._pid = -1
+        self._fd = -1   # write end of the helper's stdin (close-on-exec)
+        self._pid = -1  # the process that started it
         self._lock = threading.Lock()
+
+    def _start(self) -> None:
+        r, w = os.pipe()
+        try:
+            os.posix_spawn(sys.executable, [sys.executable, "-c", _REAPER_CODE], dict(os.environ),
+                           file_actions=[(os.POSIX_SPAWN_DUP2, r, 0),
+                                         (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                                         (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0)],
+                           setsid=True)  # its own session: a Ctrl-C to the job spares it
+        except OSError:
+            os.close(w)
+            w = -1
+        os.close(r)
+        self._fd = w
 
     def _send(self, line: str) -> None:
         with self._lock:
-            if self._proc is None or self._pid != os.getpid():  # none yet, or a forked child
+            if self._pid != os.getpid():  # none yet, or a forked child: one of its own
                 self._pid = os.getpid()
-                try:
-                    self._proc = subprocess.Popen(
-                        [sys.executable, "-c", _REAPER_CODE], stdin=subprocess.PIPE,
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                        start_new_session=True)
-                except OSError:
-                    self._proc = None
-                    return
-            assert self._proc.stdin is not None
+                self._start()
+            if self._fd < 0:
+                return
             try:
-                self._proc.stdin.write(line.encode("utf-8", "surrogateescape") + b"\n")
-                self._proc.stdin.flush()
+                os.write(self._fd, line.encode("utf-8", "surrogateescape") + b"\n")
             except OSError:
                 pass
 
