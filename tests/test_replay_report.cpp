@@ -164,3 +164,21 @@ TEST_CASE("write_file_atomic writes the whole content and leaves no temporary") 
   std::remove(path.c_str());
   CHECK_THROWS_AS(write_file_atomic("/nonexistent-dir/r.json", "x"), Error);
 }
+
+TEST_CASE("text: the result line counts the module stage like the others") {
+  Report r = sample_report();
+  r.checks.resize(1);  // one passing ctx check
+  CheckResult m;
+  m.batch = 0;
+  m.rank = 0;
+  m.stage = "module";
+  m.check = "module_output";
+  m.status = CheckStatus::fail;
+  m.mismatches = 2;
+  m.message = "2 of 8 elements differ";
+  r.checks.push_back(m);
+  r.checks.push_back(m);
+  const std::string sum = text_summary(r, false);
+  CHECK(sum.find("# result: FAIL (exit 1): 0 context mismatches, 0 lookup mismatches, 0 output "
+                 "mismatches (0 data), 2 module mismatches, 0 errors\n") != std::string::npos);
+}
