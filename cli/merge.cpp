@@ -175,6 +175,25 @@ void copy_object(const RankFile& src, hid_t dst, const std::string& path,
                        fmt::format("cannot copy it from {}: {}", src.path, h5::last_error()));
 }
 
+// The training step of batch `bp` (attribute `iteration` of rank 0's batch group, written by
+// dynemb_capture), onto the merged batch group `bg`; nothing when rank 0's file has none.
+void copy_iteration(const RankFile& src, hid_t bg, const std::string& bp,
+                    const std::string& out_tmp) {
+  if (H5Aexists_by_name(src.file.get(), bp.c_str(), "iteration", H5P_DEFAULT) <= 0) return;
+  Hid a(H5Aopen_by_name(src.file.get(), bp.c_str(), "iteration", H5P_DEFAULT, H5P_DEFAULT),
+        H5Aclose);
+  Hid t(a.valid() ? H5Aget_type(a.get()) : H5I_INVALID_HID, H5Tclose);
+  Hid sp(a.valid() ? H5Aget_space(a.get()) : H5I_INVALID_HID, H5Sclose);
+  int64_t v = 0;
+  if (!t.valid() || !sp.valid() || H5Tget_class(t.get()) != H5T_INTEGER ||
+      H5Sget_simple_extent_npoints(sp.get()) != 1 || H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0)
+    throw CaptureError(src.path, bp, "attribute 'iteration': want one integer");
+  Hid s1(H5Screate(H5S_SCALAR), H5Sclose);
+  Hid o(H5Acreate2(bg, "iteration", H5T_STD_I64LE, s1.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  if (!o.valid() || H5Awrite(o.get(), H5T_NATIVE_INT64, &v) < 0)
+    throw CaptureError(out_tmp, bp, "cannot write attribute 'iteration': " + h5::last_error());
+}
+
 template <typename T>
 void write_attr(hid_t obj, const char* name, hid_t type, const T& v) {
   Hid s(H5Screate(H5S_SCALAR), H5Sclose);
@@ -320,6 +339,7 @@ int run_merge(const MergeOptions& opt) {
         std::string bp = "/batches/" + std::to_string(k);
         Hid bg(H5Gcreate2(o, bp.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
         if (!bg.valid()) throw CaptureError(tmp, bp, "cannot write: " + h5::last_error());
+        copy_iteration(*by_rank.at(0), bg.get(), bp, tmp);
         for (int64_t r = 0; r < ref.world_size; ++r)
           copy_object(*by_rank.at(r), o, bp + "/rank" + std::to_string(r), tmp);
       }

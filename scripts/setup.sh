@@ -5,7 +5,8 @@ set -euo pipefail
 
 pkgs=(build-essential cmake ninja-build pkg-config
       libhdf5-dev hdf5-tools libyaml-cpp-dev libcli11-dev libfmt-dev doctest-dev
-      nlohmann-json3-dev libssl-dev python3 python3-h5py python3-numpy groff-base
+      nlohmann-json3-dev libssl-dev python3 python3-h5py python3-numpy python3-pytest
+      python3-yaml groff-base
       libdeflate-dev)
 [ "${DYNEMB_SETUP_EXTRA:-}" != "" ] && pkgs+=(${DYNEMB_SETUP_EXTRA})
 

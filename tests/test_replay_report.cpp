@@ -256,3 +256,22 @@ TEST_CASE("hostile strings: escaped in text, JSON and JUnit; each stays one line
           return static_cast<unsigned char>(c) < 0x20 && c != '\n';
         }) == 0);
 }
+
+TEST_CASE("text: the result line counts the module stage like the others") {
+  Report r = sample_report();
+  r.checks.resize(1);  // one passing ctx check
+  CheckResult m;
+  m.batch = 0;
+  m.rank = 0;
+  m.stage = "module";
+  m.check = "module_output";
+  m.status = CheckStatus::fail;
+  m.mismatches = 2;
+  m.message = "2 of 8 elements differ";
+  r.checks.push_back(m);
+  r.checks.push_back(m);
+  const std::string sum = text_summary(r, false);
+  CHECK(sum.find("# result: FAIL (exit 1): 0 context mismatches, 0 lookup mismatches, 0 output "
+                 "mismatches (0 data), 2 module mismatches, 0 errors; 3 checks ran\n") !=
+        std::string::npos);
+}

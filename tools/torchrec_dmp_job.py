@@ -17,7 +17,13 @@ The model (every table's weights are the hash64 oracle, so replay checks the loo
        table groups in one RW sharding)
   fp   FeatureProcessedEmbeddingBagCollection (position weighted), RW: fw0 (9 rows, u0),
        fw1 (5 rows, u1)
+  fpm  the same with a MEAN table, RW: fm0 MEAN (9 rows, g0), fm1 SUM (6 rows, g1); its MEAN
+       divides by the id count (the module's input KJT has no weights) in TorchRec 1.4, by
+       the sum of the ids' 0-based positions in 1.9.2
   a Linear on top (the dense part DMP wraps in DDP)
+
+The RW shardings of ebc and ec are subclasses of TorchRec's (as DynamicEmb's are), made by
+wrapping the sharded modules' create_embedding(_bag)_sharding.
 
 Every rank trains --steps steps (forward, backward, fused SGD); steps --capture are
 captured into OUT/<module>/rank<r>.h5 and merged by rank 0 into OUT/<module>.h5. Then it
@@ -37,8 +43,11 @@ import warnings
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
-import dynemb_capture  # noqa: E402
+try:  # the installed package (CI installs the wheel), else the source tree's
+    import dynemb_capture
+except ImportError:
+    sys.path.insert(0, os.path.join(HERE, "..", "python"))
+    import dynemb_capture  # noqa: E402
 
 ORACLE_SEED = 20261204
 
@@ -55,7 +64,42 @@ def tables(vbe_mean):
         "vbe": ([("vm0", 8, 4, ["v0"], "MEAN", "rw")] if vbe_mean else [])
         + [("vs1", 7, 8, ["v1", "v2"], "SUM", "rw")],
         "fp": [("fw0", 9, 4, ["u0"], "SUM", "rw"), ("fw1", 5, 4, ["u1"], "SUM", "rw")],
+        "fpm": [("fm0", 9, 4, ["g0"], "MEAN", "rw"), ("fm1", 6, 4, ["g1"], "SUM", "rw")],
     }
+
+
+def subclass_rw_shardings(tables_by_name):
+    """Wraps TorchRec's sharding factories so that the RW shardings of the named tables are
+    subclasses of TorchRec's RW shardings, as DynamicEmb's RwPooledDynamicEmbeddingSharding /
+    RwSequenceDynamicEmbeddingSharding are (same behaviour, other classes)."""
+    from torchrec.distributed.embedding import ShardedEmbeddingCollection
+    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+    from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingSharding
+    from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
+
+    class RwPooledSubclassSharding(RwPooledEmbeddingSharding):
+        pass
+
+    class RwSequenceSubclassSharding(RwSequenceEmbeddingSharding):
+        pass
+
+    def wrap(cls, name, base, sub):
+        orig = getattr(cls, name)
+
+        def make(*a, **kw):
+            sh = orig(*a, **kw)
+            infos = kw.get("sharding_infos", a[0] if a else [])
+            if type(sh) is base and any(i.embedding_config.name in tables_by_name
+                                        for i in infos):
+                sh.__class__ = sub
+            return sh
+
+        setattr(cls, name, staticmethod(make))
+
+    wrap(ShardedEmbeddingBagCollection, "create_embedding_bag_sharding",
+         RwPooledEmbeddingSharding, RwPooledSubclassSharding)
+    wrap(ShardedEmbeddingCollection, "create_embedding_sharding",
+         RwSequenceEmbeddingSharding, RwSequenceSubclassSharding)
 
 
 def make_kjt(KJT, torch, spec, rng, B, weighted=False, vbe=False):
@@ -149,6 +193,13 @@ def run_rank(rank, args):
             self.fp = FeatureProcessedEmbeddingBagCollection(
                 torchrec.EmbeddingBagCollection(tables=bag_cfgs("fp"), is_weighted=True,
                                                 device=cpu), pw)
+            pwm = PositionWeightedModuleCollection({"g0": 4, "g1": 4}, device=cpu)
+            with torch.no_grad():
+                for p in pwm.position_weights.values():
+                    p.copy_(torch.tensor([1.0, 0.5, 0.25, 2.0]))
+            self.fpm = FeatureProcessedEmbeddingBagCollection(
+                torchrec.EmbeddingBagCollection(tables=bag_cfgs("fpm"), is_weighted=True,
+                                                device=cpu), pwm)
             self.top = torch.nn.Linear(1, 1)
 
         def forward(self, batch):
@@ -157,12 +208,13 @@ def run_rank(rank, args):
                 loss = loss + jt.values().sum()
             for jt in self.ecv(batch["ecv"]).values():  # VBE: used, not back-propagated
                 loss = loss + jt.values().detach().sum()
-            for name in ("ebc", "wbc", "fp"):
+            for name in ("ebc", "wbc", "fp", "fpm"):
                 loss = loss + getattr(self, name)(batch[name]).values().sum()
             # gloo cannot all_gather the uneven pieces of a VBE reduce-scatter's backward:
             # the VBE module's output is used, not back-propagated.
             return loss + self.vbe(batch["vbe"]).values().detach().sum()
 
+    subclass_rw_shardings({t for name in ("ebc", "ec") for t, *_ in T[name]})
     model = Model()
     kernel = "fused"
     # The fused kernels update the tables in the backward: learning rate 0 keeps the oracle.
@@ -189,6 +241,7 @@ def run_rank(rank, args):
         "wbc": plan_for("wbc", model.wbc, sharders[1]),
         "vbe": plan_for("vbe", model.vbe, sharders[1]),
         "fp": plan_for("fp", model.fp, sharders[2]),
+        "fpm": plan_for("fpm", model.fpm, sharders[2]),
     })
     env = ShardingEnv.from_process_group(dist.group.WORLD)
     dmp = DistributedModelParallel(model, env=env, device=cpu, plan=plan, sharders=sharders)
@@ -208,6 +261,7 @@ def run_rank(rank, args):
             "wbc": make_kjt(KeyedJaggedTensor, torch, feats["wbc"], rng, B, weighted=True),
             "vbe": make_kjt(KeyedJaggedTensor, torch, feats["vbe"], rng, B, vbe=True),
             "fp": make_kjt(KeyedJaggedTensor, torch, feats["fp"], rng, B),
+            "fpm": make_kjt(KeyedJaggedTensor, torch, feats["fpm"], rng, B),
         }
 
     def train_step(b):
@@ -222,9 +276,28 @@ def run_rank(rank, args):
         with dynemb_capture.capture(dmp, args.out, batches=range(args.skip, args.skip + args.batches),
                                     dynemb=args.dynemb, oracle_seed=ORACLE_SEED) as cap:
             for step in range(args.skip + args.batches):
+                if step == args.fail_step and rank == args.fail_rank:
+                    raise RuntimeError(f"planted failure on rank {rank} at step {step}")
+                if step == args.fail_step:  # busy elsewhere (not in a collective that would
+                    time.sleep(300)         # fail too) until mp.spawn terminates this rank
                 train_step(batch(step))
         caught = [str(w.message) for w in wlist
                   if issubclass(w.category, dynemb_capture.CaptureWarning)]
+
+    # Requested steps that never run: a capture of steps 1, 5, 6 over 2 steps writes step 1
+    # and warns of 5..6; one of steps 10..12 writes no file at all and says so.
+    late = {}
+    for name, steps in (("partial", [1, 5, 6]), ("none", range(10, 13))):
+        with warnings.catch_warnings(record=True) as wl:
+            warnings.simplefilter("always")
+            with dynemb_capture.capture(dmp, os.path.join(args.out, "late-" + name),
+                                        batches=steps, dynemb=args.dynemb,
+                                        oracle_seed=ORACLE_SEED) as lc:
+                for step in range(2):
+                    train_step(batch(50 + step))
+        late[name] = dict(captured=lc.captured, merged=lc.merged,
+                          warnings=[str(w.message) for w in wl
+                                    if issubclass(w.category, dynemb_capture.CaptureWarning)])
 
     # Overhead of a captured step over a plain one: one capture of every other step, each
     # step timed on its own (interleaved, so drift hits both alike); medians over the steps.
@@ -247,6 +320,9 @@ def run_rank(rank, args):
     if rank == 0:
         info = dict(warnings=caught, merged=cap.merged, captured=cap.captured,
                     targets=[repr(t) for t in cap.targets], bench=bench,
+                    sharding_classes={t.fqn: type(t.sharding).__name__ for t in cap.targets},
+                    late=late,
+                    package=os.path.dirname(dynemb_capture.__file__),
                     versions=dict(torch=torch.__version__, torchrec=torchrec.__version__))
         with open(os.path.join(args.out, "job.json"), "w") as f:
             json.dump(info, f, indent=1)
@@ -264,6 +340,10 @@ def main():
     ap.add_argument("--bench", type=int, default=0, help="steps timed plain and captured")
     ap.add_argument("--no-vbe-mean", action="store_true")
     ap.add_argument("--dynemb", default=None)
+    ap.add_argument("--fail-rank", type=int, default=-1,
+                    help="this rank raises at --fail-step inside the capture (mp.spawn then "
+                         "terminates the others)")
+    ap.add_argument("--fail-step", type=int, default=-1)
     args = ap.parse_args()
     import torch.multiprocessing as mp
 

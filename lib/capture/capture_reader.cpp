@@ -328,6 +328,7 @@ struct CaptureReader::Impl {
   void read_dist_tensors(const Plan& plan, const std::string& rp, const ReadParts& parts,
                          const BatchGeometry& g, int64_t r, RankBatch& rb) const;
   void read_keys(const Plan& plan, const std::string& rp, RankBatch& rb) const;
+  void read_mean_divisor(const Plan& plan, const std::string& rp, Kjt& kjt) const;
   void read_module_output(const Plan& plan, const std::string& rp, const ReadParts& parts,
                           RankBatch& rb) const;
   int64_t rows_elements(const Ds& ds, const std::string& path,
@@ -802,6 +803,34 @@ void CaptureReader::Impl::read_keys(const Plan& plan, const std::string& rp, Ran
   rb.keys = std::move(keys);
 }
 
+// <rp>/mean_divisor when present: [F] strings "count" | "weights", what the module's MEAN
+// pooling divides each feature's bags by; "weights" needs a weighted KJT.
+void CaptureReader::Impl::read_mean_divisor(const Plan& plan, const std::string& rp,
+                                            Kjt& kjt) const {
+  auto ds = try_open(rp + "/mean_divisor");
+  if (!ds) return;
+  std::vector<std::string> v;
+  std::string why;
+  if (H5Tget_class(ds->t) != H5T_STRING ||
+      !h5::read_string_list_dataset(ds->d, raw, kMaxKeys, v, why))
+    fail(ds->path, why.empty() ? "want a 1-D list of strings" : why);
+  if (int64_t(v.size()) != plan.num_features())
+    fail(ds->path,
+         fmt::format("{} entries, want one per feature (F = {})", v.size(), plan.num_features()));
+  kjt.mean_divisor.clear();
+  for (size_t f = 0; f < v.size(); ++f) {
+    if (v[f] == "count") {
+      kjt.mean_divisor.push_back(MeanDivisor::count);
+    } else if (v[f] == "weights" && kjt.weighted) {
+      kjt.mean_divisor.push_back(MeanDivisor::weights);
+    } else {
+      fail(ds->path, fmt::format("entry {} (feature {}) is \"{}\", want \"count\"{}", f,
+                                 plan.features[f].name, v[f],
+                                 kjt.weighted ? " or \"weights\"" : " (the KJT has no weights)"));
+    }
+  }
+}
+
 // The elements rows [ranges[i]) of `ds` (at `path`) hold; fails (CaptureError) on ranges that
 // are not sorted, disjoint and inside the extent.
 int64_t CaptureReader::Impl::rows_elements(
@@ -976,6 +1005,7 @@ Batch CaptureReader::read_batch(const Plan& plan, int64_t k, const ReadParts& pa
     if (parts.ctx) rb.ctx = I.read_ctx(plan, rp, g, rb.kjt.num_ids());
     I.read_dist_tensors(plan, rp, parts, g, r, rb);
     I.read_keys(plan, rp, rb);
+    I.read_mean_divisor(plan, rp, rb.kjt);
     I.read_module_output(plan, rp, parts, rb);
   }
   return batch;
@@ -994,6 +1024,7 @@ const char* const kRankDatasets[] = {"lengths",
                                      "ctx/unbucketize_permute",
                                      "ctx/lengths_after_input_dist",
                                      "keys",
+                                     "mean_divisor",
                                      "local_embs",
                                      "output",
                                      "inverse_indices",

@@ -322,6 +322,12 @@ void CaptureWriter::write_rank_inputs(int64_t r, const RankBatch& rb) {
       I.int_attr(cg, cp, "variable_batch_per_feature", *c.variable_batch_per_feature ? 1 : 0);
   }
   if (rb.keys) I.strings(rg, rp, "keys", *rb.keys);
+  if (!rb.kjt.mean_divisor.empty()) {
+    std::vector<std::string> md;
+    for (MeanDivisor d : rb.kjt.mean_divisor)
+      md.emplace_back(d == MeanDivisor::weights ? "weights" : "count");
+    I.strings(rg, rp, "mean_divisor", md);
+  }
   if (rb.local_embs) I.floats(rg, rp, "local_embs", *rb.local_embs);
   I.next = Impl::Next::outputs;
 }

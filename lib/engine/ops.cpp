@@ -433,10 +433,12 @@ std::vector<float> mean_divisors(const Plan& plan, const Kjt& kjt) {
   int64_t i = 0;
   for (int64_t f = 0; f < kjt.num_features; ++f) {
     const bool mean = plan.features[f].pooling == PoolingMode::mean;
+    const bool by_weights = kjt.weighted && (kjt.mean_divisor.empty() ||
+                                             kjt.mean_divisor[size_t(f)] == MeanDivisor::weights);
     const int64_t j0 = kjt.bag_begin(f);
     for (int64_t j = j0; j < j0 + kjt.batch_size(f); ++j) {
       float len = 1.0f;
-      if (mean && kjt.weighted) {
+      if (mean && by_weights) {
         len = 0.0f;
         for (int64_t k = i; k < i + kjt.lengths[j]; ++k) len += kjt.weights[k];
       } else if (mean) {

@@ -143,7 +143,8 @@ RowRef lookup_row(const Plan& plan, int64_t f, int64_t rank, int64_t local);
 
 // §7.1 mean-pooling divisors of a pre-input-dist KJT, [num_bags] by flat bag index j:
 // float32(length, or the sum of its weights in bag order) + 1e-6f for MEAN features, and
-// 1 + 1e-6f for SUM features. Only meaningful when plan.any_mean.
+// 1 + 1e-6f for SUM features. The weights only where kjt.mean_divisor says so (empty: every
+// feature of a weighted KJT). Only meaningful when plan.any_mean.
 std::vector<float> mean_divisors(const Plan& plan, const Kjt& kjt);
 
 // §7.2 VariableBatchPooledEmbeddingsReduceScatter input splits, in ELEMENTS:

@@ -15,6 +15,11 @@
 
 namespace dynemb {
 
+// What the module's MEAN pooling divides a bag's sum by (docs/mean-pooling.md): the bag's id
+// count, or the sum of its ids' weights. TorchRec takes the weights when the module's own input
+// KJT is weighted; a feature-processed EBC's input is not, though its lookup gets weights.
+enum class MeanDivisor : uint8_t { count, weights };
+
 // One rank's local KJT for this sharding, before the input dist (§1).
 struct Kjt {
   int64_t num_features = 0;      // F
@@ -24,6 +29,9 @@ struct Kjt {
   bool weighted = false;
   // VBE (variable batch per feature): B_f for every feature. Empty when not VBE.
   std::vector<int64_t> stride_per_feature;
+  // [F] as captured (`mean_divisor`); empty: `weights` for every feature of a weighted KJT,
+  // else `count`.
+  std::vector<MeanDivisor> mean_divisor;
   IndexType lengths_type = IndexType::i64;
   IndexType values_type = IndexType::i64;
 

@@ -119,6 +119,14 @@ void Replayer::diagnose_local_means(CheckResult& c, const EmbTensor& captured,
                                     const EmbTensor& sums, const LookupKjt& lk,
                                     const TensorLayout& layout) const {
   const EmbTensor means = per_rank_means(plan_, lk, sums);
+  // Evidence first: a MEAN element whose mean differs from its sum (a bag of two or more ids)
+  // and whose captured value differs from the sum. Where every MEAN bag holds 0 or 1 ids a
+  // mean is its sum, and a difference elsewhere (a SUM column) says nothing about MEAN.
+  if (captured.data.size() != sums.data.size() || means.data.size() != sums.data.size()) return;
+  bool evidence = false;
+  for (size_t e = 0; e < sums.data.size() && !evidence; ++e)
+    evidence = means.data[e] != sums.data[e] && !tol_.accepts(captured.data[e], sums.data[e]);
+  if (!evidence) return;
   const TensorDiff d = diff_tensors(captured, means, diagnosis_tolerance(), layout, 1);
   if (!d.shape_ok || d.mismatches != 0) return;
   c.cause = "lookup kept MEAN pooling under RW";
@@ -149,6 +157,88 @@ void Replayer::diagnose_output_after_callback(CheckResult& c, const EmbTensor& r
       "(a capture written by a dynemb-dist synth older than this rule holds divided values "
       "too: regenerate it with synth). " +
       c.message;
+}
+
+namespace {
+
+// Rows x columns of feature f of two module outputs [B, sum_D] agree within `tol`.
+bool feature_columns_agree(const EmbTensor& a, const EmbTensor& b, const FeatureInfo& fi,
+                           int64_t sum_dim, const Tolerance& tol) {
+  if (a.shape != b.shape || a.shape.size() != 2) return false;
+  for (int64_t r = 0; r < a.rows(); ++r)
+    for (int64_t c = fi.column_offset; c < fi.column_offset + fi.dim; ++c)
+      if (!tol.accepts(a.data[size_t(r * sum_dim + c)], b.data[size_t(r * sum_dim + c)]))
+        return false;
+  return true;
+}
+
+// `kjt` with every feature's MEAN divisor set to `d`; `positions`: its weights replaced by each
+// id's 0-based position in its bag (what TorchRec's input dist carries as the weights of a
+// feature-processed module's KJT).
+Kjt with_divisor(const Kjt& kjt, MeanDivisor d, bool positions) {
+  Kjt k = kjt;
+  if (positions) {
+    k.weights.clear();
+    for (int64_t len : kjt.lengths)
+      for (int64_t i = 0; i < len; ++i) k.weights.push_back(static_cast<float>(i));
+    k.weighted = true;
+  }
+  k.mean_divisor.assign(size_t(k.num_features), d);
+  return k;
+}
+
+}  // namespace
+
+// A failing module check whose MEAN columns match a division by another divisor than the
+// documented one (the capture's mean_divisor): names each such feature and that divisor.
+void Replayer::diagnose_module_divisor(CheckResult& m, const EmbTensor& out,
+                                       const RankBatch& rb) const {
+  if (!plan_.any_mean || !rb.module_output) return;
+  const std::vector<int64_t>* inv = rb.inverse_indices ? &*rb.inverse_indices : nullptr;
+  const Kjt& kjt = rb.kjt;
+  auto by_weights = [&](size_t f) {
+    return kjt.weighted &&
+           (kjt.mean_divisor.empty() || kjt.mean_divisor[f] == MeanDivisor::weights);
+  };
+  struct Alt {
+    Kjt kjt;
+    std::string what;
+    int weights;  // 1: the capture's weights, 0: the id count, -1: neither
+  };
+  std::vector<Alt> alts;
+  alts.push_back({with_divisor(kjt, MeanDivisor::count, false), "the id count", 0});
+  if (kjt.weighted)
+    alts.push_back(
+        {with_divisor(kjt, MeanDivisor::weights, false), "Σ of the captured weights", 1});
+  alts.push_back({with_divisor(kjt, MeanDivisor::weights, true),
+                  "Σ weights at the input dist: each id's 0-based position in its bag, which "
+                  "TorchRec's position-weighted feature processor carries as the KJT's weights",
+                  -1});
+  std::vector<EmbTensor> outs;
+  try {
+    const EmbTensor documented = module_output(plan_, kjt, out, inv);
+    for (const Alt& a : alts) outs.push_back(module_output(plan_, a.kjt, out, inv));
+    std::vector<std::string> found;
+    for (size_t f = 0; f < plan_.features.size(); ++f) {
+      const FeatureInfo& fi = plan_.features[f];
+      if (fi.pooling != PoolingMode::mean) continue;
+      if (feature_columns_agree(documented, *rb.module_output, fi, plan_.sum_dim, tol_)) continue;
+      const int documented_kind = by_weights(f) ? 1 : 0;
+      for (size_t i = 0; i < alts.size(); ++i)
+        if (alts[i].weights != documented_kind &&
+            feature_columns_agree(outs[i], *rb.module_output, fi, plan_.sum_dim,
+                                  diagnosis_tolerance())) {
+          found.push_back(fmt::format("feature {}: module output = sums / ({}); MEAN expects {}",
+                                      fi.name, alts[i].what,
+                                      documented_kind ? "the sum of its weights" : "the id count"));
+          break;
+        }
+    }
+    if (found.empty()) return;
+    m.cause = "module divides MEAN by another divisor (TorchRec's mean pooling)";
+    m.message = fmt::format("{}. ", fmt::join(found, "; ")) + m.message;
+  } catch (const Error&) {
+  }
 }
 
 TensorLayout Replayer::output_layout(const Kjt& kjt, const EmbTensor& t) const {
@@ -487,11 +577,14 @@ void Replayer::emit_output_checks(BatchState& st, int r, std::optional<CheckResu
     } catch (const Error& e) {
       m = skipped(k, r, "module", "module_output", e.what());
     }
-    if (m.status == CheckStatus::fail)
+    if (m.status == CheckStatus::fail) {
       m.cause = !upstream.empty() ? upstream
                 : gold && gold->status == CheckStatus::fail
                     ? "the dist's output already differs"
-                    : "data (module output: the mean-pooling step after the dist)";
+                    : "module (the mean-pooling step after the dist)";
+      if (upstream.empty() && !(gold && gold->status == CheckStatus::fail))
+        diagnose_module_divisor(m, *out, rb);
+    }
     emit(std::move(m));
   }
   progress_rank_done(k);

@@ -300,6 +300,7 @@ class Replayer {
   void diagnose_output_after_callback(CheckResult& c, const EmbTensor& replayed,
                                       const EmbTensor& golden, const Kjt& kjt,
                                       const TensorLayout& layout) const;
+  void diagnose_module_divisor(CheckResult& m, const EmbTensor& out, const RankBatch& rb) const;
 };
 
 }  // namespace dynemb::replay_detail

@@ -204,9 +204,9 @@ std::string text_summary(const Report& r, bool colour) {
   const int64_t ran = sum.checks - sum.skipped;
   s += fmt::format(
       "# result: {} (exit {}): {} context mismatches, {} lookup mismatches, {} output "
-      "mismatches ({} data), {} errors; {} {} ran{}\n",
+      "mismatches ({} data), {} module mismatches, {} errors; {} {} ran{}\n",
       word, sum.exit_code, sum.context_mismatches, sum.lookup_mismatches, sum.output_mismatches,
-      sum.data_mismatches, sum.errors, ran, ran == 1 ? "check" : "checks",
+      sum.data_mismatches, sum.module_mismatches, sum.errors, ran, ran == 1 ? "check" : "checks",
       sum.skipped > 0 ? fmt::format(", {} skipped", sum.skipped) : "");
   return s;
 }

@@ -6,21 +6,35 @@
 - ``CaptureWriter``: the low-level per-rank writer for custom jobs (numpy + h5py only).
 - ``merge(rank_files, out)``: compress and ``dynemb-dist merge`` per-rank files.
 
-The package version equals dynemb-dist's (``__version__``, the top-level CMakeLists.txt).
+``__version__`` is the version of dynemb-dist itself: this line is its only source (the
+top-level CMakeLists.txt and python/pyproject.toml read it).
 """
 
 __version__ = "0.1.0"
 
-from .capture import Capture, CaptureWarning, capture, merge  # noqa: E402,F401
-from .torchrec_adapter import context_from_torchrec, fill_oracle  # noqa: E402,F401
-from .writer import (  # noqa: E402,F401
+from .capture import Capture, CaptureWarning, capture, merge  # noqa: E402
+from .torchrec_adapter import context_from_torchrec, fill_oracle  # noqa: E402
+from .writer import (  # noqa: E402
     FORMAT,
     FORMAT_VERSION,
     CaptureWriter,
     CaptureWriterError,
     compress_file,
-    fmix64,
-    keys_array,
     oracle_rows,
-    to_numpy,
 )
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "Capture",
+    "CaptureWarning",
+    "CaptureWriter",
+    "CaptureWriterError",
+    "capture",
+    "compress_file",
+    "context_from_torchrec",
+    "fill_oracle",
+    "merge",
+    "oracle_rows",
+    "__version__",
+]

@@ -15,25 +15,33 @@ output); a writer thread per file writes them, uncompressed unless ``compression
 once they pass a memory budget or when the ``with`` block ends.
 """
 
+from __future__ import annotations
+
 import os
-import queue
 import shutil
 import subprocess
 import tempfile
 import threading
 import warnings
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 
 from . import torchrec_adapter as adapter
 from .writer import CaptureWriter, CaptureWriterError, compress_file
 
+if TYPE_CHECKING:
+    from .torchrec_adapter import RwTarget
+
+StrPath = Union[str, "os.PathLike[str]"]
+
 
 class CaptureWarning(UserWarning):
     """What capture() does not capture (sharding types, module types), never silent."""
 
 
-def _nbytes(obj):
+def _nbytes(obj: Any) -> int:
     if isinstance(obj, np.ndarray):
         return obj.nbytes
     if isinstance(obj, dict):
@@ -50,18 +58,19 @@ class AsyncWriter:
     default budget a short capture is written when the ``with`` block ends.
     """
 
-    def __init__(self, writer, budget_bytes=256 << 20):
+    def __init__(self, writer: CaptureWriter, budget_bytes: int = 256 << 20) -> None:
         self.writer = writer
         self.budget = int(budget_bytes)
-        self._items, self._bytes = [], 0
+        self._items: List[Tuple[int, Dict[str, Any]]] = []
+        self._bytes = 0
         self._cv = threading.Condition()
         self._closing = False
-        self._err = None
+        self._err: Optional[BaseException] = None
         self._th = threading.Thread(target=self._run, name=f"dynemb-capture-{writer.rank}",
                                     daemon=True)
         self._th.start()
 
-    def _run(self):
+    def _run(self) -> None:
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._closing or self._bytes > self.budget)
@@ -78,7 +87,7 @@ class AsyncWriter:
                     if not self._items:
                         return
 
-    def write_batch(self, k, **kw):
+    def write_batch(self, k: int, **kw: Any) -> None:
         if self._err is not None:
             raise self._err
         with self._cv:
@@ -87,27 +96,27 @@ class AsyncWriter:
             if self._bytes > self.budget:
                 self._cv.notify()
 
-    def _finish(self):
+    def _finish(self) -> None:
         with self._cv:
             self._closing = True
             self._cv.notify()
         self._th.join()
 
-    def close(self):
+    def close(self) -> None:
         self._finish()
         if self._err is not None:
             self.writer.abort()
             raise self._err
         self.writer.close()
 
-    def abort(self):
+    def abort(self) -> None:
         with self._cv:
             self._items, self._bytes = [], 0
         self._finish()
         self.writer.abort()
 
 
-def find_dynemb(dynemb=None):
+def find_dynemb(dynemb: Optional[str] = None) -> Optional[str]:
     """The dynemb-dist binary: the argument, $DYNEMB, or dynemb-dist on PATH (None if none)."""
     for c in (dynemb, os.environ.get("DYNEMB"), shutil.which("dynemb-dist")):
         if c and os.path.exists(c):
@@ -115,7 +124,8 @@ def find_dynemb(dynemb=None):
     return None
 
 
-def merge(rank_files, out, dynemb=None, compression="gzip"):
+def merge(rank_files: Sequence[StrPath], out: StrPath, dynemb: Optional[str] = None,
+          compression: Optional[str] = "gzip") -> "subprocess.CompletedProcess[str]":
     """Compresses the per-rank files (a copy each, ``compression`` None to skip) and runs
     ``dynemb-dist merge`` on them into ``out``. Returns the merge's CompletedProcess; raises
     CaptureWriterError when dynemb-dist is not found or the merge fails."""
@@ -130,7 +140,7 @@ def merge(rank_files, out, dynemb=None, compression="gzip"):
                 compress_file(f, c, compression)
                 files.append(c)
             else:
-                files.append(f)
+                files.append(os.fspath(f))
         p = subprocess.run([exe, "merge", *files, "-o", os.fspath(out), "--force"],
                            capture_output=True, text=True)
     if p.returncode != 0:
@@ -140,18 +150,22 @@ def merge(rank_files, out, dynemb=None, compression="gzip"):
 
 
 class _Record:
-    __slots__ = ("k", "step", "data", "inv")
+    __slots__ = ("k", "step", "data", "inv", "weighted")
 
-    def __init__(self, k, step, inv):
-        self.k, self.step, self.data, self.inv = k, step, {}, inv
+    def __init__(self, k: int, step: int, inv: Any, weighted: Optional[bool]) -> None:
+        self.k, self.step, self.inv = k, step, inv
+        self.data: Dict[str, Any] = {}
+        self.weighted = weighted  # the module's own input KJT carried weights (None: unseen)
 
 
 class Capture:
     """The context manager returned by capture(); see its docstring."""
 
-    def __init__(self, model, out_dir, batches, module_output="auto", compression=None,
-                 merge=True, merge_compression="gzip", dynemb=None, oracle_seed=None,
-                 budget_bytes=256 << 20):
+    def __init__(self, model: Any, out_dir: StrPath, batches: Iterable[int],
+                 module_output: Union[str, bool] = "auto", compression: Optional[str] = None,
+                 merge: bool = True, merge_compression: Optional[str] = "gzip",
+                 dynemb: Optional[str] = None, oracle_seed: Optional[int] = None,
+                 budget_bytes: int = 256 << 20) -> None:
         self.model = model
         self.out_dir = os.fspath(out_dir)
         steps = sorted({int(b) for b in batches})
@@ -167,17 +181,22 @@ class Capture:
         self.dynemb = dynemb
         self.oracle_seed = oracle_seed
         self.budget_bytes = budget_bytes
-        self.targets = []
-        self.not_captured = []
-        self.rank_files = {}     # fqn -> this rank's file
-        self.merged = {}         # fqn -> merged capture (rank 0, after exit)
-        self.captured = {}       # fqn -> number of batches written by this rank
-        self._hooks, self._writers, self._steps, self._cur, self._inv = [], {}, {}, {}, {}
-        self._warned = set()
+        self.targets: List[RwTarget] = []
+        self.not_captured: List[str] = []
+        self.rank_files: Dict[str, str] = {}  # fqn -> this rank's file
+        self.merged: Dict[str, str] = {}      # fqn -> merged capture (rank 0, after exit)
+        self.captured: Dict[str, int] = {}    # fqn -> number of batches written by this rank
+        self._hooks: List[Any] = []
+        self._writers: Dict[str, AsyncWriter] = {}
+        self._steps: Dict[str, int] = {}
+        self._cur: Dict[str, Optional[_Record]] = {}
+        self._inv: Dict[str, Any] = {}
+        self._weighted: Dict[str, Optional[bool]] = {}
+        self._warned: set[str] = set()
         self.hook_seconds = 0.0  # training-thread time spent in the capture hooks
 
     # -- set-up / tear-down
-    def __enter__(self):
+    def __enter__(self) -> "Capture":
         self.targets, self.not_captured = adapter.find_rw_shardings(self.model)
         for msg in self.not_captured:
             warnings.warn(f"dynemb_capture: {msg}", CaptureWarning, stacklevel=2)
@@ -188,7 +207,7 @@ class Capture:
             d = os.path.join(self.out_dir, t.fqn or "model")
             os.makedirs(d, exist_ok=True)
             path = os.path.join(d, f"rank{t.rank}.h5")
-            w = CaptureWriter(path, t.plan_yaml, t.world_size, t.rank,
+            w = CaptureWriter(path, t.plan_yaml or "", t.world_size, t.rank,
                               oracle_seed=self.oracle_seed, compression=self.compression)
             self._writers[t.fqn] = AsyncWriter(w, self.budget_bytes)
             self.rank_files[t.fqn] = path
@@ -196,29 +215,56 @@ class Capture:
             self._steps[t.fqn] = 0
             self._cur[t.fqn] = None
             self._inv[t.fqn] = None
+            self._weighted[t.fqn] = None
             self._hooks.append(adapter.Hooks(t, self))
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
         for h in self._hooks:
             h.remove()
         self._hooks = []
         if exc_type is not None:
             for w in self._writers.values():
                 w.abort()
-            return False
+            return
         for t in self.targets:
             self._submit(t)
-        for w in self._writers.values():
-            w.close()
+        self._warn_missing_steps()
+        for t in self.targets:
+            w = self._writers[t.fqn]
+            if self.captured[t.fqn] == 0:
+                w.abort()  # a file of 0 batches replays nothing: none is written
+                warnings.warn(f"dynemb_capture: module '{t.fqn}': 0 batches captured on rank "
+                              f"{t.rank}; no file written", CaptureWarning, stacklevel=2)
+                try:  # the module's directory, if nothing else is in it
+                    os.rmdir(os.path.dirname(self.rank_files[t.fqn]))
+                except OSError:
+                    pass
+                del self.rank_files[t.fqn]
+            else:
+                w.close()
         adapter.barrier()
         if self.do_merge and adapter.dist_rank() == 0:
             for t in self.targets:
                 self._merge_one(t)
         adapter.barrier()
-        return False
 
-    def _merge_one(self, t):
+    def _warn_missing_steps(self) -> None:
+        """A CaptureWarning per module whose requested steps did not (all) run."""
+        for t in self.targets:
+            ran = self._steps[t.fqn]
+            missing = [s for s in self._wanted if s >= ran]
+            if missing:
+                warnings.warn(f"dynemb_capture: module '{t.fqn}': requested steps "
+                              f"{_ranges(missing)} did not run (steps 0..{ran - 1} ran"
+                              f"{'' if ran else ': none'}); {self.captured[t.fqn]} of "
+                              f"{len(self._wanted)} batches captured", CaptureWarning,
+                              stacklevel=3)
+
+    def _merge_one(self, t: RwTarget) -> None:
+        if self.captured[t.fqn] == 0:
+            return  # said in __exit__'s warning
         d = os.path.dirname(self.rank_files[t.fqn])
         files = [os.path.join(d, f"rank{r}.h5") for r in range(t.world_size)]
         missing = [f for f in files if not os.path.exists(f)]
@@ -236,10 +282,11 @@ class Capture:
         self.merged[t.fqn] = out
 
     # -- called by the adapter's hooks (training thread)
-    def on_module_input(self, t, inv):
+    def on_module_input(self, t: RwTarget, inv: Any, weighted: Optional[bool] = None) -> None:
         self._inv[t.fqn] = inv
+        self._weighted[t.fqn] = weighted
 
-    def want(self, t):
+    def want(self, t: RwTarget) -> bool:
         self._submit(t)  # a record still waiting for a module output that never came
         step = self._steps[t.fqn]
         self._steps[t.fqn] = step + 1
@@ -247,23 +294,27 @@ class Capture:
         if k is None:
             self._inv[t.fqn] = None
             return False
-        self._cur[t.fqn] = _Record(k, step, self._inv[t.fqn])
+        self._cur[t.fqn] = _Record(k, step, self._inv[t.fqn], self._weighted[t.fqn])
         self._inv[t.fqn] = None
+        self._weighted[t.fqn] = None
         return True
 
-    def on_input(self, t, d):
-        self._cur[t.fqn].data.update(d)
-
-    def on_local(self, t, local_embs, ctx):
+    def on_input(self, t: RwTarget, d: Dict[str, Any]) -> None:
         r = self._cur[t.fqn]
+        assert r is not None  # want() made it
+        r.data.update(d)
+
+    def on_local(self, t: RwTarget, local_embs: Any, ctx: Optional[Dict[str, Any]]) -> None:
+        r = self._cur[t.fqn]
+        assert r is not None
         r.data["local_embs"], r.data["ctx"] = local_embs, ctx
 
-    def _wants_module_output(self, t):
+    def _wants_module_output(self, t: RwTarget) -> bool:
         if t.kind != "pooled":
             return False
         return t.has_mean if self.module_output == "auto" else bool(self.module_output)
 
-    def on_output(self, t, out):
+    def on_output(self, t: RwTarget, out: Any) -> None:
         r = self._cur[t.fqn]
         if r is None:
             return
@@ -271,7 +322,7 @@ class Capture:
         if not self._wants_module_output(t):
             self._submit(t)
 
-    def on_module_output(self, t, cols):
+    def on_module_output(self, t: RwTarget, cols: Dict[str, Any]) -> None:
         r = self._cur[t.fqn]
         if r is None or not self._wants_module_output(t):
             return
@@ -282,7 +333,7 @@ class Capture:
                 r.data["inverse_indices"] = r.inv
         self._submit(t)
 
-    def _submit(self, t):
+    def _submit(self, t: RwTarget) -> None:
         r = self._cur.get(t.fqn)
         if r is None:
             return
@@ -295,12 +346,31 @@ class Capture:
             warnings.warn(f"dynemb_capture: {t.fqn}: the module's output was not waited on in "
                           "its step; batches written without module_output", CaptureWarning)
         r.data.setdefault("keys", None)
+        if t.kind == "pooled" and r.weighted is not None:
+            # TorchRec's MEAN divides by the weights of the module's own input KJT, or by the
+            # id count when it has none (a feature-processed EBC: the weights come later).
+            r.data["mean_divisor"] = "weights" if r.weighted else "count"
         self._writers[t.fqn].write_batch(r.k, iteration=r.step, **r.data)
         self.captured[t.fqn] += 1
 
 
-def capture(model, out_dir, batches, module_output="auto", compression=None, merge=True,
-            merge_compression="gzip", dynemb=None, oracle_seed=None, budget_bytes=256 << 20):
+def _ranges(steps: Sequence[int]) -> str:
+    """[2, 3, 4, 7] -> '2..4, 7'."""
+    out, i = [], 0
+    while i < len(steps):
+        j = i
+        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
+            j += 1
+        out.append(str(steps[i]) if i == j else f"{steps[i]}..{steps[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def capture(model: Any, out_dir: StrPath, batches: Iterable[int],
+            module_output: Union[str, bool] = "auto", compression: Optional[str] = None,
+            merge: bool = True, merge_compression: Optional[str] = "gzip",
+            dynemb: Optional[str] = None, oracle_seed: Optional[int] = None,
+            budget_bytes: int = 256 << 20) -> Capture:
     """Captures every row-wise sharding of ``model`` (a DistributedModelParallel) while the
     ``with`` block trains, one file per rank and sharded module.
 

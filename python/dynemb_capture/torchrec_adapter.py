@@ -18,16 +18,25 @@ Private attributes read (TorchRec 1.4.0 and 1.9.2 alike):
   RwSparseFeaturesDist: _feature_block_sizes_tensor
 """
 
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
+
 import numpy as np
 
+if TYPE_CHECKING:
+    from .capture import Capture
+
 ROW_WISE = "row_wise"
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 _DATA_TYPES = {"FP32": "fp32", "FP16": "fp16", "BF16": "bf16"}
 # fbgemm_gpu BoundsCheckMode: FATAL=0, WARNING=1 (zero row, logged), IGNORE=2, NONE=3.
 _BOUNDS = {0: "error", 1: "warn_zero_row", 2: "ignore", 3: "ignore"}
 
 
-def _host(t):
+def _host(t: Any) -> Any:
     """A host (numpy) copy of a tensor: the one copy a captured step costs."""
     if t is None:
         return None
@@ -39,7 +48,7 @@ def _host(t):
     return t.to("cpu", copy=True).numpy()
 
 
-def context_from_torchrec(sharding_ctx):
+def context_from_torchrec(sharding_ctx: Any) -> Optional[Dict[str, Any]]:
     """The capture's ctx/ fields from a TorchRec sharding context, by attribute name.
 
     Works on SequenceShardingContext (EC) and EmbeddingShardingContext (EBC): reads
@@ -53,9 +62,9 @@ def context_from_torchrec(sharding_ctx):
 
     if sharding_ctx is None:
         return None
-    ctx = {}
+    ctx: Dict[str, Any] = {}
 
-    def get(name):
+    def get(name: str) -> Any:
         v = getattr(sharding_ctx, name, None)
         if v is None:
             return None
@@ -90,7 +99,8 @@ def context_from_torchrec(sharding_ctx):
 class RwTarget:
     """One RW sharding of one sharded module: what to hook, and its exported plan."""
 
-    def __init__(self, fqn, outer, coll, index, sharding, kind, fp_module):
+    def __init__(self, fqn: str, outer: Any, coll: Any, index: int, sharding: Any, kind: str,
+                 fp_module: Any) -> None:
         self.fqn = fqn              # module path in the model (plan key)
         self.outer = outer          # the module whose forward the model calls
         self.coll = coll            # ShardedEmbeddingBagCollection / ShardedEmbeddingCollection
@@ -101,23 +111,23 @@ class RwTarget:
         self.world_size = int(sharding._world_size)
         self.rank = int(sharding._rank)
         self.features = list(sharding.feature_names())
-        self.tables = []            # (table, [features]) in sharding order
-        self.dims = {}              # feature -> D
+        self.tables: List[Tuple[str, List[str]]] = []  # (table, [features]) in sharding order
+        self.dims: Dict[str, int] = {}                 # feature -> D
         self.has_mean = False
-        self.plan_yaml = None
-        self.problems = []
+        self.plan_yaml: Optional[str] = None
+        self.problems: List[str] = []
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"RwTarget({self.fqn!r}, {self.kind}, rw index {self.index}, W={self.world_size})"
 
 
-def _tables_in_sharding(sharding):
+def _tables_in_sharding(sharding: Any) -> Iterator[Any]:
     for group in sharding._grouped_embedding_configs:
         for t in group.embedding_tables:
             yield t
 
 
-def _bounds_check(target):
+def _bounds_check(target: RwTarget) -> str:
     modes = set()
     try:
         lookup = target.coll._lookups[target.index]
@@ -137,7 +147,7 @@ def _bounds_check(target):
     return _BOUNDS.get(min(modes), "warn_zero_row") if modes else "warn_zero_row"
 
 
-def _comm_precision(target):
+def _comm_precision(target: RwTarget) -> str:
     reg = getattr(target.coll, "qcomm_codecs_registry", None)
     if not reg:
         return "fp32"
@@ -154,7 +164,7 @@ def _comm_precision(target):
     return prec
 
 
-def _export_plan(target):
+def _export_plan(target: RwTarget) -> None:
     """The plan YAML of this RW sharding, tables and features in the sharding's order."""
     feats = target.features
     pos = {f: i for i, f in enumerate(feats)}
@@ -207,7 +217,7 @@ def _export_plan(target):
     target.plan_yaml = "\n".join(lines) + "\n"
 
 
-def find_rw_shardings(model):
+def find_rw_shardings(model: Any) -> Tuple[List[RwTarget], List[str]]:
     """Every RW sharding of every sharded EC / EBC / feature-processed EBC in ``model``
     (a DistributedModelParallel or any module containing sharded modules).
 
@@ -217,6 +227,7 @@ def find_rw_shardings(model):
     """
     from torchrec.distributed.embedding import ShardedEmbeddingCollection
     from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+    from torchrec.distributed.sharding.rw_sharding import BaseRwEmbeddingSharding
     from torchrec.distributed.types import ShardedModule
 
     try:
@@ -257,13 +268,15 @@ def find_rw_shardings(model):
                                 f"TorchRec version moved what the adapter reads ({e})")
             continue
         plan = getattr(coll, "module_sharding_plan", {}) or {}
-        for st in types:
-            if st != ROW_WISE:
-                tabs = sorted(t for t, ps in plan.items() if ps.sharding_type == st)
-                not_captured.append(f"module '{fqn}': tables {', '.join(tabs) or '?'} are "
-                                    f"sharded {st}; only row_wise shardings are captured")
         for i, (st, sh) in enumerate(zip(types, shardings)):
-            if st != ROW_WISE:
+            # By type: DynamicEmb's shardings subclass TorchRec's RW ones (other class names,
+            # the same input dist, lookup interface and output dist).
+            if not isinstance(sh, BaseRwEmbeddingSharding):
+                tabs = sorted(t for t, ps in plan.items() if ps.sharding_type == st)
+                how = (f"sharded {st} by {type(sh).__name__}, not a subclass of TorchRec's "
+                       "row-wise sharding" if st == ROW_WISE else f"sharded {st}")
+                not_captured.append(f"module '{fqn}': tables {', '.join(tabs) or '?'} are "
+                                    f"{how}; only row_wise shardings are captured")
                 continue
             t = RwTarget(fqn, m, coll, i, sh, kind, fp)
             _export_plan(t)
@@ -275,21 +288,20 @@ def find_rw_shardings(model):
     return targets, not_captured
 
 
-def _timed(fn):
+def _timed(fn: _F) -> _F:
     """Adds the hook's wall time to rec.hook_seconds (what capturing costs the training
     thread: host copies and bookkeeping)."""
-    import functools
     import time
 
     @functools.wraps(fn)
-    def run(self, *a, **kw):
+    def run(self: Hooks, *a: Any, **kw: Any) -> Any:
         t0 = time.perf_counter()
         try:
             return fn(self, *a, **kw)
         finally:
             self.rec.hook_seconds += time.perf_counter() - t0
 
-    return run
+    return run  # type: ignore[return-value]
 
 
 class Hooks:
@@ -304,11 +316,11 @@ class Hooks:
     rec.on_module_output(target, columns {feature: [B, D]})
     """
 
-    def __init__(self, target, rec):
+    def __init__(self, target: RwTarget, rec: Capture) -> None:
         self.t, self.rec = target, rec
-        self.handles = []
+        self.handles: List[Any] = []
         self._active = False
-        self._orig_create = None
+        self._orig_create: Optional[Callable[..., Any]] = None
         t = target
         self.handles.append(t.outer.register_forward_pre_hook(self._module_pre))
         self.handles.append(t.outer.register_forward_hook(self._module_post))
@@ -321,13 +333,14 @@ class Hooks:
             coll = t.coll
             self._orig_create = coll._create_input_dist
 
-            def create_and_hook(*a, **kw):
+            def create_and_hook(*a: Any, **kw: Any) -> None:
+                assert self._orig_create is not None
                 self._orig_create(*a, **kw)
                 self._hook_input(coll._input_dists[t.index])
 
             coll._create_input_dist = create_and_hook
 
-    def remove(self):
+    def remove(self) -> None:
         for h in self.handles:
             h.remove()
         self.handles = []
@@ -335,14 +348,17 @@ class Hooks:
             self.t.coll.__dict__.pop("_create_input_dist", None)
             self._orig_create = None
 
-    def _hook_input(self, idist):
+    def _hook_input(self, idist: Any) -> None:
         self._idist = idist
         self.handles.append(idist.register_forward_pre_hook(self._idist_pre))
 
     # -- hooks
     @_timed
-    def _module_pre(self, module, args):
-        kjt = args[0] if args else None
+    def _module_pre(self, module: Any, args: Tuple[Any, ...]) -> None:
+        kjt: Any = args[0] if args else None
+        weighted = None
+        if hasattr(kjt, "weights_or_none"):
+            weighted = kjt.weights_or_none() is not None
         inv = kjt.inverse_indices_or_none() if hasattr(kjt, "inverse_indices_or_none") else None
         if inv is not None:
             keys, ii = inv
@@ -351,10 +367,10 @@ class Hooks:
                 inv = _host(ii)[[row[f] for f in self.t.features]]
             except KeyError:
                 inv = None
-        self.rec.on_module_input(self.t, inv)
+        self.rec.on_module_input(self.t, inv, weighted)
 
     @_timed
-    def _idist_pre(self, module, args):
+    def _idist_pre(self, module: Any, args: Tuple[Any, ...]) -> None:
         self._active = self.rec.want(self.t)
         if not self._active:
             return
@@ -367,7 +383,7 @@ class Hooks:
             d["weights"] = _host(self._processed_weights(kjt))
         self.rec.on_input(self.t, d)
 
-    def _processed_weights(self, kjt):
+    def _processed_weights(self, kjt: Any) -> Any:
         """The per-id weights the lookup really uses in a feature-processed EBC.
 
         The processors run after the input dist, on each bag as it arrives at the rank that
@@ -390,7 +406,7 @@ class Hooks:
         return w[perm]
 
     @_timed
-    def _odist_pre(self, module, args, kwargs):
+    def _odist_pre(self, module: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         if not self._active:
             return
         embs = args[0] if args else kwargs.get("local_embs")
@@ -398,7 +414,7 @@ class Hooks:
         self.rec.on_local(self.t, _host(embs), context_from_torchrec(ctx))
 
     @_timed
-    def _odist_post(self, module, args, out):
+    def _odist_post(self, module: Any, args: Tuple[Any, ...], out: Any) -> None:
         if not self._active:
             return
         t, rec = self.t, self.rec
@@ -409,7 +425,7 @@ class Hooks:
                           f"{type(out).__name__}, not an Awaitable; batch not captured")
             return
 
-        def grab(res):
+        def grab(res: Any) -> Any:
             import time
 
             t0 = time.perf_counter()
@@ -420,12 +436,12 @@ class Hooks:
         out.callbacks.append(grab)
 
     @_timed
-    def _module_post(self, module, args, out):
+    def _module_post(self, module: Any, args: Tuple[Any, ...], out: Any) -> None:
         if not self._active or self.t.kind != "pooled" or not hasattr(out, "callbacks"):
             return
         t, rec = self.t, self.rec
 
-        def grab(kt):
+        def grab(kt: Any) -> Any:
             # After TorchRec's own callbacks (mean pooling): the module's final output.
             import time
 
@@ -438,20 +454,20 @@ class Hooks:
         out.callbacks.append(grab)
 
 
-def barrier():
+def barrier() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
 
 
-def dist_rank():
+def dist_rank() -> int:
     import torch.distributed as dist
 
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def fill_oracle(model, seed):
+def fill_oracle(model: Any, seed: int) -> int:
     """Overwrites every RW table's local shard with the hash64 oracle (capture-format.md):
     row g of the table at position t of its exported plan gets oracle_rows(seed, t, g).
     Lets replay check the lookup itself (``capture(..., oracle_seed=seed)``). Returns the
@@ -464,8 +480,8 @@ def fill_oracle(model, seed):
     targets, _ = find_rw_shardings(model)
     n = 0
     for t in targets:
-        index = {}
-        for line in t.plan_yaml.splitlines():
+        index: Dict[str, int] = {}
+        for line in (t.plan_yaml or "").splitlines():
             if line.startswith("  - name: "):
                 index[line.split(": ", 1)[1]] = len(index)
         sd = t.coll.state_dict()

@@ -31,10 +31,23 @@ For a sequence (EmbeddingCollection) sharding the context is a SequenceShardingC
 ``local_embs`` is ``[sum_s B_s, sum_D]`` (1-D for variable batch per feature).
 """
 
+from __future__ import annotations
+
 import os
+import sys
+import threading
+from types import TracebackType
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Type, Union
 
 import h5py
 import numpy as np
+import numpy.typing as npt
+
+#: A tensor as the writer takes it: a numpy array, a list, or anything with
+#: ``.detach().cpu().numpy()`` (a torch tensor; torch is never imported here).
+TensorLike = Any
+#: A context dict as context_from_torchrec() returns it (field name -> array or flag).
+Context = Dict[str, Any]
 
 FORMAT = "dynemb-dist-capture"
 FORMAT_VERSION = 1
@@ -49,7 +62,73 @@ class CaptureWriterError(ValueError):
     """Input that cannot be written as capture format v1; the message names the field."""
 
 
-def to_numpy(x):
+_REAPER_CODE = (
+    "import os, sys\n"
+    "paths = set()\n"
+    "for line in sys.stdin:\n"
+    "    op, p = line[:1], line[1:].rstrip('\\n')\n"
+    "    (paths.add if op == '+' else paths.discard)(p)\n"
+    "for p in paths:\n"
+    "    try:\n"
+    "        os.remove(p)\n"
+    "    except OSError:\n"
+    "        pass\n"
+)
+
+
+class _Reaper:
+    """Removes this process's temporary files when it dies, however it dies.
+
+    A signal handler cannot do it: mp.spawn's SIGTERM finds a rank blocked inside a gloo
+    collective, where Python runs no handler, and the SIGKILL that follows runs nothing. So a
+    small child process holds the list (a line "+path" / "-path" per change on its stdin) and,
+    when its stdin reaches end of file (this process exited, normally or not), removes every
+    path still listed. One per process, started with the first temporary file.
+    """
+
+    def __init__(self) -> None:
+        self._fd = -1   # write end of the helper's stdin (close-on-exec)
+        self._pid = -1  # the process that started it
+        self._lock = threading.Lock()
+
+    def _start(self) -> None:
+        r, w = os.pipe()
+        try:
+            os.posix_spawn(sys.executable, [sys.executable, "-c", _REAPER_CODE], dict(os.environ),
+                           file_actions=[(os.POSIX_SPAWN_DUP2, r, 0),
+                                         (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                                         (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0)],
+                           setsid=True)  # its own session: a Ctrl-C to the job spares it
+        except OSError:
+            os.close(w)
+            w = -1
+        os.close(r)
+        self._fd = w
+
+    def _send(self, line: str) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # none yet, or a forked child: one of its own
+                self._pid = os.getpid()
+                self._start()
+            if self._fd < 0:
+                return
+            try:
+                os.write(self._fd, line.encode("utf-8", "surrogateescape") + b"\n")
+            except OSError:
+                pass
+
+    def add(self, path: str) -> None:
+        """``path`` is removed if this process dies before discard(path)."""
+        self._send("+" + os.path.abspath(path))
+
+    def discard(self, path: str) -> None:
+        self._send("-" + os.path.abspath(path))
+
+
+_reaper = _Reaper()
+
+
+def to_numpy(x: TensorLike) -> Any:
     """numpy array from a numpy array, a list, or a tensor (duck-typed, no torch import).
 
     bfloat16 tensors (numpy has no bfloat16) come back as a float32 array; the writer
@@ -72,16 +151,16 @@ def to_numpy(x):
 class _BF16(np.ndarray):
     """Marks a float32 array whose values are bfloat16 (came from a torch.bfloat16 tensor)."""
 
-    def __new__(cls, arr):
+    def __new__(cls, arr: Any) -> "_BF16":
         return np.asarray(arr, dtype=np.float32).view(cls)
 
 
-def _int_list(x):
+def _int_list(x: TensorLike) -> npt.NDArray[np.int64]:
     a = to_numpy(x)
     return np.asarray(a, dtype=np.int64)
 
 
-def _chunks_for(shape, itemsize):
+def _chunks_for(shape: Tuple[int, ...], itemsize: int) -> Tuple[int, ...]:
     """Chunk shape of at most _CHUNK_BYTES: whole trailing rows, as many as fit."""
     if len(shape) == 1:
         return (max(1, min(shape[0], _CHUNK_BYTES // itemsize)),)
@@ -97,7 +176,7 @@ def _chunks_for(shape, itemsize):
 COMPRESSIONS = (None, "lzf", "gzip")
 
 
-def _put(group, name, arr, compression=None):
+def _put(group: Any, name: str, arr: Any, compression: Optional[str] = None) -> Any:
     """Writes arr as group/name; with a compression, large datasets are chunked (<= 1 MiB)
     + shuffle + the codec (gzip at level 4, or lzf)."""
     arr = np.ascontiguousarray(arr)
@@ -116,14 +195,14 @@ def _put(group, name, arr, compression=None):
     return group.create_dataset(name, data=arr)
 
 
-def keys_array(keys):
+def keys_array(keys: Iterable[Union[str, bytes]]) -> npt.NDArray[np.bytes_]:
     """KJT keys as fixed-length NUL-padded byte strings (numpy ``S<n>``, n >= 1)."""
     enc = [k.encode("utf-8") if isinstance(k, str) else bytes(k) for k in keys]
     n = max([1] + [len(k) for k in enc])
     return np.array(enc, dtype=f"S{n}")
 
 
-def _encode_float(arr, what):
+def _encode_float(arr: Any, what: str) -> Tuple[Any, Optional[str]]:
     """float32/float16 kept as is; bfloat16 (from torch) as uint16 bits + attr dtype."""
     if isinstance(arr, _BF16):
         bits = np.asarray(arr, dtype=np.float32).view(np.uint32) >> 16
@@ -148,7 +227,9 @@ class CaptureWriter:
                  "lzf" (fast) or "gzip" (level 4, small; what merge-time compression uses).
     """
 
-    def __init__(self, path, plan_yaml, world_size, rank, oracle_seed=None, compression=None):
+    def __init__(self, path: Union[str, "os.PathLike[str]"], plan_yaml: str, world_size: int,
+                 rank: int, oracle_seed: Optional[int] = None,
+                 compression: Optional[str] = None) -> None:
         if compression not in COMPRESSIONS:
             raise CaptureWriterError(f"compression: {compression!r} (None, 'lzf' or 'gzip')")
         self.compression = compression
@@ -162,9 +243,10 @@ class CaptureWriter:
         self.path = os.fspath(path)
         self.world_size, self.rank = world_size, rank
         self._tmp = f"{self.path}.tmp-{os.getpid()}"
-        self._f = h5py.File(self._tmp, "w")
-        self._batches = set()
-        self._num_features = None
+        _reaper.add(self._tmp)
+        self._f: Optional[Any] = h5py.File(self._tmp, "w")
+        self._batches: Set[int] = set()
+        self._num_features: Optional[int] = None
         f = self._f
         f.attrs["format"] = FORMAT
         f.attrs["format_version"] = np.int64(FORMAT_VERSION)
@@ -177,17 +259,17 @@ class CaptureWriter:
             g.attrs["kind"] = "hash64"
             g.attrs["seed"] = np.uint64(oracle_seed)
 
-    def __enter__(self):
+    def __enter__(self) -> "CaptureWriter":
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
         if exc_type is None:
             self.close()
         else:
             self.abort()
-        return False
 
-    def write_table(self, name, weight):
+    def write_table(self, name: str, weight: TensorLike) -> None:
         """/tables/<name>/weight: the full unsharded table [num_embeddings, D] (optional; the
         oracle makes it unnecessary). Write it in one rank's file (merge copies rank 0's)."""
         if self._f is None:
@@ -201,19 +283,20 @@ class CaptureWriter:
 
     def write_batch(
         self,
-        k,
-        lengths,
-        values,
-        weights=None,
-        stride_per_feature=None,
-        ctx=None,
-        local_embs=None,
-        output=None,
-        iteration=None,
-        keys=None,
-        module_output=None,
-        inverse_indices=None,
-    ):
+        k: int,
+        lengths: TensorLike,
+        values: TensorLike,
+        weights: Optional[TensorLike] = None,
+        stride_per_feature: Optional[TensorLike] = None,
+        ctx: Optional[Context] = None,
+        local_embs: Optional[TensorLike] = None,
+        output: Optional[TensorLike] = None,
+        iteration: Optional[int] = None,
+        keys: Optional[Sequence[Union[str, bytes]]] = None,
+        module_output: Optional[TensorLike] = None,
+        inverse_indices: Optional[TensorLike] = None,
+        mean_divisor: Optional[Union[str, Sequence[str]]] = None,
+    ) -> None:
         """Writes /batches/<k>/rank<r>/ for this rank.
 
         lengths:  int32|int64 [F*B] key-major ([sum_f B_f] with stride_per_feature (VBE)).
@@ -227,6 +310,12 @@ class CaptureWriter:
                   features, plan column order, float32 [B_r, sum_D] ([B_full, sum_D] in VBE).
         inverse_indices: int64 [F, B_full], the module input KJT's inverse indices, rows in
                   plan feature order (required with module_output in a VBE batch).
+        mean_divisor: pooled only, what the module's MEAN pooling divides each feature's bags
+                  by: "count" (the ids) or "weights" (the sum of their weights), one string
+                  for every feature or a list of F. Give it when the module's own input KJT is
+                  not the one captured: a feature-processed EBC's input has no weights (its
+                  MEAN divides by the id count) while ``weights`` holds the processed ones the
+                  lookup uses. Without it replay takes the weights when there are any.
         """
         if self._f is None:
             raise CaptureWriterError("write_batch after close()")
@@ -251,6 +340,25 @@ class CaptureWriter:
         ka = keys_array(keys) if keys is not None else None
         if ka is not None:
             self._check_features(where + "/keys", ka.size)
+        md = None
+        if mean_divisor is not None:
+            nf = ka.size if ka is not None else self._num_features
+            if stride_per_feature is not None:
+                nf = int(np.asarray(to_numpy(stride_per_feature)).size)
+            md_list = [mean_divisor] * (nf or 0) if isinstance(mean_divisor, str) \
+                else list(mean_divisor)
+            if not md_list:
+                raise CaptureWriterError(f"{where}/mean_divisor: give one per feature (F is "
+                                         "not known without keys)")
+            for i, d in enumerate(md_list):
+                if d not in ("count", "weights"):
+                    raise CaptureWriterError(f"{where}/mean_divisor: entry {i} is {d!r}, want "
+                                             "'count' or 'weights'")
+                if d == "weights" and weights is None:
+                    raise CaptureWriterError(f"{where}/mean_divisor: entry {i} is 'weights' "
+                                             "but the KJT has no weights")
+            self._check_features(where + "/mean_divisor", len(md_list))
+            md = keys_array(md_list)
         mo = None
         if module_output is not None:
             mo, _ = _encode_float(to_numpy(module_output), f"{where}/module_output")
@@ -277,6 +385,8 @@ class CaptureWriter:
         _put(g, "values", values, c)
         if ka is not None:
             _put(g, "keys", ka)
+        if md is not None:
+            _put(g, "mean_divisor", md)
         if weights is not None:
             w = np.asarray(to_numpy(weights), dtype=np.float32).reshape(-1)
             if w.size != values.size:
@@ -308,13 +418,13 @@ class CaptureWriter:
             self._f[f"/batches/{k}"].attrs["iteration"] = np.int64(iteration)
         self._batches.add(k)
 
-    def _check_features(self, what, nf):
+    def _check_features(self, what: str, nf: int) -> None:
         if self._num_features is None:
             self._num_features = nf
         elif nf != self._num_features:
             raise CaptureWriterError(f"{what}: {nf} features, earlier batches had {self._num_features}")
 
-    def _write_ctx(self, g, where, ctx, n_ids):
+    def _write_ctx(self, g: Any, where: str, ctx: Context, n_ids: int) -> None:
         W = self.world_size
         known = {
             "input_splits",
@@ -368,7 +478,7 @@ class CaptureWriter:
         vb = ctx.get("variable_batch_per_feature")
         g.attrs["variable_batch_per_feature"] = np.int64(1 if vb else 0)
 
-    def close(self):
+    def close(self) -> None:
         """Checks batches are 0..nb-1, sets num_batches, closes and renames into place."""
         if self._f is None:
             return
@@ -381,17 +491,20 @@ class CaptureWriter:
         self._f.close()
         self._f = None
         os.replace(self._tmp, self.path)
+        _reaper.discard(self._tmp)
 
-    def abort(self):
+    def abort(self) -> None:
         """Drops the half-written temp file (the final path is never touched)."""
         if self._f is not None:
             self._f.close()
             self._f = None
         if os.path.exists(self._tmp):
             os.remove(self._tmp)
+        _reaper.discard(self._tmp)
 
 
-def compress_file(src, dst, compression="gzip"):
+def compress_file(src: Union[str, "os.PathLike[str]"], dst: Union[str, "os.PathLike[str]"],
+                  compression: str = "gzip") -> None:
     """Copies capture file src to dst with every dataset of 64 KiB or more chunked (<= 1 MiB)
     + shuffle + compression (gzip level 4 by default). Groups, attributes, dtypes and values
     are unchanged. Runs after the job (before ``dynemb-dist merge``), not on its critical path.
@@ -399,15 +512,16 @@ def compress_file(src, dst, compression="gzip"):
     if compression not in ("lzf", "gzip"):
         raise CaptureWriterError(f"compression: {compression!r} ('lzf' or 'gzip')")
     tmp = f"{os.fspath(dst)}.tmp-{os.getpid()}"
+    _reaper.add(tmp)
     try:
         with h5py.File(src, "r") as fi, h5py.File(tmp, "w") as fo:
-            def copy_attrs(a, b):
+            def copy_attrs(a: Any, b: Any) -> None:
                 for k, v in a.attrs.items():
                     b.attrs[k] = v
 
             copy_attrs(fi, fo)
 
-            def visit(name, obj):
+            def visit(name: str, obj: Any) -> None:
                 if isinstance(obj, h5py.Group):
                     copy_attrs(obj, fo.require_group(name))
                     return
@@ -424,6 +538,7 @@ def compress_file(src, dst, compression="gzip"):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+        _reaper.discard(tmp)
 
 
 # ---------------------------------------------------------------- hash64 oracle (numpy)
@@ -433,19 +548,19 @@ _M2 = np.uint64(0xC4CEB9FE1A85EC53)
 _GOLDEN = 0x9E3779B97F4A7C15
 
 
-def fmix64(k):
+def fmix64(k: Any) -> npt.NDArray[np.uint64]:
     """MurmurHash3 64-bit finalizer on uint64 arrays (wrapping arithmetic)."""
-    k = np.asarray(k, dtype=np.uint64).copy()
+    h: npt.NDArray[np.uint64] = np.asarray(k, dtype=np.uint64).copy()
     with np.errstate(over="ignore"):
-        k ^= k >> np.uint64(33)
-        k *= _M1
-        k ^= k >> np.uint64(33)
-        k *= _M2
-        k ^= k >> np.uint64(33)
-    return k
+        h ^= h >> np.uint64(33)
+        h *= _M1
+        h ^= h >> np.uint64(33)
+        h *= _M2
+        h ^= h >> np.uint64(33)
+    return h
 
 
-def oracle_rows(seed, table_index, rows, dim):
+def oracle_rows(seed: int, table_index: int, rows: Any, dim: int) -> npt.NDArray[np.float32]:
     """hash64 oracle (capture-format.md): float32 [len(rows), dim] for rows g of table t.
 
     rows are global rows (continuous) or raw keys ((hash_)roundrobin), as int64 or uint64.

@@ -1,41 +1,44 @@
-#!/usr/bin/env python3
-"""The dynemb_capture package's version equals dynemb-dist's: project(VERSION) in the top-level
-CMakeLists.txt, `dynemb-dist --version`, python/pyproject.toml and dynemb_capture.__version__
-must all say the same (a release bumps them together).
-Env (tests/CMakeLists.txt): DYNEMB, DYNEMB_SRC.
+"""One version source: __version__ in python/dynemb_capture/__init__.py. The top-level
+CMakeLists.txt reads it (so `dynemb-dist --version` says it), python/pyproject.toml declares
+the version dynamic (flit reads the same line), and the man page carries the same number.
+Env (tests/CMakeLists.txt): DYNEMB, DYNEMB_SRC; run by pytest.
 """
 import os
 import re
 import subprocess
-import sys
+
+import pytest
 
 SRC = os.environ.get("DYNEMB_SRC", os.path.join(os.path.dirname(__file__), "..", ".."))
 DYNEMB = os.environ.get("DYNEMB", "dynemb-dist")
 
 
-def main():
-    cmake = open(os.path.join(SRC, "CMakeLists.txt"), encoding="utf-8").read()
-    m = re.search(r"project\(\s*dynemb-dist\s+VERSION\s+([0-9][0-9.]*)", cmake)
-    if not m:
-        print("FAIL: no project(dynemb-dist VERSION x.y.z) in CMakeLists.txt")
-        return 1
-    want = m.group(1)
-    found = {}
-    py = open(os.path.join(SRC, "python", "pyproject.toml"), encoding="utf-8").read()
-    m = re.search(r'^version\s*=\s*"([^"]+)"', py, re.M)
-    found["python/pyproject.toml"] = m.group(1) if m else None
-    init = open(os.path.join(SRC, "python", "dynemb_capture", "__init__.py"),
-                encoding="utf-8").read()
-    m = re.search(r'^__version__\s*=\s*"([^"]+)"', init, re.M)
-    found["dynemb_capture.__version__"] = m.group(1) if m else None
+def read(*parts):
+    return open(os.path.join(SRC, *parts), encoding="utf-8").read()
+
+
+@pytest.fixture(scope="module")
+def version():
+    m = re.search(r'^__version__ = "([0-9]+\.[0-9]+\.[0-9]+)"$',
+                  read("python", "dynemb_capture", "__init__.py"), re.M)
+    assert m, "no __version__ line in python/dynemb_capture/__init__.py"
+    return m.group(1)
+
+
+def test_cmake_reads_it(version):
+    cmake = read("CMakeLists.txt")
+    assert re.search(r"project\(dynemb-dist VERSION \$\{DYNEMB_VERSION\}", cmake)
+    assert "python/dynemb_capture/__init__.py" in cmake
     out = subprocess.run([DYNEMB, "--version"], capture_output=True, text=True).stdout
-    m = re.match(r"dynemb-dist (\S+)", out)
-    found["dynemb-dist --version"] = m.group(1) if m else out.strip()
-    bad = {k: v for k, v in found.items() if v != want}
-    for k, v in found.items():
-        print(f"{'ok  ' if v == want else 'FAIL'} {k}: {v} (CMakeLists.txt: {want})")
-    return 1 if bad else 0
+    assert out.split()[:2] == ["dynemb-dist", version], out
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def test_pyproject_has_no_second_copy():
+    py = read("python", "pyproject.toml")
+    assert re.search(r'^dynamic = \["version"\]', py, re.M)
+    assert not re.search(r"^version\s*=", py, re.M)
+
+
+def test_man_page(version):
+    th = read("man", "dynemb-dist.1").splitlines()[0]
+    assert f'"dynemb\\-dist {version}"' in th, th

@@ -7,6 +7,7 @@ The simulation is the worked example of docs/semantics.md §3.4 / §4.3 / §6.1 
 context, local_embs and output are computed here by a small numpy model of the RW path and
 asserted against the numbers printed in docs/semantics.md before they are written.
 Env (tests/CMakeLists.txt): DYNEMB (binary), DYNEMB_SRC (source root); cwd = build/tests.
+Run by pytest: one test per part, each failing with every check of its own that failed.
 """
 
 import os
@@ -22,8 +23,10 @@ DYNEMB = os.environ.get("DYNEMB", "dynemb-dist")
 sys.path.insert(0, os.path.join(SRC, "python"))
 import dynemb_capture as dc  # noqa: E402
 from dynemb_capture.capture import AsyncWriter  # noqa: E402
+from dynemb_capture.writer import fmix64  # noqa: E402
 
 import h5py  # noqa: E402
+import pytest  # noqa: E402
 
 W, F, B, D = 2, 2, 2, 2
 ROWS = [10, 6]
@@ -34,11 +37,9 @@ INPUT = {
     1: ([1, 2, 1, 0], [9, 0, 3, 5]),
 }
 failures = []
-passed = [0]
 
 
 def check(cond, what):
-    passed[0] += bool(cond)
     if not cond:
         failures.append(what)
         print("FAIL:", what)
@@ -194,8 +195,33 @@ def write_ranks(tmp, module, ranks):
     return paths
 
 
-def main():
-    bk, ranks = simulate()
+@pytest.fixture(scope="module")
+def sim():
+    return simulate()
+
+
+@pytest.fixture(scope="module")
+def tmp():
+    d = tempfile.mkdtemp(prefix="dynemb_capture_", dir=os.getcwd())
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ranks(sim):
+    return sim[1]
+
+
+def verdict():
+    """Fails the test with every failed check (each was printed as it failed)."""
+    what = list(failures)
+    failures.clear()
+    assert not what, "\n".join(what)
+
+
+def test_spec_numbers(sim):
+    """The simulation reproduces the numbers of docs/semantics.md."""
+    bk, ranks = sim
     # ---- the spec's numbers (docs/semantics.md §3.4, §4.3, §6.1, §7.1)
     check(bk[0][0].tolist() == [1, 0, 0, 2, 1, 1, 0, 1], "§3.4 rank0 new_lengths")
     check(bk[0][1].tolist() == [1, 0, 2, 2, 0, 1], "§3.4 rank0 new_values")
@@ -225,48 +251,59 @@ def main():
           "§7.1 rank0 pooled out")
     check(ranks[1]["output_pooled"].tolist() == [[9, 9.5, 105, 105.5], [3, 4, 0, 0]],
           "§7.1 rank1 pooled out")
+    verdict()
 
-    tmp = tempfile.mkdtemp(prefix="dynemb_capture_", dir=os.getcwd())
-    try:
-        for module in ("sequence", "pooled"):
-            paths = write_ranks(tmp, module, ranks)
-            with h5py.File(paths[1], "r") as f:
-                check(int(f.attrs["rank"]) == 1 and f.attrs["format"] == "dynemb-dist-capture"
-                      and int(f.attrs["format_version"]) == 1 and int(f.attrs["num_batches"]) == 2,
-                      f"{module}: rank file root attributes")
-                g = f["batches/0/rank1"]
-                check(g["lengths"].dtype == np.int32 and g["values"].dtype == np.int64
-                      and g["local_embs"].dtype == np.float32, f"{module}: dtypes")
-                check(int(f["batches/1"].attrs["iteration"]) == 100, f"{module}: iteration attr")
-                if module == "sequence":
-                    check(g["ctx/unbucketize_permute"][()].tolist() == [2, 0, 1, 3],
-                          "rank1 ctx/unbucketize_permute stored")
-                    check(g["ctx/sparse_features_recat"].dtype == np.int32, "recat is int32")
-            merged = os.path.join(tmp, f"{module}.h5")
-            # Reversed order on purpose: merge places groups by the files' rank attribute.
-            run("merge", paths[1], paths[0], "-o", merged, want=0)
-            with h5py.File(merged, "r") as f:
-                check(int(f.attrs["world_size"]) == 2 and int(f.attrs["num_batches"]) == 2
-                      and "rank" not in f.attrs, f"{module}: merged root attributes")
-                check(f["batches/1/rank0/output"][()].tolist()
-                      == ranks[0]["output_seq" if module == "sequence" else "output_pooled"].tolist(),
-                      f"{module}: merged output of rank 0")
-                check(f["tables/t1/weight"].shape == (6, 2), f"{module}: merged /tables")
-            p = run("inspect", merged, want=0)
-            check("t0" in p.stdout or "f0" in p.stdout, f"{module}: inspect names the plan")
-            run("replay", merged, want=0)
-            run("replay", merged, "--ctx", "derived", want=0)
-            # A wrong golden value must be a mismatch (exit 1), not a pass.
-            bad = os.path.join(tmp, f"{module}-bad.h5")
-            shutil.copy(merged, bad)
-            with h5py.File(bad, "r+") as f:
-                d = f["batches/0/rank1/output"]
-                a = d[()]
-                a[0, 0] += 1.0
-                d[...] = a
-            p = run("replay", bad, want=1)
-            check("output" in p.stdout + p.stderr, f"{module}: replay names the output")
 
+def test_rank_files_merge_inspect_replay(ranks, tmp):
+    """Rank files written, merged (in any order), inspected and replayed; a wrong golden is exit 1."""
+    for module in ("sequence", "pooled"):
+        paths = write_ranks(tmp, module, ranks)
+        with h5py.File(paths[1], "r") as f:
+            check(int(f.attrs["rank"]) == 1 and f.attrs["format"] == "dynemb-dist-capture"
+                  and int(f.attrs["format_version"]) == 1 and int(f.attrs["num_batches"]) == 2,
+                  f"{module}: rank file root attributes")
+            g = f["batches/0/rank1"]
+            check(g["lengths"].dtype == np.int32 and g["values"].dtype == np.int64
+                  and g["local_embs"].dtype == np.float32, f"{module}: dtypes")
+            check(int(f["batches/1"].attrs["iteration"]) == 100, f"{module}: iteration attr")
+            if module == "sequence":
+                check(g["ctx/unbucketize_permute"][()].tolist() == [2, 0, 1, 3],
+                      "rank1 ctx/unbucketize_permute stored")
+                check(g["ctx/sparse_features_recat"].dtype == np.int32, "recat is int32")
+        merged = os.path.join(tmp, f"{module}.h5")
+        # Reversed order on purpose: merge places groups by the files' rank attribute.
+        run("merge", paths[1], paths[0], "-o", merged, want=0)
+        with h5py.File(merged, "r") as f:
+            check(int(f.attrs["world_size"]) == 2 and int(f.attrs["num_batches"]) == 2
+                  and "rank" not in f.attrs, f"{module}: merged root attributes")
+            check(f["batches/1/rank0/output"][()].tolist()
+                  == ranks[0]["output_seq" if module == "sequence" else "output_pooled"].tolist(),
+                  f"{module}: merged output of rank 0")
+            check(f["tables/t1/weight"].shape == (6, 2), f"{module}: merged /tables")
+        p = run("inspect", merged, want=0)
+        check("t0" in p.stdout or "f0" in p.stdout, f"{module}: inspect names the plan")
+        run("replay", merged, want=0)
+        run("replay", merged, "--ctx", "derived", want=0)
+        # A wrong golden value must be a mismatch (exit 1), not a pass.
+        bad = os.path.join(tmp, f"{module}-bad.h5")
+        shutil.copy(merged, bad)
+        with h5py.File(bad, "r+") as f:
+            d = f["batches/0/rank1/output"]
+            a = d[()]
+            a[0, 0] += 1.0
+            d[...] = a
+        p = run("replay", bad, want=1)
+        check("output" in p.stdout + p.stderr, f"{module}: replay names the output")
+    verdict()
+
+
+def test_merge_refuses(ranks, tmp):
+    """merge refuses what does not fit together (exit 2, naming the file), leaving nothing."""
+    for module in ("sequence", "pooled"):
+        write_ranks(tmp, module, ranks)
+    merged_seq = os.path.join(tmp, "sequence.h5")
+    if not os.path.exists(merged_seq):
+        run("merge", *[os.path.join(tmp, f"sequence-rank{r}.h5") for r in range(W)], "-o", merged_seq, want=0)
         # ---- merge refuses what does not fit together (exit 2, naming the file)
         seq = [os.path.join(tmp, f"sequence-rank{r}.h5") for r in range(W)]
         pool = [os.path.join(tmp, f"pooled-rank{r}.h5") for r in range(W)]
@@ -277,134 +314,146 @@ def main():
         check("no file for rank 1" in p.stderr, "missing rank")
         p = run("merge", seq[0], pool[1], "-o", out, want=2)
         check("plan" in p.stderr and "pooled-rank1.h5" in p.stderr, "plan mismatch")
-        merged_seq = os.path.join(tmp, "sequence.h5")
         p = run("merge", merged_seq, seq[1], "-o", out, want=2)
         check("attribute rank" in p.stderr and "sequence.h5" in p.stderr, "not a rank file")
         check(not os.path.exists(out) and not any(".tmp-" in n for n in os.listdir(tmp)),
               "failed merges leave no output and no temp file")
         p = run("merge", seq[0], seq[1], "-o", merged_seq, want=2)
         check("exists" in p.stderr, "merge does not overwrite without --force")
+    verdict()
 
-        # ---- the writer refuses inconsistent input, naming the field
-        for kwargs, needle in (
-            (dict(lengths=[1, 2], values=[1, 2]), "lengths: sum 3 != len(values) 2"),
-            (dict(lengths=[1], values=[1], ctx={"input_splits": [1, 0, 0]}), "input_splits"),
-            (dict(lengths=[1], values=[1], local_embs=np.zeros((1, 2))), "float64"),
-        ):
-            w = dc.CaptureWriter(os.path.join(tmp, "w.h5"), plan_text("sequence"), W, 0)
-            try:
-                w.write_batch(0, **kwargs)
-                check(False, f"writer accepted {kwargs}")
-            except dc.CaptureWriterError as e:
-                check(needle in str(e), f"writer message '{e}' names '{needle}'")
-            w.abort()
-        check(not os.path.exists(os.path.join(tmp, "w.h5")), "aborted writer leaves nothing")
 
-        # ---- large datasets: chunked (<= 1 MiB) + shuffle + deflate; duck-typed tensors,
-        # bfloat16 stored as uint16 bits with attribute dtype = "bfloat16"
-        class FakeBF16:  # what dynemb_capture sees of a torch.bfloat16 tensor
-            dtype = "torch.bfloat16"
-
-            def __init__(self, a):
-                self.a = a
-
-            def detach(self):
-                return self
-
-            def cpu(self):
-                return self
-
-            def float(self):
-                return FakeF32(self.a)
-
-        class FakeF32:
-            def __init__(self, a):
-                self.a = a
-
-            def numpy(self):
-                return self.a
-
-        n = 300_000
-        big = os.path.join(tmp, "big.h5")
-        w = dc.CaptureWriter(big, plan_text("sequence"), W, 0, compression="gzip")
-        vals = np.arange(n, dtype=np.int64) % 10
-        emb = np.array([[1.5, -2.0]] * 3, np.float32)  # exact in bf16
-        w.write_batch(0, np.array([n, 0, 0, 0], np.int64), vals, local_embs=FakeBF16(emb))
-        w.close()
-        with h5py.File(big, "r") as f:
-            d = f["batches/0/rank0/values"]
-            check(d.chunks is not None and np.prod(d.chunks) * 8 <= (1 << 20)
-                  and d.compression == "gzip" and d.shuffle, "large values chunked+deflate")
-            check(np.array_equal(d[()], vals), "large values round-trip")
-            e = f["batches/0/rank0/local_embs"]
-            check(e.dtype == np.uint16 and e.attrs["dtype"] == "bfloat16", "bf16 as uint16 bits")
-            back = (e[()].astype(np.uint32) << 16).view(np.float32)
-            check(np.array_equal(back, emb), "bf16 bits decode to the values")
-
-        # ---- keys, module_output, inverse_indices; no compression by default; compress_file
-        kp = os.path.join(tmp, "keys.h5")
-        w = dc.CaptureWriter(kp, plan_text("pooled"), W, 0)
-        vals = np.arange(20_000, dtype=np.int64) % 5          # 160 KB: large enough to compress
-        lens = np.array([20_000, 0, 0, 0], np.int32)
-        mo = np.ones((B, F * D), np.float32)
-        w.write_batch(0, lens, vals, keys=["f0", "f1"], module_output=mo)
-        w.write_batch(1, np.array([1, 1, 1, 1], np.int32), np.arange(4),
-                      stride_per_feature=[2, 2], keys=["f0", "f1"],
-                      module_output=np.zeros((3, F * D), np.float32),
-                      inverse_indices=np.array([[0, 1, 1]] * 2, np.int64))
-        for kwargs, needle in (
-            (dict(keys=["f0", "f1", "f2"]), "keys: 3 features"),
-            (dict(module_output=np.zeros((B, F * D))), "module_output: float64"),
-            (dict(module_output=mo, stride_per_feature=[2, 2]), "inverse_indices: required"),
-        ):
-            try:
-                w.write_batch(2, np.array([1, 1, 1, 1], np.int32), np.arange(4), **kwargs)
-                check(False, f"writer accepted {kwargs}")
-            except dc.CaptureWriterError as e:
-                check(needle in str(e), f"writer message '{e}' names '{needle}'")
-        w.close()
-        with h5py.File(kp, "r") as f:
-            k = f["batches/0/rank0/keys"]
-            check(k.dtype == np.dtype("S2") and [x.decode() for x in k[()]] == ["f0", "f1"],
-                  "keys: fixed-length S2 byte strings in order")
-            check(f["batches/0/rank0/values"].compression is None, "no compression by default")
-            check(f["batches/1/rank0/inverse_indices"].dtype == np.int64
-                  and f["batches/1/rank0/inverse_indices"].shape == (2, 3), "inverse_indices")
-        cz = os.path.join(tmp, "keys-gz.h5")
-        dc.compress_file(kp, cz)
-        with h5py.File(kp, "r") as a, h5py.File(cz, "r") as b:
-            d = b["batches/0/rank0/values"]
-            check(d.compression == "gzip" and d.shuffle and np.array_equal(d[()], vals),
-                  "compress_file: large dataset gzip + shuffle, same values")
-            check(b["plan"][()] == a["plan"][()] and int(b.attrs["rank"]) == 0
-                  and np.array_equal(b["batches/0/rank0/keys"][()], a["batches/0/rank0/keys"][()]),
-                  "compress_file: plan, attributes and keys kept")
-        # The writer thread of capture(): errors come back on close, the file is not left.
-        aw = AsyncWriter(
-            dc.CaptureWriter(os.path.join(tmp, "async.h5"), plan_text("pooled"), W, 1))
-        aw.write_batch(0, lengths=np.array([1, 0, 0, 0]), values=np.array([3]))
-        aw.write_batch(1, lengths=np.array([2, 0, 0, 0]), values=np.array([3]))  # fails on the thread
+def test_writer_refuses(tmp):
+    """The writer refuses inconsistent input, naming the field."""
+    # ---- the writer refuses inconsistent input, naming the field
+    for kwargs, needle in (
+        (dict(lengths=[1, 2], values=[1, 2]), "lengths: sum 3 != len(values) 2"),
+        (dict(lengths=[1], values=[1], ctx={"input_splits": [1, 0, 0]}), "input_splits"),
+        (dict(lengths=[1], values=[1], local_embs=np.zeros((1, 2))), "float64"),
+    ):
+        w = dc.CaptureWriter(os.path.join(tmp, "w.h5"), plan_text("sequence"), W, 0)
         try:
-            aw.close()
-            check(False, "AsyncWriter.close() reports the thread's error")
+            w.write_batch(0, **kwargs)
+            check(False, f"writer accepted {kwargs}")
         except dc.CaptureWriterError as e:
-            check("lengths: sum 2" in str(e), f"AsyncWriter error: {e}")
-        check(not os.path.exists(os.path.join(tmp, "async.h5")), "failed async writer leaves nothing")
-
-        # ---- the numpy oracle equals the C++ one (lib/common/hash.hpp) on known values:
-        # fmix64(0) = 0 (docs/semantics.md §10.2); values are multiples of 1/64 in [-2, 1.984375].
-        check(int(dc.fmix64(np.uint64(0))) == 0, "fmix64(0) == 0")
-        check([int(x) % 4 for x in dc.fmix64(np.array([1, 2, 3, 7, 12345], np.uint64))]
-              == [0, 3, 2, 1, 1], "fmix64 % 4 reference values (§10.2)")
-        o = dc.oracle_rows(1, 0, np.arange(1000), 8)
-        check(o.dtype == np.float32 and o.min() >= -2 and o.max() <= 1.984375
-              and np.all(o * 64 == np.round(o * 64)), "oracle range and 1/64 grid")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-    print(f"{passed[0]} passed, {len(failures)} failed")
-    return 1 if failures else 0
+            check(needle in str(e), f"writer message '{e}' names '{needle}'")
+        w.abort()
+    check(not os.path.exists(os.path.join(tmp, "w.h5")), "aborted writer leaves nothing")
+    verdict()
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def test_large_datasets_and_bf16(tmp):
+    """Large datasets chunked + deflate; duck-typed bfloat16 tensors."""
+    # ---- large datasets: chunked (<= 1 MiB) + shuffle + deflate; duck-typed tensors,
+    # bfloat16 stored as uint16 bits with attribute dtype = "bfloat16"
+    class FakeBF16:  # what dynemb_capture sees of a torch.bfloat16 tensor
+        dtype = "torch.bfloat16"
+
+        def __init__(self, a):
+            self.a = a
+
+        def detach(self):
+            return self
+
+        def cpu(self):
+            return self
+
+        def float(self):
+            return FakeF32(self.a)
+
+    class FakeF32:
+        def __init__(self, a):
+            self.a = a
+
+        def numpy(self):
+            return self.a
+
+    n = 300_000
+    big = os.path.join(tmp, "big.h5")
+    w = dc.CaptureWriter(big, plan_text("sequence"), W, 0, compression="gzip")
+    vals = np.arange(n, dtype=np.int64) % 10
+    emb = np.array([[1.5, -2.0]] * 3, np.float32)  # exact in bf16
+    w.write_batch(0, np.array([n, 0, 0, 0], np.int64), vals, local_embs=FakeBF16(emb))
+    w.close()
+    with h5py.File(big, "r") as f:
+        d = f["batches/0/rank0/values"]
+        check(d.chunks is not None and np.prod(d.chunks) * 8 <= (1 << 20)
+              and d.compression == "gzip" and d.shuffle, "large values chunked+deflate")
+        check(np.array_equal(d[()], vals), "large values round-trip")
+        e = f["batches/0/rank0/local_embs"]
+        check(e.dtype == np.uint16 and e.attrs["dtype"] == "bfloat16", "bf16 as uint16 bits")
+        back = (e[()].astype(np.uint32) << 16).view(np.float32)
+        check(np.array_equal(back, emb), "bf16 bits decode to the values")
+    verdict()
+
+
+def test_keys_module_output_compress_file(tmp):
+    """keys, module_output, inverse_indices; compress_file."""
+    # ---- keys, module_output, inverse_indices; no compression by default; compress_file
+    kp = os.path.join(tmp, "keys.h5")
+    w = dc.CaptureWriter(kp, plan_text("pooled"), W, 0)
+    vals = np.arange(20_000, dtype=np.int64) % 5          # 160 KB: large enough to compress
+    lens = np.array([20_000, 0, 0, 0], np.int32)
+    mo = np.ones((B, F * D), np.float32)
+    w.write_batch(0, lens, vals, keys=["f0", "f1"], module_output=mo)
+    w.write_batch(1, np.array([1, 1, 1, 1], np.int32), np.arange(4),
+                  stride_per_feature=[2, 2], keys=["f0", "f1"],
+                  module_output=np.zeros((3, F * D), np.float32),
+                  inverse_indices=np.array([[0, 1, 1]] * 2, np.int64))
+    for kwargs, needle in (
+        (dict(keys=["f0", "f1", "f2"]), "keys: 3 features"),
+        (dict(module_output=np.zeros((B, F * D))), "module_output: float64"),
+        (dict(module_output=mo, stride_per_feature=[2, 2]), "inverse_indices: required"),
+    ):
+        try:
+            w.write_batch(2, np.array([1, 1, 1, 1], np.int32), np.arange(4), **kwargs)
+            check(False, f"writer accepted {kwargs}")
+        except dc.CaptureWriterError as e:
+            check(needle in str(e), f"writer message '{e}' names '{needle}'")
+    w.close()
+    with h5py.File(kp, "r") as f:
+        k = f["batches/0/rank0/keys"]
+        check(k.dtype == np.dtype("S2") and [x.decode() for x in k[()]] == ["f0", "f1"],
+              "keys: fixed-length S2 byte strings in order")
+        check(f["batches/0/rank0/values"].compression is None, "no compression by default")
+        check(f["batches/1/rank0/inverse_indices"].dtype == np.int64
+              and f["batches/1/rank0/inverse_indices"].shape == (2, 3), "inverse_indices")
+    cz = os.path.join(tmp, "keys-gz.h5")
+    dc.compress_file(kp, cz)
+    with h5py.File(kp, "r") as a, h5py.File(cz, "r") as b:
+        d = b["batches/0/rank0/values"]
+        check(d.compression == "gzip" and d.shuffle and np.array_equal(d[()], vals),
+              "compress_file: large dataset gzip + shuffle, same values")
+        check(b["plan"][()] == a["plan"][()] and int(b.attrs["rank"]) == 0
+              and np.array_equal(b["batches/0/rank0/keys"][()], a["batches/0/rank0/keys"][()]),
+              "compress_file: plan, attributes and keys kept")
+    verdict()
+
+
+def test_async_writer_errors(tmp):
+    """capture()'s writer thread: errors come back on close, no file left."""
+    # The writer thread of capture(): errors come back on close, the file is not left.
+    aw = AsyncWriter(
+        dc.CaptureWriter(os.path.join(tmp, "async.h5"), plan_text("pooled"), W, 1))
+    aw.write_batch(0, lengths=np.array([1, 0, 0, 0]), values=np.array([3]))
+    aw.write_batch(1, lengths=np.array([2, 0, 0, 0]), values=np.array([3]))  # fails on the thread
+    try:
+        aw.close()
+        check(False, "AsyncWriter.close() reports the thread's error")
+    except dc.CaptureWriterError as e:
+        check("lengths: sum 2" in str(e), f"AsyncWriter error: {e}")
+    check(not os.path.exists(os.path.join(tmp, "async.h5")), "failed async writer leaves nothing")
+    verdict()
+
+
+def test_numpy_oracle():
+    """The numpy oracle equals the C++ one on known values."""
+    # ---- the numpy oracle equals the C++ one (lib/common/hash.hpp) on known values:
+    # fmix64(0) = 0 (docs/semantics.md §10.2); values are multiples of 1/64 in [-2, 1.984375].
+    check(int(fmix64(np.uint64(0))) == 0, "fmix64(0) == 0")
+    check([int(x) % 4 for x in fmix64(np.array([1, 2, 3, 7, 12345], np.uint64))]
+          == [0, 3, 2, 1, 1], "fmix64 % 4 reference values (§10.2)")
+    o = dc.oracle_rows(1, 0, np.arange(1000), 8)
+    check(o.dtype == np.float32 and o.min() >= -2 and o.max() <= 1.984375
+          and np.all(o * 64 == np.round(o * 64)), "oracle range and 1/64 grid")
+    verdict()
