@@ -642,10 +642,15 @@ std::string filters_trouble(hid_t dset) {
                                            sizeof name, name, &conf);
     if (id == H5Z_FILTER_SHUFFLE || id == H5Z_FILTER_DEFLATE) continue;
     const std::string known = id == 32000 ? "lzf" : name[0] ? name : "unnamed";
+    // An available one (fletcher32, scaleoffset, ...) is refused too: this reader checks
+    // each chunk before libhdf5 decodes it, and only knows shuffle's and deflate's sizes.
+    const htri_t avail = H5Zfilter_avail(id);
+    last_error();
     return fmt::format(
-        "filter {} (id {}) cannot be decoded: a capture's chunks use shuffle and deflate only "
+        "filter {} (id {}) {}: a capture's chunks use shuffle and deflate only "
         "(gzip; h5py: compression=\"gzip\", shuffle=True)",
-        known, static_cast<long>(id));
+        known, static_cast<long>(id),
+        avail > 0 ? "is not read by dynemb-dist" : "cannot be decoded");
   }
   return fmt::format("{} filters in an order this reader does not undo (shuffle, then deflate)", n);
 }
