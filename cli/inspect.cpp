@@ -45,6 +45,8 @@ struct Imbalance {
   }
 };
 
+constexpr const char* kNoBatches = "0: the capture holds no batches; replay refuses it (exit 2)";
+
 int run_inspect(const InspectArgs& a) {
   CaptureReader reader(a.capture);
   std::optional<Plan> override_plan;
@@ -83,11 +85,8 @@ int run_inspect(const InspectArgs& a) {
     fmt::print("# weights      {} [{}] {} ({} stored)\n", s.path, fmt::join(s.dims, ", "), s.dtype,
                human_bytes(s.stored_bytes));
   if (tstats.empty()) fmt::print("# weights      (none)\n");
-  if (nb == 0) {  // said plainly: a replay of it checks nothing, and refuses it
-    fmt::print("# batches      0: the capture holds no batches; replay refuses it (exit 2)\n");
-    return 0;
-  }
-  fmt::print("# batches      {}\n", nb);
+  fmt::print("# batches      {}\n", nb > 0 ? std::to_string(nb) : kNoBatches);
+  if (nb == 0) return 0;  // said plainly above: a replay of it checks nothing, and refuses it
 
   // Bytes per part, summed over batches and ranks; presence counted per (batch, rank).
   std::map<std::string, std::pair<int64_t, int64_t>> bytes;  // part -> (logical, stored)

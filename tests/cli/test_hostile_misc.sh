@@ -251,3 +251,5 @@ fi
 run export_cpu 2 bench --preset unit-seq-w2 --backend cpu --iters 1 --export "$tmp/exp"
 has export_cpu "^dynemb-dist: error: bench --export .*exp: it writes the CUDA stages' index data for bench/peer_torch.py, and the backend here is cpu"
 [[ -e "$tmp/exp" ]] && fail "export_cpu: $tmp/exp was left behind"
+
+[[ $fails -eq 0 ]]
