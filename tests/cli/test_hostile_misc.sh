@@ -70,6 +70,17 @@ has val_idle "idle\.yaml: cannot read the plan: it is a pipe \(FIFO\) and readin
 # A plan just under the bound is read (and judged on its text).
 { cat "$tmp/plan.yaml"; head -c $(((16 << 20) - 4096)) /dev/zero | tr '\0' '\n'; } >"$tmp/long.yaml"
 run val_long 0 validate "$tmp/long.yaml"
+# Out of memory while --plan is parsed (15 MiB of list items under 150 MB of address space)
+# is the plan's trouble, named so, not the capture's.
+if [[ $asan -eq 0 ]]; then
+  { cat "$tmp/plan.yaml"; echo "extra:"; yes "  - abcdefghijkl" | head -n 900000; } >"$tmp/many.yaml"
+  (ulimit -v 150000 && exec timeout 60 "$DYNEMB" replay "$tmp/seq.h5" --plan "$tmp/many.yaml" \
+    --quiet) >"$tmp/rep_many.out" 2>&1
+  rc=$?
+  [[ $rc -eq 2 ]] || fail "rep_many: exit $rc, want 2"
+  has rep_many "^dynemb-dist: error: [^ ]*many\.yaml(:[0-9]+:[0-9]+: error: extra: unknown key|: out of memory .* while reading this plan \(--plan\))"
+  hasnt rep_many "seq\.h5: out of memory"
+fi
 # An embedded /plan is bounded by its dataset (and the file): one past 16 MiB is refused too.
 cp "$tmp/seq.h5" "$tmp/bigplan.h5"
 "$DYNEMB_PYTHON" - "$tmp/bigplan.h5" <<'PY' || fail "make bigplan.h5"
