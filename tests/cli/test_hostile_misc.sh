@@ -139,6 +139,7 @@ done
 run nobatch_merge 2 merge "$tmp/rank0.h5" "$tmp/rank1.h5" -o "$tmp/merged0.h5"
 has nobatch_merge "rank0\.h5.*no batches: the per-rank files hold 0"
 [[ -e "$tmp/merged0.h5" ]] && fail "merge of 0-batch rank files wrote $tmp/merged0.h5"
+no_temps "$tmp" nobatch_merge
 # every check skipped (--plan shards a pooled capture differently, and no /oracle or /tables
 # to look its rows up): nothing was checked, exit 2
 "$DYNEMB" synth --preset unit-pooled-w8 --batches 2 --batch-size 2 --store local_embs,output \
