@@ -70,6 +70,17 @@ has val_idle "idle\.yaml: cannot read the plan: it is a pipe \(FIFO\) and readin
 # A plan just under the bound is read (and judged on its text).
 { cat "$tmp/plan.yaml"; head -c $(((16 << 20) - 4096)) /dev/zero | tr '\0' '\n'; } >"$tmp/long.yaml"
 run val_long 0 validate "$tmp/long.yaml"
+# Out of memory while --plan is parsed (15 MiB of list items under 150 MB of address space)
+# is the plan's trouble, named so, not the capture's.
+if [[ $asan -eq 0 ]]; then
+  { cat "$tmp/plan.yaml"; echo "extra:"; yes "  - abcdefghijkl" | head -n 900000; } >"$tmp/many.yaml"
+  (ulimit -v 150000 && exec timeout 60 "$DYNEMB" replay "$tmp/seq.h5" --plan "$tmp/many.yaml" \
+    --quiet) >"$tmp/rep_many.out" 2>&1
+  rc=$?
+  [[ $rc -eq 2 ]] || fail "rep_many: exit $rc, want 2"
+  has rep_many "^dynemb-dist: error: [^ ]*many\.yaml(:[0-9]+:[0-9]+: error: extra: unknown key|: out of memory .* while reading this plan \(--plan\))"
+  hasnt rep_many "seq\.h5: out of memory"
+fi
 # An embedded /plan is bounded by its dataset (and the file): one past 16 MiB is refused too.
 cp "$tmp/seq.h5" "$tmp/bigplan.h5"
 "$DYNEMB_PYTHON" - "$tmp/bigplan.h5" <<'PY' || fail "make bigplan.h5"
@@ -128,6 +139,7 @@ done
 run nobatch_merge 2 merge "$tmp/rank0.h5" "$tmp/rank1.h5" -o "$tmp/merged0.h5"
 has nobatch_merge "rank0\.h5.*no batches: the per-rank files hold 0"
 [[ -e "$tmp/merged0.h5" ]] && fail "merge of 0-batch rank files wrote $tmp/merged0.h5"
+no_temps "$tmp" nobatch_merge
 # every check skipped (--plan shards a pooled capture differently, and no /oracle or /tables
 # to look its rows up): nothing was checked, exit 2
 "$DYNEMB" synth --preset unit-pooled-w8 --batches 2 --batch-size 2 --store local_embs,output \
@@ -251,3 +263,5 @@ fi
 run export_cpu 2 bench --preset unit-seq-w2 --backend cpu --iters 1 --export "$tmp/exp"
 has export_cpu "^dynemb-dist: error: bench --export .*exp: it writes the CUDA stages' index data for bench/peer_torch.py, and the backend here is cpu"
 [[ -e "$tmp/exp" ]] && fail "export_cpu: $tmp/exp was left behind"
+
+[[ $fails -eq 0 ]]

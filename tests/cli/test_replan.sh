@@ -72,11 +72,13 @@ r = json.load(open(sys.argv[1]))
 gold = [c for c in r["checks"] if c["check"] == "golden"]
 assert len(gold) == 16 and all(c["status"] == "pass" for c in gold), gold' pooled.json ||
   fail "pooled: golden outputs not checked"
-# ... and without /oracle they are skipped, with the reason.
+# ... and without /oracle they are skipped, with the reason; a run whose every check was
+# skipped checked nothing: trouble, exit 2.
 cp pooled.h5 pooled-noor.h5
 drop_oracle pooled-noor.h5
 "$DYNEMB" replay pooled-noor.h5 --plan otherp.yaml --json pn.json >pn.out 2>&1
-expect_rc pooled_no_oracle 0 $?
+expect_rc pooled_no_oracle 2 $?
+has_text pn.out "pooled-noor.h5: nothing was checked: all 16 checks" pooled_no_oracle
 "$DYNEMB_PYTHON" -c '
 import json, sys
 r = json.load(open(sys.argv[1]))
