@@ -204,7 +204,10 @@ void Replayer::run() {
   start();  // when every batch was trouble
   if (writer_ && troubles_ > 0) drop_writer();
   // A file the caller handed over is committed by the caller, with its other outputs.
-  if (writer_ && opt_.write_output_file) writer_->finish();
+  if (writer_ && opt_.write_output_file) {
+    writer_->finish();
+    write_output_finished_ = true;
+  }
   if (writer_ && !opt_.write_output_file) writer_->commit();
 }
 
@@ -625,6 +628,10 @@ Report run_replay(const ReplayOptions& opt, Backend& backend, const ReplayCallba
       if (rep.trouble.empty()) rep.trouble = e.what();
     }
   }
+  // A caller's --write-output file that the run did not finish (trouble before or while it was
+  // written, or a run that checked nothing) is removed, never committed half-made or empty.
+  if (opt.write_output_file && (!rp.write_output_finished() || !rep.trouble.empty()))
+    opt.write_output_file->discard();
   return rep;
 }
 

@@ -104,6 +104,8 @@ class Replayer {
   void take_capture_sha() {
     if (capture_sha_.valid()) rep_.info.capture.sha256 = capture_sha_.get();
   }
+  // --write-output is complete in its temporary (finished, not yet committed by the caller).
+  bool write_output_finished() const { return write_output_finished_; }
 
  private:
   std::future<std::string> capture_sha_;
@@ -142,8 +144,9 @@ class Replayer {
   void begin(int64_t k, const Batch& batch);
   void replay_read(int64_t k, std::optional<Batch>& read);
   std::unique_ptr<CaptureWriter> writer_;  // --write-output; reset on trouble
-  std::set<int64_t> selected_;             // the batches replayed (--batches)
-  bool started_ = false;                   // the first replayed batch has begun
+  bool write_output_finished_ = false;
+  std::set<int64_t> selected_;  // the batches replayed (--batches)
+  bool started_ = false;        // the first replayed batch has begun
   // Replays batch k; returns the outputs (when --write-output) in rank order.
   std::vector<std::optional<EmbTensor>> replay_batch(int64_t k, const Batch& batch);
   // What the steps of one batch share: its inputs by rank, what was derived and chosen, and
