@@ -26,6 +26,7 @@
 #include "common/input_file.hpp"
 #include "common/memory.hpp"
 #include "common/output_file.hpp"
+#include "common/safe_text.hpp"
 #include "common/signals.hpp"
 #include "registry.hpp"
 
@@ -188,7 +189,9 @@ const CLI::Option* option_with_empty_value(const CLI::App& app) {
 
 }  // namespace
 
-void set_crash_note(const std::string& note) {
+void set_crash_note(const std::string& raw_note) {
+  // Escaped now: the crash handler writes it as it is (a signal handler can escape nothing).
+  const std::string note = escape_field(raw_note);
   g_crash_note_set.store(false);
   const size_t n = std::min(note.size(), sizeof(g_crash_note) - 1);
   std::copy(note.begin(), note.begin() + static_cast<std::ptrdiff_t>(n), g_crash_note);

@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "capture/capture.hpp"
+#include "common/safe_text.hpp"
 
 namespace dynemb {
 
@@ -57,9 +58,12 @@ OpenWatchdog::~OpenWatchdog() {
   thread_.join();
 }
 
+// Kept escaped (common/safe_text.hpp): the crash handler writes it to stderr as it is, and a
+// signal handler can escape nothing.
 void note_capture_open(const std::string& path) {
-  const size_t n = std::min(path.size(), sizeof g_capture_being_read - 1);
-  std::memcpy(g_capture_being_read, path.data(), n);
+  const std::string shown = escape_field(path);
+  const size_t n = std::min(shown.size(), sizeof g_capture_being_read - 1);
+  std::memcpy(g_capture_being_read, shown.data(), n);
   g_capture_being_read[n] = '\0';
 }
 
@@ -68,7 +72,7 @@ void clear_capture_being_read() {
 }
 
 void note_capture_closed(const std::string& path) {
-  if (path == g_capture_being_read) g_capture_being_read[0] = '\0';
+  if (escape_field(path) == g_capture_being_read) g_capture_being_read[0] = '\0';
 }
 
 }  // namespace capture_detail

@@ -214,6 +214,17 @@ if [[ $asan -eq 0 ]]; then
   has segv "accum-read-segv\.h5: crashed \(SIGSEGV\) while reading this capture; libhdf5 1\.10"
   run segv-replay 2 replay "$DYNEMB_SRC/tests/fuzz/libhdf5/accum-read-segv.h5" --quiet
   has segv-replay "accum-read-segv\.h5: crashed \(SIGSEGV\)"
+  # The crash handler writes the name it was given, escaped when it was given (no raw ESC, no
+  # line of its own), with --json and --write-output asked for: no temporary left.
+  hostile_name=$'segv\e[2J\n::add-mask::x.h5'
+  cp "$DYNEMB_SRC/tests/fuzz/libhdf5/accum-read-segv.h5" "$tmp/$hostile_name"
+  mkdir -p "$tmp/segv-out"
+  run segv-name 2 replay "$tmp/$hostile_name" --quiet --json "$tmp/segv-out/r.json" \
+    --write-output "$tmp/segv-out/w.h5"
+  has segv-name 'segv\\x1b\[2J\\n::add-mask::x\.h5: crashed \(SIGSEGV\)'
+  grep -q $'\e' "$tmp/segv-name.out" && fail "segv-name: a raw ESC reached stderr"
+  grep -q '^::' "$tmp/segv-name.out" && fail "segv-name: a line starts with ::"
+  no_temps "$tmp/segv-out" segv-name
   # (Not local-heap-free-list-loop.h5: libhdf5 allocates 4 GB over 14 s on it; README.md.)
   for n in accum-read-segv attr-message-memcpy attr-name-strdup; do
     run "lib-$n" 2 inspect "$DYNEMB_SRC/tests/fuzz/libhdf5/$n.h5"
