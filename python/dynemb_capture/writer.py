@@ -14,7 +14,7 @@ every rank 0..W-1 appears exactly once)::
     w.write_batch(k, kjt.lengths(), kjt.values(), weights=kjt.weights_or_none(),
                   ctx=context_from_torchrec(sharding_ctx), local_embs=embs, output=out)
     ...
-    w.close()          # writes rank<r>.h5.tmp-<pid> and renames it to rank<r>.h5
+    w.close()          # writes rank<r>.h5.tmp-<pid>-<random> and renames it to rank<r>.h5
 
 Nothing is compressed by default (a captured step then costs about one host copy of its
 tensors); ``compression="lzf"`` is a fast codec, ``"gzip"`` the small one.
@@ -34,6 +34,7 @@ For a sequence (EmbeddingCollection) sharding the context is a SequenceShardingC
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import threading
 from types import TracebackType
@@ -218,7 +219,7 @@ def _encode_float(arr: Any, what: str) -> Tuple[Any, Optional[str]]:
 class CaptureWriter:
     """Writes one rank's capture file (format v1 plus the root attribute ``rank``).
 
-    path:        final file name; written as ``path + ".tmp-<pid>"`` and renamed by close().
+    path:        final file name; written as ``path + ".tmp-<pid>-<random>"`` and renamed by close().
     plan_yaml:   the plan text (plan-format.md), stored verbatim as /plan.
     world_size:  W of the RW sharding process group.
     rank:        this rank, 0 <= rank < W.
@@ -242,9 +243,9 @@ class CaptureWriter:
             raise CaptureWriterError(f"rank: {rank} not in [0, {world_size})")
         self.path = os.fspath(path)
         self.world_size, self.rank = world_size, rank
-        self._tmp = f"{self.path}.tmp-{os.getpid()}"
+        self._tmp = _temp_name(self.path)
         _reaper.add(self._tmp)
-        self._f: Optional[Any] = h5py.File(self._tmp, "w")
+        self._f: Optional[Any] = h5py.File(self._tmp, "x")  # never an existing name
         self._batches: Set[int] = set()
         self._num_features: Optional[int] = None
         f = self._f
@@ -503,6 +504,13 @@ class CaptureWriter:
         _reaper.discard(self._tmp)
 
 
+def _temp_name(path: str) -> str:
+    """``path + ".tmp-<pid>-<random>"``: a name nobody can plant ahead of time (a symbolic link to
+    a victim, an input named so); opened with mode "x" (O_CREAT | O_EXCL), whatever is already
+    there is never followed or truncated."""
+    return f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+
+
 def compress_file(src: Union[str, "os.PathLike[str]"], dst: Union[str, "os.PathLike[str]"],
                   compression: str = "gzip") -> None:
     """Copies capture file src to dst with every dataset of 64 KiB or more chunked (<= 1 MiB)
@@ -511,10 +519,10 @@ def compress_file(src: Union[str, "os.PathLike[str]"], dst: Union[str, "os.PathL
     """
     if compression not in ("lzf", "gzip"):
         raise CaptureWriterError(f"compression: {compression!r} ('lzf' or 'gzip')")
-    tmp = f"{os.fspath(dst)}.tmp-{os.getpid()}"
+    tmp = _temp_name(os.fspath(dst))
     _reaper.add(tmp)
     try:
-        with h5py.File(src, "r") as fi, h5py.File(tmp, "w") as fo:
+        with h5py.File(src, "r") as fi, h5py.File(tmp, "x") as fo:
             def copy_attrs(a: Any, b: Any) -> None:
                 for k, v in a.attrs.items():
                     b.attrs[k] = v

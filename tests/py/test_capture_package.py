@@ -6,6 +6,8 @@
   a module with 0 captured batches (the TorchRec side is replaced by a stand-in target, so
   only the package's own bookkeeping runs; tests/py/test_torchrec_real.py does it for real);
 - write_batch checks mean_divisor;
+- a temporary is never a name planted ahead of time (a link to a victim at the name a
+  temporary used to have, predictable from the pid);
 - __all__ is the public API, and the package is marked typed (py.typed).
 Env (tests/CMakeLists.txt): DYNEMB_SRC; run by pytest.
 """
@@ -161,6 +163,23 @@ def test_mean_divisor_checked(tmp_path):
     w.write_batch(0, *args, weights=np.array([0.5, 1], np.float32), keys=["f0"],
                   mean_divisor="weights")
     w.close()
+
+
+def test_planted_link_is_not_followed(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    out, cmp_out = tmp_path / "r.h5", tmp_path / "c.h5"
+    for p in (out, cmp_out):  # the names a temporary had: predictable from the pid
+        os.symlink(victim, f"{p}.tmp-{os.getpid()}")
+    w = dc.CaptureWriter(str(out), PLAN, world_size=1, rank=0)
+    w.write_batch(0, np.array([2], np.int64), np.array([1, 3], np.int64), keys=["f0"])
+    w.close()
+    dc.compress_file(out, cmp_out)
+    assert victim.read_bytes() == b"precious"
+    with h5py.File(cmp_out, "r") as f:
+        assert int(f.attrs["world_size"]) == 1
+    assert sorted(n for n in os.listdir(tmp_path) if ".tmp-" in n) == sorted(
+        f"{p.name}.tmp-{os.getpid()}" for p in (out, cmp_out))  # the planted links, untouched
 
 
 def test_public_api():
