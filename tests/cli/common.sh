@@ -51,6 +51,45 @@ for key in ("checks", "summary", "warnings", "trouble"):
         sys.exit(1)
 EOF
 }
+# run NAME WANT_RC ARGS...: the tool under a 60 s limit and 4 GiB of address space (plain
+# builds only: ASan reserves far more), stdout and stderr in $tmp/NAME.out; a failure shows
+# the output. has NAME REGEX: a line of $tmp/NAME.out matches (the whole reason on one line).
+asan=0
+nm "${DYNEMB:-}" 2>/dev/null | grep -q __asan_init && asan=1
+run() {
+  local name=$1 want=$2
+  shift 2
+  (
+    [[ $asan -eq 1 ]] || ulimit -v 4194304 2>/dev/null
+    exec timeout 60 "$DYNEMB" "$@"
+  ) >"$tmp/$name.out" 2>&1
+  local rc=$?
+  if [[ $rc -ne $want ]]; then
+    fail "$name: exit $rc, want $want ($*)"
+    sed 's/^/    /' "$tmp/$name.out" | head -30
+  fi
+}
+has() { grep -qE -- "$2" "$tmp/$1.out" || { fail "$1: no line matches: $2"; sed 's/^/    /' "$tmp/$1.out" | head -30; }; }
+# split_ranks CAPTURE PREFIX: per-rank files PREFIX0.h5 ... as a live job writes them (the root
+# attributes and "rank", /plan, /oracle, and each batch's own rank group), for merge.
+split_ranks() {
+  "${DYNEMB_PYTHON:-python3}" - "$1" "$2" <<'EOF'
+import sys, h5py
+src, prefix = sys.argv[1], sys.argv[2]
+with h5py.File(src, "r") as f:
+    W, nb = int(f.attrs["world_size"]), int(f.attrs["num_batches"])
+for r in range(W):
+    with h5py.File(src, "r") as f, h5py.File(f"{prefix}{r}.h5", "w") as g:
+        for k, v in f.attrs.items():
+            g.attrs[k] = v
+        g.attrs["rank"] = r
+        f.copy("plan", g)
+        f.copy("oracle", g)
+        b = g.create_group("batches")
+        for k in range(nb):
+            f.copy(f"batches/{k}/rank{r}", b.create_group(str(k)))
+EOF
+}
 # strip_datasets CAPTURE SUFFIX...: the capture's datasets whose paths end so, removed.
 strip_datasets() {
   "${DYNEMB_PYTHON:-python3}" - "$@" <<'EOF'

@@ -63,22 +63,7 @@ grep -q "result: PASS" replay_json.out && fail "replay_json: PASS printed althou
 [[ ! -e r.json ]] || fail "replay_json: a partial r.json exists"
 
 # ---- merge: refused before any copy when the result cannot fit
-"$DYNEMB_PYTHON" - in.h5 rank <<'EOF' || fail "split in.h5 into per-rank files"
-import sys, h5py
-src, prefix = sys.argv[1], sys.argv[2]
-with h5py.File(src, "r") as f:
-    W, nb = int(f.attrs["world_size"]), int(f.attrs["num_batches"])
-for r in range(W):
-    with h5py.File(src, "r") as f, h5py.File(f"{prefix}{r}.h5", "w") as g:
-        for k, v in f.attrs.items():
-            g.attrs[k] = v
-        g.attrs["rank"] = r
-        f.copy("plan", g)
-        f.copy("oracle", g)
-        b = g.create_group("batches")
-        for k in range(nb):
-            f.copy(f"batches/{k}/rank{r}", b.create_group(str(k)))
-EOF
+split_ranks in.h5 rank || fail "split in.h5 into per-rank files"
 ranks=(rank0.h5 rank1.h5 rank2.h5 rank3.h5 rank4.h5 rank5.h5 rank6.h5 rank7.h5)
 ranks_sha=$(cat "${ranks[@]}" | sha256sum)
 limited merge_limit 2000 merge "${ranks[@]}" -o old.h5 --force

@@ -10,24 +10,6 @@ set -u
 "$DYNEMB_PYTHON" -c 'import h5py, numpy' 2>/dev/null || { echo "no h5py for $DYNEMB_PYTHON"; exit 77; }
 
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail
-asan=0
-nm "$DYNEMB" 2>/dev/null | grep -q __asan_init && asan=1
-# run NAME WANT_RC ARGS...: runs the tool under a 60 s limit and 4 GiB of address space
-# (ASan reserves far more virtual memory, so the limit only applies to plain builds).
-run() {
-  local name=$1 want=$2
-  shift 2
-  (
-    [[ $asan -eq 1 ]] || ulimit -v 4194304 2>/dev/null
-    exec timeout 60 "$DYNEMB" "$@"
-  ) >"$tmp/$name.out" 2>&1
-  local rc=$?
-  if [[ $rc -ne $want ]]; then
-    fail "$name: exit $rc, want $want ($*)"
-    sed 's/^/    /' "$tmp/$name.out" | head -30
-  fi
-}
-has() { grep -qE -- "$2" "$tmp/$1.out" || { fail "$1: no line matches: $2"; sed 's/^/    /' "$tmp/$1.out" | head -30; }; }
 # mutate FILE PYTHON: runs PYTHON with f = h5py.File(FILE, 'r+'), numpy as np.
 mutate() {
   "$DYNEMB_PYTHON" - "$1" "$2" <<'EOF' || fail "mutate $1 failed"

@@ -13,25 +13,6 @@ set -u
 "$DYNEMB_PYTHON" -c 'import h5py, numpy' 2>/dev/null || { echo "no h5py for $DYNEMB_PYTHON"; exit 77; }
 
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail, sha, no_temps
-asan=0
-nm "$DYNEMB" 2>/dev/null | grep -q __asan_init && asan=1
-# run NAME WANT_RC ARGS...: the tool under a 60 s limit (and 4 GiB of address space outside
-# ASan); output in $tmp/NAME.out.
-run() {
-  local name=$1 want=$2
-  shift 2
-  (
-    [[ $asan -eq 1 ]] || ulimit -v 4194304 2>/dev/null
-    exec timeout 60 "$DYNEMB" "$@"
-  ) >"$tmp/$name.out" 2>&1
-  local rc=$?
-  if [[ $rc -ne $want ]]; then
-    fail "$name: exit $rc, want $want ($*)"
-    sed 's/^/    /' "$tmp/$name.out" | head -20
-  fi
-}
-# has NAME REGEX: a line of NAME's output matches (the whole reason on one line).
-has() { grep -qE -- "$2" "$tmp/$1.out" || { fail "$1: no line matches: $2"; sed 's/^/    /' "$tmp/$1.out" | head -20; }; }
 # plant NAME BASE PYTHON: $tmp/NAME.h5, a copy of $tmp/BASE.h5 changed by PYTHON (f: the
 # h5py.File opened r+, np: numpy, h5py).
 plant() {

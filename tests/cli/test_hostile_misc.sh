@@ -10,27 +10,7 @@ set -u
 "$DYNEMB_PYTHON" -c 'import h5py, numpy' 2>/dev/null || { echo "no h5py for $DYNEMB_PYTHON"; exit 77; }
 
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail
-asan=0
-nm "$DYNEMB" 2>/dev/null | grep -q __asan_init && asan=1
-# run NAME WANT_RC ARGS...: the tool under a 60 s limit and 4 GiB of address space (plain
-# builds only: ASan reserves far more); stdout and stderr in $tmp/NAME.out.
-run() {
-  local name=$1 want=$2
-  shift 2
-  (
-    [[ $asan -eq 1 ]] || ulimit -v 4194304 2>/dev/null
-    exec timeout 60 "$DYNEMB" "$@"
-  ) >"$tmp/$name.out" 2>&1
-  local rc=$?
-  if [[ $rc -ne $want ]]; then
-    fail "$name: exit $rc, want $want ($*)"
-    sed 's/^/    /' "$tmp/$name.out" | head -30
-  else
-    ok "$name: exit $rc"
-  fi
-}
-# has NAME REGEX / hasnt NAME REGEX: a line of $tmp/NAME.out matches / none does.
-has() { grep -qE -- "$2" "$tmp/$1.out" || { fail "$1: no line matches: $2"; sed 's/^/    /' "$tmp/$1.out" | head -30; }; }
+# hasnt NAME REGEX: no line of $tmp/NAME.out matches (run and has: common.sh).
 hasnt() { ! grep -qE -- "$2" "$tmp/$1.out" || { fail "$1: a line matches: $2"; sed 's/^/    /' "$tmp/$1.out" | head -30; }; }
 
 "$DYNEMB" synth --preset unit-seq-w2 --batches 2 --seed 3 -o "$tmp/seq.h5" >/dev/null || fail "synth seq"

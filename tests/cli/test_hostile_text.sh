@@ -83,22 +83,7 @@ stdout_error() {
 "$DYNEMB" synth --preset unit-seq-w2 -o c.h5 --store ctx,local_embs,output >/dev/null || fail "synth"
 "$DYNEMB_PYTHON" -c 'import sys, h5py; open(sys.argv[2], "wb").write(h5py.File(sys.argv[1], "r")["plan"][()])' \
   c.h5 plan.yaml || fail "extract the plan"
-"$DYNEMB_PYTHON" - c.h5 rank <<'EOF' || fail "split c.h5 into per-rank files"
-import sys, h5py
-src, prefix = sys.argv[1], sys.argv[2]
-with h5py.File(src, "r") as f:
-    W, nb = int(f.attrs["world_size"]), int(f.attrs["num_batches"])
-for r in range(W):
-    with h5py.File(src, "r") as f, h5py.File(f"{prefix}{r}.h5", "w") as g:
-        for k, v in f.attrs.items():
-            g.attrs[k] = v
-        g.attrs["rank"] = r
-        f.copy("plan", g)
-        f.copy("oracle", g)
-        b = g.create_group("batches")
-        for k in range(nb):
-            f.copy(f"batches/{k}/rank{r}", b.create_group(str(k)))
-EOF
+split_ranks c.h5 rank || fail "split c.h5 into per-rank files"
 
 # ---- row 8: a full stdout is exit 2, every subcommand; the files are still written
 "$DYNEMB" validate plan.yaml >/dev/full 2>full_validate.err

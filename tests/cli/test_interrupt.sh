@@ -92,22 +92,7 @@ no_temps "$tmp" "synth_PIPE"
 # merge: per-rank files of a capture with many small batches (thousands of copies: ~2 s)
 "$DYNEMB" synth --preset unit-seq-w2 --batches 3000 --store none --seed 1 -o many.h5 >/dev/null ||
   fail "synth many.h5"
-"$DYNEMB_PYTHON" - many.h5 rank <<'EOF' || fail "split many.h5 into per-rank files"
-import sys, h5py
-src, prefix = sys.argv[1], sys.argv[2]
-with h5py.File(src, "r") as f:
-    W, nb = int(f.attrs["world_size"]), int(f.attrs["num_batches"])
-for r in range(W):
-    with h5py.File(src, "r") as f, h5py.File(f"{prefix}{r}.h5", "w") as g:
-        for k, v in f.attrs.items():
-            g.attrs[k] = v
-        g.attrs["rank"] = r
-        f.copy("plan", g)
-        f.copy("oracle", g)
-        b = g.create_group("batches")
-        for k in range(nb):
-            f.copy(f"batches/{k}/rank{r}", b.create_group(str(k)))
-EOF
+split_ranks many.h5 rank || fail "split many.h5 into per-rank files"
 ranks_sha=$(cat rank0.h5 rank1.h5 | sha256sum)
 interrupt merge_int INT 130 merged.h5 merge rank0.h5 rank1.h5 -o merged.h5
 cp in.h5 keep3.h5

@@ -123,22 +123,7 @@ has_text pass.out "result: PASS (exit 0)" pass
 
 # ---- merge onto one of its inputs, by every spelling (the per-rank files from a live job
 # cannot be re-taken)
-"$DYNEMB_PYTHON" - c.h5 rank <<'EOF' || fail "split c.h5 into per-rank files"
-import sys, h5py
-src, prefix = sys.argv[1], sys.argv[2]
-with h5py.File(src, "r") as f:
-    W, nb = int(f.attrs["world_size"]), int(f.attrs["num_batches"])
-for r in range(W):
-    with h5py.File(src, "r") as f, h5py.File(f"{prefix}{r}.h5", "w") as g:
-        for k, v in f.attrs.items():
-            g.attrs[k] = v
-        g.attrs["rank"] = r
-        f.copy("plan", g)
-        f.copy("oracle", g)
-        b = g.create_group("batches")
-        for k in range(nb):
-            f.copy(f"batches/{k}/rank{r}", b.create_group(str(k)))
-EOF
+split_ranks c.h5 rank || fail "split c.h5 into per-rank files"
 r0=$(sha rank0.h5)
 r1=$(sha rank1.h5)
 ln -s rank1.h5 r1sym.h5
