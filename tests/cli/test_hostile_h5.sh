@@ -183,22 +183,7 @@ refused fletcher "fletcher\.h5:/batches/1/rank0/values: (error: )?filter fletche
 
 # ---- merge: the per-rank files of seq.h5, one of them changed; merge exits 2 naming the
 # per-rank file and the field, leaves neither OUT nor its temporary, changes no input
-"$DYNEMB_PYTHON" - "$tmp/seq.h5" "$tmp/rank" <<'EOF' || fail "split seq.h5 into per-rank files"
-import sys, h5py
-src, prefix = sys.argv[1], sys.argv[2]
-with h5py.File(src, "r") as f:
-    W, nb = int(f.attrs["world_size"]), int(f.attrs["num_batches"])
-for r in range(W):
-    with h5py.File(src, "r") as f, h5py.File(f"{prefix}{r}.h5", "w") as g:
-        for k, v in f.attrs.items():
-            g.attrs[k] = v
-        g.attrs["rank"] = r
-        f.copy("plan", g)
-        f.copy("oracle", g)
-        b = g.create_group("batches")
-        for k in range(nb):
-            f.copy(f"batches/{k}/rank{r}", b.create_group(str(k)))
-EOF
+split_ranks "$tmp/seq.h5" "$tmp/rank" || fail "split seq.h5 into per-rank files"
 mkdir -p "$tmp/m"
 run merge-ok 0 merge "$tmp/rank0.h5" "$tmp/rank1.h5" -o "$tmp/m/ok.h5"
 r0=$(sha "$tmp/rank0.h5")
