@@ -269,7 +269,6 @@ int run_command_line(int argc, char** argv) {
   }
   arm_open_watchdog();
   install_crash_handler();
-  install_exit_signal_handlers();  // any ending signal removes temporaries (common/signals.hpp)
   try {
     return run();
   } catch (const PlanError& e) {  // already "file:line:col: error: ..."
@@ -290,6 +289,9 @@ int run_command_line(int argc, char** argv) {
 }  // namespace
 
 int main_entry(int argc, char** argv) {
+  // First: no output exists yet, and from here on any ending signal removes what is made;
+  // SIGPIPE ignored, so that a closed stdout is a write error (common/signals.hpp).
+  install_exit_signal_handlers();
   console::init();
   // Every path ends here: a report that did not reach stdout is exit 2, whatever the run found.
   return console::finish(run_command_line(argc, argv));

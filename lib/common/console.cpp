@@ -5,7 +5,6 @@
 
 #include <atomic>
 #include <cerrno>
-#include <csignal>
 #include <cstdio>
 #include <cstring>
 
@@ -41,9 +40,6 @@ void init() {
     const int got = ::open("/dev/null", fd == 0 ? O_WRONLY : O_RDONLY);
     if (got >= 0 && got != fd) ::close(got);
   }
-  // A write to a closed pipe fails with EPIPE instead of killing the process, so that
-  // `... | head -1` still removes its temporaries, writes its files and says what happened.
-  std::signal(SIGPIPE, SIG_IGN);
 }
 
 void out(std::string_view text) {

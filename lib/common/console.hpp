@@ -16,7 +16,7 @@ namespace dynemb::console {
 
 // First thing of the process: a closed fd 0, 1 or 2 is given /dev/null opened the wrong way
 // round (reads of 0 and writes of 1 and 2 fail), so that no file opened later lands on it and
-// takes our messages; SIGPIPE ignored.
+// takes our messages. (SIGPIPE is ignored by install_exit_signal_handlers, common/signals.hpp.)
 void init();
 
 void out(std::string_view text);              // stdout, through escape_lines

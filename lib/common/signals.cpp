@@ -108,7 +108,8 @@ extern "C" void on_signal(int sig) {
 }
 
 // Installs on_signal for `sig` unless the process got it ignored (nohup, `cmd &` in a script)
-// or another handler is there already (a sanitizer's, the CLI's crash handler).
+// or another handler is there already (a sanitizer's). The CLI's crash handler, installed
+// after, takes SIGSEGV and SIGBUS over while a capture is read.
 void catch_if_default(int sig, const sigset_t& mask) {
   struct sigaction old {};
   if (sigaction(sig, nullptr, &old) != 0) return;
