@@ -460,12 +460,7 @@ CaptureReader::~CaptureReader() {
 }
 
 namespace {
-#if H5_VERSION_GE(1, 12, 0)
-using LinkInfo = H5L_info2_t;  // H5Literate maps to H5Literate2 from 1.12 on
-#else
-using LinkInfo = H5L_info_t;
-#endif
-herr_t collect_names(hid_t, const char* name, const LinkInfo*, void* data) {
+herr_t collect_names(hid_t, const char* name, const h5::LinkInfo*, void* data) {
   static_cast<std::vector<std::string>*>(data)->emplace_back(name);
   return 0;
 }

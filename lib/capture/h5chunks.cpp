@@ -686,12 +686,7 @@ bool check_chunks(hid_t dset, std::string& why, bool decode_too, uint64_t max_gr
 }
 
 namespace {
-#if H5_VERSION_GE(1, 12, 0)
-using LinkInfo = H5L_info2_t;  // H5Lvisit maps to H5Lvisit2 from 1.12 on
-#else
-using LinkInfo = H5L_info_t;
-#endif
-herr_t collect_hard_links(hid_t, const char* name, const LinkInfo* info, void* data) {
+herr_t collect_hard_links(hid_t, const char* name, const h5::LinkInfo* info, void* data) {
   if (info && info->type == H5L_TYPE_HARD)
     static_cast<std::vector<std::string>*>(data)->emplace_back(name);
   return 0;

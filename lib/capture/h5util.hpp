@@ -15,6 +15,13 @@
 
 namespace dynemb::h5 {
 
+// The link info H5Literate / H5Lvisit hand their callbacks (their "2" forms from 1.12 on).
+#if H5_VERSION_GE(1, 12, 0)
+using LinkInfo = H5L_info2_t;
+#else
+using LinkInfo = H5L_info_t;
+#endif
+
 // Turns off HDF5's automatic error printing on this thread's default stack (idempotent).
 void quiet();
 
