@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/types.hpp"
+#include "model/types.hpp"
 #include "plan/plan.hpp"
 
 namespace dynemb::bench {

@@ -1,6 +1,6 @@
 // The stages on the CPU reference backend (through the Backend interface), host clock.
 #include "common/error.hpp"
-#include "engine/engine.hpp"
+#include "engine/input_dist.hpp"
 #include "registry.hpp"
 #include "stages.hpp"
 

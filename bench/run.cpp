@@ -3,12 +3,12 @@
 
 #include "bench.hpp"
 #include "capture/capture.hpp"
-#include "capture/synth.hpp"
 #include "common/error.hpp"
-#include "engine/engine.hpp"
+#include "engine/input_dist.hpp"
 #include "engine/ops.hpp"
 #include "registry.hpp"
 #include "stages.hpp"
+#include "synth/synth.hpp"
 
 namespace dynemb::bench {
 

@@ -1,5 +1,5 @@
 // `dynemb-dist synth (PLAN.yaml | --preset NAME) -o OUT.h5 ...`: writes a capture with the
-// hash64 oracle (cli.md, capture-format.md). The generator lives in lib/capture/synth.cpp.
+// hash64 oracle (cli.md, capture-format.md). The generator lives in lib/synth/synth.cpp.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <sstream>
 
-#include "capture/synth.hpp"
 #include "commands.hpp"
 #include "common/console.hpp"
 #include "common/error.hpp"
@@ -17,6 +16,7 @@
 #include "common/safe_text.hpp"
 #include "engine/memory_estimate.hpp"
 #include "progress.hpp"
+#include "synth/synth.hpp"
 
 namespace dynemb::cli {
 

@@ -19,10 +19,10 @@
 #include "common/error.hpp"
 #include "common/memory.hpp"
 #include "common/safe_text.hpp"
+#include "common/sha256.hpp"
 #include "engine/memory_estimate.hpp"
 #include "plan/plan.hpp"
 #include "registry.hpp"
-#include "replay/sha256.hpp"
 
 namespace dynemb::cli {
 namespace {

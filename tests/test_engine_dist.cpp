@@ -5,6 +5,7 @@
 #include <string>
 
 #include "engine/ops.hpp"
+#include "engine/reference.hpp"
 #include "test_engine_util.hpp"
 
 using namespace dynemb;

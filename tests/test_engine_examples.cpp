@@ -4,6 +4,7 @@
 #include "common/hash.hpp"
 #include "engine/mean_pooling.hpp"
 #include "engine/ops.hpp"
+#include "engine/reference.hpp"
 #include "test_engine_util.hpp"
 
 using namespace dynemb;

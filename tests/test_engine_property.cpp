@@ -17,6 +17,7 @@
 #include <random>
 
 #include "engine/ops.hpp"
+#include "engine/reference.hpp"
 #include "test_engine_util.hpp"
 
 using namespace dynemb;

@@ -11,7 +11,7 @@
 #include "common/dtype.hpp"
 #include "engine/backend.hpp"
 #include "engine/embedding_source.hpp"
-#include "engine/engine.hpp"
+#include "engine/input_dist.hpp"
 #include "engine/output_dist.hpp"
 #include "plan/plan.hpp"
 

@@ -9,10 +9,10 @@
 #include <string>
 
 #include "capture/capture.hpp"
-#include "capture/synth.hpp"
 #include "common/error.hpp"
 #include "engine/starting_backend.hpp"
 #include "replay/replay.hpp"
+#include "synth/synth.hpp"
 
 using namespace dynemb;
 

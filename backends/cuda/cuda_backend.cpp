@@ -20,14 +20,15 @@
 #include <thread>
 
 #include "common/hash.hpp"
+#include "common/parallel.hpp"
 #include "common/trace.hpp"
 #include "compare.hpp"
 #include "cuda_check.hpp"
 #include "dist_kernels.hpp"
 #include "engine/dist_checks.hpp"
-#include "engine/engine.hpp"
+#include "engine/input_dist.hpp"
 #include "engine/ops.hpp"
-#include "engine/parallel.hpp"
+#include "engine/reference.hpp"
 #include "workspace.hpp"
 
 namespace dynemb {

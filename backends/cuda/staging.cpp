@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "engine/parallel.hpp"
+#include "common/parallel.hpp"
 
 namespace dynemb::cuda {
 

@@ -6,16 +6,16 @@
 #include <cstring>
 #include <sstream>
 
-#include "capture/synth.hpp"
 #include "common/error.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "cuda/diagnostics.hpp"
 #include "cuda/timer.hpp"
-#include "engine/engine.hpp"
+#include "engine/input_dist.hpp"
 #include "engine/ops.hpp"
 #include "export.hpp"
 #include "registry.hpp"
 #include "stages.hpp"
+#include "synth/synth.hpp"
 
 namespace dynemb::bench {
 namespace {

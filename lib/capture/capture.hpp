@@ -27,7 +27,7 @@
 #include "common/error.hpp"
 #include "common/output_file.hpp"
 #include "engine/embedding_source.hpp"
-#include "engine/types.hpp"
+#include "model/types.hpp"
 #include "plan/plan.hpp"
 
 namespace dynemb {

@@ -22,9 +22,9 @@
 #include "capture/watchdog.hpp"
 #include "common/hash.hpp"
 #include "common/memory.hpp"
+#include "common/parallel.hpp"
 #include "common/trace.hpp"
 #include "engine/ops.hpp"
-#include "engine/parallel.hpp"
 
 namespace dynemb {
 

@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "capture/h5util.hpp"
+#include "common/parallel.hpp"
 #include "common/trace.hpp"
-#include "engine/parallel.hpp"
 
 namespace dynemb::h5 {
 namespace {

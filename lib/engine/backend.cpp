@@ -1,11 +1,12 @@
 // The host side of Backend's checks: what a backend that does not compare on its device runs,
 // and what a device backend's host fallback runs.
 #include "engine/backend.hpp"
+#include "engine/reference.hpp"
 
+#include "common/parallel.hpp"
 #include "common/trace.hpp"
-#include "engine/engine.hpp"
+#include "engine/input_dist.hpp"
 #include "engine/ops.hpp"
-#include "engine/parallel.hpp"
 
 namespace dynemb {
 

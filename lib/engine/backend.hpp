@@ -19,7 +19,7 @@
 #include "common/error.hpp"
 #include "engine/embedding_source.hpp"
 #include "engine/tile_diff.hpp"
-#include "engine/types.hpp"
+#include "model/types.hpp"
 #include "plan/plan.hpp"
 
 namespace dynemb {
@@ -41,7 +41,7 @@ class OutputDistFailure : public std::runtime_error {
 
 // A lookup with bounds_check=error met a local row outside its shard. The position is the
 // lookup's own (rank, feature, source rank, sample, position in the sub-bag routed here);
-// describe_lookup_bounds_error (engine.hpp) turns it into the id as the user sent it.
+// describe_lookup_bounds_error (input_dist.hpp) turns it into the id as the user sent it.
 class LookupBoundsError : public Error {
  public:
   LookupBoundsError(const std::string& msg, int rank, int64_t feature, int64_t source_rank,
@@ -112,7 +112,7 @@ class Backend {
                                                                   const EmbeddingSource& source,
                                                                   const float* captured, int64_t n,
                                                                   const TileCompare& how);
-  // The unsharded reference of rank `rank`'s KJT (want; reference_output, engine.hpp, `batch`
+  // The unsharded reference of rank `rank`'s KJT (want; reference_output, reference.hpp, `batch`
   // names it in errors) against the replayed output (got): n host floats at `replayed` when
   // held_rank < 0, else the output the last output dist held for rank `held_rank` (hold_outputs).
   virtual std::optional<std::vector<TileDiff>> reference_differences(

@@ -10,13 +10,14 @@
 #include <thread>
 
 #include "common/error.hpp"
+#include "common/parallel.hpp"
 #include "engine/backend.hpp"
 #include "engine/dist_checks.hpp"
 #include "engine/embedding_source.hpp"
-#include "engine/engine.hpp"
+#include "engine/input_dist.hpp"
 #include "engine/lookup_runs.hpp"
 #include "engine/ops.hpp"
-#include "engine/parallel.hpp"
+#include "engine/reference.hpp"
 
 namespace dynemb {
 namespace {

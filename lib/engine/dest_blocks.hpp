@@ -21,7 +21,7 @@
 
 #include "engine/backend.hpp"
 #include "engine/dist_checks.hpp"
-#include "engine/types.hpp"
+#include "model/types.hpp"
 
 namespace dynemb {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/types.hpp"
+#include "model/types.hpp"
 #include "plan/plan.hpp"
 
 namespace dynemb {

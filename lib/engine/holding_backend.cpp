@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "common/error.hpp"
-#include "engine/engine.hpp"
 #include "engine/forwarding_backend.hpp"
+#include "engine/input_dist.hpp"
 
 namespace dynemb {
 namespace {

@@ -1,5 +1,5 @@
 // How the CPU makes a lookup-like tensor run by run from an EmbeddingSource: a rank's lookup
-// (cpu_backend.cpp) and the unsharded reference of a KJT (engine.cpp) are the same walk over
+// (cpu_backend.cpp) and the unsharded reference of a KJT (reference.cpp) are the same walk over
 // bags, with their own id -> row rule and their own output places. A run is what one bag makes:
 // its ids' rows (sequence) or their pooled sum (pooled), handed to `emit` as made, so that a
 // check can compare runs without the tensor ever being whole.
@@ -11,9 +11,9 @@
 
 #include "common/dtype.hpp"
 #include "common/error.hpp"
+#include "common/parallel.hpp"
 #include "engine/embedding_source.hpp"
 #include "engine/ops.hpp"
-#include "engine/parallel.hpp"
 #include "plan/plan.hpp"
 
 namespace dynemb {

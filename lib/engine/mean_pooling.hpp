@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/types.hpp"
+#include "model/types.hpp"
 #include "plan/plan.hpp"
 
 namespace dynemb {

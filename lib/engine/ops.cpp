@@ -5,7 +5,7 @@
 
 #include "common/error.hpp"
 #include "common/hash.hpp"
-#include "engine/parallel.hpp"
+#include "common/parallel.hpp"
 
 namespace dynemb {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/dtype.hpp"
-#include "engine/types.hpp"
+#include "model/types.hpp"
 #include "plan/plan.hpp"
 
 namespace dynemb {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "engine/parallel.hpp"
+#include "common/parallel.hpp"
 
 namespace dynemb {
 

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "engine/embedding_source.hpp"
-#include "engine/types.hpp"
+#include "model/types.hpp"
 #include "plan/plan.hpp"
 
 namespace dynemb {

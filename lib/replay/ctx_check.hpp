@@ -13,8 +13,8 @@
 #include <optional>
 #include <vector>
 
-#include "engine/engine.hpp"
-#include "engine/types.hpp"
+#include "engine/input_dist.hpp"
+#include "model/types.hpp"
 #include "plan/plan.hpp"
 #include "replay/report.hpp"
 

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <iterator>
 
-#include "engine/parallel.hpp"
+#include "common/parallel.hpp"
 
 namespace dynemb {
 

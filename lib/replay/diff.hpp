@@ -10,7 +10,7 @@
 #include "engine/backend.hpp"
 #include "engine/tile_diff.hpp"
 #include "engine/tolerance.hpp"
-#include "engine/types.hpp"
+#include "model/types.hpp"
 #include "replay/coords.hpp"
 
 namespace dynemb {

@@ -9,7 +9,7 @@
 
 #include "common/error.hpp"
 #include "engine/embedding_source.hpp"
-#include "engine/engine.hpp"
+#include "engine/input_dist.hpp"
 #include "engine/ops.hpp"
 #include "engine/output_dist.hpp"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "engine/backend.hpp"
-#include "engine/types.hpp"
+#include "model/types.hpp"
 #include "plan/plan.hpp"
 
 namespace dynemb {

@@ -10,11 +10,11 @@
 #include "common/clock.hpp"
 #include "common/error.hpp"
 #include "common/input_file.hpp"
+#include "common/sha256.hpp"
 #include "common/trace.hpp"
 #include "engine/memory_estimate.hpp"
 #include "replay/replan.hpp"
 #include "replay/replayer.hpp"
-#include "replay/sha256.hpp"
 
 namespace dynemb {
 

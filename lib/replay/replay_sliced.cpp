@@ -6,6 +6,7 @@
 
 #include "common/error.hpp"
 #include "engine/dist_checks.hpp"
+#include "engine/reference.hpp"
 #include "replay/replayer.hpp"
 
 namespace dynemb::replay_detail {

@@ -6,6 +6,7 @@
 #include "common/error.hpp"
 #include "engine/mean_pooling.hpp"
 #include "engine/ops.hpp"
+#include "engine/reference.hpp"
 #include "replay/ctx_check.hpp"
 #include "replay/replayer.hpp"
 

@@ -25,7 +25,7 @@
 #include "capture/capture.hpp"
 #include "common/memory.hpp"
 #include "engine/dest_blocks.hpp"
-#include "engine/engine.hpp"
+#include "engine/input_dist.hpp"
 #include "engine/output_dist.hpp"
 #include "replay/column_slice.hpp"
 #include "replay/diff.hpp"

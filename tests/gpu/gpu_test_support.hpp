@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/engine.hpp"
+#include "engine/input_dist.hpp"
 
 namespace dynemb::test {
 

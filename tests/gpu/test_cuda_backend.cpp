@@ -23,8 +23,9 @@
 #include "cuda/cuda_backend.hpp"
 #include "cuda_check.hpp"
 #include "dist_kernels.hpp"
-#include "engine/engine.hpp"
+#include "engine/input_dist.hpp"
 #include "engine/ops.hpp"
+#include "engine/reference.hpp"
 #include "gpu_test_support.hpp"
 #include "replay/column_slice.hpp"
 

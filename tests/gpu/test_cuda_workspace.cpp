@@ -15,13 +15,13 @@
 #include <random>
 #include <string>
 
-#include "capture/synth.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "cuda/staging.hpp"
 #include "cuda_check.hpp"
 #include "engine/embedding_source.hpp"
-#include "engine/engine.hpp"
+#include "engine/input_dist.hpp"
 #include "gpu_test_support.hpp"
+#include "synth/synth.hpp"
 
 using namespace dynemb;
 using test::cpu;

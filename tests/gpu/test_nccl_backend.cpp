@@ -24,7 +24,7 @@ TEST_CASE("nccl backend") {
 #include <string>
 
 #include "capture/capture.hpp"
-#include "engine/engine.hpp"
+#include "engine/input_dist.hpp"
 #include "engine/ops.hpp"
 #include "gpu_test_support.hpp"
 #include "nccl/nccl_backend.hpp"

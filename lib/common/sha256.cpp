@@ -1,4 +1,4 @@
-#include "replay/sha256.hpp"
+#include "common/sha256.hpp"
 
 #include <openssl/evp.h>
 

@@ -9,8 +9,8 @@
 #include <iterator>
 
 #include "capture/capture.hpp"
-#include "capture/synth.hpp"
 #include "common/hash.hpp"
+#include "synth/synth.hpp"
 #include "test_capture_util.hpp"
 
 using namespace dynemb;

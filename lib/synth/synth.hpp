@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "common/output_file.hpp"
-#include "engine/types.hpp"
+#include "model/types.hpp"
 #include "plan/plan.hpp"
 
 namespace dynemb {

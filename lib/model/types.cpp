@@ -1,4 +1,4 @@
-#include "engine/types.hpp"
+#include "model/types.hpp"
 
 #include <algorithm>
 

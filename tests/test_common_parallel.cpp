@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/parallel.hpp"
+#include "common/parallel.hpp"
 
 using namespace dynemb;
 

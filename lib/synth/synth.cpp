@@ -1,5 +1,5 @@
 // Workload generator behind `dynemb-dist synth` (see synth.hpp).
-#include "capture/synth.hpp"
+#include "synth/synth.hpp"
 
 #include <fmt/format.h>
 
@@ -22,14 +22,14 @@
 #include "capture/h5util.hpp"
 #include "common/error.hpp"
 #include "common/hash.hpp"
+#include "common/parallel.hpp"
 #include "engine/backend.hpp"
 #include "engine/dest_blocks.hpp"
 #include "engine/embedding_source.hpp"
-#include "engine/engine.hpp"
+#include "engine/input_dist.hpp"
 #include "engine/mean_pooling.hpp"
 #include "engine/ops.hpp"
 #include "engine/output_dist.hpp"
-#include "engine/parallel.hpp"
 
 namespace dynemb {
 

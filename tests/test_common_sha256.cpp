@@ -5,7 +5,7 @@
 #include <string>
 
 #include "common/error.hpp"
-#include "replay/sha256.hpp"
+#include "common/sha256.hpp"
 
 using namespace dynemb;
 
@@ -47,7 +47,7 @@ TEST_CASE("sha256 streaming in uneven pieces equals one shot") {
 }
 
 TEST_CASE("sha256_file hashes the bytes of a file and names a missing one") {
-  const std::string path = "test_replay_sha256.tmp";
+  const std::string path = "test_common_sha256.tmp";
   FILE* f = std::fopen(path.c_str(), "wb");
   REQUIRE(f);
   std::fputs("abc", f);

@@ -1,5 +1,6 @@
-// The reference engine's high-level entry points: everything a replay or `synth --store`
-// derives for one batch from the plan and the W local KJTs (docs/semantics.md §3-§7).
+// The input dist derived for one batch: what every rank's bucketize, KJT all-to-all and recat
+// produce from the plan and the W local KJTs, and the lookups on its output (docs/semantics.md
+// §3-§5). The unsharded reference is reference.hpp.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +10,7 @@
 
 #include "engine/backend.hpp"
 #include "engine/embedding_source.hpp"
-#include "engine/types.hpp"
+#include "model/types.hpp"
 #include "plan/plan.hpp"
 
 namespace dynemb {
@@ -54,23 +55,6 @@ std::vector<EmbTensor> derive_dist_inputs(const Plan& plan, const DerivedBatch& 
 // traced (a context that does not fit the KJTs).
 std::string describe_lookup_bounds_error(const Plan& plan, const std::vector<const Kjt*>& kjts,
                                          const DerivedBatch& derived, const LookupBoundsError& e);
-
-// The unsharded reference output of rank r, straight from its own KJT and the embedding
-// source with no sharding at all: sequence [N_r, D]; pooled [B_r, sum_D] (MEAN tables summed,
-// as the dist returns them);
-// pooled VBE 1-D [f][b][d]. Out-of-table ids follow plan.bounds_check exactly as the sharded
-// path does (warn_zero_row: local row 0 of the rank the id is routed to).
-EmbTensor reference_output(const Plan& plan, int rank, const Kjt& kjt,
-                           const EmbeddingSource& source, int64_t batch);
-// Its shape, and the reference made run by run on every core for a caller that needs no tensor
-// of it (a check comparing each run as it is made): emit(values, at, count) gets elements
-// [at, at + count), a row per id (sequence) or a bag's D_f sums (pooled); every element is in
-// exactly one run (pooled non-VBE: when sum_D is the sum of the features' dims). `kjt` must
-// have passed check_kjt; throws reference_output's bounds_check=error.
-using ReferenceEmit = std::function<void(const float* values, int64_t at, int64_t count)>;
-std::vector<int64_t> reference_shape(const Plan& plan, const Kjt& kjt);
-void reference_runs(const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source,
-                    int64_t batch, const ReferenceEmit& emit);
 
 // Checks a KJT against the plan (F, lengths >= 0, sum(lengths) == len(values), weights
 // length, VBE strides); throws Error naming `where` (e.g. "/batches/3/rank1") on failure.

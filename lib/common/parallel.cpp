@@ -1,4 +1,4 @@
-#include "engine/parallel.hpp"
+#include "common/parallel.hpp"
 
 #include <atomic>
 #include <condition_variable>
