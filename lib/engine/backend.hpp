@@ -1,4 +1,4 @@
-// The seams a device backend replaces (issue: reference engine §7). The CPU backend
+// The seams a device backend replaces. The CPU backend
 // (cpu_backend.cpp) is the bit-exact reference; the CUDA backend (kernels/) emulates all W
 // ranks on one GPU; the NCCL backend puts one rank per GPU. Everything above this interface
 // (context derivation, diffs, reports) is backend-independent.
@@ -61,92 +61,154 @@ class LookupBoundsError : public Error {
   int64_t local_row;    // the local id after bucketize
 };
 
-// Receives the output of destination rank r: sequence [N_r, D], pooled [B_r, sum_D],
-// pooled VBE 1-D [sum_f B_{r,f} D_f]. Called once per rank, in rank order.
-using OutputSink = std::function<void(int rank, EmbTensor&& output)>;
+// The name of a tensor a backend keeps where it made it (a GPU backend's device memory) for a
+// later step on the same backend: a lookup the output dist takes, an output a check compares.
+// A backend keeps one tensor per role and rank; the next tensor it keeps for that role and rank
+// replaces it (a batch's steps need one lookup and one output per rank at a time).
+struct Kept {
+  enum class Role : uint8_t { lookup, output };
+  Role role = Role::lookup;
+  int rank = 0;
+};
+
+// Where a step may leave the tensor it makes: on the host, or kept by the backend (Kept). A
+// backend that keeps nothing makes host tensors whatever is asked.
+enum class Place : uint8_t { host, kept };
+
+// A tensor a step made. On the host, `t` holds it whole; kept by the backend, `t` holds its
+// dtype and shape and no data, and `kept` names it.
+struct Tensor {
+  EmbTensor t;
+  std::optional<Kept> kept;
+  int64_t numel() const { return t.numel(); }
+};
+
+// A tensor as a step reads it, owning nothing: `n` elements at `host`, or the backend's kept
+// tensor `kept`. `shape` (null for a bare span) is what the output dists' checks read.
+struct TensorRef {
+  TensorRef() = default;
+  TensorRef(const EmbTensor& e)  // NOLINT(google-explicit-constructor): host data as is
+      : dtype(e.dtype), shape(&e.shape), host(e.data.data()), n(e.numel()) {}
+  TensorRef(const Tensor& x)  // NOLINT(google-explicit-constructor)
+      : dtype(x.t.dtype), shape(&x.t.shape), host(x.kept ? nullptr : x.t.data.data()),
+        n(x.t.numel()), kept(x.kept) {}
+  // n host floats with no shape (a block of a larger tensor).
+  static TensorRef span(const float* p, int64_t n, DType dtype = DType::f32) {
+    TensorRef r;
+    r.dtype = dtype;
+    r.host = p;
+    r.n = n;
+    return r;
+  }
+  DType dtype = DType::f32;
+  const std::vector<int64_t>* shape = nullptr;
+  const float* host = nullptr;
+  int64_t n = 0;
+  std::optional<Kept> kept;
+};
+
+// Receives the output of destination rank r: sequence [N_r, D], pooled [B_r, sum_D], pooled VBE
+// 1-D [sum_f B_{r,f} D_f]. Called once per rank, in rank order; the caller may check and drop
+// each before the next is made (a full ec-bench-criteo output is about 1 GB per rank).
+using OutputSink = std::function<void(int rank, Tensor&& output)>;
+
+// The checks of a replay, made where the backend has the tensors: each compares two tensors of n
+// elements in tiles (tile_diff.hpp) and returns the tiles that add something to the diff, with
+// values only where the first mismatches are. A device backend's comparator works on the device,
+// so a passing check copies nothing back; host_comparator() is the host's.
+class Comparator {
+ public:
+  virtual ~Comparator() = default;
+  // `got` against `want`; nullopt when they have not the same number of elements.
+  virtual std::optional<std::vector<TileDiff>> compare(const TensorRef& got, const TensorRef& want,
+                                                       const TileCompare& how) = 0;
+  // `got` against the unsharded reference of rank `rank`'s KJT (reference.hpp; `batch` names it
+  // in errors), made where `got` is; nullopt when the reference has not got's element count.
+  // Throws what reference_output throws.
+  virtual std::optional<std::vector<TileDiff>> compare_reference(
+      const TensorRef& got, const Plan& plan, int rank, const Kjt& kjt,
+      const EmbeddingSource& source, int64_t batch, const TileCompare& how) = 0;
+};
+
+// The comparator of host tensors: tile_diffs on every core; kept tensors are not its business
+// (a backend that keeps tensors wraps it).
+Comparator& host_comparator();
 
 class Backend {
  public:
+  explicit Backend(std::string name) : name_(std::move(name)) {}
   virtual ~Backend() = default;
-  virtual std::string name() const = 0;    // "cpu", "cuda", "nccl"
+  const std::string& name() const { return name_; }  // "cpu", "cuda", "nccl"
   virtual std::string device() const = 0;  // e.g. "host, 2 threads" or "NVIDIA H200 (sm_90)"
 
-  // Input dist stage 1 on one rank: block_bucketize_sparse_features (§3.2, §3.3, §10.2)
-  // with the plan's dist_type and block sizes; stable order, unbucketize_permute always.
-  // Routing never fails: out-of-table ids are a lookup (bounds_check) matter.
+  // Input dist stage 1 on one rank: block_bucketize_sparse_features (§3.2, §3.3, §10.2) with the
+  // plan's dist_type and block sizes; stable order, unbucketize_permute always. Routing never
+  // fails: out-of-table ids are a lookup (bounds_check) matter. A replay bucketizes on the host
+  // (bucketize_ranks, input_dist.hpp); a device backend's bucketize is its kernels, which the
+  // GPU tests and `bench` check against the host's.
   virtual BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) = 0;
-  // The same for every rank of a batch: what derive_input_dist runs. The default is the host
-  // reference on every core at once, rank by rank, for every backend: its results are used on
-  // the host (the KJT all-to-all, the context checks), and a device's bucketize would send
-  // ~3 x N values per rank back over the bus, which costs more than the host's pass. A device
-  // backend's bucketize() is its kernels, which the GPU tests and `bench` check against this.
-  virtual std::vector<BucketizedKjt> bucketize_ranks(const Plan& plan,
-                                                     const std::vector<const Kjt*>& kjts);
 
-  // Lookup on rank `rank` (§5). Sequence: [N_local, D] rows in LookupKjt value order.
-  // Pooled: partial sums [sum_s B_s, sum_D] (non-VBE) or the 1-D VBE layout
-  // [s][f][b][d]. Ids outside their table follow plan.bounds_check (error -> throws Error
-  // naming rank, feature and position).
-  virtual EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
-                           const EmbeddingSource& source) = 0;
-  // The same lookup when it is only the input of an output dist (a replay's derived lookups):
-  // a device backend may keep it where it makes it, as rank `rank`'s, and hand back its dtype
-  // and shape with no data. An output dist given a local_embs tensor with no data (and
-  // elements) takes it from there: rank r's kept lookup, until the next lookup_for_dist of
-  // rank r. The default is lookup().
-  virtual EmbTensor lookup_for_dist(const Plan& plan, int rank, const LookupKjt& kjt,
-                                    const EmbeddingSource& source);
-  // The checks of a replay, made where the backend makes the tensors: each compares two tensors
-  // of n elements in tiles (tile_diff.hpp) and returns the tiles that add something to the
-  // diff, with values only where the first mismatches are. A device backend compares on the
-  // device, so a passing check copies nothing back; the defaults here compare on the host.
-  //
-  // lookup() (want) against `captured` (got, n host floats in lookup()'s layout): a replay's
-  // lookup check. nullopt when lookup() has not n elements; throws what lookup() throws. A
-  // device backend may also keep `captured` there as rank `rank`'s input of the next
-  // pooled_output_dist, whose local_embs[rank] is then that same memory, not copied again (a
-  // replay checks a unit's lookups, then runs its dist on them): the caller leaves `captured`
-  // unchanged until that dist.
-  virtual std::optional<std::vector<TileDiff>> lookup_differences(const Plan& plan, int rank,
-                                                                  const LookupKjt& kjt,
-                                                                  const EmbeddingSource& source,
-                                                                  const float* captured, int64_t n,
-                                                                  const TileCompare& how);
-  // The unsharded reference of rank `rank`'s KJT (want; reference_output, reference.hpp, `batch`
-  // names it in errors) against the replayed output (got): n host floats at `replayed` when
-  // held_rank < 0, else the output the last output dist held for rank `held_rank` (hold_outputs).
-  virtual std::optional<std::vector<TileDiff>> reference_differences(
-      const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source, int64_t batch,
-      const float* replayed, int held_rank, int64_t n, const TileCompare& how);
-  // While on, the output dists leave their outputs where they make them and hand the sink each
-  // output's dtype and shape with no data; the output of rank r is held until the next dist, to
-  // be compared there (held_output_differences, reference_differences). Returns whether this
-  // backend holds them: the default does not, and its sinks get the data as always.
-  virtual bool hold_outputs(bool on);
-  // The held output of rank `rank` (got) against `want` (n host floats): a replay's golden
-  // check. nullopt when no output of n elements is held for that rank.
-  virtual std::optional<std::vector<TileDiff>> held_output_differences(int rank, const float* want,
-                                                                       int64_t n,
-                                                                       const TileCompare& how);
+  // Lookup on rank `rank` (§5). Sequence: [N_local, D] rows in LookupKjt value order. Pooled:
+  // partial sums [sum_s B_s, sum_D] (non-VBE) or the 1-D VBE layout [s][f][b][d]. Ids outside
+  // their table follow plan.bounds_check (error -> throws LookupBoundsError). Place::kept: the
+  // backend may keep it as rank `rank`'s lookup (the input of the next output dist, or of a
+  // check).
+  virtual Tensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
+                        const EmbeddingSource& source, Place place) = 0;
+  // A host tensor kept as rank `rank`'s lookup (a captured local_embs that a check compares and
+  // the output dist then takes: copied to the device once); nullopt from a backend that keeps
+  // nothing (the caller goes on with the host tensor).
+  virtual std::optional<Kept> keep(const EmbTensor& host, int rank) = 0;
 
   // RwSequenceEmbeddingDist for all W ranks (§6): forward recat permute of each rank's
   // local_embs, all-to-all (send output_splits rows, receive input_splits rows), then
-  // out_r = recv_r[unbucketize_permute_r]; codec encode/decode around the exchange.
-  virtual void sequence_output_dist(const Plan& plan,
-                                    const std::vector<const EmbTensor*>& local_embs,
-                                    const std::vector<const ShardingContext*>& ctx,
+  // out_r = recv_r[unbucketize_permute_r]; codec encode/decode around the exchange. Every
+  // local_embs[r] has its shape; its data is on the host or kept by this backend.
+  virtual void sequence_output_dist(const Plan& plan, const std::vector<TensorRef>& local_embs,
+                                    const std::vector<const ShardingContext*>& ctx, Place place,
                                     const OutputSink& sink) = 0;
 
-  // RwPooledEmbeddingDist for all W ranks (§7): reduce-scatter by batch_size_per_rank
-  // (equal or unequal), or, when `variable_batch`, the per-feature 1-D reduce-scatter by
-  // batch_size_per_rank_per_feature. MEAN tables are summed like SUM tables: under RW the
-  // dist carries sums and the module divides afterwards (mean_pooling.hpp), never here.
+  // RwPooledEmbeddingDist for all W ranks (§7): reduce-scatter by batch_size_per_rank (equal or
+  // unequal), or, when `variable_batch`, the per-feature 1-D reduce-scatter by
+  // batch_size_per_rank_per_feature. MEAN tables are summed like SUM tables: under RW the dist
+  // carries sums and the module divides afterwards (mean_pooling.hpp), never here.
   virtual void pooled_output_dist(const Plan& plan, bool variable_batch,
-                                  const std::vector<const EmbTensor*>& local_embs,
-                                  const std::vector<const ShardingContext*>& ctx,
+                                  const std::vector<TensorRef>& local_embs,
+                                  const std::vector<const ShardingContext*>& ctx, Place place,
                                   const OutputSink& sink) = 0;
+
+  // Where this backend's tensors are compared.
+  virtual Comparator& comparator() = 0;
+
+ private:
+  std::string name_;
 };
 
-std::unique_ptr<Backend> make_cpu_backend(int threads = 0);  // 0: hardware concurrency
+// The CPU reference (cpu_backend.cpp) on `threads` cores (0: all). `keeps`: it keeps the
+// tensors a step may keep (Place::kept, keep()) in host memory, as a device backend keeps them
+// on its device, so that the replay's kept paths run and are compared with the host ones on any
+// machine (a test build's DYNEMB_HOLD_OUTPUTS=host).
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0, bool keeps = false);
+
+// A backend made on another thread while its caller goes on (a GPU backend's context and
+// workspace take a sizeable part of a second, which a replay spends opening the capture and
+// reading its first batch instead). name() answers at once; get() waits until `make` has
+// returned and gives what it made, or rethrows what it threw.
+class StartingBackend {
+ public:
+  StartingBackend(std::string name, std::function<std::unique_ptr<Backend>()> make);
+  explicit StartingBackend(std::unique_ptr<Backend> ready);  // made already
+  ~StartingBackend();
+  StartingBackend(StartingBackend&&) noexcept;
+  const std::string& name() const { return name_; }
+  Backend& get();
+  bool ready() const;  // get() would not wait
+
+ private:
+  std::string name_;
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
 
 }  // namespace dynemb
