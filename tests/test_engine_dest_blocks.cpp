@@ -37,7 +37,7 @@ TEST_CASE("property: one destination's blocks give its output, over 500 random b
     CAPTURE(iter);
     const OracleSource oracle(rng(), p);
     const std::vector<const Kjt*> kp = ptrs(c.kjts);
-    const DerivedBatch der = derive_input_dist(p, kp, *be);
+    const DerivedBatch der = derive_input_dist(p, kp);
     const std::vector<EmbTensor> local = derive_local_embs(p, der, oracle, *be, iter);
     const std::vector<EmbTensor> whole = run_sharded(p, c.kjts, oracle, *be, iter);
     const int64_t W = p.world_size;

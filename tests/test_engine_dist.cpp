@@ -31,7 +31,7 @@ template <class Mutate>
 void run_with_ctx(const Plan& p, const std::vector<Kjt>& k, Mutate mutate) {
   auto be = make_cpu_backend(2);
   auto src = example_source(p);
-  DerivedBatch d = derive_input_dist(p, ptrs(k), *be);
+  DerivedBatch d = derive_input_dist(p, ptrs(k));
   std::vector<EmbTensor> local = derive_local_embs(p, d, *src, *be, 0);
   std::vector<const EmbTensor*> lp;
   std::vector<const ShardingContext*> cp;
@@ -175,7 +175,7 @@ TEST_CASE("bounds_check policies") {
     Plan p = example_plan(ModuleKind::sequence, BoundsCheck::error);
     auto src = example_source(p);
     auto be = make_cpu_backend(2);
-    DerivedBatch d = derive_input_dist(p, ptrs(k), *be);
+    DerivedBatch d = derive_input_dist(p, ptrs(k));
     try {
       derive_local_embs(p, d, *src, *be, 3);
       FAIL("no error");
@@ -194,7 +194,7 @@ TEST_CASE("bounds_check policies") {
     }
     // -1 is routed by u64(-1) % W to rank 1 as local row 2^63 - 1: the message gives the id.
     std::vector<Kjt> neg = {make_kjt(2, {0, 2, 0, 0}, {3, -1}), make_kjt(2, {0, 0, 0, 0}, {})};
-    DerivedBatch dn = derive_input_dist(p, ptrs(neg), *be);
+    DerivedBatch dn = derive_input_dist(p, ptrs(neg));
     try {
       derive_local_embs(p, dn, *src, *be, 3);
       FAIL("no error");
@@ -209,7 +209,7 @@ TEST_CASE("bounds_check policies") {
     Plan ps = make_plan(2, ModuleKind::sequence, {table("t", 7, 2, {"f"})});
     auto srcs = example_source(ps);
     std::vector<Kjt> ks = {make_kjt(1, {2}, {5, 7}), make_kjt(1, {0}, {})};
-    DerivedBatch ds = derive_input_dist(ps, ptrs(ks), *be);
+    DerivedBatch ds = derive_input_dist(ps, ptrs(ks));
     try {
       derive_local_embs(ps, ds, *srcs, *be, 0);
       FAIL("no error");
@@ -289,7 +289,7 @@ TEST_CASE("pooled bounds_check=error: the first bad id in bag order, made row by
   auto src = example_source(p);
   auto be = make_cpu_backend(2);
   std::vector<Kjt> k = {make_kjt(2, {1, 1, 1, 1}, {1, 12, 8, 0}), make_kjt(2, {0, 0, 0, 0}, {})};
-  DerivedBatch d = derive_input_dist(p, ptrs(k), *be);
+  DerivedBatch d = derive_input_dist(p, ptrs(k));
   const auto check_lookup_error = [&](const auto& call) {
     try {
       call();

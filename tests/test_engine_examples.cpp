@@ -141,7 +141,7 @@ TEST_CASE("§4.3 post-all-to-all KJT and §4.4 contexts") {
   Plan p = example_plan(ModuleKind::sequence);
   auto be = make_cpu_backend(2);
   std::vector<Kjt> k = example_kjts();
-  DerivedBatch d = derive_input_dist(p, ptrs(k), *be);
+  DerivedBatch d = derive_input_dist(p, ptrs(k));
   const LookupKjt& l0 = d.ranks[0].lookup_kjt;
   CHECK(l0.lengths == V{1, 0, 0, 2, 0, 2, 0, 0});
   CHECK(l0.values == V{1, 0, 3, 0, 2});
@@ -165,7 +165,7 @@ TEST_CASE("§4.3 post-all-to-all KJT and §4.4 contexts") {
   // Unequal batch per rank: B = [2, 3] gives the expanded recat in the context.
   std::vector<Kjt> u = {make_kjt(2, {1, 0, 0, 1}, {1, 2}),
                         make_kjt(2, {1, 1, 1, 0, 0, 1}, {6, 7, 8, 3})};
-  DerivedBatch du = derive_input_dist(p, ptrs(u), *be);
+  DerivedBatch du = derive_input_dist(p, ptrs(u));
   CHECK(*du.ranks[0].ctx.sparse_features_recat ==
         std::vector<int32_t>{0, 1, 4, 5, 6, 2, 3, 7, 8, 9});
   CHECK(*du.ranks[0].ctx.batch_size_per_rank == V{2, 3});
@@ -180,7 +180,7 @@ TEST_CASE("§4.3 post-all-to-all KJT and §4.4 contexts") {
   // W = 1: the bucketized KJT unchanged, identity recat.
   Plan p1 =
       make_plan(1, ModuleKind::sequence, {table("t0", 10, 2, {"f0"}), table("t1", 6, 2, {"f1"})});
-  DerivedBatch d1 = derive_input_dist(p1, {&k[0]}, *be);
+  DerivedBatch d1 = derive_input_dist(p1, {&k[0]});
   CHECK(d1.ranks[0].lookup_kjt.values == V{1, 7, 5, 4, 0, 2});
   CHECK(*d1.ranks[0].ctx.sparse_features_recat == std::vector<int32_t>{0, 1});
 }
@@ -190,7 +190,7 @@ TEST_CASE("§6.1 sequence output dist") {
   auto be = make_cpu_backend(2);
   std::vector<Kjt> k = example_kjts();
   auto src = example_source(p);
-  DerivedBatch d = derive_input_dist(p, ptrs(k), *be);
+  DerivedBatch d = derive_input_dist(p, ptrs(k));
   std::vector<EmbTensor> local = derive_local_embs(p, d, *src, *be, 0);
   CHECK(local[0].shape == V{5, 2});
   CHECK(local[0].data == std::vector<float>{1, 1.5, 0, 0.5, 3, 3.5, 100, 100.5, 102, 102.5});
@@ -208,7 +208,7 @@ TEST_CASE("§7.1 pooled output dist") {
   auto be = make_cpu_backend(2);
   std::vector<Kjt> k = example_kjts();
   auto src = example_source(p);
-  DerivedBatch d = derive_input_dist(p, ptrs(k), *be);
+  DerivedBatch d = derive_input_dist(p, ptrs(k));
   CHECK_FALSE(d.variable_batch);
   CHECK(*d.ranks[0].ctx.variable_batch_per_feature == false);
   CHECK(*d.ranks[0].ctx.batch_size_per_feature_pre_a2a == V{2, 2});
@@ -271,7 +271,7 @@ TEST_CASE("§7.2 pooled VBE (dims 2 and 3)") {
   CHECK(b0.new_values == V{1, 1, 1});
   CHECK(b1.new_lengths == V{1, 0, 0, 1, 0, 0, 1, 1});
   CHECK(b1.new_values == V{0, 2, 3, 0});
-  DerivedBatch d = derive_input_dist(p, ptrs(k), *be);
+  DerivedBatch d = derive_input_dist(p, ptrs(k));
   CHECK(d.variable_batch);
   CHECK(d.ranks[0].lookup_kjt.stride_per_key_per_rank == std::vector<V>{{2, 3}, {1, 1}});
   const auto& bsprpf = *d.ranks[0].ctx.batch_size_per_rank_per_feature;
@@ -324,7 +324,7 @@ TEST_CASE("per-rank means: MEAN sub-bags scaled by 1/local length, empty ones 0"
   auto src = example_source(pm);
   std::vector<Kjt> k = example_kjts();
   auto be = make_cpu_backend(2);
-  DerivedBatch d = derive_input_dist(pm, ptrs(k), *be);
+  DerivedBatch d = derive_input_dist(pm, ptrs(k));
   std::vector<EmbTensor> local = derive_local_embs(pm, d, *src, *be, 0);
   // rank0 local rows (s,b): (0,1) f1 = [202, 203] is the sum of 2 ids (ids 0 and 2 of f1).
   CHECK(local[0].data == std::vector<float>{1, 1.5, 0, 0, 0, 0, 202, 203, 0, 0, 0, 0, 3, 4, 0, 0});

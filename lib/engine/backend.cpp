@@ -1,70 +1,71 @@
-// The host side of Backend's checks: what a backend that does not compare on its device runs,
-// and what a device backend's host fallback runs.
+// StartingBackend (backend.hpp): a backend made on another thread while its caller goes on.
 #include "engine/backend.hpp"
-#include "engine/reference.hpp"
 
-#include "common/parallel.hpp"
+#include <exception>
+#include <future>
+#include <mutex>
+#include <system_error>
+#include <utility>
+
 #include "common/trace.hpp"
-#include "engine/input_dist.hpp"
-#include "engine/ops.hpp"
 
 namespace dynemb {
 
-namespace {
+struct StartingBackend::State {
+  std::future<std::unique_ptr<Backend>> making;
+  std::mutex mutex;
+  std::unique_ptr<Backend> made;
+  Backend* borrowed = nullptr;
+  std::exception_ptr failed;
+  template <class Make>
+  void take(Make&& make) {
+    try {
+      made = make();
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  }
+};
 
-// tile_diffs of `got` and a tensor made whole on the host; nullopt when it has not n elements.
-std::optional<std::vector<TileDiff>> tiles_of(const float* got, const EmbTensor& want, int64_t n,
-                                              const TileCompare& how) {
-  if (want.numel() != n || int64_t(want.data.size()) != n) return std::nullopt;
-  return tile_diffs(got, want.data.data(), n, how);
+StartingBackend::StartingBackend(std::string name, std::function<std::unique_ptr<Backend>()> make)
+    : name_(std::move(name)), state_(std::make_unique<State>()) {
+  try {
+    state_->making = std::async(std::launch::async, [make] {
+      const TraceSpan span("backend start");
+      return make();
+    });
+  } catch (const std::system_error&) {  // no thread to be had: made here, in turn
+    state_->take([&make] { return make(); });
+  }
 }
 
-}  // namespace
-
-std::optional<std::vector<TileDiff>> Backend::lookup_differences(const Plan& plan, int rank,
-                                                                 const LookupKjt& kjt,
-                                                                 const EmbeddingSource& source,
-                                                                 const float* captured, int64_t n,
-                                                                 const TileCompare& how) {
-  return tiles_of(captured, lookup(plan, rank, kjt, source), n, how);
+StartingBackend::StartingBackend(std::unique_ptr<Backend> ready)
+    : name_(ready->name()), state_(std::make_unique<State>()) {
+  state_->made = std::move(ready);
 }
 
-std::optional<std::vector<TileDiff>> Backend::reference_differences(
-    const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source, int64_t batch,
-    const float* replayed, int held_rank, int64_t n, const TileCompare& how) {
-  if (held_rank >= 0) return std::nullopt;  // holds no outputs (hold_outputs)
-  return tiles_of(replayed, reference_output(plan, rank, kjt, source, batch), n, how);
+StartingBackend::StartingBackend(Backend& ready)
+    : name_(ready.name()), state_(std::make_unique<State>()) {
+  state_->borrowed = &ready;
 }
 
-std::vector<BucketizedKjt> Backend::bucketize_ranks(const Plan& plan,
-                                                    const std::vector<const Kjt*>& kjts) {
-  std::vector<BucketizedKjt> out(kjts.size());
-  parallel_for(
-      hardware_threads(), int64_t(kjts.size()),
-      [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          const TraceSpan span("bucketize", r);
-          out[size_t(r)] = bucketize_on_host(plan, *kjts[size_t(r)]);
-        }
-      },
-      /*grain=*/1);
-  return out;
+StartingBackend::~StartingBackend() {
+  if (state_ && state_->making.valid()) state_->making.wait();  // its thread ends first
 }
 
-EmbTensor Backend::lookup_for_dist(const Plan& plan, int rank, const LookupKjt& kjt,
-                                   const EmbeddingSource& source) {
-  return lookup(plan, rank, kjt, source);
+StartingBackend::StartingBackend(StartingBackend&&) noexcept = default;
+
+Backend& StartingBackend::get() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (state_->borrowed) return *state_->borrowed;
+  if (!state_->made && !state_->failed) state_->take([this] { return state_->making.get(); });
+  if (state_->failed) std::rethrow_exception(state_->failed);
+  return *state_->made;
 }
 
-bool Backend::hold_outputs(bool /*on*/) {
-  return false;
-}
-
-std::optional<std::vector<TileDiff>> Backend::held_output_differences(int /*rank*/,
-                                                                      const float* /*want*/,
-                                                                      int64_t /*n*/,
-                                                                      const TileCompare& /*how*/) {
-  return std::nullopt;
+bool StartingBackend::ready() const {
+  using namespace std::chrono_literals;
+  return state_->borrowed || !state_->making.valid() || state_->making.wait_for(0s) == std::future_status::ready;
 }
 
 }  // namespace dynemb

@@ -66,7 +66,9 @@ class LookupBoundsError : public Error {
 // A backend keeps one tensor per role and rank; the next tensor it keeps for that role and rank
 // replaces it (a batch's steps need one lookup and one output per rank at a time).
 struct Kept {
-  enum class Role : uint8_t { lookup, output };
+  // input: a host tensor the caller asked to keep (Backend::keep); lookup: a lookup the backend
+  // made; output: an output dist's output.
+  enum class Role : uint8_t { input, lookup, output };
   Role role = Role::lookup;
   int rank = 0;
 };
@@ -115,13 +117,20 @@ using OutputSink = std::function<void(int rank, Tensor&& output)>;
 // The checks of a replay, made where the backend has the tensors: each compares two tensors of n
 // elements in tiles (tile_diff.hpp) and returns the tiles that add something to the diff, with
 // values only where the first mismatches are. A device backend's comparator works on the device,
-// so a passing check copies nothing back; host_comparator() is the host's.
+// so a passing check copies nothing back; the CPU backend's is the host's.
 class Comparator {
  public:
   virtual ~Comparator() = default;
   // `got` against `want`; nullopt when they have not the same number of elements.
   virtual std::optional<std::vector<TileDiff>> compare(const TensorRef& got, const TensorRef& want,
                                                        const TileCompare& how) = 0;
+  // `got` against rank `rank`'s lookup of `kjt` (Backend::lookup), made where `got` is; nullopt
+  // when the lookup has not got's element count. Throws what the lookup throws.
+  virtual std::optional<std::vector<TileDiff>> compare_lookup(const TensorRef& got,
+                                                              const Plan& plan, int rank,
+                                                              const LookupKjt& kjt,
+                                                              const EmbeddingSource& source,
+                                                              const TileCompare& how) = 0;
   // `got` against the unsharded reference of rank `rank`'s KJT (reference.hpp; `batch` names it
   // in errors), made where `got` is; nullopt when the reference has not got's element count.
   // Throws what reference_output throws.
@@ -129,10 +138,6 @@ class Comparator {
       const TensorRef& got, const Plan& plan, int rank, const Kjt& kjt,
       const EmbeddingSource& source, int64_t batch, const TileCompare& how) = 0;
 };
-
-// The comparator of host tensors: tile_diffs on every core; kept tensors are not its business
-// (a backend that keeps tensors wraps it).
-Comparator& host_comparator();
 
 class Backend {
  public:
@@ -155,7 +160,7 @@ class Backend {
   // check).
   virtual Tensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
                         const EmbeddingSource& source, Place place) = 0;
-  // A host tensor kept as rank `rank`'s lookup (a captured local_embs that a check compares and
+  // A host tensor kept as rank `rank`'s input (a captured local_embs that a check compares and
   // the output dist then takes: copied to the device once); nullopt from a backend that keeps
   // nothing (the caller goes on with the host tensor).
   virtual std::optional<Kept> keep(const EmbTensor& host, int rank) = 0;
@@ -198,6 +203,7 @@ class StartingBackend {
  public:
   StartingBackend(std::string name, std::function<std::unique_ptr<Backend>()> make);
   explicit StartingBackend(std::unique_ptr<Backend> ready);  // made already
+  explicit StartingBackend(Backend& ready);                  // made already, owned elsewhere
   ~StartingBackend();
   StartingBackend(StartingBackend&&) noexcept;
   const std::string& name() const { return name_; }

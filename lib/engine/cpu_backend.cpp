@@ -4,6 +4,8 @@
 // is alive at a time besides the caller's local_embs.
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <map>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -47,41 +49,112 @@ bool runs_equal(const float* host, int64_t n, int64_t covered, Make&& make) {
   return !differs;
 }
 
-class CpuBackend final : public Backend {
+// The CPU backend is its own comparator: the host's. With `keeps`, it keeps what a step may keep
+// (Place::kept, keep()) in host memory, as a device backend keeps it on its device.
+class CpuBackend final : public Backend, public Comparator {
  public:
-  explicit CpuBackend(int threads) : threads_(threads > 0 ? threads : hardware_threads()) {}
-  std::string name() const override { return "cpu"; }
+  CpuBackend(int threads, bool keeps)
+      : Backend("cpu"), threads_(threads > 0 ? threads : hardware_threads()), keeps_(keeps) {}
+  // What a test needs to know the kept paths ran, not only that the reports agree.
+  ~CpuBackend() override {
+    if (keeps_)
+      std::fprintf(stderr,
+                   "DYNEMB_HOLD_OUTPUTS: %lld outputs held, %lld checks made on them, %lld "
+                   "lookups kept for a dist\n",
+                   static_cast<long long>(outputs_kept_), static_cast<long long>(kept_checks_),
+                   static_cast<long long>(lookups_kept_));
+  }
   std::string device() const override { return "host, " + std::to_string(threads_) + " threads"; }
 
   BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) override {
     return bucketize_on_host(plan, kjt);
   }
 
-  EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
-                   const EmbeddingSource& source) override;
-  std::optional<std::vector<TileDiff>> lookup_differences(const Plan& plan, int rank,
-                                                          const LookupKjt& kjt,
-                                                          const EmbeddingSource& source,
-                                                          const float* captured, int64_t n,
-                                                          const TileCompare& how) override;
-  std::optional<std::vector<TileDiff>> reference_differences(
-      const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source, int64_t batch,
-      const float* replayed, int held_rank, int64_t n, const TileCompare& how) override;
-  void sequence_output_dist(const Plan& plan, const std::vector<const EmbTensor*>& local_embs,
-                            const std::vector<const ShardingContext*>& ctx,
+  Tensor lookup(const Plan& plan, int rank, const LookupKjt& kjt, const EmbeddingSource& source,
+                Place place) override {
+    EmbTensor made = lookup_on_host(plan, rank, kjt, source);
+    if (place == Place::kept && keeps_) ++lookups_kept_;
+    return place_tensor(std::move(made), Kept{Kept::Role::lookup, rank}, place);
+  }
+  std::optional<Kept> keep(const EmbTensor& host, int rank) override {
+    if (!keeps_) return std::nullopt;
+    const Kept k{Kept::Role::input, rank};
+    kept_[key(k)] = host;
+    return k;
+  }
+  void sequence_output_dist(const Plan& plan, const std::vector<TensorRef>& local_embs,
+                            const std::vector<const ShardingContext*>& ctx, Place place,
                             const OutputSink& sink) override;
   void pooled_output_dist(const Plan& plan, bool variable_batch,
-                          const std::vector<const EmbTensor*>& local_embs,
-                          const std::vector<const ShardingContext*>& ctx,
+                          const std::vector<TensorRef>& local_embs,
+                          const std::vector<const ShardingContext*>& ctx, Place place,
                           const OutputSink& sink) override;
+  Comparator& comparator() override { return *this; }
+
+  std::optional<std::vector<TileDiff>> compare(const TensorRef& got, const TensorRef& want,
+                                               const TileCompare& how) override;
+  std::optional<std::vector<TileDiff>> compare_lookup(const TensorRef& got, const Plan& plan,
+                                                      int rank, const LookupKjt& kjt,
+                                                      const EmbeddingSource& source,
+                                                      const TileCompare& how) override;
+  std::optional<std::vector<TileDiff>> compare_reference(const TensorRef& got, const Plan& plan,
+                                                         int rank, const Kjt& kjt,
+                                                         const EmbeddingSource& source,
+                                                         int64_t batch,
+                                                         const TileCompare& how) override;
 
  private:
   template <class Emit>
   void each_lookup_run(const Plan& plan, int rank, const LookupKjt& k,
                        const EmbeddingSource& source, const LookupOutputLayout& L, Emit&& emit,
                        float* into = nullptr);
+  EmbTensor lookup_on_host(const Plan& plan, int rank, const LookupKjt& k,
+                           const EmbeddingSource& source);
+
+  static int64_t key(const Kept& k) { return int64_t(k.rank) * 3 + int64_t(k.role); }
+  // `t` on the host, or kept as `as` (its dtype and shape handed back) when asked and keeping.
+  Tensor place_tensor(EmbTensor&& t, const Kept& as, Place place) {
+    if (place != Place::kept || !keeps_) return Tensor{std::move(t), std::nullopt};
+    Tensor shape{EmbTensor{t.dtype, t.shape, {}}, as};
+    kept_[key(as)] = std::move(t);
+    return shape;
+  }
+  // The elements of `r`: its host data, or the kept tensor it names; null when `r` names none of
+  // its n elements.
+  const float* data_of(const TensorRef& r) {
+    if (!r.kept) return r.host;
+    const auto it = kept_.find(key(*r.kept));
+    if (it == kept_.end() || it->second.numel() != r.n) return nullptr;
+    ++kept_checks_;
+    return it->second.data.data();
+  }
+  // The dists' inputs as host pointers (kept ones resolved); throws when one names nothing kept.
+  std::vector<const float*> inputs_of(const std::vector<TensorRef>& local_embs) {
+    std::vector<const float*> p;
+    for (size_t s = 0; s < local_embs.size(); ++s) {
+      const TensorRef& r = local_embs[s];
+      const float* d = r.host;
+      if (r.kept) {
+        const auto it = kept_.find(key(*r.kept));
+        if (it == kept_.end() || !r.shape || it->second.shape != *r.shape)
+          throw Error("output dist: local_embs of rank " + std::to_string(s) +
+                      " is kept, and no tensor of its shape is kept for it");
+        d = it->second.data.data();
+      }
+      p.push_back(d);
+    }
+    return p;
+  }
+  // The dist's output of rank r to the sink, kept first when asked.
+  void hand_over(const OutputSink& sink, int r, EmbTensor&& out, Place place) {
+    if (place == Place::kept && keeps_) ++outputs_kept_;
+    sink(r, place_tensor(std::move(out), Kept{Kept::Role::output, r}, place));
+  }
 
   int threads_;
+  bool keeps_;
+  std::map<int64_t, EmbTensor> kept_;  // by key(): one tensor per role and rank
+  int64_t outputs_kept_ = 0, kept_checks_ = 0, lookups_kept_ = 0;
 };
 
 // Resolves the unsharded row of lookup position p (feature f, bag `bag` of f) under the
@@ -129,8 +202,8 @@ void CpuBackend::each_lookup_run(const Plan& plan, int rank, const LookupKjt& k,
       [&](int64_t, int64_t j) { return L.dst[size_t(j)]; }, emit, into);
 }
 
-EmbTensor CpuBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
-                             const EmbeddingSource& source) {
+EmbTensor CpuBackend::lookup_on_host(const Plan& plan, int rank, const LookupKjt& k,
+                                     const EmbeddingSource& source) {
   const LookupOutputLayout L = lookup_output_layout(plan, k);
   EmbTensor out = EmbTensor::zeros(plan.data_type(), L.shape);
   each_lookup_run(
@@ -142,32 +215,38 @@ EmbTensor CpuBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
   return out;
 }
 
-// One pass that makes each run and compares it with the captured one at once: a passing check
-// writes no lookup tensor. Only when some run differs is the lookup made whole, to give the
-// differing tiles their values.
-std::optional<std::vector<TileDiff>> CpuBackend::lookup_differences(
-    const Plan& plan, int rank, const LookupKjt& k, const EmbeddingSource& source,
-    const float* captured, int64_t n, const TileCompare& how) {
+// One pass that makes each run and compares it with `got` at once: a passing check writes no
+// lookup tensor. Only when some run differs is the lookup made whole, to give the differing tiles
+// their values.
+std::optional<std::vector<TileDiff>> CpuBackend::compare_lookup(const TensorRef& got,
+                                                                const Plan& plan, int rank,
+                                                                const LookupKjt& k,
+                                                                const EmbeddingSource& source,
+                                                                const TileCompare& how) {
   const LookupOutputLayout L = lookup_output_layout(plan, k);
-  if (L.numel() != n) return std::nullopt;
+  const int64_t n = got.n;
+  const float* g = data_of(got);
+  if (L.numel() != n || !g) return std::nullopt;
   int64_t covered = n;
   if (plan.module == ModuleKind::pooled) {
     covered = 0;
     for (int64_t f = 0; f < k.num_features; ++f)
       covered += (L.bag0[f + 1] - L.bag0[f]) * plan.features[f].dim;
   }
-  if (runs_equal(captured, n, covered,
+  if (runs_equal(g, n, covered,
                  [&](const auto& emit) { each_lookup_run(plan, rank, k, source, L, emit); }))
     return std::vector<TileDiff>{};
-  return Backend::lookup_differences(plan, rank, k, source, captured, n, how);
+  const EmbTensor want = lookup_on_host(plan, rank, k, source);
+  return tile_diffs(g, want.data.data(), n, how);
 }
 
-// The same one pass for the unsharded reference. This backend holds no outputs (the default
-// hold_outputs): `replayed` is always the output.
-std::optional<std::vector<TileDiff>> CpuBackend::reference_differences(
-    const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source, int64_t batch,
-    const float* replayed, int held_rank, int64_t n, const TileCompare& how) {
-  if (held_rank >= 0) return std::nullopt;
+// The same one pass for the unsharded reference.
+std::optional<std::vector<TileDiff>> CpuBackend::compare_reference(
+    const TensorRef& got, const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source,
+    int64_t batch, const TileCompare& how) {
+  const float* g = data_of(got);
+  const int64_t n = got.n;
+  if (!g) return std::nullopt;
   check_kjt(plan, kjt, "batch " + std::to_string(batch) + " rank" + std::to_string(rank));
   if (shape_numel(reference_shape(plan, kjt)) != n) return std::nullopt;
   int64_t covered = n;
@@ -176,20 +255,30 @@ std::optional<std::vector<TileDiff>> CpuBackend::reference_differences(
     for (int64_t f = 0; f < kjt.num_features; ++f)
       covered += kjt.batch_size(f) * plan.features[f].dim;
   }
-  if (runs_equal(replayed, n, covered,
+  if (runs_equal(g, n, covered,
                  [&](const auto& emit) { reference_runs(plan, rank, kjt, source, batch, emit); }))
     return std::vector<TileDiff>{};
-  return Backend::reference_differences(plan, rank, kjt, source, batch, replayed, held_rank, n,
-                                        how);
+  const EmbTensor want = reference_output(plan, rank, kjt, source, batch);
+  return tile_diffs(g, want.data.data(), n, how);
 }
 
-void CpuBackend::sequence_output_dist(const Plan& plan,
-                                      const std::vector<const EmbTensor*>& local_embs,
-                                      const std::vector<const ShardingContext*>& ctx,
+std::optional<std::vector<TileDiff>> CpuBackend::compare(const TensorRef& got,
+                                                         const TensorRef& want,
+                                                         const TileCompare& how) {
+  if (got.n != want.n) return std::nullopt;
+  const float* g = data_of(got);
+  const float* w = data_of(want);
+  if (!g || !w) return std::nullopt;
+  return tile_diffs(g, w, got.n, how);
+}
+
+void CpuBackend::sequence_output_dist(const Plan& plan, const std::vector<TensorRef>& local_embs,
+                                      const std::vector<const ShardingContext*>& ctx, Place place,
                                       const OutputSink& sink) {
   const int64_t W = plan.world_size, D = plan.seq_dim();
   const DType codec = plan.comm_precision;
   const SequenceDistCheck chk = check_sequence_dist(plan, local_embs, ctx);
+  const std::vector<const float*> in = inputs_of(local_embs);
   // send_rows[s][k]: row of local_embs[s] at position k of rank s's send buffer: the forward
   // recat applied to row indices (permute_2D over [F*W, B] rows = permute_1D over the row
   // sums); its chunk for destination d starts at send_off[s][d].
@@ -215,7 +304,7 @@ void CpuBackend::sequence_output_dist(const Plan& plan,
     std::vector<const float*> recv(static_cast<size_t>(ro.back()));
     for (int64_t s = 0; s < W; ++s) {
       const int64_t* rows = send_rows[s].data() + send_off[s][W == 1 ? 0 : d];
-      const float* base = local_embs[s]->data.data();
+      const float* base = in[size_t(s)];
       for (int64_t p = ro[s]; p < ro[s + 1]; ++p) recv[size_t(p)] = base + rows[p - ro[s]] * D;
     }
     // out[i] = recv[perm[i]]; the codec rounds each element exactly once (encode before,
@@ -230,19 +319,20 @@ void CpuBackend::sequence_output_dist(const Plan& plan,
           for (int64_t e = 0; e < D; ++e) o[e] = codec_encode(codec, src[e]);
       }
     });
-    sink(static_cast<int>(d), std::move(out));
+    hand_over(sink, static_cast<int>(d), std::move(out), place);
   }
 }
 
 void CpuBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
-                                    const std::vector<const EmbTensor*>& local_embs,
-                                    const std::vector<const ShardingContext*>& ctx,
+                                    const std::vector<TensorRef>& local_embs,
+                                    const std::vector<const ShardingContext*>& ctx, Place place,
                                     const OutputSink& sink) {
   const int64_t W = plan.world_size;
   const DType rd = pooled_reduce_dtype(plan);
   const bool codec = plan.comm_precision != DType::f32;
   // chunk_off[d][r]: first element of local_embs[d] reduced into rank r; chunk_len[r]: size.
   const PooledDistCheck chk = check_pooled_dist(plan, variable_batch, local_embs, ctx);
+  const std::vector<const float*> in = inputs_of(local_embs);
   const std::vector<std::vector<int64_t>>& chunk_off = chk.chunk_off;
   const std::vector<int64_t>& chunk_len = chk.chunk_len;
   for (int64_t r = 0; r < W; ++r) {
@@ -264,36 +354,36 @@ void CpuBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
         float* o = out.data.data();
         for (int64_t t0 = e0; t0 < e1; t0 += kTile) {
           const int64_t t1 = std::min(e1, t0 + kTile);
-          const float* s0 = local_embs[0]->data.data() + chunk_off[0][r];
+          const float* s0 = in[0] + chunk_off[0][r];
           for (int64_t e = t0; e < t1; ++e) o[e] = s0[e];
           for (int64_t d = 1; d < W; ++d) {
-            const float* sd = local_embs[d]->data.data() + chunk_off[d][r];
+            const float* sd = in[size_t(d)] + chunk_off[d][r];
             for (int64_t e = t0; e < t1; ++e) o[e] += sd[e];
           }
         }
       });
-      sink(static_cast<int>(r), std::move(out));
+      hand_over(sink, static_cast<int>(r), std::move(out), place);
       continue;
     }
     parallel_for(threads_, n, [&](int64_t e0, int64_t e1) {
       for (int64_t e = e0; e < e1; ++e) {
-        auto in = [&](int64_t d) {
-          const float x = local_embs[d]->data[chunk_off[d][r] + e];
+        auto value = [&](int64_t d) {
+          const float x = in[size_t(d)][chunk_off[d][r] + e];
           return codec ? codec_encode(rd, x) : x;
         };
-        float acc = in(0);
-        for (int64_t d = 1; d < W; ++d) acc = round_to(rd, acc + in(d));
+        float acc = value(0);
+        for (int64_t d = 1; d < W; ++d) acc = round_to(rd, acc + value(d));
         out.data[e] = acc;
       }
     });
-    sink(static_cast<int>(r), std::move(out));
+    hand_over(sink, static_cast<int>(r), std::move(out), place);
   }
 }
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int threads) {
-  return std::make_unique<CpuBackend>(threads);
+std::unique_ptr<Backend> make_cpu_backend(int threads, bool keeps) {
+  return std::make_unique<CpuBackend>(threads, keeps);
 }
 
 }  // namespace dynemb

@@ -139,24 +139,26 @@ Kjt kjt_samples(const Kjt& kjt, int64_t b0, int64_t b1) {
   return out;
 }
 
-EmbTensor sequence_destination_output(const Plan& plan, Backend& backend, const EmbTensor& recv,
-                                      const ShardingContext& ctx) {
+Tensor sequence_destination_output(const Plan& plan, Backend& backend, const EmbTensor& recv,
+                                   const ShardingContext& ctx, Place place) {
   Plan one = plan;
   one.world_size = 1;
   ShardingContext c;
   c.unbucketize_permute = ctx.unbucketize_permute;
-  EmbTensor out;
-  backend.sequence_output_dist(one, {&recv}, {&c}, [&](int, EmbTensor&& o) { out = std::move(o); });
+  Tensor out;
+  backend.sequence_output_dist(one, {TensorRef(recv)}, {&c}, place,
+                               [&](int, Tensor&& o) { out = std::move(o); });
   return out;
 }
 
-EmbTensor destination_output(const Plan& plan, Backend& backend, int64_t d,
-                             std::vector<EmbTensor>& blocks,
-                             const std::vector<const ShardingContext*>& ctx, bool variable_batch) {
+Tensor destination_output(const Plan& plan, Backend& backend, int64_t d,
+                          std::vector<EmbTensor>& blocks,
+                          const std::vector<const ShardingContext*>& ctx, bool variable_batch,
+                          Place place) {
   const int64_t W = plan.world_size;
   const bool pooled = plan.module == ModuleKind::pooled;
-  EmbTensor out;
-  const auto take = [&](int r, EmbTensor&& o) {
+  Tensor out;
+  const auto take = [&](int r, Tensor&& o) {
     if (r == (pooled ? d : 0)) out = std::move(o);
   };
   if (!pooled) {
@@ -166,11 +168,11 @@ EmbTensor destination_output(const Plan& plan, Backend& backend, int64_t d,
       recv.shape[0] += b.rows();
       b = EmbTensor{};
     }
-    return sequence_destination_output(plan, backend, recv, *ctx[size_t(d)]);
+    return sequence_destination_output(plan, backend, recv, *ctx[size_t(d)], place);
   }
   std::vector<ShardingContext> only_d(static_cast<size_t>(W));
   std::vector<const ShardingContext*> only_d_ptr(static_cast<size_t>(W));
-  std::vector<const EmbTensor*> local(static_cast<size_t>(W));
+  std::vector<TensorRef> local(static_cast<size_t>(W));
   for (int64_t s = 0; s < W; ++s) {
     ShardingContext& c = only_d[size_t(s)];
     if (variable_batch) {
@@ -183,9 +185,9 @@ EmbTensor destination_output(const Plan& plan, Backend& backend, int64_t d,
       (*c.batch_size_per_rank)[size_t(d)] = blocks[size_t(s)].rows();
     }
     only_d_ptr[size_t(s)] = &c;
-    local[size_t(s)] = &blocks[size_t(s)];
+    local[size_t(s)] = TensorRef(blocks[size_t(s)]);
   }
-  backend.pooled_output_dist(plan, variable_batch, local, only_d_ptr, take);
+  backend.pooled_output_dist(plan, variable_batch, local, only_d_ptr, place, take);
   return out;
 }
 

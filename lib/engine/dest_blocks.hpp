@@ -73,10 +73,12 @@ DestBlock block_rows(const DestBlock& b, int64_t r0, int64_t r1);
 // reduce-scatter of W senders whose only chunk is d's, summed in the same rank order. `ctx`: the
 // contexts the whole batch's dist gets. The sequence case on what d receives, already in one tensor
 // (`recv`: the blocks of ranks 0..W-1 one after the other); `ctx`: d's context.
-EmbTensor sequence_destination_output(const Plan& plan, Backend& backend, const EmbTensor& recv,
-                                      const ShardingContext& ctx);
-EmbTensor destination_output(const Plan& plan, Backend& backend, int64_t d,
-                             std::vector<EmbTensor>& blocks,
-                             const std::vector<const ShardingContext*>& ctx, bool variable_batch);
+// `place`: where the output is left (backend.hpp).
+Tensor sequence_destination_output(const Plan& plan, Backend& backend, const EmbTensor& recv,
+                                   const ShardingContext& ctx, Place place);
+Tensor destination_output(const Plan& plan, Backend& backend, int64_t d,
+                          std::vector<EmbTensor>& blocks,
+                          const std::vector<const ShardingContext*>& ctx, bool variable_batch,
+                          Place place);
 
 }  // namespace dynemb

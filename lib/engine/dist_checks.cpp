@@ -205,4 +205,39 @@ PooledDistCheck check_pooled_dist(const Plan& plan, bool variable_batch,
   return out;
 }
 
+namespace {
+
+// Tensors of the refs' dtypes and shapes, no data: what the checks above read.
+std::vector<EmbTensor> shapes_of(const std::vector<TensorRef>& local_embs) {
+  std::vector<EmbTensor> out;
+  out.reserve(local_embs.size());
+  for (size_t r = 0; r < local_embs.size(); ++r) {
+    if (!local_embs[r].shape)
+      throw Error("output dist: local_embs of rank " + std::to_string(r) + " has no shape");
+    out.push_back(EmbTensor{local_embs[r].dtype, *local_embs[r].shape, {}});
+  }
+  return out;
+}
+
+std::vector<const EmbTensor*> pointers(const std::vector<EmbTensor>& t) {
+  std::vector<const EmbTensor*> p;
+  for (const EmbTensor& e : t) p.push_back(&e);
+  return p;
+}
+
+}  // namespace
+
+SequenceDistCheck check_sequence_dist(const Plan& plan, const std::vector<TensorRef>& local_embs,
+                                      const std::vector<const ShardingContext*>& ctx) {
+  const std::vector<EmbTensor> shapes = shapes_of(local_embs);
+  return check_sequence_dist(plan, pointers(shapes), ctx);
+}
+
+PooledDistCheck check_pooled_dist(const Plan& plan, bool variable_batch,
+                                  const std::vector<TensorRef>& local_embs,
+                                  const std::vector<const ShardingContext*>& ctx) {
+  const std::vector<EmbTensor> shapes = shapes_of(local_embs);
+  return check_pooled_dist(plan, variable_batch, pointers(shapes), ctx);
+}
+
 }  // namespace dynemb

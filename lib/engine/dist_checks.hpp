@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/backend.hpp"
 #include "model/types.hpp"
 #include "plan/plan.hpp"
 
@@ -45,6 +46,14 @@ struct PooledDistCheck {
 // batch_size_per_rank_per_feature (VBE) and agreement between senders and receivers.
 PooledDistCheck check_pooled_dist(const Plan& plan, bool variable_batch,
                                   const std::vector<const EmbTensor*>& local_embs,
+                                  const std::vector<const ShardingContext*>& ctx);
+
+// The same on the shapes of a dist's inputs as the backends take them (backend.hpp); a bare span
+// (no shape) is an Error.
+SequenceDistCheck check_sequence_dist(const Plan& plan, const std::vector<TensorRef>& local_embs,
+                                      const std::vector<const ShardingContext*>& ctx);
+PooledDistCheck check_pooled_dist(const Plan& plan, bool variable_batch,
+                                  const std::vector<TensorRef>& local_embs,
                                   const std::vector<const ShardingContext*>& ctx);
 
 }  // namespace dynemb

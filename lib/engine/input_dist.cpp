@@ -54,8 +54,21 @@ void check_kjt(const Plan& plan, const Kjt& kjt, const std::string& where) {
     throw Error(where + "/weights: present but the KJT is not marked weighted");
 }
 
-DerivedBatch derive_input_dist(const Plan& plan, const std::vector<const Kjt*>& kjts,
-                               Backend& backend) {
+std::vector<BucketizedKjt> bucketize_ranks(const Plan& plan, const std::vector<const Kjt*>& kjts) {
+  std::vector<BucketizedKjt> out(kjts.size());
+  parallel_for(
+      hardware_threads(), int64_t(kjts.size()),
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const TraceSpan span("bucketize", r);
+          out[size_t(r)] = bucketize_on_host(plan, *kjts[size_t(r)]);
+        }
+      },
+      /*grain=*/1);
+  return out;
+}
+
+DerivedBatch derive_input_dist(const Plan& plan, const std::vector<const Kjt*>& kjts) {
   const int64_t W = plan.world_size;
   if (static_cast<int64_t>(kjts.size()) != W)
     throw Error("derive_input_dist: " + std::to_string(kjts.size()) +
@@ -82,10 +95,7 @@ DerivedBatch derive_input_dist(const Plan& plan, const std::vector<const Kjt*>& 
   DerivedBatch out;
   out.ranks.resize(W);
   std::vector<const BucketizedKjt*> bk(W);
-  std::vector<BucketizedKjt> bucketized = backend.bucketize_ranks(plan, in);
-  if (static_cast<int64_t>(bucketized.size()) != W)
-    throw Error("derive_input_dist: the backend bucketized " + std::to_string(bucketized.size()) +
-                " of " + std::to_string(W) + " ranks");
+  std::vector<BucketizedKjt> bucketized = bucketize_ranks(plan, in);
   for (int64_t r = 0; r < W; ++r) {
     out.ranks[r].bucketized = std::move(bucketized[size_t(r)]);
     bk[r] = &out.ranks[r].bucketized;
@@ -104,10 +114,9 @@ namespace {
 
 // The W lookups of derived.ranks, each made by look(rank, lookup_kjt), with the batch's
 // warnings and error words.
-template <class Look>
-std::vector<EmbTensor> derive_lookups(const Plan& plan, const DerivedBatch& derived, int64_t batch,
-                                      const std::function<void(int64_t, EmbTensor&)>& done,
-                                      Look&& look) {
+template <class T, class Look>
+std::vector<T> derive_lookups(const Plan& plan, const DerivedBatch& derived, int64_t batch,
+                              const std::function<void(int64_t, T&)>& done, Look&& look) {
   const int64_t W = static_cast<int64_t>(derived.ranks.size());
   if (plan.bounds_check == BoundsCheck::warn_zero_row) {
     // TorchRec's TBE warns; we warn once per batch and feature, with the count over all ranks.
@@ -129,7 +138,7 @@ std::vector<EmbTensor> derive_lookups(const Plan& plan, const DerivedBatch& deri
             batch, escape_field(plan.features[f].name), oob[f],
             escape_field(plan.tables[plan.features[f].table].name)));
   }
-  std::vector<EmbTensor> out;
+  std::vector<T> out;
   out.reserve(W);
   for (int64_t r = 0; r < W; ++r) {
     try {
@@ -152,16 +161,16 @@ std::vector<EmbTensor> derive_local_embs(const Plan& plan, const DerivedBatch& d
                                          const EmbeddingSource& source, Backend& backend,
                                          int64_t batch,
                                          const std::function<void(int64_t, EmbTensor&)>& done) {
-  return derive_lookups(plan, derived, batch, done, [&](int r, const LookupKjt& k) {
-    return backend.lookup(plan, r, k, source);
+  return derive_lookups<EmbTensor>(plan, derived, batch, done, [&](int r, const LookupKjt& k) {
+    return backend.lookup(plan, r, k, source, Place::host).t;
   });
 }
 
-std::vector<EmbTensor> derive_dist_inputs(const Plan& plan, const DerivedBatch& derived,
-                                          const EmbeddingSource& source, Backend& backend,
-                                          int64_t batch) {
-  return derive_lookups(plan, derived, batch, {}, [&](int r, const LookupKjt& k) {
-    return backend.lookup_for_dist(plan, r, k, source);
+std::vector<Tensor> derive_dist_inputs(const Plan& plan, const DerivedBatch& derived,
+                                       const EmbeddingSource& source, Backend& backend,
+                                       int64_t batch) {
+  return derive_lookups<Tensor>(plan, derived, batch, {}, [&](int r, const LookupKjt& k) {
+    return backend.lookup(plan, r, k, source, Place::kept);
   });
 }
 

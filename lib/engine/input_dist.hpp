@@ -31,8 +31,11 @@ struct DerivedBatch {
 // Sequence plans pad VBE KJTs to max_f B_f first, as EmbeddingCollection does (§6.2).
 // Throws Error (trouble) when the KJTs are malformed for the plan (wrong F, lengths that do
 // not sum to the ids, negative lengths).
-DerivedBatch derive_input_dist(const Plan& plan, const std::vector<const Kjt*>& kjts,
-                               Backend& backend);
+DerivedBatch derive_input_dist(const Plan& plan, const std::vector<const Kjt*>& kjts);
+// Stage 1 of it for every rank of a batch: the host's bucketize_on_host, on every core at once,
+// rank by rank, whatever the backend (its results are used on the host: the KJT all-to-all and
+// the context checks).
+std::vector<BucketizedKjt> bucketize_ranks(const Plan& plan, const std::vector<const Kjt*>& kjts);
 
 // Lookup for every rank; result[r] = local_embs of rank r. `batch` names the batch in
 // bounds-check errors. `done(r, local_embs_r)`, when given, is called as each rank's lookup
@@ -42,9 +45,9 @@ std::vector<EmbTensor> derive_local_embs(const Plan& plan, const DerivedBatch& d
                                          const EmbeddingSource& source, Backend& backend,
                                          int64_t batch,
                                          const std::function<void(int64_t, EmbTensor&)>& done = {});
-// The same lookups as the next output dist's inputs only (Backend::lookup_for_dist): a device
-// backend keeps them there, and the tensors may hold shapes and no data.
-std::vector<EmbTensor> derive_dist_inputs(const Plan& plan, const DerivedBatch& derived,
+// The same lookups as the next output dist's inputs only (Place::kept): a backend that keeps
+// tensors keeps them, handing back their shapes.
+std::vector<Tensor> derive_dist_inputs(const Plan& plan, const DerivedBatch& derived,
                                           const EmbeddingSource& source, Backend& backend,
                                           int64_t batch);
 

@@ -6,10 +6,10 @@
 
 namespace dynemb {
 
-void RwSequenceEmbeddingDist::forward(const std::vector<const EmbTensor*>& local_embs,
-                                      const std::vector<const ShardingContext*>& ctx,
+void RwSequenceEmbeddingDist::forward(Backend& backend, const std::vector<TensorRef>& local_embs,
+                                      const std::vector<const ShardingContext*>& ctx, Place place,
                                       const OutputSink& sink) {
-  backend_.sequence_output_dist(plan_, local_embs, ctx, sink);
+  backend.sequence_output_dist(plan_, local_embs, ctx, place, sink);
 }
 
 bool RwPooledEmbeddingDist::latch(int64_t batch, const std::vector<const ShardingContext*>& ctx) {
@@ -36,14 +36,15 @@ bool RwPooledEmbeddingDist::latch(int64_t batch, const std::vector<const Shardin
   return latched_.value_or(false);
 }
 
-void RwPooledEmbeddingDist::forward(int64_t batch, const std::vector<const EmbTensor*>& local_embs,
-                                    const std::vector<const ShardingContext*>& ctx,
+void RwPooledEmbeddingDist::forward(Backend& backend, int64_t batch,
+                                    const std::vector<TensorRef>& local_embs,
+                                    const std::vector<const ShardingContext*>& ctx, Place place,
                                     const OutputSink& sink) {
   const bool variable_batch = latch(batch, ctx);
-  backend_.pooled_output_dist(plan_, variable_batch, local_embs, ctx, sink);
+  backend.pooled_output_dist(plan_, variable_batch, local_embs, ctx, place, sink);
 }
 
-bool RwPooledEmbeddingDist::check(int64_t batch, const std::vector<const EmbTensor*>& local_embs,
+bool RwPooledEmbeddingDist::check(int64_t batch, const std::vector<TensorRef>& local_embs,
                                   const std::vector<const ShardingContext*>& ctx) {
   const bool variable_batch = latch(batch, ctx);
   check_pooled_dist(plan_, variable_batch, local_embs, ctx);

@@ -16,15 +16,14 @@ namespace dynemb {
 // Stateless across batches, as the real module (its recat buffers depend only on F, W).
 class RwSequenceEmbeddingDist {
  public:
-  RwSequenceEmbeddingDist(const Plan& plan, Backend& backend) : plan_(plan), backend_(backend) {}
+  explicit RwSequenceEmbeddingDist(const Plan& plan) : plan_(plan) {}
   // local_embs[r]: [N_local_r, D]; ctx[r]: rank r's SequenceShardingContext. Throws
   // OutputDistFailure when a context cannot work.
-  void forward(const std::vector<const EmbTensor*>& local_embs,
-               const std::vector<const ShardingContext*>& ctx, const OutputSink& sink);
+  void forward(Backend& backend, const std::vector<TensorRef>& local_embs,
+               const std::vector<const ShardingContext*>& ctx, Place place, const OutputSink& sink);
 
  private:
   const Plan& plan_;
-  Backend& backend_;
 };
 
 // RwPooledEmbeddingDist (§7): creates its inner module lazily on the first batch, choosing
@@ -34,16 +33,16 @@ class RwSequenceEmbeddingDist {
 // field "variable_batch_per_feature" naming the batch, and runs nothing (the latch stays).
 class RwPooledEmbeddingDist {
  public:
-  RwPooledEmbeddingDist(const Plan& plan, Backend& backend) : plan_(plan), backend_(backend) {}
+  explicit RwPooledEmbeddingDist(const Plan& plan) : plan_(plan) {}
   // A missing variable_batch_per_feature reads as false (EmbeddingShardingContext's
   // default). The outputs are the reduce-scattered sums, MEAN tables included.
-  void forward(int64_t batch, const std::vector<const EmbTensor*>& local_embs,
-               const std::vector<const ShardingContext*>& ctx, const OutputSink& sink);
+  void forward(Backend& backend, int64_t batch, const std::vector<TensorRef>& local_embs,
+               const std::vector<const ShardingContext*>& ctx, Place place, const OutputSink& sink);
   // What forward() does before the reduce-scatter, for a caller that runs the reduce-scatter
   // itself on column slices of local_embs (replay/column_slice.hpp): the latch (throws as
   // forward() does, else latches) and check_pooled_dist on the whole `local_embs`, of which
   // only the shapes are read. Returns the variable-batch mode to run the slices with.
-  bool check(int64_t batch, const std::vector<const EmbTensor*>& local_embs,
+  bool check(int64_t batch, const std::vector<TensorRef>& local_embs,
              const std::vector<const ShardingContext*>& ctx);
   // The latched mode: nullopt before the first batch.
   std::optional<bool> latched_variable_batch() const { return latched_; }
@@ -51,7 +50,6 @@ class RwPooledEmbeddingDist {
  private:
   bool latch(int64_t batch, const std::vector<const ShardingContext*>& ctx);
   const Plan& plan_;
-  Backend& backend_;
   std::optional<bool> latched_;
 };
 

@@ -112,7 +112,7 @@ std::vector<EmbTensor> reshard_sequence_local_embs(const Plan& from, const Plan&
   const int64_t W = from.world_size, D = from.seq_dim();
   // 1. One row per id of every rank, in KJT order: the capture plan's output dist on the
   //    captured local_embs with the context derived under that plan.
-  DerivedBatch der = derive_input_dist(from, kjts, backend);
+  DerivedBatch der = derive_input_dist(from, kjts);
   std::vector<const ShardingContext*> ctx(static_cast<size_t>(W));
   for (int64_t r = 0; r < W; ++r) ctx[size_t(r)] = &der.ranks[size_t(r)].ctx;
   std::vector<EmbTensor> per_id(static_cast<size_t>(W));
@@ -142,7 +142,7 @@ std::vector<EmbTensor> reshard_sequence_local_embs(const Plan& from, const Plan&
   }
   per_id.clear();
   // 3. The lookup under `to`.
-  DerivedBatch der_to = derive_input_dist(to, kjts, backend);
+  DerivedBatch der_to = derive_input_dist(to, kjts);
   std::vector<EmbTensor> out = derive_local_embs(to, der_to, rows, backend, batch);
   unknown = rows.unknown();
   return out;

@@ -250,7 +250,7 @@ bool Replayer::check_unit_output(BatchState& st, const DestUnit& u, const EmbTen
     dest.whole_shape = {st.golden[size_t(d)] ? st.golden[size_t(d)]->rows() : 0, out.cols()};
   if (!source_) return true;
   at("reference", int(d));
-  const Kjt& kjt_d = st.batch.ranks[size_t(d)].kjt;
+  const Kjt& kjt_d = st.batch().ranks[size_t(d)].kjt;
   if (u.rows) dest.whole_shape = {kjt_d.stride(), out.cols()};
   const std::optional<std::vector<TileDiff>> tiles =
       backend_.reference_differences(plan_, int(d), u.rows ? kjt_samples(kjt_d, u.r0, u.r1) : kjt_d,
@@ -343,7 +343,7 @@ bool Replayer::stream_batch(const CaptureReader& reader, BatchState& st) {
     st.got[size_t(d)] = true;
     EmbTensor shape;
     shape.shape = dest.whole_shape;
-    const TensorLayout layout = output_layout(st.batch.ranks[size_t(d)].kjt, shape);
+    const TensorLayout layout = output_layout(st.batch().ranks[size_t(d)].kjt, shape);
     if (st.golden[size_t(d)]) {
       locate_mismatches(dest.gold, layout);
       gold[size_t(d)] = tensor_check(k, int(d), "output", "golden", "replayed", "golden",

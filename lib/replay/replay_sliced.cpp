@@ -45,7 +45,7 @@ EmbTensor whole_lookup_shape(const Plan& plan, const LookupKjt& lk, const EmbTen
 int64_t Replayer::slice_width(const BatchState& st) const {
   if (slice_cols_ <= 0 || slice_cols_ >= embedding_columns(plan_) || !source_ || writer_) return 0;
   for (int64_t r = 0; r < st.W; ++r) {
-    const RankBatch& rb = st.batch.ranks[size_t(r)];
+    const RankBatch& rb = st.batch().ranks[size_t(r)];
     if (rb.local_embs || rb.module_output) return 0;
     if (rb.output && plan_.any_mean && plan_.module == ModuleKind::pooled) return 0;
   }
@@ -128,7 +128,7 @@ void Replayer::run_output_dist_sliced(BatchState& st, int64_t width) {
     st.got[size_t(r)] = true;
     EmbTensor shape;
     shape.shape = d.whole_shape;
-    const TensorLayout layout = output_layout(st.batch.ranks[size_t(r)].kjt, shape);
+    const TensorLayout layout = output_layout(st.batch().ranks[size_t(r)].kjt, shape);
     std::optional<CheckResult> gold, ref;
     if (d.gold) {
       locate_mismatches(*d.gold, layout);
@@ -155,7 +155,7 @@ void Replayer::check_output_slice(BatchState& st, int r, const ColumnSlice& slic
                                   const EmbTensor& out, bool held, SlicedDiffs& d) {
   const int64_t maxm = opt_.max_mismatches;
   at("output", r);
-  const RankBatch& rb = st.batch.ranks[size_t(r)];
+  const RankBatch& rb = st.batch().ranks[size_t(r)];
   const SliceLayout l = output_slice_layout(plan_, slice, out, rb.kjt);
   const auto to_whole = [&l](int64_t e) { return l.to_whole(e); };
   if (d.whole_shape.empty()) {

@@ -274,7 +274,7 @@ Replayer::BatchState::BatchState(int64_t k_, const Batch& batch_, int64_t W_)
 void Replayer::derive_batch(BatchState& st) {
   at("input dist", -1);
   try {
-    st.der = derive_input_dist(plan_, st.kjts, backend_);
+    st.der = derive_input_dist(plan_, st.kjts);
   } catch (const OutputDistFailure& e) {
     throw Error(fmt::format("batch {}: input dist: {}", st.k, e.what()));
   } catch (const CaptureError&) {
@@ -287,11 +287,11 @@ void Replayer::derive_batch(BatchState& st) {
 // 1. Captured context vs derived, field by field, and the plan-free checks.
 void Replayer::check_contexts(BatchState& st) {
   const int64_t k = st.k, W = st.W;
-  for (const RankBatch& rb : st.batch.ranks) ctx_seen_ |= rb.ctx.has_value();
+  for (const RankBatch& rb : st.batch().ranks) ctx_seen_ |= rb.ctx.has_value();
   std::vector<int64_t> no_ctx;  // ranks of this batch without ctx/ while others have one
   for (int64_t r = 0; r < W; ++r) {
     at("ctx", int(r));
-    const RankBatch& rb = st.batch.ranks[size_t(r)];
+    const RankBatch& rb = st.batch().ranks[size_t(r)];
     if (!rb.ctx) {
       if (ctx_seen_) no_ctx.push_back(r);
       continue;
@@ -462,7 +462,7 @@ void Replayer::check_output(BatchState& st, int r, EmbTensor&& out,
   const int64_t k = st.k, maxm = opt_.max_mismatches;
   at("output", r);
   st.got[size_t(r)] = true;
-  const RankBatch& rb = st.batch.ranks[size_t(r)];
+  const RankBatch& rb = st.batch().ranks[size_t(r)];
   const TensorLayout layout = output_layout(rb.kjt, out);
   std::optional<CheckResult> gold, ref;
   if (rb.output)
@@ -482,7 +482,7 @@ void Replayer::check_output(BatchState& st, int r, EmbTensor&& out,
 
 bool Replayer::outputs_may_stay(const BatchState& st) const {
   if (!opt_.write_output.empty()) return false;
-  for (const RankBatch& rb : st.batch.ranks) {
+  for (const RankBatch& rb : st.batch().ranks) {
     if (rb.module_output) return false;
     if (rb.output && plan_.any_mean && plan_.module == ModuleKind::pooled) return false;
   }
@@ -492,7 +492,7 @@ bool Replayer::outputs_may_stay(const BatchState& st) const {
 // The held output of rank r against its golden output: what diff_tensors says of the pair.
 TensorDiff Replayer::held_golden_diff(const BatchState& st, int r, const EmbTensor& out,
                                       const TensorLayout& layout) {
-  const EmbTensor& golden = *st.batch.ranks[size_t(r)].output;
+  const EmbTensor& golden = *st.batch().ranks[size_t(r)].output;
   const int64_t n = out.numel(), maxm = opt_.max_mismatches;
   if (golden.shape != out.shape || int64_t(golden.data.size()) != n)
     return shape_mismatch(out.shape, golden.shape);
@@ -511,7 +511,7 @@ TensorDiff Replayer::held_golden_diff(const BatchState& st, int r, const EmbTens
 // output is: what diff_tensors says of the pair.
 TensorDiff Replayer::held_reference_diff(const BatchState& st, int r, const EmbTensor& out,
                                          const TensorLayout& layout) {
-  const Kjt& kjt = st.batch.ranks[size_t(r)].kjt;
+  const Kjt& kjt = st.batch().ranks[size_t(r)].kjt;
   const int64_t n = out.numel(), maxm = opt_.max_mismatches;
   std::optional<std::vector<TileDiff>> tiles;
   try {
@@ -533,7 +533,7 @@ TensorDiff Replayer::held_reference_diff(const BatchState& st, int r, const EmbT
 // The unsharded reference of rank r (`slice`: its columns).
 EmbTensor Replayer::reference(const BatchState& st, int r, const ColumnSlice* slice) {
   try {
-    return reference_output(slice ? slice->plan : plan_, r, st.batch.ranks[size_t(r)].kjt,
+    return reference_output(slice ? slice->plan : plan_, r, st.batch().ranks[size_t(r)].kjt,
                             slice ? *slice->source : *source_, st.k);
   } catch (const CaptureError&) {
     throw;
@@ -548,7 +548,7 @@ EmbTensor Replayer::reference(const BatchState& st, int r, const ColumnSlice* sl
 void Replayer::emit_output_checks(BatchState& st, int r, std::optional<CheckResult> gold,
                                   std::optional<CheckResult> ref, const EmbTensor* out) {
   const int64_t k = st.k, maxm = opt_.max_mismatches;
-  const RankBatch& rb = st.batch.ranks[size_t(r)];
+  const RankBatch& rb = st.batch().ranks[size_t(r)];
   const std::string upstream = st.cause_before_output();
   const bool ref_ok = ref && ref->status == CheckStatus::pass;
   if (ref && ref->status == CheckStatus::fail)
@@ -597,7 +597,7 @@ void Replayer::skip_outputs(const BatchState& st, const std::string& why) {
     if (st.got[size_t(r)]) continue;
     if (st.golden[size_t(r)]) emit(skipped(st.k, int(r), "output", "golden", why));
     if (source_) emit(skipped(st.k, int(r), "output", "reference", why));
-    if (st.batch.ranks[size_t(r)].module_output)
+    if (st.batch().ranks[size_t(r)].module_output)
       emit(skipped(st.k, int(r), "module", "module_output", why));
   }
 }

@@ -23,6 +23,7 @@
 #include "common/error.hpp"
 #include "common/hash.hpp"
 #include "common/parallel.hpp"
+#include "common/test_hooks.hpp"
 #include "engine/backend.hpp"
 #include "engine/dest_blocks.hpp"
 #include "engine/embedding_source.hpp"
@@ -489,8 +490,7 @@ class BatchWrites {
 
 // The test hook DYNEMB_SYNTH_BY_DESTINATION=off: every batch's output dist whole.
 bool synth_by_destination_allowed() {
-  const char* e = std::getenv("DYNEMB_SYNTH_BY_DESTINATION");
-  return !(e && std::string(e) == "off");
+  return !test_hooks::synth_by_destination_off();
 }
 
 // Whether every id of every rank's lookup is inside its table, as bounds_check=error demands.
@@ -517,8 +517,7 @@ bool lookups_in_bounds(const Plan& plan, const DerivedBatch& derived) {
 // Rows of a pooled destination made at once: 64 MiB of its blocks (`row_floats` per row, all
 // W blocks), at least one (the test hook DYNEMB_SYNTH_UNIT_ROWS=N: N).
 int64_t unit_rows(int64_t row_floats) {
-  if (const char* e = std::getenv("DYNEMB_SYNTH_UNIT_ROWS"); e && std::atoll(e) > 0)
-    return std::atoll(e);
+  if (const std::optional<int64_t> n = test_hooks::synth_unit_rows()) return *n;
   constexpr int64_t kUnitFloats = int64_t(16) << 20;
   return std::max<int64_t>(1, kUnitFloats / std::max<int64_t>(1, row_floats));
 }
@@ -537,14 +536,14 @@ void synth_by_destination(const Plan& plan, Backend& backend, const EmbeddingSou
                           const Deliver& deliver) {
   const int64_t W = plan.world_size;
   std::vector<EmbTensor> shapes(static_cast<size_t>(W));  // the lookups' shapes, no data
-  std::vector<const EmbTensor*> lp(static_cast<size_t>(W));
+  std::vector<TensorRef> lp(static_cast<size_t>(W));
   std::vector<const ShardingContext*> cp(static_cast<size_t>(W));
   std::vector<std::vector<int64_t>> value_off(static_cast<size_t>(W));
   for (int64_t r = 0; r < W; ++r) {
     const LookupKjt& lk = derived.ranks[r].lookup_kjt;
     shapes[r].dtype = plan.data_type();
     shapes[r].shape = lookup_output_layout(plan, lk).shape;
-    lp[r] = &shapes[r];
+    lp[r] = TensorRef(shapes[r]);
     cp[r] = &derived.ranks[r].ctx;
     value_off[r] = complete_cumsum(lk.lengths);
   }
@@ -552,7 +551,8 @@ void synth_by_destination(const Plan& plan, Backend& backend, const EmbeddingSou
   for (int64_t r = 0; r < W; ++r) {
     if (store_local_embs) {
       if (r >= 1) writes.wait_inputs(r - 1);  // one rank's lookup at a time
-      batch.ranks[r].local_embs = backend.lookup(plan, int(r), derived.ranks[r].lookup_kjt, source);
+      batch.ranks[r].local_embs =
+          backend.lookup(plan, int(r), derived.ranks[r].lookup_kjt, source, Place::host).t;
       writes.ready(r + 1, r);
     }
     // The blocks of a pooled destination (not VBE) a few of its rows at a time: its output is
@@ -565,9 +565,12 @@ void synth_by_destination(const Plan& plan, Backend& backend, const EmbeddingSou
       std::vector<EmbTensor> blocks(static_cast<size_t>(W));
       for (int64_t s = 0; s < W; ++s)
         blocks[s] = backend.lookup(
-            plan, int(s), lookup_kjt_from(derived.ranks[s].lookup_kjt, value_off[s], r, b0, b1),
-            source);
-      EmbTensor part = destination_output(plan, backend, r, blocks, cp, variable_batch);
+                        plan, int(s),
+                        lookup_kjt_from(derived.ranks[s].lookup_kjt, value_off[s], r, b0, b1),
+                        source, Place::host)
+                        .t;
+      EmbTensor part =
+          destination_output(plan, backend, r, blocks, cp, variable_batch, Place::host).t;
       if (B == 0 || (b0 == 0 && b1 == B)) {
         out = std::move(part);
       } else {
@@ -607,7 +610,7 @@ void synth_capture(const Plan& plan, const SynthOptions& o, std::shared_ptr<Outp
   OracleSource source(o.seed, plan);
   // The pooled module latches its variable-batch mode on the first batch, as TorchRec's does.
   std::optional<RwPooledEmbeddingDist> pooled;
-  if (plan.module == ModuleKind::pooled && backend) pooled.emplace(plan, *backend);
+  if (plan.module == ModuleKind::pooled && backend) pooled.emplace(plan);
   std::vector<std::string> keys;
   for (const FeatureInfo& f : plan.features) keys.push_back(f.name);
   // After the writer, so that its thread stops before the writer closes the file.
@@ -640,7 +643,7 @@ void synth_capture(const Plan& plan, const SynthOptions& o, std::shared_ptr<Outp
     if (need_engine) {
       std::vector<const Kjt*> kp(static_cast<size_t>(W));
       for (int64_t r = 0; r < W; ++r) kp[r] = &batch->ranks[r].kjt;
-      derived = derive_input_dist(plan, kp, *backend);
+      derived = derive_input_dist(plan, kp);
       if (o.store_ctx)
         for (int64_t r = 0; r < W; ++r) {
           ShardingContext c = derived.ranks[r].ctx;
@@ -693,17 +696,17 @@ void synth_capture(const Plan& plan, const SynthOptions& o, std::shared_ptr<Outp
           }
         });
     if (need_dist) {
-      std::vector<const EmbTensor*> lp(static_cast<size_t>(W));
+      std::vector<TensorRef> lp(static_cast<size_t>(W));
       std::vector<const ShardingContext*> cp(static_cast<size_t>(W));
       for (int64_t r = 0; r < W; ++r) {
-        lp[r] = o.store_local_embs ? &*batch->ranks[r].local_embs : &local[r];
+        lp[r] = o.store_local_embs ? TensorRef(*batch->ranks[r].local_embs) : TensorRef(local[r]);
         cp[r] = &derived.ranks[r].ctx;
       }
-      auto sink = [&](int rank, EmbTensor&& out) { deliver(rank, std::move(out), W); };
+      auto sink = [&](int rank, Tensor&& out) { deliver(rank, std::move(out.t), W); };
       if (plan.module == ModuleKind::sequence)
-        RwSequenceEmbeddingDist(plan, *backend).forward(lp, cp, sink);
+        RwSequenceEmbeddingDist(plan).forward(*backend, lp, cp, Place::host, sink);
       else
-        pooled->forward(k, lp, cp, sink);
+        pooled->forward(*backend, k, lp, cp, Place::host, sink);
     }
     last_end = writes.end();
   }

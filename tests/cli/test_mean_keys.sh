@@ -75,9 +75,9 @@ has means "kept PoolingMode.MEAN under row-wise sharding" "the cause is named"
 run plant_sum 2 synth "$DYNEMB_SRC/fixtures/plans/pooled-sum-w4.yaml" --plant local-embs-means -o "$tmp/x.h5"
 has plant_sum "need a plan with a MEAN table" "plants need a MEAN table"
 
-# ---- a MEAN capture written by a synth from before the rule (output divided): exit 1, how to regenerate
+# ---- a synthetic MEAN capture whose output holds divided values: exit 1, how to remake it
 run old 1 replay "$DYNEMB_SRC/tests/data/pooled-mean-synth-before-2026-12.h5"
-has old "written by a dynemb-dist synth older than this rule holds divided values too: regenerate it with synth" "old synth capture: how to regenerate"
+has old "a synthetic capture whose output holds divided values is remade by synth" "divided synthetic capture: how to remake it"
 
 # ---- KJT keys in another order than the plan's features: exit 2, one message with both orders
 cp "$tmp/mean.h5" "$tmp/keys.h5"

@@ -1,0 +1,103 @@
+#include "replay/check_log.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <system_error>
+
+#include "common/sha256.hpp"
+
+namespace dynemb::replay_detail {
+
+void CheckLog::emit(CheckResult c) {
+  if (began_ && !header_shown_) show_header();  // the header waited for the capture's hash
+  if (cb_.on_check && header_shown_) cb_.on_check(c);
+  if (opt_.passes != PassMode::whole && PassLog::fits(c)) {
+    ++rep_.pass_counts[c.stage];
+    if (opt_.passes == PassMode::compact) rep_.pass_log.add(c, rep_.checks.size());
+    return;
+  }
+  rep_.checks.push_back(std::move(c));
+}
+
+void CheckLog::trouble(int64_t k, int rank, const std::string& stage, const std::string& msg) {
+  if (opt_.fail_fast) throw Error(msg);
+  if (troubles_++ == 0) first_trouble_batch_ = k;
+  CheckResult c;
+  c.batch = k;
+  c.rank = rank;
+  c.stage = stage;
+  c.check = "trouble";
+  c.status = CheckStatus::error;
+  c.message = msg;
+  emit(std::move(c));
+}
+
+void CheckLog::hash_capture(const std::string& path) {
+  try {
+    capture_sha_ = std::async(std::launch::async, [path] { return sha256_file(path); });
+  } catch (const std::system_error&) {  // no thread to be had: hashed in turn
+    capture_sha_ = std::async(std::launch::deferred, [path] { return sha256_file(path); });
+  }
+}
+
+void CheckLog::take_capture_sha() {
+  if (capture_sha_.valid()) rep_.info.capture.sha256 = capture_sha_.get();
+}
+
+void CheckLog::batch_began() {
+  began_ = true;
+  show_header_when_hashed();
+}
+
+void CheckLog::show_header() {
+  if (header_shown_) return;
+  take_capture_sha();
+  rep_.info.device = backend_.get().device();  // waits for a backend still starting
+  header_shown_ = true;
+  if (cb_.on_start) cb_.on_start(rep_);
+  if (cb_.on_check)
+    for (const CheckResult& c : rep_.checks) cb_.on_check(c);
+}
+
+void CheckLog::show_header_when_hashed() {
+  using namespace std::chrono_literals;
+  if (began_ && !header_shown_ &&
+      (!capture_sha_.valid() || capture_sha_.wait_for(0s) == std::future_status::ready))
+    show_header();
+}
+
+void CheckLog::measure_progress(const CaptureReader& reader, int64_t world_size) {
+  world_size_ = std::max<int64_t>(1, world_size);
+  if (!cb_.on_progress) return;
+  progress_.batches_total = int64_t(rep_.info.batches.size());
+  progress_.rank_batches_total = progress_.batches_total * world_size;
+  for (int64_t k : rep_.info.batches) {
+    double bytes = 0;
+    for (const DatasetStat& d : reader.dataset_stats(k)) bytes += double(d.logical_bytes);
+    batch_bytes_[k] = bytes;
+    progress_.bytes_total += bytes;
+  }
+}
+
+void CheckLog::rank_done(int64_t k) {
+  if (!cb_.on_progress) return;
+  show_header_when_hashed();  // before the bar moves on under a missing header
+  const int64_t W = world_size_;
+  if (ranks_done_in_batch_ >= W) return;
+  ++ranks_done_in_batch_;
+  ++progress_.rank_batches_done;
+  progress_.bytes_done += batch_bytes_[k] / double(W);
+  cb_.on_progress(progress_);
+}
+
+void CheckLog::batch_done(int64_t k) {
+  if (!cb_.on_progress) return;
+  const int64_t W = world_size_;
+  progress_.rank_batches_done += W - ranks_done_in_batch_;
+  progress_.bytes_done += batch_bytes_[k] * double(W - ranks_done_in_batch_) / double(W);
+  ranks_done_in_batch_ = 0;
+  ++progress_.batches_done;
+  cb_.on_progress(progress_);
+}
+
+}  // namespace dynemb::replay_detail

@@ -1,0 +1,66 @@
+// Where a replay's findings go, in the order they are decided (replay.hpp is the API): the
+// report (every check, or the passes kept compactly or only counted), the caller's callbacks
+// (the header once, each check, progress after each rank-batch), warnings and trouble.
+#pragma once
+
+#include <cstdint>
+#include <future>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "capture/capture.hpp"
+#include "engine/backend.hpp"
+#include "replay/replay.hpp"
+
+namespace dynemb::replay_detail {
+
+class CheckLog {
+ public:
+  CheckLog(const ReplayOptions& opt, const ReplayCallbacks& cb, Report& rep,
+           StartingBackend& backend)
+      : opt_(opt), cb_(cb), rep_(rep), backend_(backend) {}
+
+  // A check decided: to the caller (once the header is out) and to the report.
+  void emit(CheckResult c);
+  void warn(const std::string& w) { rep_.warnings.push_back(w); }
+  // Trouble in batch k (rank -1: the batch as a whole): an error check of its own, and the run
+  // goes on with the rest (--fail-fast: thrown, and the run stops).
+  void trouble(int64_t k, int rank, const std::string& stage, const std::string& msg);
+  int64_t troubles() const { return troubles_; }
+  int64_t first_trouble_batch() const { return first_trouble_batch_; }
+
+  // The capture's SHA-256, computed on another thread while the plan and the first batch are
+  // read (the file is in the page cache for both); the header waits for it.
+  void hash_capture(const std::string& path);
+  // Rethrows a read error of the hash.
+  void take_capture_sha();
+  // The first replayed batch began: the header is shown once the hash is in, or before the
+  // first check, whichever comes first.
+  void batch_began();
+  // The header now (a run whose every batch was trouble), and the checks decided before it.
+  void show_header();
+
+  // Progress: the logical bytes of each selected batch, read from the file's metadata up front
+  // (only when someone shows progress), advanced as each rank's output is checked.
+  void measure_progress(const CaptureReader& reader, int64_t world_size);
+  void rank_done(int64_t k);
+  void batch_done(int64_t k);  // the rest of batch k counts as done
+
+ private:
+  void show_header_when_hashed();
+
+  const ReplayOptions& opt_;
+  const ReplayCallbacks& cb_;
+  Report& rep_;
+  StartingBackend& backend_;
+  std::future<std::string> capture_sha_;
+  bool began_ = false, header_shown_ = false;
+  int64_t troubles_ = 0, first_trouble_batch_ = -1;
+  int64_t world_size_ = 1;
+  ReplayProgress progress_;
+  std::map<int64_t, double> batch_bytes_;
+  int64_t ranks_done_in_batch_ = 0;
+};
+
+}  // namespace dynemb::replay_detail
