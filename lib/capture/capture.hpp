@@ -72,6 +72,23 @@ void set_capture_open_watchdog(double seconds,
 // names it when libhdf5 crashes on a damaged file (docs/robustness.md).
 const char* capture_being_read() noexcept;
 
+// Turns off libhdf5's automatic error printing on the calling thread (printing is per thread;
+// its errors become CaptureErrors that say what and where). For main() and any thread that
+// reads or writes a capture outside a BatchSource (batch_source.hpp), which does it itself.
+void quiet_hdf5_errors();
+
+// libhdf5 for the tool's process, called first in main(): its closing of every open file at
+// exit is not registered (a file whose close already failed, its last write on a full disk,
+// crashes libhdf5 1.10 there; every handle is closed by its owner and every close that matters
+// is checked), and its error printing is off on this thread.
+void prepare_hdf5_library();
+
+// The library that undoes deflate on the read path, with its version ("libdeflate 1.14",
+// "zlib 1.2.13"), for --version.
+std::string inflate_library_name();
+
+class BatchSource;  // batch_source.hpp
+
 class CaptureReader {
  public:
   // Opens the file and checks the root attributes and /plan; throws CaptureError.
@@ -143,6 +160,15 @@ class CaptureReader {
   std::optional<uint64_t> oracle_seed_;
   std::unique_ptr<Impl> impl_;
   void read_root();  // root attributes, /plan, /oracle (after the file is open)
+  // The checks of batch k and every rank's KJT (read_batch's first pass).
+  Batch read_kjts(const Plan& plan, int64_t k) const;
+  // read_batch of every part, keeping going past a rank whose ctx/, local_embs or output cannot
+  // be read (BatchSource::read): rank_failed(r) is called inside the handler of that Error or
+  // bad_alloc (it may rethrow), and rank r keeps its KJT alone. Any other failure throws, the
+  // same error read_batch throws first.
+  Batch read_batch_by_rank(const Plan& plan, int64_t k,
+                           const std::function<void(int64_t rank)>& rank_failed) const;
+  friend class BatchSource;
   void read_rank_rows(int64_t k, const char* name, DType dtype, const std::vector<RankRows>& ranges,
                       std::vector<int64_t>& elements,
                       const std::function<float*(size_t)>& out) const;

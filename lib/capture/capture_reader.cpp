@@ -971,8 +971,9 @@ std::vector<float> CaptureReader::read_rows_concat(int64_t k, const char* name, 
   return out;
 }
 
-Batch CaptureReader::read_batch(const Plan& plan, int64_t k, const ReadParts& parts) const {
-  const TraceSpan span("read batch", k);
+// The checks of batch k and pass 1 of read_batch: every rank's KJT (the other shapes depend on
+// all of them: sum_s B_s, routing).
+Batch CaptureReader::read_kjts(const Plan& plan, int64_t k) const {
   const Impl& I = *impl_;
   const int64_t W = world_size_;
   if (plan.world_size != W)
@@ -983,25 +984,68 @@ Batch CaptureReader::read_batch(const Plan& plan, int64_t k, const ReadParts& pa
     I.fail(bp, fmt::format("batch {} out of range (num_batches = {})", k, num_batches_));
   if (!h5::exists(I.fid, bp))
     I.fail(bp, fmt::format("missing group (num_batches = {})", num_batches_));
-
   Batch batch;
   batch.index = k;
   batch.ranks.resize(static_cast<size_t>(W));
-  // Pass 1: every rank's KJT; the other shapes depend on all of them (sum_s B_s, routing).
   for (int64_t r = 0; r < W; ++r)
     I.read_kjt(plan, fmt::format("{}/rank{}", bp, r), batch.ranks[r].kjt);
-  const BatchGeometry g = batch_geometry(plan, batch);
+  return batch;
+}
 
+Batch CaptureReader::read_batch(const Plan& plan, int64_t k, const ReadParts& parts) const {
+  const TraceSpan span("read batch", k);
+  const Impl& I = *impl_;
+  Batch batch = read_kjts(plan, k);
+  const BatchGeometry g = batch_geometry(plan, batch);
   // Pass 2: the optional parts, rank by rank.
-  for (int64_t r = 0; r < W; ++r) {
+  for (int64_t r = 0; r < world_size_; ++r) {
     if (!parts.ranks.empty() && (r >= int64_t(parts.ranks.size()) || !parts.ranks[r])) continue;
-    const std::string rp = fmt::format("{}/rank{}", bp, r);
+    const std::string rp = fmt::format("/batches/{}/rank{}", k, r);
     RankBatch& rb = batch.ranks[r];
     if (parts.ctx) rb.ctx = I.read_ctx(plan, rp, g, rb.kjt.num_ids());
     I.read_dist_tensors(plan, rp, parts, g, r, rb);
     I.read_keys(plan, rp, rb);
     I.read_mean_divisor(plan, rp, rb.kjt);
     I.read_module_output(plan, rp, parts, rb);
+  }
+  return batch;
+}
+
+// read_batch's reads in read_batch's order, each once; a rank whose ctx/, local_embs or output
+// fails is told to rank_failed from inside the handler, and its keys, mean_divisor,
+// module_output and inverse_indices are read all the same (their failure is the batch's), then
+// dropped: the rank keeps its KJT alone, as a read_batch that skips the rank gives it.
+Batch CaptureReader::read_batch_by_rank(const Plan& plan, int64_t k,
+                                        const std::function<void(int64_t)>& rank_failed) const {
+  const TraceSpan span("read batch", k);
+  const Impl& I = *impl_;
+  Batch batch = read_kjts(plan, k);
+  const BatchGeometry g = batch_geometry(plan, batch);
+  const ReadParts all;
+  std::vector<char> failed(static_cast<size_t>(world_size_), 0);
+  for (int64_t r = 0; r < world_size_; ++r) {
+    const std::string rp = fmt::format("/batches/{}/rank{}", k, r);
+    RankBatch& rb = batch.ranks[r];
+    try {
+      rb.ctx = I.read_ctx(plan, rp, g, rb.kjt.num_ids());
+      I.read_dist_tensors(plan, rp, all, g, r, rb);
+    } catch (const Error&) {
+      failed[size_t(r)] = 1;
+      rank_failed(r);
+    } catch (const std::bad_alloc&) {
+      failed[size_t(r)] = 1;
+      rank_failed(r);
+    }
+    I.read_keys(plan, rp, rb);
+    I.read_mean_divisor(plan, rp, rb.kjt);
+    I.read_module_output(plan, rp, all, rb);
+  }
+  for (int64_t r = 0; r < world_size_; ++r) {
+    if (!failed[size_t(r)]) continue;
+    Kjt kjt = std::move(batch.ranks[r].kjt);
+    kjt.mean_divisor.clear();  // read_mean_divisor's, not the KJT's
+    batch.ranks[r] = RankBatch{};
+    batch.ranks[r].kjt = std::move(kjt);
   }
   return batch;
 }
