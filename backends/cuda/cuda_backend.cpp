@@ -134,7 +134,7 @@ class CudaBackend final : public Backend, private cuda::DeviceTensors {
  private:
   // cuda::DeviceTensors: the memory of each kept tensor (workspace.hpp says where), and the
   // reference made on the device for the comparator.
-  const float* kept_data(const Kept& k, int64_t n) const override;
+  std::optional<const float*> kept_data(const Kept& k, int64_t n) const override;
   std::optional<std::vector<int64_t>> reference_on_device(const Plan& plan, const Kjt& kjt,
                                                           const EmbeddingSource& source) override;
 
@@ -156,10 +156,11 @@ class CudaBackend final : public Backend, private cuda::DeviceTensors {
   // Rank s's input of an output dist to `dst` (t.n floats): uploaded from the host, or copied on
   // the device from the tensor kept under t.kept. Throws Error when t has neither.
   void put_local(float* dst, const TensorRef& t, int64_t s);
-  // Room for `elems` floats in the workspace's kept inputs, keeping the inputs kept so far.
-  void reserve_inputs(int64_t elems);
+  // Where rank r's kept input of n floats goes in the workspace's `kept`, which grows (and its
+  // stride widens) as needed, the inputs kept so far moving with it.
+  float* input_slot(int r, int64_t n);
   // True when every local_embs[d] is the input kept for rank d (keep()), all of n elements: the
-  // pooled dist reads them where they are, [W, n] back to back.
+  // pooled dist reads them where they are, one every input_stride_ floats.
   bool all_kept_inputs(const std::vector<TensorRef>& local_embs, int64_t n) const;
   // Place::kept: the dists' outputs go to held_out and each rank's lies at held_[r].
   DeviceBuffer<float>& output_buffer(Place place, int64_t W);
@@ -171,10 +172,10 @@ class CudaBackend final : public Backend, private cuda::DeviceTensors {
   std::vector<std::pair<int64_t, int64_t>> held_;
   // The shape of the lookup kept for each rank (Kept::Role::lookup; workspace's kept_lookups).
   std::vector<std::optional<std::vector<int64_t>>> kept_lookup_shape_;
-  // The inputs kept (Kept::Role::input): rank r's at r * input_n_ of the workspace's `kept`,
-  // when input_kept_[r].
-  std::vector<bool> input_kept_;
-  int64_t input_n_ = -1;
+  // The inputs kept (Kept::Role::input): rank r's, of input_n_[r] floats (-1: none), at
+  // r * input_stride_ of the workspace's `kept`.
+  std::vector<int64_t> input_n_;
+  int64_t input_stride_ = 0;
   // Dense weights stay on the device up to this many bytes (kDenseShare of its memory).
   int64_t dense_budget_ = 0;
 
@@ -276,9 +277,8 @@ Tensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
   return out;
 }
 
-// Rank r's slot of the [W, n] kept inputs: the pooled dist reads them in place when all W are
-// its inputs. The slots start over when n changes; the buffer grows as ranks come (doubling, as
-// a replay keeps rank 0, 1, ... in turn) and keeps the slots already filled.
+// Rank r's slot of the kept inputs (input_slot). A rank's slot is its own: keeping rank r
+// replaces rank r's input only.
 std::optional<Kept> CudaBackend::keep(const EmbTensor& host, int rank) {
   if (rank < 0) return std::nullopt;
   const int64_t n = host.numel();
@@ -287,54 +287,58 @@ std::optional<Kept> CudaBackend::keep(const EmbTensor& host, int rank) {
                 std::to_string(host.data.size()) + " values");
   CUDA_CHECK(cudaSetDevice(device_));
   const size_t r = size_t(rank);
-  if (n != input_n_) {
-    input_kept_.assign(input_kept_.size(), false);
-    input_n_ = n;
-  }
-  if (input_kept_.size() <= r) input_kept_.resize(r + 1, false);
-  input_kept_[r] = false;  // until uploaded
-  reserve_inputs((int64_t(r) + 1) * n);
+  if (input_n_.size() <= r) input_n_.resize(r + 1, -1);
+  input_n_[r] = -1;  // until uploaded
+  float* slot = input_slot(rank, n);
   {
     const TraceSpan span("upload", n);
-    ws_->staging.upload(ws_->kept.data() + int64_t(r) * n, host.data.data(),
-                        sizeof(float) * size_t(n), stream_);
+    ws_->staging.upload(slot, host.data.data(), sizeof(float) * size_t(n), stream_);
   }
-  input_kept_[r] = true;
+  input_n_[r] = n;
   return Kept{Kept::Role::input, rank};
 }
 
-void CudaBackend::reserve_inputs(int64_t elems) {
-  DeviceBuffer<float>& kept = ws_->kept;
-  if (kept.size() >= elems) return;
-  const int64_t want = std::max(elems, 2 * kept.size());
-  const bool any = std::find(input_kept_.begin(), input_kept_.end(), true) != input_kept_.end();
-  if (!any) {
-    kept.resize(want);
-    return;
-  }
-  DeviceBuffer<float> bigger(want);
-  CUDA_CHECK(cudaMemcpyAsync(bigger.data(), kept.data(), sizeof(float) * size_t(kept.size()),
-                             cudaMemcpyDeviceToDevice, stream_));
-  kept = std::move(bigger);  // cudaFree of the old one waits for the copy
+// The kept inputs lie at r * input_stride_ of the workspace's `kept`, so that a pooled dist whose
+// W inputs they all are reads them in place (launch_reduce takes the stride). A slot larger than
+// the stride moves every kept slot to a wider stride (a quarter more, as a sequence batch's ranks
+// differ a little); the buffer grows by doubling as ranks come (a replay keeps rank 0, 1, ... in
+// turn). Either way the slots kept so far move with it, copied on the device.
+float* CudaBackend::input_slot(int r, int64_t n) {
+  DeviceBuffer<float>& buf = ws_->kept;
+  const int64_t old = input_stride_;
+  // Widened to a multiple of 4 floats: the reduce's vector loads take aligned slots.
+  const int64_t stride = n <= old ? old : old == 0 ? n : (std::max(n, old + old / 4) + 3) / 4 * 4;
+  if (stride == old && (int64_t(r) + 1) * stride <= buf.size()) return buf.data() + r * stride;
+  const int64_t have = old > 0 ? buf.size() / old : 0;  // slots the buffer holds now
+  const int64_t slots = std::max<int64_t>(r + 1, stride == old ? 2 * have : have);
+  DeviceBuffer<float> next(slots * stride);
+  for (size_t i = 0; i < input_n_.size(); ++i)
+    if (input_n_[i] > 0)
+      CUDA_CHECK(cudaMemcpyAsync(next.data() + int64_t(i) * stride, buf.data() + int64_t(i) * old,
+                                 sizeof(float) * size_t(input_n_[i]), cudaMemcpyDeviceToDevice,
+                                 stream_));
+  buf = std::move(next);  // cudaFree of the old one waits for the copies
+  input_stride_ = stride;
+  return buf.data() + r * stride;
 }
 
-const float* CudaBackend::kept_data(const Kept& k, int64_t n) const {
+std::optional<const float*> CudaBackend::kept_data(const Kept& k, int64_t n) const {
   const size_t r = size_t(k.rank);
-  if (k.rank < 0) return nullptr;
+  if (k.rank < 0) return std::nullopt;
   switch (k.role) {
     case Kept::Role::lookup:
       if (r >= kept_lookup_shape_.size() || !kept_lookup_shape_[r] ||
           shape_numel(*kept_lookup_shape_[r]) != n)
-        return nullptr;
+        return std::nullopt;
       return ws_->kept_lookups[r].data();
     case Kept::Role::output:
-      if (r >= held_.size() || held_[r].first < 0 || held_[r].second != n) return nullptr;
+      if (r >= held_.size() || held_[r].first < 0 || held_[r].second != n) return std::nullopt;
       return ws_->held_out.data() + held_[r].first;
     case Kept::Role::input:
-      if (r >= input_kept_.size() || !input_kept_[r] || input_n_ != n) return nullptr;
-      return ws_->kept.data() + int64_t(r) * n;
+      if (r >= input_n_.size() || input_n_[r] != n) return std::nullopt;
+      return ws_->kept.data() + int64_t(r) * input_stride_;
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 // Any malformed input, a bounds_check=error hit or a row past dense weights goes to the CPU
@@ -590,18 +594,17 @@ void CudaBackend::put_local(float* dst, const TensorRef& t, int64_t s) {
     ws_->staging.upload(dst, t.host, sizeof(float) * static_cast<size_t>(n), stream_);
     return;
   }
-  const float* src = kept_data(*t.kept, n);
+  const std::optional<const float*> src = kept_data(*t.kept, n);
   if (!src)
     throw Error("output dist: local_embs of rank " + std::to_string(s) +
                 " names a kept tensor (rank " + std::to_string(t.kept->rank) +
                 ") that is not kept with " + std::to_string(n) + " elements");
   if (n > 0)
     CUDA_CHECK(
-        cudaMemcpyAsync(dst, src, sizeof(float) * size_t(n), cudaMemcpyDeviceToDevice, stream_));
+        cudaMemcpyAsync(dst, *src, sizeof(float) * size_t(n), cudaMemcpyDeviceToDevice, stream_));
 }
 
 bool CudaBackend::all_kept_inputs(const std::vector<TensorRef>& local_embs, int64_t n) const {
-  if (n != input_n_) return false;
   for (size_t d = 0; d < local_embs.size(); ++d) {
     const std::optional<Kept>& k = local_embs[d].kept;
     if (!k || k->role != Kept::Role::input || size_t(k->rank) != d || !kept_data(*k, n))
@@ -667,12 +670,14 @@ void CudaBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
   CUDA_CHECK(cudaSetDevice(device_));
   const int64_t n = W ? local_embs[0].n : 0;  // all equal, checked above
   cuda::PinnedStaging& st = ws_->staging;
-  // The inputs a lookup check just compared are on the device already (keep()), [W, n] back to
-  // back: read in place, unless the codec is to round them (it works in place, and they stay
-  // kept as they were).
+  // The inputs a lookup check just compared are on the device already (keep()), one every
+  // input_stride_ floats: read in place, unless the codec is to round them (it works in place,
+  // and they stay kept as they were).
   const float* parts = nullptr;
+  int64_t stride = n;
   if (all_kept_inputs(local_embs, n) && !codec) {
     parts = ws_->kept.data();
+    stride = input_stride_;
   } else {
     ws_->rows_in.resize(W * n);
     float* in = ws_->rows_in.data();
@@ -682,7 +687,7 @@ void CudaBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
   }
   DeviceBuffer<float>& d_out = output_buffer(place, W);
   d_out.resize(n);
-  cuda::launch_reduce(parts, W, n, n, cuda::precision(rd), d_out.data(), stream_);
+  cuda::launch_reduce(parts, W, stride, n, cuda::precision(rd), d_out.data(), stream_);
   int64_t base = 0;
   for (int64_t r = 0; r < W; ++r) {
     const int64_t len = chunk_len[r];

@@ -39,7 +39,7 @@ std::vector<TileDiff> tile_diffs_on_device(BackendWorkspace& ws, cudaStream_t s,
   return tiles;
 }
 
-const float* DeviceComparator::on_device(const TensorRef& t) {
+std::optional<const float*> DeviceComparator::on_device(const TensorRef& t) {
   if (t.kept) return tensors_.kept_data(*t.kept, t.n);
   const TraceSpan span("upload", t.n);
   ws_.rows_in.resize(t.n);
@@ -54,21 +54,21 @@ std::optional<std::vector<TileDiff>> DeviceComparator::compare(const TensorRef& 
   if (!got.kept && !want.kept) return host_comparator().compare(got, want, how);
   CUDA_CHECK(cudaSetDevice(device_));
   // At most one side is on the host, so rows_in holds at most one upload.
-  const float* g = on_device(got);
-  const float* w = g ? on_device(want) : nullptr;
+  const std::optional<const float*> g = on_device(got);
+  const std::optional<const float*> w = g ? on_device(want) : std::nullopt;
   if (!g || !w) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // every call ends with its stream drained
     return std::nullopt;
   }
   const TraceSpan span("compare", got.n);
-  return tile_diffs_on_device(ws_, stream_, g, w, got.n, how);
+  return tile_diffs_on_device(ws_, stream_, *g, *w, got.n, how);
 }
 
 std::optional<std::vector<TileDiff>> DeviceComparator::compare_reference(
     const TensorRef& got, const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source,
     int64_t batch, const TileCompare& how) {
   CUDA_CHECK(cudaSetDevice(device_));
-  const float* kept = nullptr;
+  std::optional<const float*> kept;
   if (got.kept) {
     kept = tensors_.kept_data(*got.kept, got.n);
     if (!kept) return std::nullopt;
@@ -77,7 +77,7 @@ std::optional<std::vector<TileDiff>> DeviceComparator::compare_reference(
   if (!shape) {  // the host makes the reference: a kept `got` goes there
     if (!kept) return host_comparator().compare_reference(got, plan, rank, kjt, source, batch, how);
     std::vector<float> host(static_cast<size_t>(got.n));
-    ws_.staging.download({{host.data(), kept, sizeof(float) * host.size()}}, stream_);
+    ws_.staging.download({{host.data(), *kept, sizeof(float) * host.size()}}, stream_);
     TensorRef h = TensorRef::span(host.data(), got.n, got.dtype);
     h.shape = got.shape;
     return host_comparator().compare_reference(h, plan, rank, kjt, source, batch, how);
@@ -86,7 +86,7 @@ std::optional<std::vector<TileDiff>> DeviceComparator::compare_reference(
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // every call ends with its stream drained
     return std::nullopt;
   }
-  const float* g = kept ? kept : on_device(got);
+  const float* g = kept ? *kept : *on_device(got);  // a host `got` is always on the device
   const TraceSpan span("compare", got.n);
   return tile_diffs_on_device(ws_, stream_, g, ws_.rows_out.data(), got.n, how);
 }

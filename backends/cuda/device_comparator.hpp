@@ -19,9 +19,9 @@ namespace dynemb::cuda {
 class DeviceTensors {
  public:
   virtual ~DeviceTensors() = default;
-  // The device memory of the kept tensor `k`, or nullptr when none of n elements is kept under
-  // that name (Kept: one per role and rank).
-  virtual const float* kept_data(const Kept& k, int64_t n) const = 0;
+  // The device memory of the kept tensor `k` (null for an empty one), or nullopt when none of n
+  // elements is kept under that name (Kept: one per role and rank).
+  virtual std::optional<const float*> kept_data(const Kept& k, int64_t n) const = 0;
   // The unsharded reference of `kjt` (reference_output) made into the workspace's rows_out, left
   // queued on the stream; its shape, or nullopt when it is the host's to make.
   virtual std::optional<std::vector<int64_t>> reference_on_device(
@@ -50,9 +50,9 @@ class DeviceComparator final : public Comparator {
                                                          const TileCompare& how) override;
 
  private:
-  // t on the device: its kept memory, or its host data uploaded to rows_in; nullptr when t is
+  // t on the device: its kept memory, or its host data uploaded to rows_in; nullopt when t is
   // kept and no such tensor of t.n elements is.
-  const float* on_device(const TensorRef& t);
+  std::optional<const float*> on_device(const TensorRef& t);
 
   DeviceTensors& tensors_;
   BackendWorkspace& ws_;
