@@ -9,9 +9,8 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/test_hooks.hpp"
 #include "common/trace.hpp"
-#include "engine/holding_backend.hpp"
-#include "engine/starting_backend.hpp"
 #if defined(DYNEMB_HAVE_CUDA)
 #include "cuda/cuda_backend.hpp"
 #endif
@@ -61,42 +60,40 @@ namespace {
 // part of a second: the starting backend's thread spends it instead): the NVIDIA kernel
 // driver's first device node, unless CUDA_VISIBLE_DEVICES hides every device. A machine that
 // has the node but no usable device learns so from the starting backend: its first call
-// throws the backend's DeviceError, which the replay reports as its trouble (exit 2). Test
-// hook: DYNEMB_GPU_NODE names another file to look for.
+// throws the backend's DeviceError, which the replay reports as its trouble (exit 2). A test
+// build may name another file to look for (test_hooks::gpu_node).
 [[maybe_unused]] bool gpu_node_present() {
   if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && (*v == '\0' || *v == '-'))
     return false;
-  const char* node = std::getenv("DYNEMB_GPU_NODE");
-  return ::access(node && *node ? node : "/dev/nvidia0", F_OK) == 0;
+  const char* node = test_hooks::gpu_node();
+  return ::access(node ? node : "/dev/nvidia0", F_OK) == 0;
 }
 
 }  // namespace
 
-std::unique_ptr<Backend> start_backend(const std::string& name, const std::string& devices) {
+StartingBackend start_backend(const std::string& name, const std::string& devices) {
 #if defined(DYNEMB_HAVE_CUDA)
   // --backend cuda: refused here and now where no GPU can be there (as make_backend refuses
   // it); else the driver's start, the device check and the backend's making all wait on
   // another thread. auto must choose now: it asks the driver first.
   if (devices.empty() && name == "cuda" && gpu_node_present())
-    return make_starting_backend("cuda", [] { return make_cuda_backend(0); });
+    return StartingBackend("cuda", [] { return make_cuda_backend(0); });
   if (devices.empty() && name == "auto" && [] {
         const TraceSpan span("cuda probe");
         return cuda_device_available();
       }())
-    return make_starting_backend("cuda", [] { return make_cuda_backend(0); });
+    return StartingBackend("cuda", [] { return make_cuda_backend(0); });
 #endif
-  return make_backend(name, devices);
+  return StartingBackend(make_backend(name, devices));
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const std::string& devices) {
   if (!devices.empty() && name != "nccl")
     throw UsageError("--devices applies to --backend nccl only");
   if (name == "cpu") {
-    // Test hook: the CPU reference holding its outputs as a device backend does, so that the
-    // replay's held-output checks run without a GPU (engine/holding_backend.hpp).
-    if (const char* e = std::getenv("DYNEMB_HOLD_OUTPUTS"); e && std::string(e) == "host")
-      return make_holding_backend(make_cpu_backend());
-    return make_cpu_backend();
+    // Test hook: the CPU reference keeping what a step may keep, as a device backend does, so
+    // that the replay's kept paths run without a GPU.
+    return make_cpu_backend(0, /*keeps=*/test_hooks::hold_outputs_on_host());
   }
   if (name == "auto") {
     // docs/cli.md: auto picks cuda when a GPU is present, else cpu. The CUDA backend matches

@@ -29,9 +29,9 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const std::string
 // make_backend, with the CUDA backend (cuda, or auto on a machine with a GPU) made on another
 // thread while the caller goes on: creating its context and workspace takes a sizeable part of
 // a second, which a replay spends opening the capture and reading its first batch instead.
-// What make_backend refuses (usage, no usable device) it refuses here, at once and alike; the
-// backend's name() is known at once, its other calls wait until it is made and rethrow what
-// making it threw.
-std::unique_ptr<Backend> start_backend(const std::string& name, const std::string& devices = "");
+// What make_backend refuses (usage, no usable device) it refuses here, at once and alike (it
+// throws); the StartingBackend's name() is known at once, its get() waits until the backend is
+// made and rethrows what making it threw. Every other backend comes made already.
+StartingBackend start_backend(const std::string& name, const std::string& devices = "");
 
 }  // namespace dynemb

@@ -29,16 +29,16 @@ Result run_cpu_stages(const Options& o, const Workload& w) {
   const DerivedBatch d = derive_input_dist(p, kp, *be);
   const OracleSource src(o.seed, p);
   const std::vector<EmbTensor> local = derive_local_embs(p, d, src, *be, 0);
-  std::vector<const EmbTensor*> lp;
+  std::vector<TensorRef> lp;
   std::vector<const ShardingContext*> cp;
   for (size_t i = 0; i < local.size(); ++i) {
-    lp.push_back(&local[i]);
+    lp.emplace_back(local[i]);
     cp.push_back(&d.ranks[i].ctx);
   }
   if (p.module == ModuleKind::sequence) {
     const int64_t D = p.seq_dim();
     Stage s{"sequence dist (cpu reference)", N, D, 8.0 * D * N + 8.0 * N, 0, ""};
-    s.us = timer([&] { be->sequence_output_dist(p, lp, cp, [](int, EmbTensor&&) {}); });
+    s.us = timer([&] { be->sequence_output_dist(p, lp, cp, Place::host, [](int, Tensor&&) {}); });
     r.stages.push_back(s);
   } else {
     const double n = static_cast<double>(local[0].numel());
@@ -48,8 +48,9 @@ Result run_cpu_stages(const Options& o, const Workload& w) {
             4.0 * n * (p.world_size + 1),
             0,
             ""};
-    s.us = timer(
-        [&] { be->pooled_output_dist(p, d.variable_batch, lp, cp, [](int, EmbTensor&&) {}); });
+    s.us = timer([&] {
+      be->pooled_output_dist(p, d.variable_batch, lp, cp, Place::host, [](int, Tensor&&) {});
+    });
     r.stages.push_back(s);
   }
   return r;

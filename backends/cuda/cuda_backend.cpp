@@ -1,13 +1,14 @@
 // Host dispatch of the CUDA backend: validates the contexts exactly as the CPU reference does
 // (same ranks, fields and failures), builds the small index tables (offsets, recat segments,
 // splits prefixes), uploads, launches the kernels of dist_kernels.hpp and hands each rank's
-// output to the sink (or holds it on the device for the replay's checks: hold_outputs). Device
-// buffers and the pinned staging of the copies are the backend's
-// workspace (workspace.hpp), kept across calls. Lookups and unsharded references are made on the
-// device from each table's rows (the hash64 oracle, or dense weights uploaded once and kept),
-// whole tables or column slices of them; the host only resolves ids to rows. What the device
-// cannot make (rows only a source's row() knows, dense weights past the device's share, errors
-// to report) runs on the host through the CPU backend, whose words the errors then are.
+// output to the sink (or keeps it on the device for the replay's checks: Place::kept), which
+// its comparator (device_comparator.hpp) compares there. Device buffers and the pinned staging
+// of the copies are the backend's workspace (workspace.hpp), kept across calls. Lookups and
+// unsharded references are made on the device from each table's rows (the hash64 oracle, or dense
+// weights uploaded once and kept), whole tables or column slices of them; the host only resolves
+// ids to rows. What the device cannot make (rows only a source's row() knows, dense weights past
+// the device's share, errors to report) runs on the host through the CPU backend, whose words the
+// errors then are.
 #include "cuda_backend.hpp"
 
 #include <cuda_runtime_api.h>
@@ -22,8 +23,8 @@
 #include "common/hash.hpp"
 #include "common/parallel.hpp"
 #include "common/trace.hpp"
-#include "compare.hpp"
 #include "cuda_check.hpp"
+#include "device_comparator.hpp"
 #include "dist_kernels.hpp"
 #include "engine/dist_checks.hpp"
 #include "engine/input_dist.hpp"
@@ -95,9 +96,9 @@ struct FeatureRows {
 // those tables are the host's (the device still runs the dists and the checks).
 constexpr double kDenseShare = 0.25;
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend, private cuda::DeviceTensors {
  public:
-  explicit CudaBackend(int device) : device_(device) {
+  explicit CudaBackend(int device) : Backend("cuda"), device_(device) {
     if (!cuda::device_available(device))
       throw DeviceError("CUDA device " + std::to_string(device) + " is not available");
     CUDA_CHECK(cudaSetDevice(device_));
@@ -107,53 +108,43 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     dense_budget_ = static_cast<int64_t>(kDenseShare * static_cast<double>(p.totalGlobalMem));
     ws_ = std::make_unique<cuda::BackendWorkspace>();
+    cuda::DeviceTensors& tensors = *this;
+    comparator_ = std::make_unique<cuda::DeviceComparator>(tensors, *ws_, stream_, device_);
   }
   ~CudaBackend() override {
+    comparator_.reset();
     ws_.reset();  // waits for the staging's pending copies on stream_
     cudaStreamDestroy(stream_);
   }
-  std::string name() const override { return "cuda"; }
   std::string device() const override { return desc_; }
 
   BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) override;
-  EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
-                   const EmbeddingSource& source) override;
-  EmbTensor lookup_for_dist(const Plan& plan, int rank, const LookupKjt& kjt,
-                            const EmbeddingSource& source) override;
-  std::optional<std::vector<TileDiff>> lookup_differences(const Plan& plan, int rank,
-                                                          const LookupKjt& kjt,
-                                                          const EmbeddingSource& source,
-                                                          const float* captured, int64_t n,
-                                                          const TileCompare& how) override;
-  std::optional<std::vector<TileDiff>> reference_differences(
-      const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source, int64_t batch,
-      const float* replayed, int held_rank, int64_t n, const TileCompare& how) override;
-  bool hold_outputs(bool on) override {
-    hold_ = on;
-    held_.clear();
-    return true;
-  }
-  std::optional<std::vector<TileDiff>> held_output_differences(int rank, const float* want,
-                                                               int64_t n,
-                                                               const TileCompare& how) override;
-  void sequence_output_dist(const Plan& plan, const std::vector<const EmbTensor*>& local_embs,
-                            const std::vector<const ShardingContext*>& ctx,
+  Tensor lookup(const Plan& plan, int rank, const LookupKjt& kjt, const EmbeddingSource& source,
+                Place place) override;
+  std::optional<Kept> keep(const EmbTensor& host, int rank) override;
+  void sequence_output_dist(const Plan& plan, const std::vector<TensorRef>& local_embs,
+                            const std::vector<const ShardingContext*>& ctx, Place place,
                             const OutputSink& sink) override;
   void pooled_output_dist(const Plan& plan, bool variable_batch,
-                          const std::vector<const EmbTensor*>& local_embs,
-                          const std::vector<const ShardingContext*>& ctx,
+                          const std::vector<TensorRef>& local_embs,
+                          const std::vector<const ShardingContext*>& ctx, Place place,
                           const OutputSink& sink) override;
+  Comparator& comparator() override { return *comparator_; }
 
  private:
-  // The lookup, or the unsharded reference of a KJT, made on the device into `out` (the
-  // workspace's rows_out unless given; left queued on the stream); its shape, or nullopt when it
-  // is the host's to make (rows the device cannot make, malformed input, errors to report).
+  // cuda::DeviceTensors: the memory of each kept tensor (workspace.hpp says where), and the
+  // reference made on the device for the comparator.
+  std::optional<const float*> kept_data(const Kept& k, int64_t n) const override;
+  std::optional<std::vector<int64_t>> reference_on_device(const Plan& plan, const Kjt& kjt,
+                                                          const EmbeddingSource& source) override;
+
+  // The lookup made on the device into `out` (the workspace's rows_out unless given; left queued
+  // on the stream); its shape, or nullopt when it is the host's to make (rows the device cannot
+  // make, malformed input, errors to report).
   std::optional<std::vector<int64_t>> lookup_on_device(const Plan& plan, int rank,
                                                        const LookupKjt& kjt,
                                                        const EmbeddingSource& source,
                                                        DeviceBuffer<float>* out = nullptr);
-  std::optional<std::vector<int64_t>> reference_on_device(const Plan& plan, const Kjt& kjt,
-                                                          const EmbeddingSource& source);
   void make_on_device(const Plan& plan, const FeatureRows& rows, const ResolvedRuns& r,
                       const std::vector<float>& weights, DeviceBuffer<float>& out);
   // Where each feature's table rows are on the device, uploading dense weights not there yet;
@@ -162,41 +153,29 @@ class CudaBackend final : public Backend {
   // The device copy of a table's dense weights (uploaded on first use), or nullptr when they do
   // not fit the backend's share of the device.
   const float* device_rows(const EmbeddingSource::TableRows& t);
-  // Rank s's input of an output dist to `dst` (numel floats): uploaded from its data, or copied
-  // on the device from the lookup kept for rank s (lookup_for_dist) when it has none.
-  void put_local(float* dst, const EmbTensor& t, int64_t s);
-  // rows_out (of `shape`, the device side: want) compared with n host floats (got), as
-  // Backend::lookup_differences says; keep_rank >= 0: they go to that rank's slot of the W kept
-  // inputs of the next pooled dist.
-  std::optional<std::vector<TileDiff>> compare_on_device(const std::vector<int64_t>& shape,
-                                                         const float* host, int64_t n,
-                                                         const TileCompare& how, int keep_rank,
-                                                         int64_t W);
-  // got against want, n device floats each: the tiles' statistics come back, then both sides'
-  // values of the tiles of the first mismatches (tiles_with_first). Ends with the stream drained.
-  std::vector<TileDiff> tile_diffs_on_device(const float* got, const float* want, int64_t n,
-                                             const TileCompare& how);
-  // The held output of rank r ([begin, begin + n) of held_out), or nullptr when none of n
-  // elements is held for r.
-  const float* held(int r, int64_t n) const;
-  void forget_kept() { std::fill(kept_host_.begin(), kept_host_.end(), nullptr); }
-  // True when rank s's local_embs is the captured lookup lookup_differences() kept for it.
-  bool is_kept(size_t s, const EmbTensor& t) const {
-    return s < kept_host_.size() && kept_host_[s] && kept_host_[s] == t.data.data();
-  }
+  // Rank s's input of an output dist to `dst` (t.n floats): uploaded from the host, or copied on
+  // the device from the tensor kept under t.kept. Throws Error when t has neither.
+  void put_local(float* dst, const TensorRef& t, int64_t s);
+  // Where rank r's kept input of n floats goes in the workspace's `kept`, which grows (and its
+  // stride widens) as needed, the inputs kept so far moving with it.
+  float* input_slot(int r, int64_t n);
+  // True when every local_embs[d] is the input kept for rank d (keep()), all of n elements: the
+  // pooled dist reads them where they are, one every input_stride_ floats.
+  bool all_kept_inputs(const std::vector<TensorRef>& local_embs, int64_t n) const;
+  // Place::kept: the dists' outputs go to held_out and each rank's lies at held_[r].
+  DeviceBuffer<float>& output_buffer(Place place, int64_t W);
 
   // What the host makes: rows the device cannot make, errors in the reference's words.
   std::unique_ptr<Backend> host_ = make_cpu_backend(hardware_threads());
-  // The host memory whose copy is in each rank's slot of the workspace's `kept` ([W], null: no
-  // copy), of n floats each: the next pooled dist's inputs when its local_embs are these.
-  std::vector<const float*> kept_host_;
-  int64_t kept_n_ = -1;
-  // hold_outputs(): whether the dists hold their outputs, and where the last dist's output of
-  // each rank lies in the workspace's held_out ([W] of {first element, elements}).
-  bool hold_ = false;
+  // The outputs kept (Kept::Role::output): where the last kept dist's output of each rank lies in
+  // the workspace's held_out ([W] of {first element, elements}; first < 0: none).
   std::vector<std::pair<int64_t, int64_t>> held_;
-  // The shape of the lookup kept for each rank by lookup_for_dist (workspace's kept_lookups).
+  // The shape of the lookup kept for each rank (Kept::Role::lookup; workspace's kept_lookups).
   std::vector<std::optional<std::vector<int64_t>>> kept_lookup_shape_;
+  // The inputs kept (Kept::Role::input): rank r's, of input_n_[r] floats (-1: none), at
+  // r * input_stride_ of the workspace's `kept`.
+  std::vector<int64_t> input_n_;
+  int64_t input_stride_ = 0;
   // Dense weights stay on the device up to this many bytes (kDenseShare of its memory).
   int64_t dense_budget_ = 0;
 
@@ -205,6 +184,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   // Device buffers and pinned staging of every call, kept across calls (workspace.hpp).
   std::unique_ptr<cuda::BackendWorkspace> ws_;
+  std::unique_ptr<cuda::DeviceComparator> comparator_;  // on ws_ and stream_
 };
 
 // Resolves every id on every core (the host's share: a per-id table walk): row_of(f, p) is id
@@ -268,150 +248,97 @@ BucketizedKjt CudaBackend::bucketize(const Plan& plan, const Kjt& kjt) {
   return out;
 }
 
-EmbTensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
-                              const EmbeddingSource& source) {
+Tensor CudaBackend::lookup(const Plan& plan, int rank, const LookupKjt& k,
+                           const EmbeddingSource& source, Place place) {
+  if (place == Place::kept && rank >= 0) {
+    // Made into the rank's kept slot: nothing comes back but the shape, and the work is left
+    // queued on the stream (what reads it is ordered after it).
+    const size_t r = size_t(rank);
+    if (r < kept_lookup_shape_.size()) kept_lookup_shape_[r].reset();  // until made again
+    std::vector<DeviceBuffer<float>>& kept = ws_->kept_lookups;
+    if (kept.size() <= r) kept.resize(r + 1);
+    const std::optional<std::vector<int64_t>> shape =
+        lookup_on_device(plan, rank, k, source, &kept[r]);
+    if (!shape) return host_->lookup(plan, rank, k, source, Place::host);
+    if (kept_lookup_shape_.size() <= r) kept_lookup_shape_.resize(r + 1);
+    kept_lookup_shape_[r] = *shape;
+    Tensor out;
+    out.t.dtype = plan.data_type();
+    out.t.shape = *shape;
+    out.kept = Kept{Kept::Role::lookup, rank};
+    return out;
+  }
   const std::optional<std::vector<int64_t>> shape = lookup_on_device(plan, rank, k, source);
-  if (!shape) return host_->lookup(plan, rank, k, source);
-  EmbTensor out;
-  out.dtype = plan.data_type();
-  out.shape = *shape;
-  ws_->staging.download({into(out.data, ws_->rows_out)}, stream_);
+  if (!shape) return host_->lookup(plan, rank, k, source, Place::host);
+  Tensor out;
+  out.t.dtype = plan.data_type();
+  out.t.shape = *shape;
+  ws_->staging.download({into(out.t.data, ws_->rows_out)}, stream_);
   return out;
 }
 
-// Made into the rank's kept slot: nothing comes back but the shape, and the work is left queued
-// on the stream (the dist that takes it is ordered after it).
-EmbTensor CudaBackend::lookup_for_dist(const Plan& plan, int rank, const LookupKjt& k,
-                                       const EmbeddingSource& source) {
-  if (rank < 0) return lookup(plan, rank, k, source);
+// Rank r's slot of the kept inputs (input_slot). A rank's slot is its own: keeping rank r
+// replaces rank r's input only.
+std::optional<Kept> CudaBackend::keep(const EmbTensor& host, int rank) {
+  if (rank < 0) return std::nullopt;
+  const int64_t n = host.numel();
+  if (int64_t(host.data.size()) != n)
+    throw Error("keep: a tensor of " + std::to_string(n) + " elements has " +
+                std::to_string(host.data.size()) + " values");
+  CUDA_CHECK(cudaSetDevice(device_));
   const size_t r = size_t(rank);
-  if (r < kept_lookup_shape_.size()) kept_lookup_shape_[r].reset();  // until made again
-  std::vector<DeviceBuffer<float>>& kept = ws_->kept_lookups;
-  if (kept.size() <= r) kept.resize(r + 1);
-  const std::optional<std::vector<int64_t>> shape =
-      lookup_on_device(plan, rank, k, source, &kept[r]);
-  if (!shape) return host_->lookup(plan, rank, k, source);
-  if (kept_lookup_shape_.size() <= r) kept_lookup_shape_.resize(r + 1);
-  kept_lookup_shape_[r] = *shape;
-  EmbTensor out;
-  out.dtype = plan.data_type();
-  out.shape = *shape;
-  return out;
-}
-
-std::optional<std::vector<TileDiff>> CudaBackend::lookup_differences(
-    const Plan& plan, int rank, const LookupKjt& k, const EmbeddingSource& source,
-    const float* captured, int64_t n, const TileCompare& how) {
-  const std::optional<std::vector<int64_t>> shape = lookup_on_device(plan, rank, k, source);
-  if (!shape) {
-    forget_kept();
-    return host_->lookup_differences(plan, rank, k, source, captured, n, how);
-  }
-  return compare_on_device(*shape, captured, n, how, rank, plan.world_size);
-}
-
-std::optional<std::vector<TileDiff>> CudaBackend::reference_differences(
-    const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source, int64_t batch,
-    const float* replayed, int held_rank, int64_t n, const TileCompare& how) {
-  if (held_rank < 0) {
-    const std::optional<std::vector<int64_t>> shape = reference_on_device(plan, kjt, source);
-    if (!shape)
-      return host_->reference_differences(plan, rank, kjt, source, batch, replayed, -1, n, how);
-    return compare_on_device(*shape, replayed, n, how, /*keep_rank=*/-1, 0);
-  }
-  const float* got = held(held_rank, n);
-  if (!got) return std::nullopt;
-  const std::optional<std::vector<int64_t>> shape = reference_on_device(plan, kjt, source);
-  if (!shape) {  // the host makes the reference: the held output goes there
-    std::vector<float> host(static_cast<size_t>(n));
-    ws_->staging.download({{host.data(), got, sizeof(float) * host.size()}}, stream_);
-    return host_->reference_differences(plan, rank, kjt, source, batch, host.data(), -1, n, how);
-  }
-  if (shape_numel(*shape) != n) {
-    CUDA_CHECK(cudaStreamSynchronize(stream_));  // every call ends with its stream drained
-    return std::nullopt;
-  }
-  return tile_diffs_on_device(got, ws_->rows_out.data(), n, how);
-}
-
-std::optional<std::vector<TileDiff>> CudaBackend::held_output_differences(int rank,
-                                                                          const float* want,
-                                                                          int64_t n,
-                                                                          const TileCompare& how) {
-  const float* got = held(rank, n);
-  if (!got) return std::nullopt;
-  ws_->rows_in.resize(n);  // free: the dist that made the output has read its inputs
-  ws_->staging.upload(ws_->rows_in.data(), want, sizeof(float) * size_t(n), stream_);
-  return tile_diffs_on_device(got, ws_->rows_in.data(), n, how);
-}
-
-const float* CudaBackend::held(int r, int64_t n) const {
-  if (r < 0 || size_t(r) >= held_.size() || held_[size_t(r)].first < 0 ||
-      held_[size_t(r)].second != n)
-    return nullptr;
-  return ws_->held_out.data() + held_[size_t(r)].first;
-}
-
-// `host` goes up (to its kept slot, or to rows_in, free between dists) and is compared with
-// rows_out where it was made.
-std::optional<std::vector<TileDiff>> CudaBackend::compare_on_device(
-    const std::vector<int64_t>& shape, const float* host, int64_t n, const TileCompare& how,
-    int keep_rank, int64_t W) {
-  cuda::BackendWorkspace& ws = *ws_;
-  if (shape_numel(shape) != n || ws.rows_out.size() != n) {
-    forget_kept();
-    CUDA_CHECK(cudaStreamSynchronize(stream_));  // every call ends with its stream drained
-    return std::nullopt;
-  }
-  // The rank's slot of `kept` (all slots start over when the size changes), else rows_in.
-  float* d_host = nullptr;
-  if (keep_rank >= 0 && keep_rank < W) {
-    if (kept_n_ != n || int64_t(kept_host_.size()) != W) {
-      kept_host_.assign(size_t(W), nullptr);
-      kept_n_ = n;
-      ws.kept.resize(W * n);
-    }
-    d_host = ws.kept.data() + keep_rank * n;
-    kept_host_[size_t(keep_rank)] = host;
-  } else {
-    ws.rows_in.resize(n);
-    d_host = ws.rows_in.data();
-  }
+  if (input_n_.size() <= r) input_n_.resize(r + 1, -1);
+  input_n_[r] = -1;  // until uploaded
+  float* slot = input_slot(rank, n);
   {
     const TraceSpan span("upload", n);
-    ws.staging.upload(d_host, host, sizeof(float) * size_t(n), stream_);
+    ws_->staging.upload(slot, host.data.data(), sizeof(float) * size_t(n), stream_);
   }
-  const TraceSpan span("compare", n);
-  return tile_diffs_on_device(d_host, ws.rows_out.data(), n, how);
+  input_n_[r] = n;
+  return Kept{Kept::Role::input, rank};
 }
 
-std::vector<TileDiff> CudaBackend::tile_diffs_on_device(const float* got, const float* want,
-                                                        int64_t n, const TileCompare& how) {
-  cuda::BackendWorkspace& ws = *ws_;
-  const int64_t tile = std::max<int64_t>(1, how.tile);
-  cuda::ToleranceArgs tol;
-  tol.kind = how.tol.kind == Tolerance::Kind::ulp   ? cuda::ToleranceArgs::ulp
-             : how.tol.kind == Tolerance::Kind::rel ? cuda::ToleranceArgs::rel
-                                                    : cuda::ToleranceArgs::exact;
-  tol.ulps = how.tol.ulps;
-  tol.rtol = how.tol.rtol;
-  tol.atol = how.tol.atol;
-  ws.tile_stats.resize((n + tile - 1) / tile);
-  cuda::launch_tile_stats(got, want, n, tile, tol, ws.tile_stats.data(), stream_);
-  const std::vector<cuda::TileStatsOut> out = ws.staging.download(ws.tile_stats, stream_);
-  std::vector<TileStats> stats(out.size());
-  for (size_t t = 0; t < out.size(); ++t)
-    stats[t] = {out[t].mismatches, out[t].max_abs_err, out[t].max_rel_err, out[t].max_ulp};
-  std::vector<TileDiff> tiles = tiles_from_stats(stats, n, how);
-  std::vector<ToHost> parts;
-  for (TileDiff& d : tiles)  // the values of the tiles of the first mismatches
-    if (!d.got.empty()) {
-      const size_t bytes = sizeof(float) * d.got.size();
-      parts.push_back({d.got.data(), got + d.begin, bytes});
-      parts.push_back({d.want.data(), want + d.begin, bytes});
-    }
-  if (!parts.empty()) ws.staging.download(parts, stream_);
-  return tiles;
+// The kept inputs lie at r * input_stride_ of the workspace's `kept`, so that a pooled dist whose
+// W inputs they all are reads them in place (launch_reduce takes the stride). A slot larger than
+// the stride moves every kept slot to a wider stride (a quarter more, as a sequence batch's ranks
+// differ a little); the buffer grows by doubling as ranks come (a replay keeps rank 0, 1, ... in
+// turn). Either way the slots kept so far move with it, copied on the device.
+float* CudaBackend::input_slot(int r, int64_t n) {
+  DeviceBuffer<float>& buf = ws_->kept;
+  const int64_t old = input_stride_;
+  // Widened to a multiple of 4 floats: the reduce's vector loads take aligned slots.
+  const int64_t stride = n <= old ? old : old == 0 ? n : (std::max(n, old + old / 4) + 3) / 4 * 4;
+  if (stride == old && (int64_t(r) + 1) * stride <= buf.size()) return buf.data() + r * stride;
+  const int64_t have = old > 0 ? buf.size() / old : 0;  // slots the buffer holds now
+  const int64_t slots = std::max<int64_t>(r + 1, stride == old ? 2 * have : have);
+  DeviceBuffer<float> next(slots * stride);
+  for (size_t i = 0; i < input_n_.size(); ++i)
+    if (input_n_[i] > 0)
+      CUDA_CHECK(cudaMemcpyAsync(next.data() + int64_t(i) * stride, buf.data() + int64_t(i) * old,
+                                 sizeof(float) * size_t(input_n_[i]), cudaMemcpyDeviceToDevice,
+                                 stream_));
+  buf = std::move(next);  // cudaFree of the old one waits for the copies
+  input_stride_ = stride;
+  return buf.data() + r * stride;
+}
+
+std::optional<const float*> CudaBackend::kept_data(const Kept& k, int64_t n) const {
+  const size_t r = size_t(k.rank);
+  if (k.rank < 0) return std::nullopt;
+  switch (k.role) {
+    case Kept::Role::lookup:
+      if (r >= kept_lookup_shape_.size() || !kept_lookup_shape_[r] ||
+          shape_numel(*kept_lookup_shape_[r]) != n)
+        return std::nullopt;
+      return ws_->kept_lookups[r].data();
+    case Kept::Role::output:
+      if (r >= held_.size() || held_[r].first < 0 || held_[r].second != n) return std::nullopt;
+      return ws_->held_out.data() + held_[r].first;
+    case Kept::Role::input:
+      if (r >= input_n_.size() || input_n_[r] != n) return std::nullopt;
+      return ws_->kept.data() + int64_t(r) * input_stride_;
+  }
+  return std::nullopt;
 }
 
 // Any malformed input, a bounds_check=error hit or a row past dense weights goes to the CPU
@@ -587,6 +514,25 @@ void CudaBackend::make_on_device(const Plan& plan, const FeatureRows& rows, cons
 
 namespace cuda {
 
+std::vector<EmbTensor> shape_only(const std::vector<TensorRef>& local_embs) {
+  std::vector<EmbTensor> out(local_embs.size());
+  for (size_t s = 0; s < local_embs.size(); ++s) {
+    const TensorRef& t = local_embs[s];
+    if (!t.shape)
+      throw Error("output dist: local_embs of rank " + std::to_string(s) + " has no shape");
+    out[s].dtype = t.dtype;
+    out[s].shape = *t.shape;
+  }
+  return out;
+}
+
+std::vector<const EmbTensor*> pointers(const std::vector<EmbTensor>& v) {
+  std::vector<const EmbTensor*> out;
+  out.reserve(v.size());
+  for (const EmbTensor& t : v) out.push_back(&t);
+  return out;
+}
+
 SeqDistTables build_seq_dist_tables(const Plan& plan,
                                     const std::vector<const EmbTensor*>& local_embs,
                                     const std::vector<const ShardingContext*>& ctx) {
@@ -639,50 +585,70 @@ SeqDistTables build_seq_dist_tables(const Plan& plan,
 
 namespace {
 
-void CudaBackend::put_local(float* dst, const EmbTensor& t, int64_t s) {
-  const int64_t n = t.numel();
-  if (int64_t(t.data.size()) == n) {
-    ws_->staging.upload(dst, t.data.data(), sizeof(float) * static_cast<size_t>(n), stream_);
+void CudaBackend::put_local(float* dst, const TensorRef& t, int64_t s) {
+  const int64_t n = t.n;
+  if (!t.kept) {
+    if (n > 0 && !t.host)
+      throw Error("output dist: local_embs of rank " + std::to_string(s) +
+                  " has neither data nor a kept tensor");
+    ws_->staging.upload(dst, t.host, sizeof(float) * static_cast<size_t>(n), stream_);
     return;
   }
-  const size_t r = size_t(s);
-  if (r >= kept_lookup_shape_.size() || kept_lookup_shape_[r] != t.shape)
+  const std::optional<const float*> src = kept_data(*t.kept, n);
+  if (!src)
     throw Error("output dist: local_embs of rank " + std::to_string(s) +
-                " has no data, and no lookup of its shape is kept for it");
-  CUDA_CHECK(cudaMemcpyAsync(dst, ws_->kept_lookups[r].data(), sizeof(float) * size_t(n),
-                             cudaMemcpyDeviceToDevice, stream_));
+                " names a kept tensor (rank " + std::to_string(t.kept->rank) +
+                ") that is not kept with " + std::to_string(n) + " elements");
+  if (n > 0)
+    CUDA_CHECK(
+        cudaMemcpyAsync(dst, *src, sizeof(float) * size_t(n), cudaMemcpyDeviceToDevice, stream_));
 }
 
-void CudaBackend::sequence_output_dist(const Plan& plan,
-                                       const std::vector<const EmbTensor*>& local_embs,
-                                       const std::vector<const ShardingContext*>& ctx,
+bool CudaBackend::all_kept_inputs(const std::vector<TensorRef>& local_embs, int64_t n) const {
+  for (size_t d = 0; d < local_embs.size(); ++d) {
+    const std::optional<Kept>& k = local_embs[d].kept;
+    if (!k || k->role != Kept::Role::input || size_t(k->rank) != d || !kept_data(*k, n))
+      return false;
+  }
+  return true;
+}
+
+DeviceBuffer<float>& CudaBackend::output_buffer(Place place, int64_t W) {
+  if (place == Place::host) return ws_->rows_out;
+  held_.assign(size_t(W), {-1, 0});  // this dist's outputs replace the kept ones
+  return ws_->held_out;
+}
+
+void CudaBackend::sequence_output_dist(const Plan& plan, const std::vector<TensorRef>& local_embs,
+                                       const std::vector<const ShardingContext*>& ctx, Place place,
                                        const OutputSink& sink) {
   const int64_t W = plan.world_size, D = plan.seq_dim();
-  const cuda::SeqDistTables t = cuda::build_seq_dist_tables(plan, local_embs, ctx);
+  const std::vector<EmbTensor> shapes = cuda::shape_only(local_embs);
+  const cuda::SeqDistTables t = cuda::build_seq_dist_tables(plan, cuda::pointers(shapes), ctx);
   const std::vector<int64_t>& local_row_off = t.local_row_off;
   const std::vector<int64_t>& out_row_off = t.out_row_off;
   CUDA_CHECK(cudaSetDevice(device_));
   cuda::PinnedStaging& st = ws_->staging;
   DeviceBuffer<float>& d_local = ws_->rows_in;
-  DeviceBuffer<float>& d_out = hold_ ? ws_->held_out : ws_->rows_out;
-  held_.assign(size_t(W), {-1, 0});
   d_local.resize(local_row_off.back() * D);
   for (int64_t s = 0; s < W; ++s)
-    put_local(d_local.data() + local_row_off[s] * D, *local_embs[s], s);
+    put_local(d_local.data() + local_row_off[s] * D, local_embs[s], s);
+  DeviceBuffer<float>& d_out = output_buffer(place, W);
   ws_->seq_tables.assign(t, stream_, &st);
   d_out.resize(out_row_off.back() * D);
   cuda::launch_seq_fused(ws_->seq_tables.args(plan, d_local.data()), d_out.data(), stream_);
   // Rank by rank, so that the caller can compare and drop each output before the next.
   for (int64_t d = 0; d < W; ++d) {
     const int64_t n = out_row_off[d + 1] - out_row_off[d];
-    EmbTensor out;
-    out.dtype = output_dist_dtype(plan);
-    out.shape = {n, D};
-    if (hold_) {
+    Tensor out;
+    out.t.dtype = output_dist_dtype(plan);
+    out.t.shape = {n, D};
+    if (place == Place::kept) {
       held_[size_t(d)] = {out_row_off[d] * D, n * D};
+      out.kept = Kept{Kept::Role::output, int(d)};
     } else {
-      out.data.resize(static_cast<size_t>(n * D));
-      st.download({{out.data.data(), d_out.data() + out_row_off[d] * D, sizeof(float) * n * D}},
+      out.t.data.resize(static_cast<size_t>(n * D));
+      st.download({{out.t.data.data(), d_out.data() + out_row_off[d] * D, sizeof(float) * n * D}},
                   stream_);
     }
     sink(static_cast<int>(d), std::move(out));
@@ -690,49 +656,52 @@ void CudaBackend::sequence_output_dist(const Plan& plan,
 }
 
 void CudaBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
-                                     const std::vector<const EmbTensor*>& local_embs,
-                                     const std::vector<const ShardingContext*>& ctx,
+                                     const std::vector<TensorRef>& local_embs,
+                                     const std::vector<const ShardingContext*>& ctx, Place place,
                                      const OutputSink& sink) {
   const int64_t W = plan.world_size;
   const DType rd = pooled_reduce_dtype(plan);
   const bool codec = plan.comm_precision != DType::f32;
-  const PooledDistCheck chk = check_pooled_dist(plan, variable_batch, local_embs, ctx);
+  const std::vector<EmbTensor> shapes = cuda::shape_only(local_embs);
+  const PooledDistCheck chk = check_pooled_dist(plan, variable_batch, cuda::pointers(shapes), ctx);
   // Every rank's local_embs has the same size (the check enforces it), so the W inputs
   // are stacked back to back and chunk r of each is at the receiver's offsets.
   const std::vector<int64_t>& chunk_len = chk.chunk_len;
   CUDA_CHECK(cudaSetDevice(device_));
-  const int64_t n = W ? local_embs[0]->numel() : 0;  // all equal, checked above
+  const int64_t n = W ? local_embs[0].n : 0;  // all equal, checked above
   cuda::PinnedStaging& st = ws_->staging;
-  DeviceBuffer<float>& d_out = hold_ ? ws_->held_out : ws_->rows_out;
-  held_.assign(size_t(W), {-1, 0});
-  // The inputs a lookup check just compared are on the device already (lookup_differences).
-  bool kept = kept_n_ == n && int64_t(kept_host_.size()) == W;
-  for (int64_t d = 0; kept && d < W; ++d) kept = is_kept(size_t(d), *local_embs[d]);
-  forget_kept();  // used once: a later call's memory may be the same, its contents not
-  float* parts = nullptr;
-  if (kept) {
+  // The inputs a lookup check just compared are on the device already (keep()), one every
+  // input_stride_ floats: read in place, unless the codec is to round them (it works in place,
+  // and they stay kept as they were).
+  const float* parts = nullptr;
+  int64_t stride = n;
+  if (all_kept_inputs(local_embs, n) && !codec) {
     parts = ws_->kept.data();
+    stride = input_stride_;
   } else {
     ws_->rows_in.resize(W * n);
-    parts = ws_->rows_in.data();
-    for (int64_t d = 0; d < W; ++d) put_local(parts + d * n, *local_embs[d], d);
+    float* in = ws_->rows_in.data();
+    for (int64_t d = 0; d < W; ++d) put_local(in + d * n, local_embs[d], d);
+    if (codec) cuda::launch_codec(in, W * n, cuda::precision(rd), stream_);
+    parts = in;
   }
-  if (codec) cuda::launch_codec(parts, W * n, cuda::precision(rd), stream_);
+  DeviceBuffer<float>& d_out = output_buffer(place, W);
   d_out.resize(n);
-  cuda::launch_reduce(parts, W, n, n, cuda::precision(rd), d_out.data(), stream_);
+  cuda::launch_reduce(parts, W, stride, n, cuda::precision(rd), d_out.data(), stream_);
   int64_t base = 0;
   for (int64_t r = 0; r < W; ++r) {
     const int64_t len = chunk_len[r];
-    EmbTensor out;
-    out.dtype = output_dist_dtype(plan);
-    out.shape = variable_batch
-                    ? std::vector<int64_t>{len}
-                    : std::vector<int64_t>{len / std::max<int64_t>(1, plan.sum_dim), plan.sum_dim};
-    if (hold_) {
+    Tensor out;
+    out.t.dtype = output_dist_dtype(plan);
+    out.t.shape = variable_batch ? std::vector<int64_t>{len}
+                                 : std::vector<int64_t>{len / std::max<int64_t>(1, plan.sum_dim),
+                                                        plan.sum_dim};
+    if (place == Place::kept) {
       held_[size_t(r)] = {base, len};
+      out.kept = Kept{Kept::Role::output, int(r)};
     } else {
-      out.data.resize(static_cast<size_t>(len));
-      st.download({{out.data.data(), d_out.data() + base, sizeof(float) * len}}, stream_);
+      out.t.data.resize(static_cast<size_t>(len));
+      st.download({{out.t.data.data(), d_out.data() + base, sizeof(float) * len}}, stream_);
     }
     base += len;
     sink(static_cast<int>(r), std::move(out));

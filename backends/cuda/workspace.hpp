@@ -3,17 +3,19 @@
 // uses with DeviceBuffer::resize, which reallocates only when growing, so once a call of a
 // given size has run, the same call allocates nothing (no cudaMalloc, no cudaFree and its
 // device-wide synchronisation). Stream-ordered reuse is safe: the backend has one stream and
-// every call ends by downloading its result, i.e. with that stream drained, except
-// lookup_for_dist, whose lookup stays queued into its own slot (kept_lookups) for the dist that
-// follows it on the stream. Calls on one backend must therefore not overlap (one thread at a
-// time, as the engine and replay call it).
+// every call that hands back host data ends by downloading it, i.e. with that stream drained; what
+// a call keeps (Kept: lookup(..., Place::kept), keep(), a dist with Place::kept) is left queued
+// into its own slot for what reads it next on the stream. Calls on one backend must therefore not
+// overlap (one thread at a time, as the engine and replay call it).
 //
 // The two large float slots are shared by the stages that never run at the same time, so the
 // workspace holds about what the largest call needs, not the sum over stages:
 //   rows_in   the output dists' input: [sum_s rows_s, D] (sequence) or [W, n] (pooled), and
-//             the captured lookup lookup_differences() compares with rows_out
-//   rows_out  lookup output [N, D] / [B, sum_D] / VBE 1-D, and the output dists' output (unless
-//             held: held_out below)
+//             the host side of a comparison (DeviceComparator)
+//   rows_out  lookup output [N, D] / [B, sum_D] / VBE 1-D, the unsharded reference of a check,
+//             and the output dists' output (unless kept: held_out below)
+// The kept tensors have slots of their own, one per role (Kept::Role), so that any two of them
+// can be compared where they are and none is overwritten by a step of another role.
 // Shapes below: N ids, F features, `bags` lookup bags of the rank's LookupKjt.
 #pragma once
 
@@ -49,19 +51,17 @@ struct BackendWorkspace {
 
   DeviceBuffer<float> rows_in, rows_out;  // see above
 
-  // The checks (lookup_differences and the others): the host side of a comparison goes to
-  // rows_in (no dist runs meanwhile) and is compared with the device side; what each tile adds
-  // to the diff (compare.hpp) comes back.
+  // The checks (device_comparator.hpp): what each tile adds to the diff (compare.hpp).
   DeviceBuffer<TileStatsOut> tile_stats;  // [ceil(n / tile)]
-  // lookup_differences() compares the captured lookup of rank r here instead, at r * n, and the
-  // next pooled_output_dist() takes its inputs from here when they are those same lookups.
+  // keep() (Kept::Role::input): rank r's tensor at r * n, so that when all W are the inputs of
+  // a pooled dist it reads them in place. Grows as ranks come, keeping the slots filled.
   DeviceBuffer<float> kept;  // [W, n]
-  // The output dists' outputs while the backend holds them (hold_outputs): the outputs of all
-  // ranks, one after the other, as rows_out would hold them; the reference of a check is made
-  // in rows_out meanwhile.
+  // The output dists' outputs kept (Place::kept, Kept::Role::output): the outputs of all ranks,
+  // one after the other, as rows_out would hold them; the reference of a check is made in
+  // rows_out meanwhile.
   DeviceBuffer<float> held_out;
-  // lookup_for_dist(): rank r's lookup, made here and kept for the next output dist ([W]
-  // buffers, one rank's lookup output each).
+  // lookup(..., Place::kept) (Kept::Role::lookup): rank r's lookup, made here and kept for the
+  // next output dist or check ([W] buffers, one rank's lookup output each).
   std::vector<DeviceBuffer<float>> kept_lookups;
 
   // Dense weights uploaded (EmbeddingSource::TableRows::weights): the copy of `host`, owned by

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <string>
 
 #include "cuda/cuda_backend.hpp"
@@ -70,7 +71,8 @@ PooledLayout pooled_layout(const Plan& plan, bool variable_batch,
 
 class NcclBackend final : public Backend {
  public:
-  NcclBackend(std::vector<int> devices, const NcclOptions& opt) : devices_(devices), opt_(opt) {
+  NcclBackend(std::vector<int> devices, const NcclOptions& opt)
+      : Backend("nccl"), devices_(devices), opt_(opt) {
     for (int d : devices_) cuda_.push_back(make_cuda_backend(d));  // throws when missing
     worlds_.emplace(static_cast<int>(devices_.size()), std::make_unique<nccl::World>(devices_));
     cudaDeviceProp p{};
@@ -78,26 +80,31 @@ class NcclBackend final : public Backend {
     desc_ = std::to_string(devices_.size()) + " x " + p.name + " (sm_" + std::to_string(p.major) +
             std::to_string(p.minor) + "), NCCL " + nccl_version();
   }
-  std::string name() const override { return "nccl"; }
   std::string device() const override { return desc_; }
 
   // Input dist and lookup are per rank: the CUDA backend of the rank's GPU runs them.
   BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) override {
     return cuda_[0]->bucketize(plan, kjt);
   }
-  EmbTensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
-                   const EmbeddingSource& source) override {
+  // This backend keeps nothing (a rank's lookup kept by its GPU's CUDA backend is not where the
+  // dists read): every tensor it makes is on the host, whatever `place` asks.
+  Tensor lookup(const Plan& plan, int rank, const LookupKjt& kjt, const EmbeddingSource& source,
+                Place /*place*/) override {
     const int64_t W = std::max<int64_t>(1, plan.world_size);
     const nccl::World& w = world(W);
-    return cuda_[rank / (W / w.size())]->lookup(plan, rank, kjt, source);
+    return cuda_[rank / (W / w.size())]->lookup(plan, rank, kjt, source, Place::host);
   }
-  void sequence_output_dist(const Plan& plan, const std::vector<const EmbTensor*>& local_embs,
-                            const std::vector<const ShardingContext*>& ctx,
+  std::optional<Kept> keep(const EmbTensor& /*host*/, int /*rank*/) override {
+    return std::nullopt;
+  }
+  void sequence_output_dist(const Plan& plan, const std::vector<TensorRef>& local_embs,
+                            const std::vector<const ShardingContext*>& ctx, Place place,
                             const OutputSink& sink) override;
   void pooled_output_dist(const Plan& plan, bool variable_batch,
-                          const std::vector<const EmbTensor*>& local_embs,
-                          const std::vector<const ShardingContext*>& ctx,
+                          const std::vector<TensorRef>& local_embs,
+                          const std::vector<const ShardingContext*>& ctx, Place place,
                           const OutputSink& sink) override;
+  Comparator& comparator() override { return host_comparator(); }
 
  private:
   // The World for W ranks: the first G' devices, G' the largest divisor of W <= #devices,
@@ -113,6 +120,14 @@ class NcclBackend final : public Backend {
                                std::vector<int>(devices_.begin(), devices_.begin() + g)))
                .first;
     return *it->second;
+  }
+  // Every input's data on the host: this backend keeps nothing, so no local_embs may name a kept
+  // tensor (it would be another backend's).
+  static void host_inputs(const std::vector<TensorRef>& local_embs) {
+    for (size_t s = 0; s < local_embs.size(); ++s)
+      if (local_embs[s].kept || (local_embs[s].n > 0 && !local_embs[s].host))
+        throw Error("output dist: local_embs of rank " + std::to_string(s) +
+                    " has no data on the host (the nccl backend keeps no tensors)");
   }
   void download(const nccl::World& w, int g, const float* src, int64_t n, EmbTensor& out) {
     out.data.resize(static_cast<size_t>(n));
@@ -130,12 +145,13 @@ class NcclBackend final : public Backend {
   std::string desc_;
 };
 
-void NcclBackend::sequence_output_dist(const Plan& plan,
-                                       const std::vector<const EmbTensor*>& local_embs,
+void NcclBackend::sequence_output_dist(const Plan& plan, const std::vector<TensorRef>& local_embs,
                                        const std::vector<const ShardingContext*>& ctx,
-                                       const OutputSink& sink) {
+                                       Place /*place*/, const OutputSink& sink) {
   const int64_t W = plan.world_size, D = plan.seq_dim();
-  const cuda::SeqDistTables t = cuda::build_seq_dist_tables(plan, local_embs, ctx);
+  const std::vector<EmbTensor> shapes = cuda::shape_only(local_embs);
+  const cuda::SeqDistTables t = cuda::build_seq_dist_tables(plan, cuda::pointers(shapes), ctx);
+  host_inputs(local_embs);
   const nccl::World& w = world(W);
   const int G = w.size();
   const int64_t k = W / G;
@@ -152,8 +168,8 @@ void NcclBackend::sequence_output_dist(const Plan& plan,
     const int64_t lo = t.local_row_off[r0], hi = t.local_row_off[r1];
     d_local[g].resize((hi - lo) * D);
     for (int64_t r = r0; r < r1; ++r)
-      h2d(d_local[g].data() + (t.local_row_off[r] - lo) * D, local_embs[r]->data.data(),
-          local_embs[r]->numel(), st);
+      h2d(d_local[g].data() + (t.local_row_off[r] - lo) * D, local_embs[r].host, local_embs[r].n,
+          st);
     // The recat tables of ranks r0..r1-1, rebased to this GPU's buffer (seg_* are rank-local).
     std::vector<int64_t> lro(t.local_row_off.begin() + r0, t.local_row_off.begin() + r1 + 1);
     for (int64_t& x : lro) x -= lo;
@@ -222,26 +238,28 @@ void NcclBackend::sequence_output_dist(const Plan& plan,
   for (int64_t s = 0; s < W; ++s) {
     const int g = static_cast<int>(s / k);
     const int64_t n = t.out_row_off[s + 1] - t.out_row_off[s];
-    EmbTensor out;
-    out.dtype = output_dist_dtype(plan);
-    out.shape = {n, D};
-    download(w, g, d_out[g].data() + (t.out_row_off[s] - t.out_row_off[g * k]) * D, n * D, out);
+    Tensor out;
+    out.t.dtype = output_dist_dtype(plan);
+    out.t.shape = {n, D};
+    download(w, g, d_out[g].data() + (t.out_row_off[s] - t.out_row_off[g * k]) * D, n * D, out.t);
     sink(static_cast<int>(s), std::move(out));
   }
 }
 
 void NcclBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
-                                     const std::vector<const EmbTensor*>& local_embs,
+                                     const std::vector<TensorRef>& local_embs,
                                      const std::vector<const ShardingContext*>& ctx,
-                                     const OutputSink& sink) {
+                                     Place /*place*/, const OutputSink& sink) {
   const int64_t W = plan.world_size;
-  const PooledLayout L = pooled_layout(plan, variable_batch, local_embs, ctx);
+  const std::vector<EmbTensor> shapes = cuda::shape_only(local_embs);
+  const PooledLayout L = pooled_layout(plan, variable_batch, cuda::pointers(shapes), ctx);
+  host_inputs(local_embs);
   const DType rd = pooled_reduce_dtype(plan);
   const bool codec = plan.comm_precision != DType::f32;
   const nccl::World& w = world(W);
   const int G = w.size();
   const int64_t k = W / G;
-  const int64_t n = W ? local_embs[0]->numel() : 0;  // equal on every rank (checked)
+  const int64_t n = W ? local_embs[0].n : 0;  // equal on every rank (checked)
   // fp16/bf16 data (no codec) is reduced in that dtype too, rounded after every add, as the
   // reduce-scatter of a bf16 tensor is: only an fp32 reduce may go to ncclReduceScatter.
   const bool rs = opt_.pooled_reduce_scatter && L.equal && rd == DType::f32;
@@ -256,8 +274,7 @@ void NcclBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
     w.set_device(g);
     cudaStream_t st = w.stream(g);
     d_in[g].resize(k * n);
-    for (int64_t j = 0; j < k; ++j)
-      h2d(d_in[g].data() + j * n, local_embs[g * k + j]->data.data(), n, st);
+    for (int64_t j = 0; j < k; ++j) h2d(d_in[g].data() + j * n, local_embs[g * k + j].host, n, st);
     if (codec) cuda::launch_codec(d_in[g].data(), k * n, cuda::precision(rd), st);
     d_out[g].resize(gpu_len[g]);
   }
@@ -306,12 +323,12 @@ void NcclBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
   w.synchronize();
   for (int64_t r = 0; r < W; ++r) {
     const int64_t len = L.chunk_len[r];
-    EmbTensor out;
-    out.dtype = output_dist_dtype(plan);
-    out.shape = variable_batch
-                    ? std::vector<int64_t>{len}
-                    : std::vector<int64_t>{len / std::max<int64_t>(1, plan.sum_dim), plan.sum_dim};
-    download(w, static_cast<int>(r / k), d_out[r / k].data() + out_base[r], len, out);
+    Tensor out;
+    out.t.dtype = output_dist_dtype(plan);
+    out.t.shape = variable_batch ? std::vector<int64_t>{len}
+                                 : std::vector<int64_t>{len / std::max<int64_t>(1, plan.sum_dim),
+                                                        plan.sum_dim};
+    download(w, static_cast<int>(r / k), d_out[r / k].data() + out_base[r], len, out.t);
     sink(static_cast<int>(r), std::move(out));
   }
 }

@@ -61,5 +61,8 @@ bool merge_no_space_check() {
 bool h5_serial_write() {
   return is("DYNEMB_H5_SERIAL_WRITE", "1");
 }
+const char* gpu_node() {
+  return value("DYNEMB_GPU_NODE");
+}
 
 }  // namespace dynemb::test_hooks

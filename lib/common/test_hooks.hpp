@@ -31,5 +31,9 @@ std::optional<int64_t> synth_unit_rows();
 bool merge_no_space_check();
 // DYNEMB_H5_SERIAL_WRITE=1: the capture writer writes through libhdf5 alone, not its chunk path.
 bool h5_serial_write();
+// DYNEMB_GPU_NODE=FILE: the file start_backend takes for the GPU's device node instead of
+// /dev/nvidia0 (null: unset): a CUDA build on a machine without a GPU points it at /dev/null to
+// take the path of a device node without a usable device.
+const char* gpu_node();
 
 }  // namespace dynemb::test_hooks

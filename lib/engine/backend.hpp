@@ -64,11 +64,12 @@ class LookupBoundsError : public Error {
 // The name of a tensor a backend keeps where it made it (a GPU backend's device memory) for a
 // later step on the same backend: a lookup the output dist takes, an output a check compares.
 // A backend keeps one tensor per role and rank; the next tensor it keeps for that role and rank
-// replaces it (a batch's steps need one lookup and one output per rank at a time).
+// replaces it (a batch's steps need one lookup and one output per rank at a time). Roles:
+// lookup, what lookup(..., Place::kept) made; output, what an output dist made; input, what
+// keep() took (a captured local_embs), apart from the lookup of its rank so that a check can
+// compare the two where they are.
 struct Kept {
-  // input: a host tensor the caller asked to keep (Backend::keep); lookup: a lookup the backend
-  // made; output: an output dist's output.
-  enum class Role : uint8_t { input, lookup, output };
+  enum class Role : uint8_t { lookup, output, input };
   Role role = Role::lookup;
   int rank = 0;
 };
@@ -92,8 +93,11 @@ struct TensorRef {
   TensorRef(const EmbTensor& e)  // NOLINT(google-explicit-constructor): host data as is
       : dtype(e.dtype), shape(&e.shape), host(e.data.data()), n(e.numel()) {}
   TensorRef(const Tensor& x)  // NOLINT(google-explicit-constructor)
-      : dtype(x.t.dtype), shape(&x.t.shape), host(x.kept ? nullptr : x.t.data.data()),
-        n(x.t.numel()), kept(x.kept) {}
+      : dtype(x.t.dtype),
+        shape(&x.t.shape),
+        host(x.kept ? nullptr : x.t.data.data()),
+        n(x.t.numel()),
+        kept(x.kept) {}
   // n host floats with no shape (a block of a larger tensor).
   static TensorRef span(const float* p, int64_t n, DType dtype = DType::f32) {
     TensorRef r;
@@ -139,6 +143,10 @@ class Comparator {
       const EmbeddingSource& source, int64_t batch, const TileCompare& how) = 0;
 };
 
+// The comparator of host tensors (the CPU reference's): what a backend that keeps nothing, or a
+// host/host pair, is compared with.
+Comparator& host_comparator();
+
 class Backend {
  public:
   explicit Backend(std::string name) : name_(std::move(name)) {}
@@ -160,9 +168,9 @@ class Backend {
   // check).
   virtual Tensor lookup(const Plan& plan, int rank, const LookupKjt& kjt,
                         const EmbeddingSource& source, Place place) = 0;
-  // A host tensor kept as rank `rank`'s input (a captured local_embs that a check compares and
-  // the output dist then takes: copied to the device once); nullopt from a backend that keeps
-  // nothing (the caller goes on with the host tensor).
+  // A host tensor kept as rank `rank`'s input (Kept::Role::input: a captured local_embs that a
+  // check compares with the lookup and the output dist then takes: copied to the device once);
+  // nullopt from a backend that keeps nothing (the caller goes on with the host tensor).
   virtual std::optional<Kept> keep(const EmbTensor& host, int rank) = 0;
 
   // RwSequenceEmbeddingDist for all W ranks (§6): forward recat permute of each rank's
@@ -215,6 +223,5 @@ class StartingBackend {
   struct State;
   std::unique_ptr<State> state_;
 };
-
 
 }  // namespace dynemb

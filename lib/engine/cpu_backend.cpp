@@ -382,6 +382,11 @@ void CpuBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
 
 }  // namespace
 
+Comparator& host_comparator() {
+  static const std::unique_ptr<Backend> host = make_cpu_backend();
+  return host->comparator();
+}
+
 std::unique_ptr<Backend> make_cpu_backend(int threads, bool keeps) {
   return std::make_unique<CpuBackend>(threads, keeps);
 }

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/backend.hpp"
 #include "engine/input_dist.hpp"
 
 namespace dynemb::test {
@@ -42,25 +43,38 @@ inline int64_t first_diff(const std::vector<float>& a, const std::vector<float>&
   return a.size() == b.size() ? -1 : static_cast<int64_t>(std::min(a.size(), b.size()));
 }
 
-// The output dist of one batch on `backend`, from every rank's lookup output and the derived
-// contexts: each rank's output, in rank order.
+// The output dist of one batch on `backend`, from every rank's lookup output (on the host or
+// kept by `backend`) and the derived contexts: each rank's output, in rank order, where `place`
+// asks (a backend that keeps nothing hands back host tensors).
+inline std::vector<Tensor> run_output_dist(Backend& backend, const Plan& plan,
+                                           const DerivedBatch& derived,
+                                           const std::vector<TensorRef>& local, Place place) {
+  const size_t W = local.size();
+  std::vector<const ShardingContext*> cp;
+  for (size_t r = 0; r < W; ++r) cp.push_back(&derived.ranks[r].ctx);
+  std::vector<Tensor> out(W);
+  auto sink = [&out](int r, Tensor&& t) { out[static_cast<size_t>(r)] = std::move(t); };
+  if (plan.module == ModuleKind::sequence)
+    backend.sequence_output_dist(plan, local, cp, place, sink);
+  else
+    backend.pooled_output_dist(plan, derived.variable_batch, local, cp, place, sink);
+  return out;
+}
+
+// The same from host tensors, to host tensors.
 inline std::vector<EmbTensor> run_output_dist(Backend& backend, const Plan& plan,
                                               const DerivedBatch& derived,
                                               const std::vector<EmbTensor>& local) {
-  const size_t W = local.size();
-  std::vector<const EmbTensor*> lp;
-  std::vector<const ShardingContext*> cp;
-  for (size_t r = 0; r < W; ++r) {
-    lp.push_back(&local[r]);
-    cp.push_back(&derived.ranks[r].ctx);
-  }
-  std::vector<EmbTensor> out(W);
-  auto sink = [&out](int r, EmbTensor&& t) { out[static_cast<size_t>(r)] = std::move(t); };
-  if (plan.module == ModuleKind::sequence)
-    backend.sequence_output_dist(plan, lp, cp, sink);
-  else
-    backend.pooled_output_dist(plan, derived.variable_batch, lp, cp, sink);
+  const std::vector<TensorRef> refs(local.begin(), local.end());
+  std::vector<EmbTensor> out;
+  for (Tensor& t : run_output_dist(backend, plan, derived, refs, Place::host))
+    out.push_back(std::move(t.t));
   return out;
+}
+
+// Rank r's TensorRef of each tensor (host data, or kept: its name).
+inline std::vector<TensorRef> refs_of(const std::vector<Tensor>& v) {
+  return std::vector<TensorRef>(v.begin(), v.end());
 }
 
 }  // namespace dynemb::test

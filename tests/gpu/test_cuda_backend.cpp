@@ -176,7 +176,7 @@ std::vector<TileCompare> compare_modes() {
   return out;
 }
 
-// A check compared on the device (lookup_differences, reference_differences) == on the host:
+// A check compared on the device (the comparator's compare, compare_reference) == on the host:
 // `made` (what the backends make) against a copy with bits flipped (flipped_copy), every
 // compare_modes(): the same tiles, statistics and values; nullopt for a wrong element count.
 // differences(backend, captured, n, how) runs the check on one backend.
@@ -198,38 +198,70 @@ void check_differences(const std::string& what, int r, const std::vector<float>&
   CHECK_FALSE(differences(cpu(), captured.data(), n + 1, compare_modes()[0]));
 }
 
-// The output dist with its outputs held on the device (hold_outputs), as a replay checks them:
-// the sinks get shapes and no data, and the golden and reference checks of the held outputs
-// == the host's checks of the CPU backend's outputs.
-void check_held_outputs(const Plan& plan, const std::vector<const Kjt*>& kjts,
+// The output dist with its outputs kept on the device (Place::kept), as a replay checks them:
+// the sinks get shapes and names and no data, and the golden and reference checks of the kept
+// outputs == the host's checks of the CPU backend's outputs.
+void check_kept_outputs(const Plan& plan, const std::vector<const Kjt*>& kjts,
                         const EmbeddingSource& source, const DerivedBatch& derived,
                         const std::vector<EmbTensor>& local,
                         const std::vector<EmbTensor>& out_cpu) {
-  REQUIRE(gpu().hold_outputs(true));
-  const std::vector<EmbTensor> held = test::run_output_dist(gpu(), plan, derived, local);
-  for (size_t r = 0; r < held.size(); ++r) {
-    INFO("held output, rank " << r);
-    CHECK(held[r].shape == out_cpu[r].shape);
-    CHECK(held[r].data.empty());
+  const std::vector<TensorRef> in(local.begin(), local.end());
+  const std::vector<Tensor> kept = test::run_output_dist(gpu(), plan, derived, in, Place::kept);
+  Comparator& cmp = gpu().comparator();
+  for (size_t r = 0; r < kept.size(); ++r) {
+    INFO("kept output, rank " << r);
+    CHECK(kept[r].t.shape == out_cpu[r].shape);
+    CHECK(kept[r].t.dtype == out_cpu[r].dtype);
+    CHECK(kept[r].t.data.empty());
+    REQUIRE(kept[r].kept.has_value());
+    CHECK(kept[r].kept->role == Kept::Role::output);
+    CHECK(kept[r].kept->rank == int(r));
     const int64_t n = out_cpu[r].numel();
     const std::vector<float> golden = flipped_copy(out_cpu[r].data, int(r) + 1);
     for (const TileCompare& how : compare_modes()) {
       INFO(how.tol.str() << " tile " << how.tile);
-      const auto g = gpu().held_output_differences(int(r), golden.data(), n, how);
+      const auto g = cmp.compare(kept[r], TensorRef::span(golden.data(), n), how);
       REQUIRE(g.has_value());
       check_same_tiles(*g, tile_diffs(out_cpu[r].data.data(), golden.data(), n, how));
-      const auto gr =
-          gpu().reference_differences(plan, int(r), *kjts[r], source, 0, nullptr, int(r), n, how);
-      const auto cr = cpu().reference_differences(plan, int(r), *kjts[r], source, 0,
-                                                  out_cpu[r].data.data(), -1, n, how);
+      const auto gr = cmp.compare_reference(kept[r], plan, int(r), *kjts[r], source, 0, how);
+      const auto cr =
+          cpu().comparator().compare_reference(out_cpu[r], plan, int(r), *kjts[r], source, 0, how);
       REQUIRE(gr.has_value());
       REQUIRE(cr.has_value());
       check_same_tiles(*gr, *cr);
     }
-    CHECK_FALSE(gpu().held_output_differences(int(r), golden.data(), n + 1, compare_modes()[0]));
+    // A name with another element count names nothing kept.
+    TensorRef wrong = kept[r];
+    wrong.n = n + 1;
+    CHECK_FALSE(cmp.compare(wrong, TensorRef::span(golden.data(), n + 1), compare_modes()[0]));
+    CHECK_FALSE(
+        cmp.compare_reference(wrong, plan, int(r), *kjts[r], source, 0, compare_modes()[0]));
   }
-  gpu().hold_outputs(false);
-  CHECK_FALSE(gpu().held_output_differences(0, nullptr, 0, compare_modes()[0]));
+}
+
+// The lookup check as a replay makes it: the captured lookup (n floats at `captured`) kept by
+// the backend (keep(); a backend that keeps nothing compares the host copy), the lookup made
+// and kept there, and the two compared by the backend's comparator. `host_side`: the captured
+// lookup stays on the host (the comparator uploads it).
+std::optional<std::vector<TileDiff>> lookup_check(Backend& be, const Plan& plan, int r,
+                                                  const LookupKjt& lk,
+                                                  const EmbeddingSource& source,
+                                                  const float* captured, int64_t n,
+                                                  const TileCompare& how, bool host_side) {
+  EmbTensor cap;
+  cap.dtype = plan.data_type();
+  cap.shape = {n};
+  cap.data.assign(captured, captured + n);
+  TensorRef got = cap;
+  if (!host_side)
+    if (const std::optional<Kept> k = be.keep(cap, r)) {
+      CHECK(k->role == Kept::Role::input);
+      CHECK(k->rank == r);
+      got.kept = k;
+      got.host = nullptr;
+    }
+  const Tensor want = be.lookup(plan, r, lk, source, Place::kept);
+  return be.comparator().compare(got, want, how);
 }
 
 // Runs one batch through both backends and compares every stage bit for bit.
@@ -250,23 +282,27 @@ void compare_batch(const Plan& plan, const std::vector<const Kjt*>& kjts,
   const DerivedBatch derived = derive_input_dist(plan, kjts, cpu());
   std::vector<EmbTensor> local = derive_local_embs(plan, derived, source, cpu(), 0);
   for (int64_t r = 0; r < W; ++r) {
-    const EmbTensor g =
-        gpu().lookup(plan, static_cast<int>(r), derived.ranks[r].lookup_kjt, source);
-    INFO("lookup rank " << r << " first diff " << first_diff(local[r].data, g.data));
-    CHECK(g.shape == local[r].shape);
-    CHECK(same_bits(g.data, local[r].data));
+    const Tensor g =
+        gpu().lookup(plan, static_cast<int>(r), derived.ranks[r].lookup_kjt, source, Place::host);
+    INFO("lookup rank " << r << " first diff " << first_diff(local[r].data, g.t.data));
+    CHECK_FALSE(g.kept.has_value());
+    CHECK(g.t.shape == local[r].shape);
+    CHECK(same_bits(g.t.data, local[r].data));
   }
   for (int64_t r = 0; r < W; ++r) {
     const LookupKjt& lk = derived.ranks[r].lookup_kjt;
-    check_differences("lookup_differences", int(r), local[r].data,
-                      [&](Backend& be, const float* captured, int64_t n, const TileCompare& how) {
-                        return be.lookup_differences(plan, int(r), lk, source, captured, n, how);
-                      });
+    for (const bool host_side : {false, true})
+      check_differences(host_side ? "lookup check, captured on the host" : "lookup check, kept",
+                        int(r), local[r].data,
+                        [&](Backend& be, const float* captured, int64_t n, const TileCompare& how) {
+                          return lookup_check(be, plan, int(r), lk, source, captured, n, how,
+                                              host_side);
+                        });
     const EmbTensor ref = reference_output(plan, int(r), *kjts[r], source, 0);
-    check_differences("reference_differences", int(r), ref.data,
+    check_differences("reference check", int(r), ref.data,
                       [&](Backend& be, const float* replayed, int64_t n, const TileCompare& how) {
-                        return be.reference_differences(plan, int(r), *kjts[r], source, 0, replayed,
-                                                        -1, n, how);
+                        return be.comparator().compare_reference(TensorRef::span(replayed, n), plan,
+                                                                 int(r), *kjts[r], source, 0, how);
                       });
   }
   const std::vector<EmbTensor> out_cpu = test::run_output_dist(cpu(), plan, derived, local);
@@ -278,39 +314,57 @@ void compare_batch(const Plan& plan, const std::vector<const Kjt*>& kjts,
     CHECK(out_gpu[r].dtype == out_cpu[r].dtype);
     CHECK(same_bits(out_gpu[r].data, out_cpu[r].data));
   }
-  check_held_outputs(plan, kjts, source, derived, local, out_cpu);
-  // The lookups made only as the dist's inputs (lookup_for_dist, as a column slice's are): kept
-  // on the device, handed back as shapes; the dist takes them from there, held or not.
-  const std::vector<EmbTensor> for_dist = derive_dist_inputs(plan, derived, source, gpu(), 0);
+  check_kept_outputs(plan, kjts, source, derived, local, out_cpu);
+  // The lookups made only as the dist's inputs (Place::kept, as a column slice's are): kept on
+  // the device, handed back as shapes and names; the dist takes them from there, its outputs on
+  // the host or kept.
+  std::vector<Tensor> for_dist;
   for (int64_t r = 0; r < W; ++r) {
-    INFO("lookup_for_dist rank " << r);
-    CHECK(for_dist[r].shape == local[r].shape);
-    CHECK(for_dist[r].dtype == local[r].dtype);
-    CHECK(for_dist[r].data.empty());  // made and kept on the device
+    INFO("lookup kept for the dist, rank " << r);
+    for_dist.push_back(
+        gpu().lookup(plan, int(r), derived.ranks[r].lookup_kjt, source, Place::kept));
+    CHECK(for_dist[r].t.shape == local[r].shape);
+    CHECK(for_dist[r].t.dtype == local[r].dtype);
+    CHECK(for_dist[r].t.data.empty());  // made and kept on the device
+    REQUIRE(for_dist[r].kept.has_value());
+    CHECK(for_dist[r].kept->role == Kept::Role::lookup);
+    CHECK(for_dist[r].kept->rank == int(r));
   }
-  const std::vector<EmbTensor> out_for_dist = test::run_output_dist(gpu(), plan, derived, for_dist);
-  REQUIRE(gpu().hold_outputs(true));
-  test::run_output_dist(gpu(), plan, derived, for_dist);
+  const std::vector<Tensor> out_for_dist =
+      test::run_output_dist(gpu(), plan, derived, test::refs_of(for_dist), Place::host);
+  const std::vector<Tensor> kept_out =
+      test::run_output_dist(gpu(), plan, derived, test::refs_of(for_dist), Place::kept);
   for (int64_t r = 0; r < W; ++r) {
     INFO("output dist on the lookups kept for it, rank "
-         << r << " first diff " << first_diff(out_cpu[r].data, out_for_dist[r].data));
-    CHECK(same_bits(out_for_dist[r].data, out_cpu[r].data));
-    const auto held = gpu().held_output_differences(int(r), out_cpu[r].data.data(),
-                                                    out_cpu[r].numel(), compare_modes()[0]);
-    REQUIRE(held.has_value());
-    CHECK(held->empty());  // every element equal: no tile adds anything
+         << r << " first diff " << first_diff(out_cpu[r].data, out_for_dist[r].t.data));
+    CHECK_FALSE(out_for_dist[r].kept.has_value());
+    CHECK(same_bits(out_for_dist[r].t.data, out_cpu[r].data));
+    const auto kept = gpu().comparator().compare(kept_out[r], out_cpu[r], compare_modes()[0]);
+    REQUIRE(kept.has_value());
+    CHECK(kept->empty());  // every element equal: no tile adds anything
   }
-  gpu().hold_outputs(false);
-  // The lookups checked on the device first (as a replay does): the pooled dist then takes the
-  // inputs kept there, and must give the same outputs.
-  if (plan.module != ModuleKind::pooled) return;
-  for (int64_t r = 0; r < W; ++r)
-    REQUIRE(gpu().lookup_differences(plan, int(r), derived.ranks[r].lookup_kjt, source,
-                                     local[r].data.data(), local[r].numel(), compare_modes()[0]));
-  const std::vector<EmbTensor> out_kept = test::run_output_dist(gpu(), plan, derived, local);
+  // The captured lookups kept on the device and checked there first (as a replay does): the
+  // dist then takes the inputs kept there (the pooled dist in place, unless a codec rounds
+  // them), and must give the same outputs, twice: the kept inputs are what keep() took still.
+  std::vector<Tensor> inputs(static_cast<size_t>(W));
   for (int64_t r = 0; r < W; ++r) {
-    INFO("output dist on the kept lookups, rank " << r);
-    CHECK(same_bits(out_kept[r].data, out_cpu[r].data));
+    const std::optional<Kept> k = gpu().keep(local[r], int(r));
+    REQUIRE(k.has_value());
+    inputs[r].t = EmbTensor{local[r].dtype, local[r].shape, {}};
+    inputs[r].kept = k;
+    const Tensor derived_lookup =
+        gpu().lookup(plan, int(r), derived.ranks[r].lookup_kjt, source, Place::kept);
+    const auto d = gpu().comparator().compare(inputs[r], derived_lookup, compare_modes()[0]);
+    REQUIRE(d.has_value());
+    CHECK(d->empty());
+  }
+  for (int pass = 0; pass < 2; ++pass) {
+    const std::vector<Tensor> out_kept =
+        test::run_output_dist(gpu(), plan, derived, test::refs_of(inputs), Place::host);
+    for (int64_t r = 0; r < W; ++r) {
+      INFO("output dist on the kept inputs, pass " << pass << " rank " << r);
+      CHECK(same_bits(out_kept[r].t.data, out_cpu[r].data));
+    }
   }
 }
 
@@ -384,11 +438,10 @@ bool compare_on_device(const Plan& plan, const std::vector<const Kjt*>& kjts,
   counted.host_rows = 0;
   for (int64_t r = 0; r < plan.world_size; ++r) {
     const LookupKjt& lk = derived.ranks[r].lookup_kjt;
-    gpu().lookup(plan, int(r), lk, source);
-    gpu().lookup_for_dist(plan, int(r), lk, source);
-    const auto d =
-        gpu().reference_differences(plan, int(r), *kjts[r], source, 0, refs[r].data.data(), -1,
-                                    refs[r].numel(), compare_modes()[0]);
+    gpu().lookup(plan, int(r), lk, source, Place::host);
+    gpu().lookup(plan, int(r), lk, source, Place::kept);
+    const auto d = gpu().comparator().compare_reference(refs[r], plan, int(r), *kjts[r], source, 0,
+                                                        compare_modes()[0]);
     REQUIRE(d.has_value());
     CHECK(d->empty());
   }
@@ -485,7 +538,7 @@ class HostOnlySource final : public EmbeddingSource {
   const EmbeddingSource& inner_;
 };
 
-TEST_CASE("lookup_for_dist: rows only the host can make; an input neither given nor kept") {
+TEST_CASE("a kept lookup: rows only the host can make; an input neither given nor kept") {
   require_gpu();
   std::mt19937_64 rng(7);
   int refused = 0;
@@ -498,18 +551,23 @@ TEST_CASE("lookup_for_dist: rows only the host can make; an input neither given 
     const HostOnlySource host_only(oracle);
     for (int64_t r = 0; r < c.plan.world_size; ++r) {
       // Made on the host and handed back whole; the rank's kept lookup is gone.
-      const EmbTensor made =
-          gpu().lookup_for_dist(c.plan, int(r), derived.ranks[r].lookup_kjt, host_only);
+      const Tensor made =
+          gpu().lookup(c.plan, int(r), derived.ranks[r].lookup_kjt, host_only, Place::kept);
       INFO(c.desc << " rank " << r);
-      CHECK(made.shape == local[r].shape);
-      CHECK(same_bits(made.data, local[r].data));
+      CHECK_FALSE(made.kept.has_value());
+      CHECK(made.t.shape == local[r].shape);
+      CHECK(same_bits(made.t.data, local[r].data));
     }
     int64_t r = 0;
     while (r < c.plan.world_size && local[r].numel() == 0) ++r;
     if (r == c.plan.world_size) continue;
-    local[r].data.clear();
-    CHECK_THROWS_WITH_AS(test::run_output_dist(gpu(), c.plan, derived, local),
-                         doctest::Contains("no lookup of its shape is kept"), Error);
+    std::vector<TensorRef> in(local.begin(), local.end());
+    in[size_t(r)].host = nullptr;  // neither data nor a name
+    CHECK_THROWS_WITH_AS(test::run_output_dist(gpu(), c.plan, derived, in, Place::host),
+                         doctest::Contains("has neither data nor a kept tensor"), Error);
+    in[size_t(r)].kept = Kept{Kept::Role::lookup, int(r)};  // a name kept no longer
+    CHECK_THROWS_WITH_AS(test::run_output_dist(gpu(), c.plan, derived, in, Place::host),
+                         doctest::Contains("that is not kept with"), Error);
     ++refused;
   }
   CHECK(refused > 10);
@@ -989,12 +1047,12 @@ TEST_CASE("worked example (docs/semantics.md §6.1) on the GPU") {
   l0.shape = l1.shape = {5, 2};
   l0.data = {1, 1.5, 0, 0.5, 3, 3.5, 100, 100.5, 102, 102.5};
   l1.data = {7, 7.5, 5, 5.5, 9, 9.5, 104, 104.5, 105, 105.5};
-  std::vector<EmbTensor> out(2);
-  gpu().sequence_output_dist(p, {&l0, &l1}, {&d.ranks[0].ctx, &d.ranks[1].ctx},
-                             [&](int r, EmbTensor&& t) { out[r] = std::move(t); });
-  CHECK(out[0].data ==
+  std::vector<Tensor> out(2);
+  gpu().sequence_output_dist(p, {l0, l1}, {&d.ranks[0].ctx, &d.ranks[1].ctx}, Place::host,
+                             [&](int r, Tensor&& t) { out[r] = std::move(t); });
+  CHECK(out[0].t.data ==
         std::vector<float>{1, 1.5, 7, 7.5, 5, 5.5, 104, 104.5, 100, 100.5, 102, 102.5});
-  CHECK(out[1].data == std::vector<float>{9, 9.5, 0, 0.5, 3, 3.5, 105, 105.5});
+  CHECK(out[1].t.data == std::vector<float>{9, 9.5, 0, 0.5, 3, 3.5, 105, 105.5});
 }
 
 TEST_CASE("a bad context fails the same way on both backends") {
@@ -1010,23 +1068,20 @@ TEST_CASE("a bad context fails the same way on both backends") {
     (*d.ranks[1].ctx.unbucketize_permute)[0] = 1 << 30;  // out of range
     const OracleSource src(1, c.plan);
     std::vector<EmbTensor> local = derive_local_embs(c.plan, d, src, cpu(), 0);
-    std::vector<const EmbTensor*> lp;
+    const std::vector<TensorRef> lp(local.begin(), local.end());
     std::vector<const ShardingContext*> cp;
-    for (size_t r = 0; r < local.size(); ++r) {
-      lp.push_back(&local[r]);
-      cp.push_back(&d.ranks[r].ctx);
-    }
-    auto noop = [](int, EmbTensor&&) {};
+    for (size_t r = 0; r < local.size(); ++r) cp.push_back(&d.ranks[r].ctx);
+    auto noop = [](int, Tensor&&) {};
     int rank_cpu = -1, rank_gpu = -2;
     std::string field_cpu, field_gpu;
     try {
-      cpu().sequence_output_dist(c.plan, lp, cp, noop);
+      cpu().sequence_output_dist(c.plan, lp, cp, Place::host, noop);
     } catch (const OutputDistFailure& e) {
       rank_cpu = e.rank();
       field_cpu = e.field();
     }
     try {
-      gpu().sequence_output_dist(c.plan, lp, cp, noop);
+      gpu().sequence_output_dist(c.plan, lp, cp, Place::host, noop);
     } catch (const OutputDistFailure& e) {
       rank_gpu = e.rank();
       field_gpu = e.field();

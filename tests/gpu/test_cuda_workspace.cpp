@@ -110,10 +110,11 @@ int run_and_compare(Backend& gpu, const PresetBatch& b) {
   const OracleSource source(0x26, plan);
   const std::vector<EmbTensor> local = derive_local_embs(plan, derived, source, cpu(), 0);
   for (int64_t r = 0; r < W; ++r) {
-    const EmbTensor g = gpu.lookup(plan, static_cast<int>(r), derived.ranks[r].lookup_kjt, source);
+    const Tensor g =
+        gpu.lookup(plan, static_cast<int>(r), derived.ranks[r].lookup_kjt, source, Place::host);
     const std::string at = "lookup rank " + std::to_string(r);
-    expect(g.shape == local[r].shape, at + " shape");
-    expect(same_bits(g.data, local[r].data), at + " data");
+    expect(g.t.shape == local[r].shape, at + " shape");
+    expect(same_bits(g.t.data, local[r].data), at + " data");
   }
   const std::vector<EmbTensor> want = test::run_output_dist(cpu(), plan, derived, local);
   const std::vector<EmbTensor> got = test::run_output_dist(gpu, plan, derived, local);
@@ -122,17 +123,40 @@ int run_and_compare(Backend& gpu, const PresetBatch& b) {
     expect(got[r].shape == want[r].shape && got[r].dtype == want[r].dtype, at + " shape/dtype");
     expect(same_bits(got[r].data, want[r].data), at + " data");
   }
-  // The lookups made for the dist only (lookup_for_dist), from the dense weights on the device,
+  // The captured lookups kept on the device (keep()), compared there with the lookups made and
+  // kept there, then the dist's inputs, its outputs kept and compared there too: every kept slot.
+  std::vector<Tensor> inputs(static_cast<size_t>(W));
+  for (int64_t r = 0; r < W; ++r) {
+    const std::string at = "kept input rank " + std::to_string(r);
+    inputs[r].t = EmbTensor{local[r].dtype, local[r].shape, {}};
+    inputs[r].kept = gpu.keep(local[r], int(r));
+    expect(inputs[r].kept.has_value(), at + " kept");
+    const Tensor made = gpu.lookup(plan, int(r), derived.ranks[r].lookup_kjt, source, Place::kept);
+    const auto d = gpu.comparator().compare(inputs[r], made, TileCompare{});
+    expect(d && d->empty(), at + " against the kept lookup");
+  }
+  const std::vector<Tensor> kept_out =
+      test::run_output_dist(gpu, plan, derived, test::refs_of(inputs), Place::kept);
+  for (int64_t r = 0; r < W; ++r) {
+    const auto d = gpu.comparator().compare(kept_out[r], want[r], TileCompare{});
+    expect(d && d->empty(), "kept output rank " + std::to_string(r));
+  }
+  // The lookups made for the dist only (Place::kept), from the dense weights on the device,
   // kept there for the dist.
   const std::vector<EmbTensor> dense_local = derive_local_embs(plan, derived, *b.dense, cpu(), 0);
-  const std::vector<EmbTensor> kept = derive_dist_inputs(plan, derived, *b.dense, gpu, 0);
+  std::vector<Tensor> kept;
+  for (int64_t r = 0; r < W; ++r)
+    kept.push_back(gpu.lookup(plan, int(r), derived.ranks[r].lookup_kjt, *b.dense, Place::kept));
   const std::vector<EmbTensor> want_dense =
       test::run_output_dist(cpu(), plan, derived, dense_local);
-  const std::vector<EmbTensor> got_dense = test::run_output_dist(gpu, plan, derived, kept);
+  const std::vector<Tensor> got_dense =
+      test::run_output_dist(gpu, plan, derived, test::refs_of(kept), Place::host);
   for (int64_t r = 0; r < W; ++r) {
     const std::string at = "dense lookups kept for the dist, rank " + std::to_string(r);
-    expect(kept[r].data.empty() && kept[r].shape == dense_local[r].shape, at + " kept");
-    expect(same_bits(got_dense[r].data, want_dense[r].data), at + " output");
+    expect(kept[r].kept.has_value() && kept[r].t.data.empty() &&
+               kept[r].t.shape == dense_local[r].shape,
+           at + " kept");
+    expect(same_bits(got_dense[r].t.data, want_dense[r].data), at + " output");
   }
   return bad;
 }

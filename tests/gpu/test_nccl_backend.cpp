@@ -134,18 +134,21 @@ Case random_case(std::mt19937_64& rng, int idx, int64_t force_w = 0) {
 // One output dist on the CPU and on every NCCL variant; outputs compared bit for bit, or
 // the same OutputDistFailure (rank, field) everywhere. Returns false when the context
 // failed (on all backends alike).
-bool compare_dist(const Plan& plan, bool variable_batch, const std::vector<const EmbTensor*>& lp,
+bool compare_dist(const Plan& plan, bool variable_batch, const std::vector<TensorRef>& lp,
                   const std::vector<const ShardingContext*>& cp, const std::string& desc) {
   INFO(desc);
   const int64_t W = plan.world_size;
   auto run = [&](Backend& b, std::vector<EmbTensor>& out, int& frank, std::string& field) {
     out.assign(W, EmbTensor{});
-    auto sink = [&out](int r, EmbTensor&& t) { out[r] = std::move(t); };
+    auto sink = [&out](int r, Tensor&& t) {
+      CHECK_FALSE(t.kept.has_value());  // the nccl backend keeps nothing, whatever is asked
+      out[r] = std::move(t.t);
+    };
     try {
       if (plan.module == ModuleKind::sequence)
-        b.sequence_output_dist(plan, lp, cp, sink);
+        b.sequence_output_dist(plan, lp, cp, Place::kept, sink);
       else
-        b.pooled_output_dist(plan, variable_batch, lp, cp, sink);
+        b.pooled_output_dist(plan, variable_batch, lp, cp, Place::kept, sink);
     } catch (const OutputDistFailure& e) {
       frank = e.rank();
       field = e.field();
@@ -183,17 +186,17 @@ bool compare_batch(const Plan& plan, const std::vector<const Kjt*>& kjts,
   const DerivedBatch derived = derive_input_dist(plan, kjts, cpu());
   std::vector<EmbTensor> local = derive_local_embs(plan, derived, source, cpu(), 0);
   for (int64_t r = 0; r < W; ++r) {
-    const EmbTensor g =
-        nccl(0).lookup(plan, static_cast<int>(r), derived.ranks[r].lookup_kjt, source);
+    // Asked to keep it, the nccl backend hands it back on the host all the same.
+    const Tensor g =
+        nccl(0).lookup(plan, static_cast<int>(r), derived.ranks[r].lookup_kjt, source, Place::kept);
     INFO("lookup rank " << r);
-    CHECK(same_bits(g.data, local[r].data));
+    CHECK_FALSE(g.kept.has_value());
+    CHECK(same_bits(g.t.data, local[r].data));
+    CHECK_FALSE(nccl(0).keep(local[r], int(r)).has_value());
   }
-  std::vector<const EmbTensor*> lp;
+  const std::vector<TensorRef> lp(local.begin(), local.end());
   std::vector<const ShardingContext*> cp;
-  for (int64_t r = 0; r < W; ++r) {
-    lp.push_back(&local[r]);
-    cp.push_back(&derived.ranks[r].ctx);
-  }
+  for (int64_t r = 0; r < W; ++r) cp.push_back(&derived.ranks[r].ctx);
   return compare_dist(plan, derived.variable_batch, lp, cp, desc);
 }
 
@@ -266,8 +269,8 @@ TEST_CASE("docs/semantics.md worked example §6.1 through the NCCL backend") {
   for (size_t v = 0; v < variants().size(); ++v) {
     INFO("variant " << std::string(variants()[v].name));
     std::vector<EmbTensor> out(2);
-    nccl(v).sequence_output_dist(p, {&l0, &l1}, {&d.ranks[0].ctx, &d.ranks[1].ctx},
-                                 [&](int r, EmbTensor&& t) { out[r] = std::move(t); });
+    nccl(v).sequence_output_dist(p, {l0, l1}, {&d.ranks[0].ctx, &d.ranks[1].ctx}, Place::host,
+                                 [&](int r, Tensor&& t) { out[r] = std::move(t.t); });
     CHECK(out[0].data ==
           std::vector<float>{1, 1.5, 7, 7.5, 5, 5.5, 104, 104.5, 100, 100.5, 102, 102.5});
     CHECK(out[1].data == std::vector<float>{9, 9.5, 0, 0.5, 3, 3.5, 105, 105.5});
@@ -298,8 +301,8 @@ TEST_CASE(
   for (size_t v = 0; v < variants().size(); ++v) {
     INFO("variant " << std::string(variants()[v].name));
     std::vector<EmbTensor> out(2);
-    nccl(v).pooled_output_dist(p, false, {&l0, &l1}, {&c, &c},
-                               [&](int r, EmbTensor&& t) { out[r] = std::move(t); });
+    nccl(v).pooled_output_dist(p, false, {l0, l1}, {&c, &c}, Place::host,
+                               [&](int r, Tensor&& t) { out[r] = std::move(t.t); });
     CHECK(out[0].shape == std::vector<int64_t>{2, 4});
     CHECK(out[0].data == std::vector<float>{8, 9, 0, 0, 5, 5.5, 306, 307.5});
     CHECK(out[1].data == std::vector<float>{9, 9.5, 105, 105.5, 3, 4, 0, 0});
@@ -370,10 +373,10 @@ TEST_CASE("fixtures: nccl == cpu on every capture under fixtures/ (derived and c
         }
         ctx.push_back(std::move(c));
       }
-      std::vector<const EmbTensor*> lp;
+      std::vector<TensorRef> lp;
       std::vector<const ShardingContext*> cp;
       for (size_t r = 0; r < batch.ranks.size(); ++r) {
-        lp.push_back(&*batch.ranks[r].local_embs);
+        lp.emplace_back(*batch.ranks[r].local_embs);
         cp.push_back(&ctx[r]);
       }
       const bool vb = cp.empty() ? false : cp[0]->variable_batch_per_feature.value_or(false);
