@@ -26,7 +26,7 @@ Result run_cpu_stages(const Options& o, const Workload& w) {
     for (const Kjt& k : w.kjts) (void)be->bucketize(p, k);
   });
   r.stages.push_back(b);
-  const DerivedBatch d = derive_input_dist(p, kp, *be);
+  const DerivedBatch d = derive_input_dist(p, kp);
   const OracleSource src(o.seed, p);
   const std::vector<EmbTensor> local = derive_local_embs(p, d, src, *be, 0);
   std::vector<TensorRef> lp;

@@ -134,7 +134,7 @@ int run_replay_cli(const ReplayCliOptions& o) {
   if (!o.write_output.empty())
     opt.write_output_file = std::make_shared<OutputFile>(o.write_output, existing);
   // A GPU backend starts while the capture is opened and its first batch read.
-  std::unique_ptr<Backend> backend = start_backend(o.backend, o.devices);
+  StartingBackend backend = start_backend(o.backend, o.devices);
 
   const char* no_color = std::getenv("NO_COLOR");
   const bool colour = ::isatty(STDOUT_FILENO) && !(no_color && *no_color);
@@ -164,7 +164,7 @@ int run_replay_cli(const ReplayCliOptions& o) {
     };
   }
 
-  Report report = run_replay(opt, *backend, cb);
+  Report report = run_replay(opt, backend, cb);
   progress.clear();
   // The files first, so that a failure to write them (a full disk) is in the text summary and
   // the exit status; all are complete in their temporaries before any is renamed, and they are

@@ -113,7 +113,7 @@ class CudaStages {
         cpu_(make_backend("cpu")) {
     for (const Kjt& k : w.kjts) kp_.push_back(&k);
     // CPU reference contexts (--sweep makes its own batches and checks none).
-    if (!o.sweep) derived_ = derive_input_dist(p_, kp_, *cpu_);
+    if (!o.sweep) derived_ = derive_input_dist(p_, kp_);
   }
 
   Result run() {

@@ -65,7 +65,8 @@ Backend& StartingBackend::get() {
 
 bool StartingBackend::ready() const {
   using namespace std::chrono_literals;
-  return state_->borrowed || !state_->making.valid() || state_->making.wait_for(0s) == std::future_status::ready;
+  return state_->borrowed || !state_->making.valid() ||
+         state_->making.wait_for(0s) == std::future_status::ready;
 }
 
 }  // namespace dynemb

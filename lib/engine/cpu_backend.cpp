@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <map>
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <string>
 #include <thread>

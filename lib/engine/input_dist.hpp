@@ -48,8 +48,8 @@ std::vector<EmbTensor> derive_local_embs(const Plan& plan, const DerivedBatch& d
 // The same lookups as the next output dist's inputs only (Place::kept): a backend that keeps
 // tensors keeps them, handing back their shapes.
 std::vector<Tensor> derive_dist_inputs(const Plan& plan, const DerivedBatch& derived,
-                                          const EmbeddingSource& source, Backend& backend,
-                                          int64_t batch);
+                                       const EmbeddingSource& source, Backend& backend,
+                                       int64_t batch);
 
 // The message for a LookupBoundsError of `derived` (derived from `kjts`), in the user's terms:
 // the id itself, its feature, rank, sample and position in its original bag, where it was

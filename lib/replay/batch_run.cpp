@@ -20,6 +20,18 @@ namespace dynemb::replay_detail {
 
 namespace {
 
+// fn(arg) on another thread (`ahead`), or deferred to the get() of the future: when not ahead, or
+// when no thread can be started (the work then runs in turn).
+template <class Fn, class Arg>
+auto read_ahead_task(Fn& fn, Arg arg, bool ahead) -> std::future<decltype(fn(arg))> {
+  try {
+    if (ahead) return std::async(std::launch::async, [&fn, arg] { return fn(arg); });
+    return std::async(std::launch::deferred, [&fn, arg] { return fn(arg); });
+  } catch (const std::system_error&) {
+    return std::async(std::launch::deferred, [&fn, arg] { return fn(arg); });
+  }
+}
+
 int64_t same(int64_t e) {
   return e;
 }
@@ -64,8 +76,8 @@ struct Arrivals {
 };
 
 // The dist of the run's module over `local` with the chosen contexts.
-void forward(RunContext& rc, const BatchState& st, const std::vector<TensorRef>& local,
-             Place place, const OutputSink& sink) {
+void forward(RunContext& rc, const BatchState& st, const std::vector<TensorRef>& local, Place place,
+             const OutputSink& sink) {
   Backend& backend = rc.backend.get();
   if (rc.seq_dist)
     rc.seq_dist->forward(backend, local, st.used_ptr, place, sink);
@@ -90,9 +102,8 @@ void drop_bucketized(BatchState& st) {
 std::vector<std::optional<EmbTensor>> run_whole(RunContext& rc, BatchState& st) {
   const int64_t W = st.W;
   bool need_all_derived = false;
-  for (int64_t r = 0; r < W; ++r)
-    need_all_derived |= !(rc.use_captured && st.cap_local[size_t(r)]);
-  std::vector<Tensor> derived;                               // [W] on the host, or none
+  for (int64_t r = 0; r < W; ++r) need_all_derived |= !(rc.use_captured && st.cap_local[size_t(r)]);
+  std::vector<Tensor> derived;                                          // [W] on the host, or none
   std::vector<std::optional<TensorRef>> kept(size_t(W), std::nullopt);  // captured, kept
   if (rc.source) {
     if (need_all_derived) {
@@ -315,7 +326,8 @@ UnitRows read_unit(BatchSource& src, int64_t k, const Unit& u, bool sequence,
   } else {
     std::vector<size_t> need;
     for (const DestBlock& bs : b) need.push_back(size_t(bs.numel()));
-    std::vector<std::vector<float>> rows = src.read_rows(k, "local_embs", dt, ranges, spare.take(need));
+    std::vector<std::vector<float>> rows =
+        src.read_rows(k, "local_embs", dt, ranges, spare.take(need));
     for (size_t s = 0; s < W; ++s) out.blocks.push_back({dt, b[s].shape, std::move(rows[s])});
   }
   if (!golden) return out;
@@ -327,8 +339,9 @@ UnitRows read_unit(BatchSource& src, int64_t k, const Unit& u, bool sequence,
     shape = {u.r1 - u.r0, golden->cols()};
   }
   const int64_t n = EmbTensor{golden->dtype, shape, {}}.numel();
-  out.golden = EmbTensor{golden->dtype, shape,
-                         src.read_rows(k, u.d, "output", golden->dtype, gr, spare.take_one(size_t(n)))};
+  out.golden =
+      EmbTensor{golden->dtype, shape,
+                src.read_rows(k, u.d, "output", golden->dtype, gr, spare.take_one(size_t(n)))};
   return out;
 }
 
@@ -351,7 +364,8 @@ void run_destinations(RunContext& rc, BatchState& st, const DestinationCut& cut,
     return read_unit(src, k, units[i], sequence, cut, st.cap_local, st.golden[size_t(units[i].d)],
                      spare);
   };
-  std::future<UnitRows> next = src.ahead([&read] { return read(0); });
+  const bool ahead = rc.opt.read_ahead > 0;  // --read-ahead 0: read, then check, in turn
+  std::future<UnitRows> next = read_ahead_task(read, size_t{0}, ahead);
   Backend& backend = rc.backend.get();
   LookupChecks looked(rc, st);
   OutputChecks checks(rc, st);
@@ -364,24 +378,24 @@ void run_destinations(RunContext& rc, BatchState& st, const DestinationCut& cut,
     rc.clock.enter("read", int(d));
     UnitRows rows = next.get();
     if (i + 1 < units.size())
-      next = src.ahead([&read, i] { return read(i + 1); });
-    else if (next_batch >= 0)
+      next = read_ahead_task(read, i + 1, ahead);
+    else if (ahead && next_batch >= 0)
       src.shapes_ahead(next_batch);
     for (int64_t s = 0; rc.source && s < W; ++s) {
       const DestBlock b = unit_block(cut, s, u);
-      const LookupKjt part = lookup_kjt_from(st.der.ranks[size_t(s)].lookup_kjt,
-                                             value_off[size_t(s)], d, u.rows ? u.r0 : 0,
-                                             u.rows ? u.r1 : INT64_MAX);
-      looked.check(int(s), TensorRef::span(rows.block(size_t(s)), b.numel(), st.cap_local[0]->dtype),
-                   part, [&b](int64_t e) { return b.to_whole(e); });
+      const LookupKjt part =
+          lookup_kjt_from(st.der.ranks[size_t(s)].lookup_kjt, value_off[size_t(s)], d,
+                          u.rows ? u.r0 : 0, u.rows ? u.r1 : INT64_MAX);
+      looked.check(int(s),
+                   TensorRef::span(rows.block(size_t(s)), b.numel(), st.cap_local[0]->dtype), part,
+                   [&b](int64_t e) { return b.to_whole(e); });
     }
     rc.clock.enter("output dist", int(d));
-    const Tensor out =
-        rows.blocks.empty()
-            ? sequence_destination_output(rc.plan, backend, rows.recv, *st.used_ptr[size_t(d)],
-                                          Place::kept)
-            : destination_output(rc.plan, backend, d, rows.blocks, st.used_ptr,
-                                 cut.variable_batch, Place::kept);
+    const Tensor out = rows.blocks.empty()
+                           ? sequence_destination_output(rc.plan, backend, rows.recv,
+                                                         *st.used_ptr[size_t(d)], Place::kept)
+                           : destination_output(rc.plan, backend, d, rows.blocks, st.used_ptr,
+                                                cut.variable_batch, Place::kept);
     for (EmbTensor& b : rows.blocks) spare.give(std::move(b.data));
     if (!rows.recv.data.empty()) spare.give(std::move(rows.recv.data));
     const Kjt& kjt_d = st.batch().ranks[size_t(d)].kjt;

@@ -153,9 +153,10 @@ void check_contexts(RunContext& rc, BatchState& st) {
                     "context for them",
                     k, fmt::join(no_ctx, ", ")));
     for (int64_t r : no_ctx)
-      rc.log.emit(skipped(k, int(r), "ctx", "context",
-                   "no ctx/ group in this rank-batch (other rank-batches have one): the captured "
-                   "context cannot be compared"));
+      rc.log.emit(
+          skipped(k, int(r), "ctx", "context",
+                  "no ctx/ group in this rank-batch (other rank-batches have one): the captured "
+                  "context cannot be compared"));
   }
   rc.clock.enter("ctx");
   for (CheckResult& c : consistency_checks(rc.plan, k, st.kjts, st.cap_ctx, st.cap_local, st.golden,

@@ -36,8 +36,7 @@ std::vector<Tensor> lookups(RunContext& rc, const BatchState& st, int r, const P
         out.push_back(Tensor{std::move(t), std::nullopt});
       return out;
     }
-    out.push_back(
-        backend.lookup(plan, r, st.der.ranks[size_t(r)].lookup_kjt, source, Place::host));
+    out.push_back(backend.lookup(plan, r, st.der.ranks[size_t(r)].lookup_kjt, source, Place::host));
     return out;
   });
 }
@@ -92,8 +91,8 @@ void LookupChecks::decide(int s, const EmbTensor* derived) {
     locate_mismatches(d, layout);
   else
     d = diff_tensors(got, want(), rc_.tol, layout, rc_.opt.max_mismatches);
-  CheckResult c = tensor_check(st_.k, s, "lookup", "local_embs", "captured", "derived",
-                               std::move(d), rc_.tol);
+  CheckResult c =
+      tensor_check(st_.k, s, "lookup", "local_embs", "captured", "derived", std::move(d), rc_.tol);
   if (c.status == CheckStatus::fail && rc_.pooled_mean())
     diagnose_local_means(rc_.plan, rc_.tol, c, got, want(), st_.der.ranks[size_t(s)].lookup_kjt,
                          layout);

@@ -31,14 +31,15 @@ void OutputChecks::check(const OutputPart& p) {
       d.ref = want == p.whole_shape ? TensorDiff{} : shape_mismatch(p.whole_shape, want);
     }
   }
-  // A host output is compared on the host; a kept one where the backend keeps it.
-  Comparator& cmp = p.out->kept ? rc_.backend.get().comparator() : rc_.host->comparator();
+  // A host output is compared on the host (host_comparator), whatever the backend: it is never
+  // sent back to a device to be compared. A kept one is compared where the backend keeps it.
+  Comparator& cmp = p.out->kept ? rc_.backend.get().comparator() : host_comparator();
   const TileCompare how = rc_.how();
   if (d.gold && d.gold->shape_ok && p.golden) {
     const std::optional<std::vector<TileDiff>> tiles = cmp.compare(*p.out, *p.golden, how);
     if (!tiles)
-      throw Error(fmt::format("batch {} rank {}: the backend holds no output of {} elements",
-                              st_.k, r, n));
+      throw Error(
+          fmt::format("batch {} rank {}: the backend holds no output of {} elements", st_.k, r, n));
     merge_diff(*d.gold, diff_tiles(n, *tiles, rc_.tol, p.to_whole, maxm), maxm);
   }
   if (!d.ref || !d.ref->shape_ok) return;
@@ -52,8 +53,8 @@ void OutputChecks::check(const OutputPart& p) {
     throw Error(fmt::format("unsharded reference: {}", e.what()));
   }
   if (!tiles)
-    throw Error(fmt::format("unsharded reference of batch {} rank {}: not {} elements", st_.k, r,
-                            n));
+    throw Error(
+        fmt::format("unsharded reference of batch {} rank {}: not {} elements", st_.k, r, n));
   merge_diff(*d.ref, diff_tiles(n, *tiles, rc_.tol, p.to_whole, maxm), maxm);
 }
 
@@ -154,7 +155,7 @@ void OutputChecks::dist_failed(const OutputDistFailure& e) {
   c.message = fmt::format("the output dist cannot run with this context (field {}): {}", e.field(),
                           e.what());
   rc_.log.emit(std::move(c));
-  skip_rest( fmt::format("the output dist failed on rank {} ({})", e.rank(), e.field()));
+  skip_rest(fmt::format("the output dist failed on rank {} ({})", e.rank(), e.field()));
 }
 
 }  // namespace dynemb::replay_detail

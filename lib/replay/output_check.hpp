@@ -18,8 +18,8 @@ namespace dynemb::replay_detail {
 // A part of rank `rank`'s output as a unit made it, and what the same elements are compared with.
 struct OutputPart {
   int rank = 0;
-  const Tensor* out = nullptr;       // on the host, or kept by the backend
-  std::vector<int64_t> whole_shape;  // of the rank's whole output
+  const Tensor* out = nullptr;               // on the host, or kept by the backend
+  std::vector<int64_t> whole_shape;          // of the rank's whole output
   std::function<int64_t(int64_t)> to_whole;  // flat index in the part -> in the whole output
   const EmbTensor* golden = nullptr;         // the golden output's same elements; null: none
   // The reference of the same elements: this KJT's (the rank's, or some samples of it) under this

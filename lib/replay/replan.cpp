@@ -116,8 +116,10 @@ std::vector<EmbTensor> reshard_sequence_local_embs(const Plan& from, const Plan&
   std::vector<const ShardingContext*> ctx(static_cast<size_t>(W));
   for (int64_t r = 0; r < W; ++r) ctx[size_t(r)] = &der.ranks[size_t(r)].ctx;
   std::vector<EmbTensor> per_id(static_cast<size_t>(W));
-  RwSequenceEmbeddingDist(from, backend).forward(local, ctx, [&](int r, EmbTensor&& out) {
-    per_id[size_t(r)] = std::move(out);
+  std::vector<TensorRef> in;
+  for (const EmbTensor* e : local) in.push_back(TensorRef(*e));
+  RwSequenceEmbeddingDist(from).forward(backend, in, ctx, Place::host, [&](int r, Tensor&& out) {
+    per_id[size_t(r)] = std::move(out.t);
   });
   // 2. Those rows by (table, g), for the ids that read their own row under `from`.
   RecoveredRows rows(to.tables.size(), D);

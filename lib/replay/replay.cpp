@@ -8,6 +8,7 @@
 
 #include "capture/batch_source.hpp"
 #include "common/error.hpp"
+#include "common/memory.hpp"
 #include "common/test_hooks.hpp"
 #include "replay/batch_run.hpp"
 #include "replay/replay_setup.hpp"
@@ -63,17 +64,6 @@ bool same_file(const std::string& a, const std::string& b) {
   return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-// The rank a capture error names in its HDF5 path ("/batches/3/rank1/ctx/x" -> 1); -1: none.
-int rank_of(const CaptureError& e) {
-  const std::string& p = e.h5path();
-  const size_t at = p.find("/rank");
-  if (at == std::string::npos) return -1;
-  int r = 0, n = 0;
-  for (size_t i = at + 5; i < p.size() && p[i] >= '0' && p[i] <= '9' && n < 9; ++i, ++n)
-    r = r * 10 + (p[i] - '0');
-  return n == 0 ? -1 : r;
-}
-
 // The test hook DYNEMB_BY_DESTINATION=report says on stderr how each batch ran.
 void report_cut(int64_t k, bool by_destination) {
   if (test_hooks::by_destination() == test_hooks::ByDestination::report)
@@ -111,8 +101,8 @@ class Replayer {
   RunContext rc_;
   PlanChoice plan_choice_;
   Sizing sizing_;
-  std::set<int64_t> selected_;  // the batches replayed (--batches)
-  bool started_ = false;        // the first replayed batch has begun
+  std::set<int64_t> selected_;             // the batches replayed (--batches)
+  bool started_ = false;                   // the first replayed batch has begun
   std::unique_ptr<CaptureWriter> writer_;  // --write-output; reset on trouble
   bool write_output_finished_ = false;
 };
@@ -152,8 +142,7 @@ void Replayer::run() {
   // two batches must fit in memory. A batch replayed one destination at a time reads its rows as
   // it goes.
   const bool prefetch = opt_.read_ahead > 0 && !writer_ && !sizing_.by_destination &&
-                        order.size() > 1 &&
-                        2 * sizing_.batch_bytes <= memory_budget(opt_) / 4 * 3;
+                        order.size() > 1 && 2 * sizing_.batch_bytes <= memory_budget(opt_) / 4 * 3;
   BatchSource src(reader, plan_choice_.read_plan(rc_),
                   BatchSource::Options{opt_.read_ahead, opt_.fail_fast});
   for (size_t i = 0; i < order.size(); ++i) {
@@ -195,7 +184,7 @@ bool Replayer::guarded(int64_t k, Fn&& fn) {
     fn();
     return true;
   } catch (const CaptureError& e) {
-    log_.trouble(k, rank_of(e), "replay", e.what());
+    log_.trouble(k, rank_of_h5path(e.h5path()), "replay", e.what());
   } catch (const Error& e) {
     log_.trouble(k, -1, "replay", e.what());
   } catch (const std::bad_alloc&) {

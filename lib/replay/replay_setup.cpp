@@ -8,6 +8,7 @@
 
 #include "common/error.hpp"
 #include "common/input_file.hpp"
+#include "common/memory.hpp"
 #include "common/sha256.hpp"
 #include "replay/replan.hpp"
 
@@ -103,14 +104,16 @@ void setup_replan(RunContext& rc, const CaptureReader& reader, PlanChoice& pc) {
       "--plan: the captured ctx/ was made under the capture's plan; it is not compared, the "
       "context is derived under --plan");
   if (plan_.module == ModuleKind::sequence)
-    rc.log.warn("--plan: sequence local_embs (one row per id) are re-sharded to --plan and checked there");
+    rc.log.warn(
+        "--plan: sequence local_embs (one row per id) are re-sharded to --plan and checked there");
   else
-    rc.log.warn(rc.source || open_embedding_source(reader, plan_)
-             ? "--plan: pooled local_embs are partial sums over the capture's shards and cannot "
-               "be re-sharded; the output dist runs on lookups from /oracle or /tables"
-             : "--plan: pooled local_embs are partial sums over the capture's shards and cannot "
-               "be re-sharded, and the capture has no /oracle or /tables: the output checks are "
-               "skipped");
+    rc.log.warn(
+        rc.source || open_embedding_source(reader, plan_)
+            ? "--plan: pooled local_embs are partial sums over the capture's shards and cannot "
+              "be re-sharded; the output dist runs on lookups from /oracle or /tables"
+            : "--plan: pooled local_embs are partial sums over the capture's shards and cannot "
+              "be re-sharded, and the capture has no /oracle or /tables: the output checks are "
+              "skipped");
 }
 
 }  // namespace
@@ -137,7 +140,8 @@ bool rebase_batch(RunContext& rc, const PlanChoice& pc, int64_t k, Batch& batch,
     int64_t unknown = 0;
     std::vector<EmbTensor> moved;
     try {
-      moved = reshard_sequence_local_embs(pc.cap_plan, plan_, kjts, local, rc.backend.get(), k, unknown);
+      moved = reshard_sequence_local_embs(pc.cap_plan, plan_, kjts, local, rc.backend.get(), k,
+                                          unknown);
     } catch (const Error& e) {
       for (RankBatch& rb : batch.ranks) rb.local_embs.reset();
       if (selected)
@@ -160,9 +164,10 @@ bool rebase_batch(RunContext& rc, const PlanChoice& pc, int64_t k, Batch& batch,
   if (selected)
     for (int64_t r = 0; r < W; ++r)
       if (batch.ranks[size_t(r)].output)
-        rc.log.emit(skipped(k, int(r), "output", "golden",
-                     "--plan: pooled local_embs cannot be re-sharded to another plan, and the "
-                     "capture has no /oracle or /tables to look the rows up"));
+        rc.log.emit(
+            skipped(k, int(r), "output", "golden",
+                    "--plan: pooled local_embs cannot be re-sharded to another plan, and the "
+                    "capture has no /oracle or /tables to look the rows up"));
   return false;
 }
 

@@ -33,14 +33,11 @@ constexpr int64_t kCompareTile = int64_t(1) << 16;
 
 struct RunContext {
   RunContext(const ReplayOptions& o, StartingBackend& b, CheckLog& l)
-      : opt(o), backend(b), log(l), host(make_cpu_backend()) {}
+      : opt(o), backend(b), log(l) {}
   const ReplayOptions& opt;
   StartingBackend& backend;  // get(): waits for a backend still starting
   CheckLog& log;
   StepClock clock;
-  // Host tensors are compared on the host, by the CPU reference's comparator, whatever the
-  // backend: an output the host holds is never sent back to a device to be compared.
-  std::unique_ptr<Backend> host;
 
   Plan plan;  // the plan the replay runs under: --plan, or the capture's
   Tolerance tol;

@@ -68,9 +68,9 @@ Sizing size_up(const RunContext& rc, const CaptureReader& reader, int64_t first_
   // captured tensors (d's blocks, golden output, replayed output and reference).
   // The test hook DYNEMB_BY_DESTINATION=off keeps every batch whole (tests compare the two).
   sz.by_destination = opt_.write_output.empty() && !opt_.write_output_file && !replan &&
-            local_ranks == plan_.world_size && !module_outputs &&
-            !(plan_.module == ModuleKind::pooled && plan_.any_mean) &&
-            test_hooks::by_destination() != test_hooks::ByDestination::off;
+                      local_ranks == plan_.world_size && !module_outputs &&
+                      !(plan_.module == ModuleKind::pooled && plan_.any_mean) &&
+                      test_hooks::by_destination() != test_hooks::ByDestination::off;
   // Over column slices: the W lookups, and one rank's output, reference and golden slice at a
   // time, per column of the C.
   const int64_t C = std::max<int64_t>(1, embedding_columns(plan_));

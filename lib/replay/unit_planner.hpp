@@ -34,8 +34,7 @@ uint64_t memory_budget(const ReplayOptions& opt);
 // Sizes the replay from the first selected batch's metadata; throws Error when one batch cannot
 // fit in the budget, with the estimate (engine/memory_estimate.hpp). `replan`: --plan shards
 // differently from the capture (its local_embs are re-sharded or dropped).
-Sizing size_up(const RunContext& rc, const CaptureReader& reader, int64_t first_batch,
-               bool replan);
+Sizing size_up(const RunContext& rc, const CaptureReader& reader, int64_t first_batch, bool replan);
 
 // The width of this batch's column slices, 0 to run it whole. Slices are taken only where the
 // sliced checks are exactly the whole ones and no whole output must be kept (column_slice.hpp).

@@ -564,11 +564,12 @@ void synth_by_destination(const Plan& plan, Backend& backend, const EmbeddingSou
       const int64_t b1 = B > 0 ? std::min(B, b0 + step) : INT64_MAX;
       std::vector<EmbTensor> blocks(static_cast<size_t>(W));
       for (int64_t s = 0; s < W; ++s)
-        blocks[s] = backend.lookup(
-                        plan, int(s),
+        blocks[s] =
+            backend
+                .lookup(plan, int(s),
                         lookup_kjt_from(derived.ranks[s].lookup_kjt, value_off[s], r, b0, b1),
                         source, Place::host)
-                        .t;
+                .t;
       EmbTensor part =
           destination_output(plan, backend, r, blocks, cp, variable_batch, Place::host).t;
       if (B == 0 || (b0 == 0 && b1 == B)) {

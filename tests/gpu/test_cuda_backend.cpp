@@ -279,7 +279,7 @@ void compare_batch(const Plan& plan, const std::vector<const Kjt*>& kjts,
     CHECK(a.unbucketize_permute == b.unbucketize_permute);
     CHECK(a.dest_rank == b.dest_rank);
   }
-  const DerivedBatch derived = derive_input_dist(plan, kjts, cpu());
+  const DerivedBatch derived = derive_input_dist(plan, kjts);
   std::vector<EmbTensor> local = derive_local_embs(plan, derived, source, cpu(), 0);
   for (int64_t r = 0; r < W; ++r) {
     const Tensor g =
@@ -415,7 +415,7 @@ bool compare_on_device(const Plan& plan, const std::vector<const Kjt*>& kjts,
                        const EmbeddingSource& source, const CountingSource& counted,
                        const std::string& desc) {
   INFO(desc);
-  const DerivedBatch derived = derive_input_dist(plan, kjts, cpu());
+  const DerivedBatch derived = derive_input_dist(plan, kjts);
   std::string want, got;
   try {
     derive_local_embs(plan, derived, source, cpu(), 0);
@@ -545,7 +545,7 @@ TEST_CASE("a kept lookup: rows only the host can make; an input neither given no
   for (int i = 0; i < 20; ++i) {
     const Case c = random_case(rng, i);
     const std::vector<const Kjt*> kp = c.kjt_ptrs();
-    const DerivedBatch derived = derive_input_dist(c.plan, kp, cpu());
+    const DerivedBatch derived = derive_input_dist(c.plan, kp);
     const OracleSource oracle(11 + uint64_t(i), c.plan);
     std::vector<EmbTensor> local = derive_local_embs(c.plan, derived, oracle, cpu(), 0);
     const HostOnlySource host_only(oracle);
@@ -1042,7 +1042,7 @@ TEST_CASE("worked example (docs/semantics.md §6.1) on the GPU") {
   CHECK(b1.new_values == std::vector<int64_t>{0, 3, 4, 2});
   CHECK(b1.unbucketize_permute == std::vector<int64_t>{2, 0, 1, 3});
   // The output dist with the derived contexts and the §6.1 local_embs.
-  const DerivedBatch d = derive_input_dist(p, {&k0, &k1}, gpu());
+  const DerivedBatch d = derive_input_dist(p, {&k0, &k1});
   EmbTensor l0, l1;
   l0.shape = l1.shape = {5, 2};
   l0.data = {1, 1.5, 0, 0.5, 3, 3.5, 100, 100.5, 102, 102.5};
@@ -1063,7 +1063,7 @@ TEST_CASE("a bad context fails the same way on both backends") {
     if (c.plan.module != ModuleKind::sequence || c.plan.world_size < 2) continue;
     std::vector<const Kjt*> kp;
     for (const Kjt& k : c.kjts) kp.push_back(&k);
-    DerivedBatch d = derive_input_dist(c.plan, kp, cpu());
+    DerivedBatch d = derive_input_dist(c.plan, kp);
     if (d.ranks[1].ctx.unbucketize_permute->empty()) continue;
     (*d.ranks[1].ctx.unbucketize_permute)[0] = 1 << 30;  // out of range
     const OracleSource src(1, c.plan);

@@ -106,7 +106,7 @@ int run_and_compare(Backend& gpu, const PresetBatch& b) {
     expect(got.unbucketize_permute == want.unbucketize_permute, at + " unbucketize_permute");
     expect(got.dest_rank == want.dest_rank, at + " dest_rank");
   }
-  const DerivedBatch derived = derive_input_dist(plan, kp, cpu());
+  const DerivedBatch derived = derive_input_dist(plan, kp);
   const OracleSource source(0x26, plan);
   const std::vector<EmbTensor> local = derive_local_embs(plan, derived, source, cpu(), 0);
   for (int64_t r = 0; r < W; ++r) {

@@ -183,7 +183,7 @@ bool compare_batch(const Plan& plan, const std::vector<const Kjt*>& kjts,
                    const EmbeddingSource& source, const std::string& desc) {
   INFO(desc);
   const int64_t W = plan.world_size;
-  const DerivedBatch derived = derive_input_dist(plan, kjts, cpu());
+  const DerivedBatch derived = derive_input_dist(plan, kjts);
   std::vector<EmbTensor> local = derive_local_embs(plan, derived, source, cpu(), 0);
   for (int64_t r = 0; r < W; ++r) {
     // Asked to keep it, the nccl backend hands it back on the host all the same.
@@ -261,7 +261,7 @@ TEST_CASE("docs/semantics.md worked example §6.1 through the NCCL backend") {
   k0.values = {1, 7, 5, 4, 0, 2};
   k1.lengths = {1, 2, 1, 0};
   k1.values = {9, 0, 3, 5};
-  const DerivedBatch d = derive_input_dist(p, {&k0, &k1}, nccl(0));
+  const DerivedBatch d = derive_input_dist(p, {&k0, &k1});
   EmbTensor l0, l1;
   l0.shape = l1.shape = {5, 2};
   l0.data = {1, 1.5, 0, 0.5, 3, 3.5, 100, 100.5, 102, 102.5};
@@ -352,7 +352,7 @@ TEST_CASE("fixtures: nccl == cpu on every capture under fixtures/ (derived and c
       if (!all) continue;
       DerivedBatch derived;
       try {
-        derived = derive_input_dist(plan, kp, cpu());
+        derived = derive_input_dist(plan, kp);
       } catch (const Error&) {
         continue;
       }
