@@ -226,7 +226,9 @@ std::optional<std::vector<TileDiff>> CpuBackend::compare_lookup(const TensorRef&
   const LookupOutputLayout L = lookup_output_layout(plan, k);
   const int64_t n = got.n;
   const float* g = data_of(got);
-  if (L.numel() != n || !g) return std::nullopt;
+  if (L.numel() != n) return std::nullopt;
+  if (n == 0) return std::vector<TileDiff>{};
+  if (!g) return std::nullopt;
   int64_t covered = n;
   if (plan.module == ModuleKind::pooled) {
     covered = 0;
@@ -246,9 +248,10 @@ std::optional<std::vector<TileDiff>> CpuBackend::compare_reference(
     int64_t batch, const TileCompare& how) {
   const float* g = data_of(got);
   const int64_t n = got.n;
-  if (!g) return std::nullopt;
   check_kjt(plan, kjt, "batch " + std::to_string(batch) + " rank" + std::to_string(rank));
   if (shape_numel(reference_shape(plan, kjt)) != n) return std::nullopt;
+  if (n == 0) return std::vector<TileDiff>{};
+  if (!g) return std::nullopt;
   int64_t covered = n;
   if (plan.module == ModuleKind::pooled) {
     covered = 0;
@@ -266,6 +269,7 @@ std::optional<std::vector<TileDiff>> CpuBackend::compare(const TensorRef& got,
                                                          const TensorRef& want,
                                                          const TileCompare& how) {
   if (got.n != want.n) return std::nullopt;
+  if (got.n == 0) return std::vector<TileDiff>{};
   const float* g = data_of(got);
   const float* w = data_of(want);
   if (!g || !w) return std::nullopt;
