@@ -66,7 +66,9 @@ TEST_CASE("property: one destination's blocks give its output, over 500 random b
                                          : sequence_block(seq->senders[size_t(s)], d, p.seq_dim());
         REQUIRE(b);  // derived contexts send in increasing row order
         const EmbTensor want =
-            be->lookup(p, int(s), lookup_kjt_from(der.ranks[size_t(s)].lookup_kjt, d), oracle);
+            be->lookup(p, int(s), lookup_kjt_from(der.ranks[size_t(s)].lookup_kjt, d), oracle,
+                       Place::host)
+                .t;
         REQUIRE(want.shape == b->shape);
         EmbTensor got{local[size_t(s)].dtype, b->shape, std::vector<float>(size_t(b->numel()))};
         for (int64_t e = 0; e < b->numel(); ++e) {
@@ -85,8 +87,10 @@ TEST_CASE("property: one destination's blocks give its output, over 500 random b
         std::vector<EmbTensor> part;
         for (int64_t s = 0; s < W; ++s) {
           const DestBlock b = block_rows(pooled_block(*pchk, s, d, p.sum_dim, false), r0, r1);
-          const EmbTensor want = be->lookup(
-              p, int(s), lookup_kjt_from(der.ranks[size_t(s)].lookup_kjt, d, r0, r1), oracle);
+          const EmbTensor want =
+              be->lookup(p, int(s), lookup_kjt_from(der.ranks[size_t(s)].lookup_kjt, d, r0, r1),
+                         oracle, Place::host)
+                  .t;
           REQUIRE(want.shape == b.shape);
           EmbTensor got{want.dtype, b.shape, std::vector<float>(size_t(b.numel()))};
           for (int64_t e = 0; e < b.numel(); ++e)
@@ -94,7 +98,7 @@ TEST_CASE("property: one destination's blocks give its output, over 500 random b
           REQUIRE(bit_equal(got, want));
           part.push_back(std::move(got));
         }
-        const EmbTensor out = destination_output(p, *be, d, part, cp, vbe);
+        const EmbTensor out = destination_output(p, *be, d, part, cp, vbe, Place::host).t;
         const int64_t C = p.sum_dim;
         const EmbTensor& w = whole[size_t(d)];
         REQUIRE(bit_equal(
@@ -102,7 +106,7 @@ TEST_CASE("property: one destination's blocks give its output, over 500 random b
             EmbTensor{w.dtype, {r1 - r0, C}, {w.data.begin() + r0 * C, w.data.begin() + r1 * C}}));
         ++seen_rows;
       }
-      const EmbTensor out = destination_output(p, *be, d, blocks, cp, vbe);
+      const EmbTensor out = destination_output(p, *be, d, blocks, cp, vbe, Place::host).t;
       REQUIRE(bit_equal(out, whole[size_t(d)]));
     }
     for (int64_t s = 0; s < W; ++s)

@@ -33,18 +33,18 @@ void run_with_ctx(const Plan& p, const std::vector<Kjt>& k, Mutate mutate) {
   auto src = example_source(p);
   DerivedBatch d = derive_input_dist(p, ptrs(k));
   std::vector<EmbTensor> local = derive_local_embs(p, d, *src, *be, 0);
-  std::vector<const EmbTensor*> lp;
+  std::vector<TensorRef> lp;
   std::vector<const ShardingContext*> cp;
   for (size_t r = 0; r < local.size(); ++r) {
     mutate(static_cast<int>(r), d.ranks[r].ctx);
-    lp.push_back(&local[r]);
+    lp.emplace_back(local[r]);
     cp.push_back(&d.ranks[r].ctx);
   }
-  OutputSink sink = [](int, EmbTensor&&) {};
+  OutputSink sink = [](int, Tensor&&) {};
   if (p.module == ModuleKind::sequence)
-    RwSequenceEmbeddingDist(p, *be).forward(lp, cp, sink);
+    RwSequenceEmbeddingDist(p).forward(*be, lp, cp, Place::host, sink);
   else
-    RwPooledEmbeddingDist(p, *be).forward(0, lp, cp, sink);
+    RwPooledEmbeddingDist(p).forward(*be, 0, lp, cp, Place::host, sink);
 }
 
 template <class Mutate>
@@ -64,7 +64,7 @@ TEST_CASE("RwPooledEmbeddingDist latches the variable-batch mode of its first ba
       make_plan(2, ModuleKind::pooled, {table("t0", 10, 2, {"f0"}), table("t1", 6, 3, {"f1"})});
   OracleSource src(7, p);
   auto be = make_cpu_backend(2);
-  RwPooledEmbeddingDist dist(p, *be);
+  RwPooledEmbeddingDist dist(p);
   CHECK_FALSE(dist.latched_variable_batch().has_value());
   std::vector<Kjt> normal = {make_kjt(2, {1, 0, 1, 1}, {1, 2, 3}),
                              make_kjt(2, {1, 1, 1, 1}, {9, 4, 5, 0})};
@@ -87,7 +87,7 @@ TEST_CASE("RwPooledEmbeddingDist latches the variable-batch mode of its first ba
   CHECK(run_sharded(p, normal, src, *be, 2, &dist)[1].data ==
         reference_output(p, 1, normal[1], src, 2).data);
   // The other way round: latched on a VBE batch, a normal one is the mismatch.
-  RwPooledEmbeddingDist dist2(p, *be);
+  RwPooledEmbeddingDist dist2(p);
   run_sharded(p, vbe, src, *be, 0, &dist2);
   CHECK(dist2.latched_variable_batch() == std::optional<bool>(true));
   CHECK_THROWS_AS(run_sharded(p, normal, src, *be, 1, &dist2), OutputDistFailure);
@@ -301,14 +301,17 @@ TEST_CASE("pooled bounds_check=error: the first bad id in bag order, made row by
     }
   };
   const LookupKjt& lk = d.ranks[0].lookup_kjt;
-  check_lookup_error([&] { be->lookup(p, 0, lk, *src); });
+  check_lookup_error([&] { be->lookup(p, 0, lk, *src, Place::host); });
   const std::vector<float> zeros(16, 0.0f);  // [4 rows, sum_D 4]
   const TileCompare how{Tolerance::exact(), 4, 10};
-  check_lookup_error([&] { be->lookup_differences(p, 0, lk, *src, zeros.data(), 16, how); });
+  check_lookup_error([&] {
+    be->comparator().compare_lookup(TensorRef::span(zeros.data(), 16), p, 0, lk, *src, how);
+  });
   const std::string want =
       "batch 3: rank 0, feature f0: id 12 at position 1 is outside table t0 [0, 10) "
       "(bounds_check=error)";
   CHECK_THROWS_WITH(reference_output(p, 0, k[0], *src, 3), want.c_str());
-  CHECK_THROWS_WITH(be->reference_differences(p, 0, k[0], *src, 3, zeros.data(), -1, 8, how),
+  CHECK_THROWS_WITH(be->comparator().compare_reference(TensorRef::span(zeros.data(), 8), p, 0, k[0],
+                                                       *src, 3, how),
                     want.c_str());
 }

@@ -2,6 +2,8 @@
 // formula, and the full sharded pipeline (input dist -> lookup -> output dist).
 #pragma once
 
+#include <doctest/doctest.h>
+
 #include <functional>
 #include <memory>
 #include <random>
@@ -82,22 +84,26 @@ inline std::vector<EmbTensor> run_sharded(const Plan& plan, const std::vector<Kj
                                           int64_t batch = 0,
                                           RwPooledEmbeddingDist* pooled = nullptr) {
   const std::vector<const Kjt*> kp = ptrs(kjts);
-  DerivedBatch d = derive_input_dist(plan, kp, be);
+  DerivedBatch d = derive_input_dist(plan, kp);
   std::vector<EmbTensor> local = derive_local_embs(plan, d, src, be, batch);
-  std::vector<const EmbTensor*> lp;
+  std::vector<TensorRef> lp;
   std::vector<const ShardingContext*> cp;
   for (size_t r = 0; r < local.size(); ++r) {
-    lp.push_back(&local[r]);
+    lp.emplace_back(local[r]);
     cp.push_back(&d.ranks[r].ctx);
   }
   std::vector<EmbTensor> out(local.size());
-  OutputSink sink = [&](int r, EmbTensor&& e) { out[static_cast<size_t>(r)] = std::move(e); };
+  // Host outputs: a backend asked for Place::host hands over the whole tensor.
+  OutputSink sink = [&](int r, Tensor&& e) {
+    REQUIRE_FALSE(e.kept.has_value());
+    out[static_cast<size_t>(r)] = std::move(e.t);
+  };
   if (plan.module == ModuleKind::sequence) {
-    RwSequenceEmbeddingDist dist(plan, be);
-    dist.forward(lp, cp, sink);
+    RwSequenceEmbeddingDist dist(plan);
+    dist.forward(be, lp, cp, Place::host, sink);
   } else {
-    RwPooledEmbeddingDist local_dist(plan, be);
-    (pooled ? *pooled : local_dist).forward(batch, lp, cp, sink);
+    RwPooledEmbeddingDist local_dist(plan);
+    (pooled ? *pooled : local_dist).forward(be, batch, lp, cp, Place::host, sink);
   }
   return out;
 }

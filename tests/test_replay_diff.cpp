@@ -179,7 +179,7 @@ TEST_CASE("merge_diff of column slices equals the whole diff") {
   }
 }
 
-// A check from the tiles a backend compared (Backend::lookup_differences and the others): the
+// A check from the tiles a backend compared (Comparator::compare_lookup and the others): the
 // tiles listed are exactly those whose pairs add something, each with its own statistics, and
 // both sides' values exactly on the tiles up to the first max_report mismatches; the diff made
 // from them alone is the definition's, whatever the tile size.

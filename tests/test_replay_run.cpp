@@ -10,7 +10,7 @@
 
 #include "capture/capture.hpp"
 #include "common/error.hpp"
-#include "engine/starting_backend.hpp"
+#include "engine/backend.hpp"
 #include "replay/replay.hpp"
 #include "synth/synth.hpp"
 
@@ -148,9 +148,10 @@ TEST_CASE("run_replay: clean capture, then a planted context defect") {
   std::remove(clean.c_str());
 }
 
-// A backend still being made on another thread (engine/starting_backend.hpp, what start_backend
-// gives a GPU replay): the replay's report is the one of the backend made up front, name() does
-// not wait for the making, and what the making threw is the run's trouble.
+// A backend still being made on another thread (StartingBackend, backend.hpp; what a GPU replay
+// starts while it opens the capture): the replay's report is the one of the backend made up
+// front, name() and ready() do not wait for the making, get() does, and what the making threw is
+// rethrown by every get() and is the run's trouble.
 TEST_CASE("run_replay on a starting backend") {
   const std::string clean = make_capture("test_replay_run_starting.h5");
   ReplayOptions opt;
@@ -159,22 +160,26 @@ TEST_CASE("run_replay on a starting backend") {
   const Report want = run_replay(opt, *cpu, {});
   REQUIRE(want.trouble == "");
 
-  // The making waits until the test lets it go, after name() answered: a name() that waited
-  // for it would never return.
+  // The making waits until the test lets it go, after name() and ready() answered: a name()
+  // that waited for it would never return.
   std::promise<void> go;
   std::shared_future<void> released = go.get_future().share();
-  std::unique_ptr<Backend> starting = make_starting_backend("cpu", [released] {
+  StartingBackend starting("cpu", [released] {
     released.wait();
     return make_cpu_backend(1);
   });
-  CHECK(starting->name() == "cpu");
+  CHECK(starting.name() == "cpu");
+  CHECK_FALSE(starting.ready());
   go.set_value();
   int checks = 0;
   ReplayCallbacks cb;
   std::string device_at_header;
   cb.on_start = [&](const Report& r) { device_at_header = r.info.device; };
   cb.on_check = [&](const CheckResult&) { ++checks; };
-  const Report got = run_replay(opt, *starting, cb);
+  const Report got = run_replay(opt, starting, cb);
+  CHECK(starting.ready());
+  CHECK(starting.get().name() == "cpu");
+  CHECK(&starting.get() == &starting.get());  // made once
   CHECK(got.trouble == "");
   CHECK(got.info.device == want.info.device);
   CHECK(device_at_header == want.info.device);
@@ -187,14 +192,62 @@ TEST_CASE("run_replay on a starting backend") {
     CHECK(got.checks[i].message == want.checks[i].message);
   }
 
-  // A backend that cannot be made: every call rethrows its error, and the run says it.
-  std::unique_ptr<Backend> broken = make_starting_backend(
+  // Made already: ready at once, get() gives that very backend.
+  StartingBackend borrowed(*cpu);
+  CHECK(borrowed.ready());
+  CHECK(borrowed.name() == "cpu");
+  CHECK(&borrowed.get() == cpu.get());
+  std::unique_ptr<Backend> owned = make_cpu_backend(1);
+  Backend* owned_at = owned.get();
+  StartingBackend made(std::move(owned));
+  CHECK(made.ready());
+  CHECK(&made.get() == owned_at);
+
+  // A backend that cannot be made: every get() rethrows its error, and the run says it.
+  StartingBackend broken(
       "cuda", []() -> std::unique_ptr<Backend> { throw DeviceError("CUDA device 0 is gone"); });
-  CHECK(broken->name() == "cuda");
-  CHECK_THROWS_WITH_AS(broken->device(), "CUDA device 0 is gone", DeviceError);
-  CHECK_THROWS_WITH_AS(broken->hold_outputs(true), "CUDA device 0 is gone", DeviceError);
-  const Report failed = run_replay(opt, *broken, {});
+  CHECK(broken.name() == "cuda");
+  CHECK_THROWS_WITH_AS(broken.get(), "CUDA device 0 is gone", DeviceError);
+  CHECK_THROWS_WITH_AS(broken.get(), "CUDA device 0 is gone", DeviceError);
+  const Report failed = run_replay(opt, broken, {});
   CHECK(failed.trouble.find("CUDA device 0 is gone") != std::string::npos);
   CHECK(failed.checks.empty());
+  std::remove(clean.c_str());
+}
+
+// A CPU backend that keeps (make_cpu_backend(threads, true)): the replay's kept paths (lookups
+// kept for the dist, captured local_embs kept as inputs, outputs kept and compared where they
+// are) give the report of the host paths, check for check, whole or one destination at a time.
+TEST_CASE("run_replay on a keeping CPU backend == on the host") {
+  const std::string clean = make_capture("test_replay_run_keeping.h5");
+  const std::string bad = "test_replay_run_keeping_bad.h5";
+  rewrite(clean, bad, [&](int64_t k, Batch& batch) {
+    if (k == 1) batch.ranks[0].output->data[3] += 1.0f;  // one golden element off
+  });
+  std::unique_ptr<Backend> host = make_cpu_backend(1);
+  std::unique_ptr<Backend> keeping = make_cpu_backend(1, true);
+  for (const std::string& cap : {clean, bad})
+    for (const CtxMode mode : {CtxMode::captured, CtxMode::derived}) {
+      CAPTURE(cap);
+      CAPTURE(int(mode));
+      ReplayOptions opt;
+      opt.capture_path = cap;
+      opt.ctx_mode = mode;
+      const Report want = run_replay(opt, *host, {});
+      const Report got = run_replay(opt, *keeping, {});
+      REQUIRE(want.trouble == "");
+      CHECK(got.trouble == "");
+      CHECK(got.summary().exit_code == want.summary().exit_code);
+      CHECK(want.summary().output_mismatches == (cap == bad ? 1 : 0));
+      REQUIRE(got.checks.size() == want.checks.size());
+      for (size_t i = 0; i < got.checks.size(); ++i) {
+        CAPTURE(want.checks[i].name());
+        CHECK(got.checks[i].name() == want.checks[i].name());
+        CHECK(got.checks[i].status == want.checks[i].status);
+        CHECK(got.checks[i].mismatches == want.checks[i].mismatches);
+        CHECK(got.checks[i].message == want.checks[i].message);
+      }
+    }
+  std::remove(bad.c_str());
   std::remove(clean.c_str());
 }
