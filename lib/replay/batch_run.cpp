@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <future>
+#include <set>
 #include <system_error>
 
 #include "common/error.hpp"
@@ -372,15 +374,25 @@ void run_destinations(RunContext& rc, BatchState& st, const DestinationCut& cut,
   std::vector<std::vector<int64_t>> value_off(static_cast<size_t>(W));  // [s]: of its lookup KJT
   for (int64_t s = 0; rc.source && s < W; ++s)
     value_off[size_t(s)] = complete_cumsum(st.der.ranks[size_t(s)].lookup_kjt.lengths);
-  for (size_t i = 0; i < units.size(); ++i) {
+  const auto run_unit = [&](size_t i) {
     const Unit& u = units[i];
     const int64_t d = u.d;
     rc.clock.enter("read", int(d));
-    UnitRows rows = next.get();
+    // This unit's rows, then the next unit's read begins (one read in flight at a time), whether
+    // or not this one's could be read.
+    std::optional<UnitRows> got;
+    std::exception_ptr unread;
+    try {
+      got = next.get();
+    } catch (...) {
+      unread = std::current_exception();
+    }
     if (i + 1 < units.size())
       next = read_ahead_task(read, i + 1, ahead);
     else if (ahead && next_batch >= 0)
       src.shapes_ahead(next_batch);
+    if (unread) std::rethrow_exception(unread);
+    UnitRows& rows = *got;
     for (int64_t s = 0; rc.source && s < W; ++s) {
       const DestBlock b = unit_block(cut, s, u);
       const LookupKjt part =
@@ -412,11 +424,43 @@ void run_destinations(RunContext& rc, BatchState& st, const DestinationCut& cut,
     p.kjt = u.rows ? &samples : &kjt_d;
     checks.check(p);
     if (rows.golden) spare.give(std::move(rows.golden->data));
+  };
+  // A unit that meets trouble (its rows cannot be read, an id outside its table) is reported and
+  // the next one runs; the checks it was part of are skipped, never decided on part of their data.
+  std::set<int64_t> failed;  // destinations
+  std::set<std::string> said;
+  const auto trouble = [&](int64_t d, int rank, const std::string& stage, const std::string& msg) {
+    failed.insert(d);
+    if (said.insert(msg).second) rc.log.trouble(k, rank, stage, msg);
+  };
+  for (size_t i = 0; i < units.size(); ++i) {
+    const Unit& u = units[i];
+    const int64_t d = u.d;
+    try {
+      run_unit(i);
+    } catch (const CaptureError& e) {
+      trouble(d, rank_of_h5path(e.h5path()), "capture", e.what());
+    } catch (const Error& e) {
+      trouble(d, rc.clock.rank(), rc.clock.report_stage(), e.what());
+    }
     if (i + 1 == units.size() || units[i + 1].d != d) rc.log.rank_done(k);
   }
   rc.note_latch(k);
-  for (int64_t s = 0; rc.source && s < W; ++s) looked.decide(int(s));
-  for (int64_t d = 0; d < W; ++d) checks.decide(int(d), nullptr);
+  const std::string why =
+      fmt::format("not every part of it could be checked: trouble in batch {} (destination {})", k,
+                  failed.empty() ? 0 : *failed.begin());
+  for (int64_t s = 0; rc.source && s < W; ++s) {
+    if (failed.empty())
+      looked.decide(int(s));
+    else
+      rc.log.emit(skipped(k, int(s), "lookup", "local_embs", why));
+  }
+  for (int64_t d = 0; d < W; ++d) {
+    if (failed.count(d))
+      checks.skip(int(d), why);
+    else
+      checks.decide(int(d), nullptr);
+  }
 }
 
 }  // namespace dynemb::replay_detail

@@ -127,6 +127,14 @@ void OutputChecks::emit(int r, std::optional<CheckResult> gold, std::optional<Ch
 }
 
 // Every output check of the ranks the output dist has not handed over, skipped with `why`.
+void OutputChecks::skip(int r, const std::string& why) {
+  ranks_[size_t(r)] = Rank{};
+  const RankBatch& rb = st_.batch().ranks[size_t(r)];
+  if (rb.output) rc_.log.emit(skipped(st_.k, r, "output", "golden", why));
+  if (rc_.source) rc_.log.emit(skipped(st_.k, r, "output", "reference", why));
+  if (rb.module_output) rc_.log.emit(skipped(st_.k, r, "module", "module_output", why));
+}
+
 void OutputChecks::skip_rest(const std::string& why) {
   const BatchState& st = st_;
   for (int64_t r = 0; r < st.W; ++r) {

@@ -42,6 +42,8 @@ class OutputChecks {
   bool handed_over(int r) const { return !ranks_[size_t(r)].whole_shape.empty(); }
   // Every output check of the ranks the output dist did not hand over, skipped with `why`.
   void skip_rest(const std::string& why);
+  // Rank r's output checks, whatever parts went through, skipped with `why`.
+  void skip(int r, const std::string& why);
   // The crash a real rank would have had: a context finding, not trouble; the ranks not handed
   // over get no output checks.
   void dist_failed(const OutputDistFailure& e);

@@ -151,9 +151,7 @@ void Replayer::run() {
       int64_t next = -1;  // the next batch this loop replays
       for (size_t j = i + 1; j < order.size() && next < 0; ++j)
         if (selected_.count(order[j])) next = order[j];
-      const bool taken = by_destination(src, k, next);
-      report_cut(k, taken);
-      if (taken) {
+      if (by_destination(src, k, next)) {
         log_.batch_done(k);
         continue;
       }
@@ -202,13 +200,17 @@ bool Replayer::guarded(int64_t k, Fn&& fn) {
 // contexts are read whole, the rows of each unit as it is checked. False, with nothing of it
 // done, when it cannot (the caller reads it whole).
 bool Replayer::by_destination(BatchSource& src, int64_t k, int64_t next) {
+  bool cut_so = false;  // what the test hook reports
   rc_.clock.tick("read");
   std::optional<Batch> shapes = src.read_shapes(k);
-  if (!shapes) return false;  // the whole read says what and where
-  for (const RankBatch& rb : shapes->ranks)
-    if (!rb.local_embs || rb.module_output) return false;
-  begin(k, *shapes);
-  if (!rc_.use_captured) return false;
+  bool fits = shapes.has_value();  // else the whole read says what and where
+  for (size_t r = 0; fits && r < shapes->ranks.size(); ++r)
+    fits = shapes->ranks[r].local_embs && !shapes->ranks[r].module_output;
+  if (fits) begin(k, *shapes);
+  if (!fits || !rc_.use_captured) {
+    report_cut(k, false);
+    return false;
+  }
   std::optional<Batch> whole;
   guarded(k, [&] {
     rc_.clock.enter("replay");
@@ -217,6 +219,7 @@ bool Replayer::by_destination(BatchSource& src, int64_t k, int64_t next) {
     check_contexts(rc_, st);
     choose_contexts(rc_, st);
     if (const std::optional<DestinationCut> cut = cut_destinations(rc_, st)) {
+      cut_so = true;
       run_destinations(rc_, st, *cut, src, next);
       return;
     }
@@ -229,6 +232,7 @@ bool Replayer::by_destination(BatchSource& src, int64_t k, int64_t next) {
     run_whole(rc_, st);
   });
   rc_.clock.tick("replay");
+  report_cut(k, cut_so);
   return true;
 }
 

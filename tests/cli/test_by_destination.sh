@@ -10,8 +10,8 @@
 # local_embs changed at elements of several destinations (--max-mismatches 2 cutting inside a
 # later destination's), which run by destination; a swapped unbucketize_permute and a
 # batch_size_per_rank the reduce-scatter cannot run with (the contexts are not the derived
-# ones), and a damaged chunk of one rank's local_embs (trouble), which fall back to the whole
-# batch with its words.
+# ones), which the planner cuts whole; and a damaged chunk of one rank's local_embs, whose units
+# are trouble while the others run.
 # Env (tests/CMakeLists.txt): DYNEMB (binary), DYNEMB_SRC, DYNEMB_PYTHON (python3 + h5py);
 # DYNEMB_BACKEND (default cpu): the backend both replays use (cuda on the GPU machine).
 set -u
@@ -136,7 +136,42 @@ same seq-local seq-local.h5 "one destination at a time" --max-mismatches 3
 same pooled-local pooled-local.h5 "one destination at a time" --max-mismatches 2
 same seq-perm seq-perm.h5 "$(printf 'one destination at a time\nwhole')"
 same pooled-bspr pooled-bspr.h5 "$(printf 'one destination at a time\nwhole')"
-same seq-damaged seq-damaged.h5 "$(printf 'one destination at a time\nwhole')"
+# A damaged chunk: the whole read leaves the rank's ctx/, local_embs and output out of its batch;
+# cut by destination, the units whose rows hold the chunk are trouble, the others still run, and
+# no check is decided on part of its data. Both exit 2 naming the chunk; batch 0 is the same.
+damaged() {
+  DYNEMB_BY_DESTINATION=off "$DYNEMB" replay seq-damaged.h5 --backend "$backend" --quiet \
+    --json seq-damaged.whole.json >/dev/null 2>&1
+  local rc_whole=$?
+  DYNEMB_BY_DESTINATION=report "$DYNEMB" replay seq-damaged.h5 --backend "$backend" --quiet \
+    --json seq-damaged.dest.json >/dev/null 2>seq-damaged.dest.err
+  local rc_dest=$?
+  [[ $rc_whole == 2 && $rc_dest == 2 ]] || fail "seq-damaged: exit $rc_whole whole, $rc_dest by destination, want 2"
+  "$DYNEMB_PYTHON" - seq-damaged.whole.json seq-damaged.dest.json <<'PYEOF' || fail "seq-damaged: $(cat damaged.why)"
+import json, sys
+whole, dest = (json.load(open(p))["checks"] for p in sys.argv[1:])
+why = open("damaged.why", "w")
+def trouble(checks):
+    return [c for c in checks if c["check"] == "trouble"]
+for name, checks in (("whole", whole), ("by destination", dest)):
+    t = trouble(checks)
+    if not t or any(c["batch"] != 1 or c["rank"] != 2 or "/batches/1/rank2/local_embs: chunk" not in c["message"] for c in t):
+        why.write("%s: troubles %r" % (name, [(c["batch"], c["rank"], c["message"][:80]) for c in t])); sys.exit(1)
+b0 = lambda checks: [c for c in checks if c["batch"] == 0]
+if b0(whole) != b0(dest):
+    why.write("batch 0 differs"); sys.exit(1)
+d1 = [c for c in dest if c["batch"] == 1]
+# every output check of batch 1 is there once, decided or skipped; the lookups the damage
+# touches are skipped, never passed on part of their data
+outs = [(c["rank"], c["check"]) for c in d1 if c["stage"] == "output"]
+lookups = [c for c in d1 if c["stage"] == "lookup"]
+if sorted(outs) != sorted(set(outs)) or len(outs) != 16 or len(lookups) != 8 or \
+        any(c["status"] != "skipped" for c in lookups):
+    why.write("batch 1: outputs %r, lookups %r" % (outs, [c["status"] for c in lookups])); sys.exit(1)
+PYEOF
+  ok "seq-damaged (exit 2 both ways, every check of the damaged batch decided or skipped once)"
+}
+damaged
 for c in seq pooled; do
   same "$c-dense" "$c-dense.h5" "one destination at a time" --max-mismatches 3
   same "$c-dense-rtol" "$c-dense.h5" "one destination at a time" --tolerance rtol:0.5,atol:0.5
@@ -144,7 +179,6 @@ done
 grep -q '"status": "fail"' pooled-dense.dest.json || fail "pooled-dense: no failed check"
 grep -q '"column"' pooled-gold.dest.json || fail "pooled-gold: no mismatch coordinates"
 grep -q '"status": "fail"' seq-local.dest.json || fail "seq-local: no failed check"
-grep -q '"check": "trouble"' seq-damaged.dest.json || fail "seq-damaged: no trouble reported"
 
 [[ $fails -eq 0 ]] && echo "by destination: all cases pass" || echo "$fails failure(s)"
 [[ $fails -eq 0 ]]
