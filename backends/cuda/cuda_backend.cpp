@@ -24,11 +24,13 @@
 #include "common/trace.hpp"
 #include "compare.hpp"
 #include "cuda_check.hpp"
-#include "dist_kernels.hpp"
+#include "device_buffer.hpp"
 #include "engine/dist_checks.hpp"
 #include "engine/input_dist.hpp"
 #include "engine/ops.hpp"
 #include "engine/reference.hpp"
+#include "gather.hpp"
+#include "pooled.hpp"
 #include "workspace.hpp"
 
 namespace dynemb {

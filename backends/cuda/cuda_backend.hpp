@@ -10,9 +10,11 @@
 
 #include "bucketize.hpp"
 #include "cuda_check.hpp"
-#include "dist_kernels.hpp"
+#include "device_buffer.hpp"
 #include "engine/backend.hpp"
+#include "gather.hpp"
 #include "plan/plan.hpp"
+#include "pooled.hpp"
 #include "staging.hpp"
 
 namespace dynemb {
