@@ -23,6 +23,7 @@
 #include "common/error.hpp"
 #include "common/hash.hpp"
 #include "common/parallel.hpp"
+#include "common/test_hooks.hpp"
 #include "engine/backend.hpp"
 #include "engine/dest_blocks.hpp"
 #include "engine/embedding_source.hpp"
@@ -487,10 +488,10 @@ class BatchWrites {
   std::vector<uint64_t> out_task_, in_task_;
 };
 
-// The test hook DYNEMB_SYNTH_BY_DESTINATION=off: every batch's output dist whole.
+// The test hook DYNEMB_SYNTH_BY_DESTINATION=off (common/test_hooks.hpp): every batch's output
+// dist whole.
 bool synth_by_destination_allowed() {
-  const char* e = std::getenv("DYNEMB_SYNTH_BY_DESTINATION");
-  return !(e && std::string(e) == "off");
+  return !test_hooks::synth_by_destination_off();
 }
 
 // Whether every id of every rank's lookup is inside its table, as bounds_check=error demands.
@@ -517,8 +518,7 @@ bool lookups_in_bounds(const Plan& plan, const DerivedBatch& derived) {
 // Rows of a pooled destination made at once: 64 MiB of its blocks (`row_floats` per row, all
 // W blocks), at least one (the test hook DYNEMB_SYNTH_UNIT_ROWS=N: N).
 int64_t unit_rows(int64_t row_floats) {
-  if (const char* e = std::getenv("DYNEMB_SYNTH_UNIT_ROWS"); e && std::atoll(e) > 0)
-    return std::atoll(e);
+  if (const std::optional<int64_t> n = test_hooks::synth_unit_rows()) return *n;
   constexpr int64_t kUnitFloats = int64_t(16) << 20;
   return std::max<int64_t>(1, kUnitFloats / std::max<int64_t>(1, row_floats));
 }
