@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "bench.hpp"
+#include "run.hpp"
 
 namespace dynemb::bench {
 

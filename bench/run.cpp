@@ -1,12 +1,12 @@
 // Workload loading and the choice of stages to run by backend.
 #include <fmt/core.h>
 
-#include "bench.hpp"
 #include "capture/capture.hpp"
 #include "common/error.hpp"
 #include "engine/input_dist.hpp"
 #include "engine/ops.hpp"
 #include "registry.hpp"
+#include "run.hpp"
 #include "stages.hpp"
 #include "synth/synth.hpp"
 

@@ -7,7 +7,7 @@
 #include <functional>
 #include <vector>
 
-#include "bench.hpp"
+#include "run.hpp"
 
 namespace dynemb::bench {
 

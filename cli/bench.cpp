@@ -7,13 +7,13 @@
 #include <memory>
 #include <string>
 
-#include "bench.hpp"
 #include "commands.hpp"
 #include "common/console.hpp"
 #include "common/error.hpp"
 #include "common/output_file.hpp"
 #include "common/safe_text.hpp"
 #include "export.hpp"
+#include "run.hpp"
 
 namespace dynemb::cli {
 namespace {

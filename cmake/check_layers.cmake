@@ -1,21 +1,117 @@
 # Layering check, run at configure time (include()) and by the dynemb_check_layers target at
-# every build (cmake -DDYNEMB_ROOT=... -P): no file of cli/ includes a CUDA, CUB or NCCL header
-# or a kernels/ header, and lib/ includes nothing of kernels/, backends/ or bench/.
+# every build (cmake -DDYNEMB_ROOT=... -P). It fails naming every file that breaks a rule:
+#   cli/     includes no CUDA, CUB or NCCL header and no kernels/ header;
+#   lib/     includes nothing of kernels/, backends/ or bench/, and a file of lib/X includes
+#            only "Y/..." headers of the layers Y at or below X, lowest first: common, plan,
+#            model, engine, capture, synth, replay;
+#   kernels/ includes only its own headers, lib/common's and CUDA, CUB or standard headers.
 if(NOT DYNEMB_ROOT)
   set(DYNEMB_ROOT ${PROJECT_SOURCE_DIR})
 endif()
+set(DYNEMB_LIB_LAYERS common plan model engine capture synth replay)
+string(REPLACE ";" ", " DYNEMB_LIB_LAYERS_TEXT "${DYNEMB_LIB_LAYERS}")
+set(DYNEMB_LAYER_ERRORS "")
+
+# The #include lines of a file (one list entry each).
+function(dynemb_include_lines file out)
+  file(STRINGS ${file} lines REGEX "^[ \t]*#[ \t]*include")
+  set(${out} "${lines}" PARENT_SCOPE)
+endfunction()
+
+macro(dynemb_layer_error file line why)
+  file(RELATIVE_PATH _rel ${DYNEMB_ROOT} ${file})
+  string(STRIP "${line}" _line)
+  list(APPEND DYNEMB_LAYER_ERRORS "${_rel}: `${_line}`: ${why}")
+endmacro()
+
 function(dynemb_forbid_includes dir regex why)
   file(GLOB_RECURSE files ${DYNEMB_ROOT}/${dir}/*.cpp ${DYNEMB_ROOT}/${dir}/*.hpp)
   foreach(f ${files})
-    file(STRINGS ${f} hits REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"](${regex})")
-    if(hits)
-      file(RELATIVE_PATH rel ${DYNEMB_ROOT} ${f})
-      list(GET hits 0 first)
-      message(FATAL_ERROR "${rel}: `${first}`: ${why}")
-    endif()
+    dynemb_include_lines(${f} lines)
+    foreach(line ${lines})
+      if(line MATCHES "^[ \t]*#[ \t]*include[ \t]*[<\"](${regex})")
+        dynemb_layer_error(${f} "${line}" "${why}")
+      endif()
+    endforeach()
   endforeach()
+  set(DYNEMB_LAYER_ERRORS "${DYNEMB_LAYER_ERRORS}" PARENT_SCOPE)
 endfunction()
+
 dynemb_forbid_includes(cli "cuda|cub/|nccl|dist_kernels|bucketize|probes|kernels/|cuda/|nccl/|.*[.]cuh"
   "cli/ never includes a CUDA, CUB or NCCL header: go through backends/registry.hpp or bench/")
 dynemb_forbid_includes(lib "cuda|cub/|nccl|dist_kernels|kernels/|backends/|bench/|registry|.*[.]cuh"
   "lib/ is host-only and below kernels/, backends/ and bench/")
+
+# lib/: each layer includes only the layers at or below it.
+function(dynemb_check_lib_order)
+  list(LENGTH DYNEMB_LIB_LAYERS n)
+  math(EXPR last "${n} - 1")
+  foreach(i RANGE ${last})
+    list(GET DYNEMB_LIB_LAYERS ${i} layer)
+    list(SUBLIST DYNEMB_LIB_LAYERS 0 ${i} below)
+    list(APPEND below ${layer})
+    string(REPLACE ";" ", " allowed "${below}")
+    file(GLOB_RECURSE files ${DYNEMB_ROOT}/lib/${layer}/*.cpp ${DYNEMB_ROOT}/lib/${layer}/*.hpp)
+    foreach(f ${files})
+      get_filename_component(here ${f} DIRECTORY)
+      dynemb_include_lines(${f} lines)
+      foreach(line ${lines})
+        if(NOT line MATCHES "^[ \t]*#[ \t]*include[ \t]*\"([^\"]+)\"")
+          continue()
+        endif()
+        set(path ${CMAKE_MATCH_1})
+        set(to "")
+        if(path MATCHES "^([a-z_]+)/")
+          set(to ${CMAKE_MATCH_1})
+        endif()
+        list(FIND DYNEMB_LIB_LAYERS "${to}" j)
+        if(j LESS 0)
+          if(NOT EXISTS ${here}/${path})
+            dynemb_layer_error(${f} "${line}"
+              "lib/ includes only headers of its layers, as \"layer/name.hpp\" (${DYNEMB_LIB_LAYERS_TEXT})")
+          endif()
+        elseif(j GREATER i)
+          dynemb_layer_error(${f} "${line}"
+            "lib/${layer} includes only the lib/ layers at or below it (${allowed}), and ${to} is above it")
+        endif()
+      endforeach()
+    endforeach()
+  endforeach()
+  set(DYNEMB_LAYER_ERRORS "${DYNEMB_LAYER_ERRORS}" PARENT_SCOPE)
+endfunction()
+dynemb_check_lib_order()
+
+# kernels/: its own headers (found under kernels/), lib/common's, and <...> headers of CUDA,
+# CUB and the standard library; never the other lib/ layers, backends/, bench/, cli/ or NCCL.
+function(dynemb_check_kernels)
+  set(why "kernels/ includes only its own headers, lib/common's and CUDA, CUB or standard headers")
+  file(GLOB_RECURSE files ${DYNEMB_ROOT}/kernels/*.cu ${DYNEMB_ROOT}/kernels/*.cuh
+       ${DYNEMB_ROOT}/kernels/*.hpp ${DYNEMB_ROOT}/kernels/*.cpp ${DYNEMB_ROOT}/kernels/*.h)
+  foreach(f ${files})
+    get_filename_component(here ${f} DIRECTORY)
+    dynemb_include_lines(${f} lines)
+    foreach(line ${lines})
+      if(line MATCHES "^[ \t]*#[ \t]*include[ \t]*\"([^\"]+)\"")
+        set(path ${CMAKE_MATCH_1})
+        if(path MATCHES "^common/")
+          if(NOT EXISTS ${DYNEMB_ROOT}/lib/${path})
+            dynemb_layer_error(${f} "${line}" "no such header in lib/common")
+          endif()
+        elseif(NOT (EXISTS ${DYNEMB_ROOT}/kernels/${path} OR EXISTS ${here}/${path})
+               OR path MATCHES "(^|/)[.][.]/")
+          dynemb_layer_error(${f} "${line}" "${why}")
+        endif()
+      elseif(line MATCHES "^[ \t]*#[ \t]*include[ \t]*<(plan|model|engine|capture|synth|replay|backends|bench|cli|kernels|nccl)[/.]")
+        dynemb_layer_error(${f} "${line}" "${why}")
+      endif()
+    endforeach()
+  endforeach()
+  set(DYNEMB_LAYER_ERRORS "${DYNEMB_LAYER_ERRORS}" PARENT_SCOPE)
+endfunction()
+dynemb_check_kernels()
+
+if(DYNEMB_LAYER_ERRORS)
+  list(LENGTH DYNEMB_LAYER_ERRORS count)
+  string(REPLACE ";" "\n" report "${DYNEMB_LAYER_ERRORS}")
+  message(FATAL_ERROR "layering broken (${count} include(s), cmake/check_layers.cmake):\n${report}")
+endif()

@@ -13,6 +13,7 @@
 //   partition.cuh   large batches, W <= 256: a stable partition of each rank's ids by bucket
 //                   over tiles of bags (tile counts -> scan of the tile counts -> placement)
 //   one_pass.cuh    the one-pass agent and kernel (a block per bag, one cooperative launch)
+//   tiles.cu        the partition's tiling, planned on the host (plan_partition_tiles)
 // and kernels/bucketize.cu: the dispatch, which picks a path per launch.
 #pragma once
 
@@ -92,7 +93,7 @@ size_t bucketize_scan_temp_bytes(int64_t n);
 // at on the device). A tile holds bags of one feature of one rank, as many as make about
 // `tile_ids` ids at the feature's mean bag length over all ranks (0: chosen from the batch's
 // size), so that tiles of a batch whose features differ in hotness carry similar work (a tile
-// is one block; with equal bag counts, one hot feature's tiles were the kernels' tail). Only
+// is one block; with equal bag counts, one hot feature's tiles would be the kernels' tail). Only
 // the time depends on the tiling, never the output. Inputs as BatchedBucketize holds them:
 // rank_bag_off [R+1], feat_bag_off [R*(F+1)] (rank-local), lengths [total_bags]. max_tiles > 0
 // (with tile_ids 0): where the first tiling has more than max_tiles tiles (R x tiles_per_rank),
@@ -168,5 +169,16 @@ const char* to_string(BucketizePath p);
 // Bumps ws.epoch when it takes a cooperative launch.
 void launch_bucketize(const BucketizeArgs& a, const int64_t* lengths, BucketizeOnePass& ws,
                       cudaStream_t s);
+
+// launch_bucketize, recording in trace [kBucketizeTracePoints x blocks] the %globaltimer (ns)
+// of each block at the end of each step: the traced instance of the same kernels, for `bench`'s
+// step breakdown. The one-pass kernel (a block per bag): 0 start, 1 bag offsets, 2 counts
+// published, 3 rank's counts seen, 4 bases, 5 placed. The partition's one launch (a block per
+// tile, R x tiles_per_rank): 0 start, 1 bag offsets, 2 counts published, 3 first chunk ranked
+// (W <= 16, tiles of one chunk: also the cells and new_lengths), 4 rank's counts seen, 5
+// placed. Untouched when the launch takes another path.
+constexpr int kBucketizeTracePoints = 6;
+void launch_bucketize_traced(const BucketizeArgs& a, const int64_t* lengths, BucketizeOnePass& ws,
+                             unsigned long long* trace, cudaStream_t s);
 
 }  // namespace dynemb::cuda

@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "common/hash.hpp"
-#include "dist_kernels.hpp"
+#include "device_rows.hpp"
 
 namespace dynemb::cuda {
 

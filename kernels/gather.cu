@@ -9,7 +9,7 @@
 
 #include "cuda_check.hpp"
 #include "device_math.cuh"
-#include "dist_kernels.hpp"
+#include "gather.hpp"
 
 namespace dynemb::cuda {
 namespace {
@@ -159,7 +159,7 @@ void launch_vb(const float* src, float* out, int64_t nrows, int64_t dim, int cod
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const int64_t warps_needed = (nrows + 32 * kRows - 1) / (32 * kRows);
   const int64_t blocks_needed = (warps_needed * 32 + kThreads - 1) / kThreads;
-  // Persistent-ish grid: 8 blocks of 256 per SM fill an H100/H200 (2048 threads / SM).
+  // Persistent-ish grid: 8 blocks of 256 per SM, the 2048 resident threads of an sm_90 SM.
   const unsigned blocks = static_cast<unsigned>(
       std::max<int64_t>(1, std::min<int64_t>(blocks_needed, static_cast<int64_t>(sms) * 8)));
   switch (tpr) {

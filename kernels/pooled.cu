@@ -8,12 +8,23 @@
 
 #include "cuda_check.hpp"
 #include "device_math.cuh"
-#include "dist_kernels.hpp"
+#include "pooled.hpp"
 
 namespace dynemb::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+
+// Blocks of `threads` for a grid-stride loop over `work` items: enough to cover it, at most
+// `per_sm` per SM of the current device (8 x 256 threads: an sm_90 SM's 2048 resident threads).
+unsigned grid_for(int64_t work, int threads, int per_sm = 8) {
+  int dev = 0, sms = 132;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int64_t need = (work + threads - 1) / threads;
+  return static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>(need, int64_t{sms} * per_sm)));
+}
 
 // One warp per bag; lane d sums column d over the bag's ids in order (CPU order, no FMA).
 __global__ void pooled_lookup_kernel(PooledLookupArgs a) {

@@ -8,7 +8,9 @@ bash scripts/setup.sh
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi
-cmake -S . -B build -G Ninja >/dev/null
+# A build for use: it reads none of the tests' DYNEMB_* hooks (even where build/ was configured
+# for the tests before).
+cmake -S . -B build -G Ninja -DDYNEMB_TEST_HOOKS=OFF >/dev/null
 cmake --build build -j "$(nproc 2>/dev/null || echo 2)" --target dynemb-dist
 ./build/dynemb-dist inspect "$fixture"
 ./build/dynemb-dist replay "$fixture"

@@ -1,6 +1,6 @@
 // Host dispatch of the CUDA backend: validates the contexts exactly as the CPU reference does
 // (same ranks, fields and failures), builds the small index tables (offsets, recat segments,
-// splits prefixes), uploads, launches the kernels of dist_kernels.hpp and hands each rank's
+// splits prefixes), uploads, launches the kernels of gather.hpp and pooled.hpp and hands each rank's
 // output to the sink (or keeps it on the device for the replay's checks: Place::kept), which
 // its comparator (device_comparator.hpp) compares there. Device buffers and the pinned staging
 // of the copies are the backend's workspace (workspace.hpp), kept across calls. Lookups and
@@ -24,12 +24,14 @@
 #include "common/parallel.hpp"
 #include "common/trace.hpp"
 #include "cuda_check.hpp"
+#include "device_buffer.hpp"
 #include "device_comparator.hpp"
-#include "dist_kernels.hpp"
 #include "engine/dist_checks.hpp"
 #include "engine/input_dist.hpp"
 #include "engine/ops.hpp"
 #include "engine/reference.hpp"
+#include "gather.hpp"
+#include "pooled.hpp"
 #include "workspace.hpp"
 
 namespace dynemb {

@@ -10,9 +10,11 @@
 
 #include "bucketize.hpp"
 #include "cuda_check.hpp"
-#include "dist_kernels.hpp"
+#include "device_buffer.hpp"
 #include "engine/backend.hpp"
+#include "gather.hpp"
 #include "plan/plan.hpp"
+#include "pooled.hpp"
 #include "staging.hpp"
 
 namespace dynemb {
@@ -47,7 +49,7 @@ std::vector<EmbTensor> shape_only(const std::vector<TensorRef>& local_embs);
 std::vector<const EmbTensor*> pointers(const std::vector<EmbTensor>& v);
 
 // Host side of SeqDistArgs for W ranks (all vectors concatenated over ranks; see
-// dist_kernels.hpp): unbucketize perms, splits prefixes and forward-recat segments.
+// gather.hpp): unbucketize perms, splits prefixes and forward-recat segments.
 struct SeqDistTables {
   std::vector<int64_t> local_row_off, out_row_off, perm, recv_off, send_off;
   std::vector<int64_t> seg_base, seg_out, seg_src;

@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cuda_check.hpp"
+#include "device_buffer.hpp"
 
 namespace dynemb::cuda {
 

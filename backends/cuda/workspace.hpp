@@ -24,7 +24,7 @@
 
 #include "compare.hpp"
 #include "cuda_backend.hpp"
-#include "cuda_check.hpp"
+#include "device_buffer.hpp"
 #include "staging.hpp"
 
 namespace dynemb::cuda {

@@ -31,11 +31,13 @@
 
 #include "cuda/cuda_backend.hpp"
 #include "cuda_check.hpp"
-#include "dist_kernels.hpp"
+#include "device_buffer.hpp"
 #include "engine/dist_checks.hpp"
 #include "engine/ops.hpp"
+#include "gather.hpp"
 #include "nccl_check.hpp"
 #include "nccl_comm.hpp"
+#include "pooled.hpp"
 
 namespace dynemb {
 namespace {

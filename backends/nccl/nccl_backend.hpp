@@ -2,7 +2,7 @@
 // hosts ranks [g*W/G, (g+1)*W/G)), one communicator (ncclCommInitAll) and one stream per
 // GPU. Blocks that cross GPUs move through NCCL (grouped ncclSend/ncclRecv, ncclReduceScatter);
 // blocks between ranks of one GPU are device copies. Index work (recat, unbucketize gather,
-// reduce, codec) reuses the CUDA backend's kernels (dist_kernels.hpp).
+// reduce, codec) reuses the CUDA backend's kernels (gather.hpp, pooled.hpp).
 #pragma once
 
 #include <memory>

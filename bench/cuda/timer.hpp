@@ -6,8 +6,8 @@
 #include <functional>
 #include <vector>
 
+#include "cuda/probes.hpp"
 #include "cuda_check.hpp"
-#include "probes.hpp"
 #include "stages.hpp"
 
 namespace dynemb::bench {

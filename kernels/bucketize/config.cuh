@@ -31,25 +31,25 @@ constexpr int64_t kMaxFeatTab = 512;      // R x (F+1) feature offsets kept in s
 constexpr unsigned kMaxPolls = 1u << 25;  // step 4 traps after this many polls of one round
 
 // Partition path (partition.cuh, partition_resident.cuh; tiles planned on the host by
-// plan_partition_tiles, bucketize.cu).
+// plan_partition_tiles, bucketize/tiles.cu).
 // Bags of a tile at most (the tile's offsets live in shared memory; the place kernel's static
 // shared memory stays under 48 KB with this many), and W x bags <= kPartMaxCells.
 constexpr int kPartMaxTileBags = 512;
-// Bags of a tile as planned. Tiles of up to kPartMaxTileBags short bags measured slower where
-// tiles stay within one chunk (small batches) and for ec-bench-criteo (384 bags of 10 ids fill
-// two chunks, 512 spill into a third), and faster where the one launch's tiles must grow past
-// one chunk to be resident at once: fewer short-bag tiles leave more of the grid to the
-// long-bag features, whose tiles set the launch's length. plan_partition_tiles takes the wider
-// cap there only; docs/perf/2026-12-04-bucketize.md has the runs.
+// Bags of a tile as planned: 384 bags of 10 ids fill two chunks where 512 spill into a third,
+// and a tile within one chunk gains nothing from more bags. The wider cap (kPartMaxTileBags)
+// pays only where the one launch's tiles must grow past one chunk to be resident at once:
+// fewer short-bag tiles leave more of the grid to the long-bag features, whose tiles set the
+// launch's length. plan_partition_tiles takes the wider cap there only.
 constexpr int kPartTileBags = 384;
 // W x (bags of a tile) at most: the count kernel's shared count matrix.
 constexpr int kPartMaxCells = 4096;
-// Ids of a tile (plan_partition_tiles, bucketize.cu): the batch's ids over kPartMinTiles
+// Ids of a tile (plan_partition_tiles, bucketize/tiles.cu): the batch's ids over kPartMinTiles
 // (about one resident place block per SM quarter), within [kPartMinTileIds, kPartTargetIds]:
 // at least half a chunk (a tile's fixed work, its offsets and the summing of tile counts,
-// outweighs a smaller tile's ids), at most three chunks (four measured slower on the two
-// kernels' large batches). The one launch may grow tiles up to kPartTileIds (four chunks) to
-// keep them all resident. `bench --sweep --tile-ids` measures the choice.
+// outweighs a smaller tile's ids), at most three chunks (a fourth lengthens the largest tiles,
+// which set the two kernels' length, more than fewer tiles save). The one launch may grow
+// tiles up to kPartTileIds (four chunks) to keep them all resident. `bench --sweep
+// --tile-ids` compares tilings.
 constexpr int64_t kPartTargetIds = 6144;
 constexpr int64_t kPartTileIds = 8192;
 constexpr int64_t kPartMinTileIds = 1024;

@@ -32,11 +32,11 @@
 
 #include <cstdint>
 
+#include "bucketize.hpp"
 #include "bucketize/config.cuh"
 #include "bucketize/placement.cuh"
 #include "bucketize/ranking.cuh"
 #include "bucketize/routing.cuh"
-#include "probes.hpp"
 
 namespace dynemb::cuda::bucketize {
 
@@ -408,7 +408,7 @@ struct OnePassAgent {
   }
 };
 
-// 4 resident blocks per SM (<= 64 registers): 528 on an H200. One instance per Bits (both
+// 4 resident blocks per SM (<= 64 registers): 528 on 132 SMs. One instance per Bits (both
 // ranking variants in one kernel made the register allocator spill).
 template <int Bits, bool Long, bool Trace>
 __global__ void __launch_bounds__(kThreads, 4) one_pass_kernel(OnePassArgs p) {

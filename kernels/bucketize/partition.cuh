@@ -315,8 +315,8 @@ __device__ __forceinline__ void place_tile(const PartitionArgs& p, const Partiti
   for (int c0 = 0; c0 < n; c0 += kChunk) {  // uniform over the block
     const int m = n - c0 < kChunk ? n - c0 : kChunk;
     const int64_t i0 = ti.id0 + c0;
-    // Ends with a barrier. (For W <= 16 the histogram and warp-local ranking of the one-pass
-    // kernel, hist_chunk and rank_from_dest, were slower here, chunk after chunk.)
+    // Ends with a barrier. (Not the one-pass kernel's histogram and warp-local ranking for
+    // W <= 16, hist_chunk and rank_from_dest: chunk after chunk, they cost more than this.)
     rank_chunk_any<Bits>(a, p.wd, dist, a.ids + i0, m, blk, value, key, wc, cnt);
     if (c0 == 0) after_first_rank();
     exclusive_scan_buckets(cnt, lex, W);

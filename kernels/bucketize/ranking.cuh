@@ -14,7 +14,7 @@ namespace dynemb::cuda::bucketize {
 // one ballot per bit of dest as CUB's radix ranking does: cheaper than __match_any_sync.
 // Bits is a compile-time bound (4 for W <= 16, else 8): bits above W's are 0 in every valid
 // dest and 1 in -1, so the extra ballots leave both groups as they are, and a fixed count
-// needs no per-bit test (those tests were a fifth of the ranking's instructions).
+// needs no per-bit test in the ranking's inner loop.
 template <int Bits>
 __device__ __forceinline__ unsigned peers(int dest) {
   unsigned m = __ballot_sync(0xffffffffu, dest >= 0);
@@ -227,8 +227,8 @@ __device__ __forceinline__ unsigned ballot_bits(unsigned x, unsigned mask) {
 // warp (tile k of 32 ids before tile k + 1). Per tile, five ballots (valid, and the four bits
 // of the bucket) are shared by two uses: lane d (< 16) forms the tile's mask of bucket-d lanes
 // M and keeps bucket d's running count over the earlier tiles, and every lane fetches M and
-// that count from the lane of its own bucket (two shuffles): about half the instructions of
-// peers() with a shared running row per lane (rank_tile).
+// that count from the lane of its own bucket (two shuffles): fewer instructions than peers()
+// with a shared running row per lane (rank_tile).
 __device__ __forceinline__ void rank_from_dest(int n, unsigned dpack,
                                                unsigned (&key)[kIdsPerLane / 2]) {
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -24,6 +24,7 @@
 
 #include "capture/h5util.hpp"
 #include "common/parallel.hpp"
+#include "common/test_hooks.hpp"
 #include "common/trace.hpp"
 
 namespace dynemb::h5 {
@@ -349,8 +350,7 @@ std::string decode(const RawChunk& c, const Pipeline& p, size_t es, Inflater& in
 }
 
 bool serial_write_forced() {
-  const char* e = std::getenv("DYNEMB_H5_SERIAL_WRITE");
-  return e && *e && std::strcmp(e, "0") != 0;
+  return test_hooks::h5_serial_write();
 }
 
 std::string offset_str(const std::vector<hsize_t>& off) {

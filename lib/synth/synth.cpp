@@ -488,7 +488,8 @@ class BatchWrites {
   std::vector<uint64_t> out_task_, in_task_;
 };
 
-// The test hook DYNEMB_SYNTH_BY_DESTINATION=off: every batch's output dist whole.
+// The test hook DYNEMB_SYNTH_BY_DESTINATION=off (common/test_hooks.hpp): every batch's output
+// dist whole.
 bool synth_by_destination_allowed() {
   return !test_hooks::synth_by_destination_off();
 }

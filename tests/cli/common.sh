@@ -109,3 +109,19 @@ skip_rss_under_asan() {
     exit 77
   fi
 }
+# has_test_hooks: whether $DYNEMB reads the tests' DYNEMB_* hooks (lib/common/test_hooks.hpp:
+# a build configured with -DDYNEMB_TEST_HOOKS=ON, as scripts/test.sh does). Such a build judges
+# a hook's value before any work and refuses one that means nothing; any other build ignores
+# the hooks, whatever their value. need_test_hooks: a test built on a hook skips itself (77),
+# saying why, on a build without them.
+has_test_hooks() {
+  local said
+  said=$(DYNEMB_SLICE_COLUMNS=probe "$DYNEMB" inspect "$tmp/no-such-capture.h5" 2>&1)
+  grep -q "DYNEMB_SLICE_COLUMNS='probe'" <<<"$said"
+}
+need_test_hooks() {
+  if ! has_test_hooks; then
+    echo "skipped: $DYNEMB reads no test hooks (a build without -DDYNEMB_TEST_HOOKS=ON)"
+    exit 77
+  fi
+}

@@ -19,6 +19,7 @@ set -u
 : "${DYNEMB:?}" "${DYNEMB_SRC:?}" "${DYNEMB_PYTHON:=python3}"
 "$DYNEMB_PYTHON" -c 'import h5py, numpy' 2>/dev/null || { echo "no h5py for $DYNEMB_PYTHON"; exit 77; }
 . "$(dirname "$0")/common.sh"
+need_test_hooks
 cd "$tmp" || exit 1
 
 # same NAME CAPTURE [REPLAY ARGS...]: unheld vs held. HELD=0 when no output may be held;

@@ -7,6 +7,7 @@ set -uo pipefail
 exe=${DYNEMB:?}
 py=${DYNEMB_PYTHON:-python3}
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail
+need_test_hooks
 
 # Sequence (fp32 rows of D=128, edge chunks of 2048 x 128), then mixed dims and dtypes.
 check() {

@@ -9,6 +9,7 @@
 set -u
 : "${DYNEMB:?}" "${DYNEMB_PYTHON:=python3}"
 . "$(dirname "$0")/common.sh"
+need_test_hooks
 skip_rss_under_asan
 cd "$tmp" || exit 1
 

@@ -22,11 +22,13 @@
 #include "common/hash.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "cuda_check.hpp"
-#include "dist_kernels.hpp"
+#include "device_buffer.hpp"
 #include "engine/input_dist.hpp"
 #include "engine/ops.hpp"
 #include "engine/reference.hpp"
+#include "gather.hpp"
 #include "gpu_test_support.hpp"
+#include "pooled.hpp"
 #include "replay/column_slice.hpp"
 
 using namespace dynemb;

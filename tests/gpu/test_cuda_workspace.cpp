@@ -18,6 +18,7 @@
 #include "cuda/cuda_backend.hpp"
 #include "cuda/staging.hpp"
 #include "cuda_check.hpp"
+#include "device_buffer.hpp"
 #include "engine/embedding_source.hpp"
 #include "engine/input_dist.hpp"
 #include "gpu_test_support.hpp"

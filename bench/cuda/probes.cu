@@ -4,8 +4,8 @@
 // nvbench's blocking kernel; torch's peer uses torch.cuda._sleep the same way).
 // Also the bucketize's floors for `bench`: what a kernel of the same grid costs when it does
 // nothing, and when it only streams the stage's bytes.
+#include "cuda/probes.hpp"
 #include "cuda_check.hpp"
-#include "probes.hpp"
 
 namespace dynemb::cuda {
 namespace {
