@@ -228,7 +228,6 @@ void check_merged(const std::string& tmp, const std::map<int64_t, const RankFile
 
 MergeResult merge_captures(const MergeOptions& opt,
                            const std::function<void(const std::string&)>& on_writing) {
-  // long: the merge's steps in the order a failure must be met (checks, room, copy, check)
   h5::quiet();  // errors are reported as CaptureError
   // Before any work: OUT is none of the inputs (by device and inode, whatever the spelling),
   // and its temporary can be made next to it.
