@@ -2,7 +2,6 @@
 // exit codes (cli.md: 0 pass, 1 mismatches found, 2 trouble; CLI11's own codes never escape).
 #include <fmt/core.h>
 #include <fmt/format.h>
-#include <hdf5.h>
 
 #include <signal.h>
 #include <unistd.h>
@@ -18,7 +17,6 @@
 #include <vector>
 
 #include "capture/capture.hpp"
-#include "capture/h5chunks.hpp"
 #include "commands.hpp"
 #include "common/console.hpp"
 #include "common/env.hpp"
@@ -205,8 +203,8 @@ int run_command_line(int argc, char** argv) {
   // libhdf5 closes its open files again at exit (atexit); a file whose close already failed
   // (its last write on a full disk) then crashes it (SIGSEGV in H5F__close_cb). Every handle
   // is closed by its owner (RAII) and every close that matters is checked, so nothing is left
-  // for that pass to do: it is not registered.
-  H5dont_atexit();
+  // for that pass to do: it is not registered (capture.hpp).
+  prepare_hdf5_library();
   CLI::App app{
       "dynemb-dist: offline validation and replay of row-wise (RW) sharded embedding "
       "output dists (TorchRec / DynamicEmb).\n"
@@ -216,7 +214,7 @@ int run_command_line(int argc, char** argv) {
   app.set_version_flag(
       "--version",
       fmt::format("dynemb-dist {} (backends: {}; inflate: {})", DYNEMB_VERSION, compiled_backends(),
-                  h5::inflate_library()),
+                  inflate_library_name()),
       "Print the version, the backends and the inflate library of this build, then exit");
   app.require_subcommand(0, 1);
   app.fallthrough(false);

@@ -4,7 +4,9 @@
 #   lib/     includes nothing of kernels/, backends/ or bench/, and a file of lib/X includes
 #            only "Y/..." headers of the layers Y at or below X, lowest first: common, plan,
 #            model, engine, capture, synth, replay;
-#   kernels/ includes only its own headers, lib/common's and CUDA, CUB or standard headers.
+#   kernels/ includes only its own headers, lib/common's and CUDA, CUB or standard headers;
+#   HDF5    lives in lib/capture alone: no other file includes libhdf5's headers or capture's
+#            private ones.
 if(NOT DYNEMB_ROOT)
   set(DYNEMB_ROOT ${PROJECT_SOURCE_DIR})
 endif()
@@ -25,7 +27,8 @@ macro(dynemb_layer_error file line why)
 endmacro()
 
 function(dynemb_forbid_includes dir regex why)
-  file(GLOB_RECURSE files ${DYNEMB_ROOT}/${dir}/*.cpp ${DYNEMB_ROOT}/${dir}/*.hpp)
+  file(GLOB_RECURSE files ${DYNEMB_ROOT}/${dir}/*.cpp ${DYNEMB_ROOT}/${dir}/*.hpp
+       ${DYNEMB_ROOT}/${dir}/*.h ${DYNEMB_ROOT}/${dir}/*.cu ${DYNEMB_ROOT}/${dir}/*.cuh)
   foreach(f ${files})
     dynemb_include_lines(${f} lines)
     foreach(line ${lines})
@@ -109,6 +112,19 @@ function(dynemb_check_kernels)
   set(DYNEMB_LAYER_ERRORS "${DYNEMB_LAYER_ERRORS}" PARENT_SCOPE)
 endfunction()
 dynemb_check_kernels()
+
+# libhdf5 is not thread-safe and 1.10 can crash or loop on a damaged file: lib/capture is the
+# one place that calls it (capture.hpp, batch_source.hpp and merge.hpp are its public face).
+set(DYNEMB_HDF5_PRIVATE
+  "hdf5[.]h|hdf5_hl[.]h|H5[A-Za-z0-9_]*[.]h|capture/(h5util|h5chunks|h5string|capture_internal|watchdog)[.]hpp")
+set(DYNEMB_HDF5_WHY
+  "only lib/capture includes libhdf5's headers and capture's private ones (h5util.hpp, h5chunks.hpp, h5string.hpp, capture_internal.hpp, watchdog.hpp): use capture/capture.hpp, batch_source.hpp or merge.hpp")
+file(GLOB DYNEMB_LIB_DIRS LIST_DIRECTORIES true RELATIVE ${DYNEMB_ROOT} ${DYNEMB_ROOT}/lib/*)
+foreach(dir cli backends bench kernels ${DYNEMB_LIB_DIRS})
+  if(IS_DIRECTORY ${DYNEMB_ROOT}/${dir} AND NOT dir STREQUAL "lib/capture")
+    dynemb_forbid_includes(${dir} "${DYNEMB_HDF5_PRIVATE}" "${DYNEMB_HDF5_WHY}")
+  endif()
+endforeach()
 
 if(DYNEMB_LAYER_ERRORS)
   list(LENGTH DYNEMB_LAYER_ERRORS count)

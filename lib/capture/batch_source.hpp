@@ -3,8 +3,9 @@
 // replayed; a batch's shapes without its float data; rows of its captured tensors.
 //
 // libhdf5 is not thread-safe: a BatchSource lets at most one thread call it at a time (a read
-// in flight is waited for before any other read of the source starts), and turns libhdf5's
-// error printing off on every thread it reads on. While a read is in flight nothing else may
+// in flight is waited for before any other read of the source starts: one read_ahead and one
+// shapes_ahead may be in flight, taking turns), and turns libhdf5's error printing off on every
+// thread it reads on. While a read is in flight nothing else may
 // call libhdf5 (another CaptureReader, a CaptureWriter): a replay that writes reads nothing
 // ahead.
 #pragma once

@@ -19,7 +19,6 @@
 
 #include "capture/capture.hpp"
 #include "capture/embedded_plans.hpp"
-#include "capture/h5util.hpp"
 #include "common/error.hpp"
 #include "common/hash.hpp"
 #include "common/parallel.hpp"
@@ -377,7 +376,7 @@ class WriteQueue {
 
  private:
   void run() {
-    h5::quiet();  // libhdf5's error printing is per thread
+    quiet_hdf5_errors();  // libhdf5's error printing is per thread
     std::unique_lock<std::mutex> lk(m_);
     while (true) {
       cv_work_.wait(lk, [&] { return stop_ || !q_.empty(); });
