@@ -1,7 +1,7 @@
 // Host dispatch of the CUDA backend: validates the contexts exactly as the CPU reference does
 // (same ranks, fields and failures), builds the small index tables (offsets, recat segments,
-// splits prefixes), uploads, launches the kernels of gather.hpp and pooled.hpp and hands each rank's
-// output to the sink (or keeps it on the device for the replay's checks: Place::kept), which
+// splits prefixes), uploads, launches the kernels of gather.hpp and pooled.hpp and hands each
+// rank's output to the sink (or keeps it on the device for the replay's checks: Place::kept), which
 // its comparator (device_comparator.hpp) compares there. Device buffers and the pinned staging
 // of the copies are the backend's workspace (workspace.hpp), kept across calls. Lookups and
 // unsharded references are made on the device from each table's rows (the hash64 oracle, or dense
@@ -139,6 +139,11 @@ class CudaBackend final : public Backend, private cuda::DeviceTensors {
   std::optional<const float*> kept_data(const Kept& k, int64_t n) const override;
   std::optional<std::vector<int64_t>> reference_on_device(const Plan& plan, const Kjt& kjt,
                                                           const EmbeddingSource& source) override;
+  std::optional<std::vector<int64_t>> lookup_into_rows_out(const Plan& plan, int rank,
+                                                           const LookupKjt& kjt,
+                                                           const EmbeddingSource& source) override {
+    return lookup_on_device(plan, rank, kjt, source);
+  }
 
   // The lookup made on the device into `out` (the workspace's rows_out unless given; left queued
   // on the stream); its shape, or nullopt when it is the host's to make (rows the device cannot

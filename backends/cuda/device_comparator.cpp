@@ -64,23 +64,24 @@ std::optional<std::vector<TileDiff>> DeviceComparator::compare(const TensorRef& 
   return tile_diffs_on_device(ws_, stream_, *g, *w, got.n, how);
 }
 
-std::optional<std::vector<TileDiff>> DeviceComparator::compare_reference(
-    const TensorRef& got, const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source,
-    int64_t batch, const TileCompare& how) {
+template <class Make, class Host>
+std::optional<std::vector<TileDiff>> DeviceComparator::against_rows_out(const TensorRef& got,
+                                                                        Make&& make, Host&& host,
+                                                                        const TileCompare& how) {
   CUDA_CHECK(cudaSetDevice(device_));
   std::optional<const float*> kept;
   if (got.kept) {
     kept = tensors_.kept_data(*got.kept, got.n);
     if (!kept) return std::nullopt;
   }
-  const std::optional<std::vector<int64_t>> shape = tensors_.reference_on_device(plan, kjt, source);
-  if (!shape) {  // the host makes the reference: a kept `got` goes there
-    if (!kept) return host_comparator().compare_reference(got, plan, rank, kjt, source, batch, how);
-    std::vector<float> host(static_cast<size_t>(got.n));
-    ws_.staging.download({{host.data(), *kept, sizeof(float) * host.size()}}, stream_);
-    TensorRef h = TensorRef::span(host.data(), got.n, got.dtype);
+  const std::optional<std::vector<int64_t>> shape = make();
+  if (!shape) {  // the host makes it: a kept `got` goes there
+    if (!kept) return host(got);
+    std::vector<float> on_host(static_cast<size_t>(got.n));
+    ws_.staging.download({{on_host.data(), *kept, sizeof(float) * on_host.size()}}, stream_);
+    TensorRef h = TensorRef::span(on_host.data(), got.n, got.dtype);
     h.shape = got.shape;
-    return host_comparator().compare_reference(h, plan, rank, kjt, source, batch, how);
+    return host(h);
   }
   if (shape_numel(*shape) != got.n) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // every call ends with its stream drained
@@ -89,6 +90,30 @@ std::optional<std::vector<TileDiff>> DeviceComparator::compare_reference(
   const float* g = kept ? *kept : *on_device(got);  // a host `got` is always on the device
   const TraceSpan span("compare", got.n);
   return tile_diffs_on_device(ws_, stream_, g, ws_.rows_out.data(), got.n, how);
+}
+
+std::optional<std::vector<TileDiff>> DeviceComparator::compare_lookup(const TensorRef& got,
+                                                                      const Plan& plan, int rank,
+                                                                      const LookupKjt& kjt,
+                                                                      const EmbeddingSource& source,
+                                                                      const TileCompare& how) {
+  return against_rows_out(
+      got, [&] { return tensors_.lookup_into_rows_out(plan, rank, kjt, source); },
+      [&](const TensorRef& h) {
+        return host_comparator().compare_lookup(h, plan, rank, kjt, source, how);
+      },
+      how);
+}
+
+std::optional<std::vector<TileDiff>> DeviceComparator::compare_reference(
+    const TensorRef& got, const Plan& plan, int rank, const Kjt& kjt, const EmbeddingSource& source,
+    int64_t batch, const TileCompare& how) {
+  return against_rows_out(
+      got, [&] { return tensors_.reference_on_device(plan, kjt, source); },
+      [&](const TensorRef& h) {
+        return host_comparator().compare_reference(h, plan, rank, kjt, source, batch, how);
+      },
+      how);
 }
 
 }  // namespace dynemb::cuda

@@ -26,6 +26,10 @@ class DeviceTensors {
   // queued on the stream; its shape, or nullopt when it is the host's to make.
   virtual std::optional<std::vector<int64_t>> reference_on_device(
       const Plan& plan, const Kjt& kjt, const EmbeddingSource& source) = 0;
+  // Rank `rank`'s lookup of `kjt` made into the workspace's rows_out, left queued on the stream;
+  // its shape, or nullopt when it is the host's to make.
+  virtual std::optional<std::vector<int64_t>> lookup_into_rows_out(
+      const Plan& plan, int rank, const LookupKjt& kjt, const EmbeddingSource& source) = 0;
 };
 
 // got against want, n device floats each, on s: the tiles' statistics come back, then both
@@ -41,6 +45,12 @@ class DeviceComparator final : public Comparator {
   // rows_in. nullopt also when a kept side is no longer kept with n elements.
   std::optional<std::vector<TileDiff>> compare(const TensorRef& got, const TensorRef& want,
                                                const TileCompare& how) override;
+  // The lookup made on the device in rows_out when it can be (else on the host, a kept `got`
+  // downloaded for it) and compared there with `got` (host: uploaded to rows_in).
+  std::optional<std::vector<TileDiff>> compare_lookup(const TensorRef& got, const Plan& plan,
+                                                      int rank, const LookupKjt& kjt,
+                                                      const EmbeddingSource& source,
+                                                      const TileCompare& how) override;
   // The reference made on the device in rows_out when it can be (else on the host, a kept `got`
   // downloaded for it) and compared there with `got` (host: uploaded to rows_in).
   std::optional<std::vector<TileDiff>> compare_reference(const TensorRef& got, const Plan& plan,
@@ -53,6 +63,11 @@ class DeviceComparator final : public Comparator {
   // t on the device: its kept memory, or its host data uploaded to rows_in; nullopt when t is
   // kept and no such tensor of t.n elements is.
   std::optional<const float*> on_device(const TensorRef& t);
+  // `got` against what make() leaves in rows_out (its shape; nullopt: the host's to make, then
+  // host(got on the host)).
+  template <class Make, class Host>
+  std::optional<std::vector<TileDiff>> against_rows_out(const TensorRef& got, Make&& make,
+                                                        Host&& host, const TileCompare& how);
 
   DeviceTensors& tensors_;
   BackendWorkspace& ws_;

@@ -110,6 +110,13 @@ inline std::vector<TensorRef> refs(const std::vector<Tensor>& t) {
   return out;
 }
 
+// Once the first slice or unit is looked up, the bucketize outputs are read no more (they trace
+// an out-of-table id to its origin, and the first lookup met every id): W times three id-sized
+// vectors, given back.
+inline void drop_bucketized(BatchState& st) {
+  for (DerivedRank& d : st.der.ranks) d.bucketized = BucketizedKjt{};
+}
+
 // A CheckResult from the diff `d` of `got_label` against `want_label` under `tol`.
 CheckResult tensor_check(int64_t batch, int rank, const std::string& stage,
                          const std::string& check, const std::string& got_label,

@@ -1,0 +1,220 @@
+// A batch cut by destination (batch_run.hpp, unit_planner.hpp): each unit reads from the
+// capture only the rows its output is made of, while the next unit's are read on another thread.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <exception>
+#include <future>
+#include <set>
+#include <system_error>
+
+#include "common/error.hpp"
+#include "engine/ops.hpp"
+#include "replay/batch_run.hpp"
+#include "replay/lookup_check.hpp"
+#include "replay/output_check.hpp"
+#include "replay/spare_rows.hpp"
+
+namespace dynemb::replay_detail {
+
+namespace {
+
+// fn(arg) on another thread (`ahead`), or deferred to the get() of the future: when not ahead, or
+// when no thread can be started (the work then runs in turn).
+template <class Fn, class Arg>
+auto read_ahead_task(Fn& fn, Arg arg, bool ahead) -> std::future<decltype(fn(arg))> {
+  try {
+    if (ahead) return std::async(std::launch::async, [&fn, arg] { return fn(arg); });
+    return std::async(std::launch::deferred, [&fn, arg] { return fn(arg); });
+  } catch (const std::system_error&) {
+    return std::async(std::launch::deferred, [&fn, arg] { return fn(arg); });
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Every row of a captured tensor as the ranges of CaptureReader::read_rows.
+std::vector<std::pair<int64_t, int64_t>> whole_rows(const EmbTensor& t) {
+  if (t.rows() == 0) return {};
+  return {{0, t.rows()}};
+}
+
+// What a unit's checks read from the capture: the block of every sender and the unit's rows of
+// the golden output (when captured).
+struct UnitRows {
+  std::vector<EmbTensor> blocks;  // pooled: [W] the senders' chunks
+  EmbTensor recv;                 // sequence: what d receives, the senders' blocks in rank order
+  std::vector<int64_t> recv_off;  // sequence: [W + 1] where each block starts in recv (elements)
+  std::optional<EmbTensor> golden;
+  const float* block(size_t s) const {  // sender s's block: its first element
+    return blocks.empty() ? recv.data.data() + recv_off[s] : blocks[s].data.data();
+  }
+};
+
+// The block of sender s in unit u.
+DestBlock unit_block(const DestinationCut& cut, int64_t s, const Unit& u) {
+  const DestBlock& b = cut.where[size_t(s)][size_t(u.d)];
+  return u.rows ? block_rows(b, u.r0, u.r1) : b;
+}
+
+// Unit u's rows, read through `src` (on whichever thread it reads).
+UnitRows read_unit(BatchSource& src, int64_t k, const Unit& u, bool sequence,
+                   const DestinationCut& cut, const std::vector<const EmbTensor*>& local,
+                   const EmbTensor* golden, SpareRows& spare) {
+  const size_t W = cut.where.size();
+  std::vector<DestBlock> b;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> ranges(W);
+  for (size_t s = 0; s < W; ++s) {
+    b.push_back(unit_block(cut, int64_t(s), u));
+    ranges[s] = b.back().ranges;
+  }
+  const DType dt = local[0]->dtype;  // the plan's data_type on every rank (read_batch checks)
+  UnitRows out;
+  if (sequence) {  // one buffer: the blocks are what d receives, in rank order
+    size_t recv = 0;
+    for (const DestBlock& bs : b) recv += size_t(bs.numel());
+    out.recv.dtype = dt;
+    out.recv.data =
+        src.read_rows_concat(k, "local_embs", dt, ranges, out.recv_off, spare.take_one(recv));
+    out.recv.shape = {out.recv_off.back() / std::max<int64_t>(1, b[0].row_elems), b[0].row_elems};
+  } else {
+    std::vector<size_t> need;
+    for (const DestBlock& bs : b) need.push_back(size_t(bs.numel()));
+    std::vector<std::vector<float>> rows =
+        src.read_rows(k, "local_embs", dt, ranges, spare.take(need));
+    for (size_t s = 0; s < W; ++s) out.blocks.push_back({dt, b[s].shape, std::move(rows[s])});
+  }
+  if (!golden) return out;
+  std::vector<std::pair<int64_t, int64_t>> gr = whole_rows(*golden);
+  std::vector<int64_t> shape = golden->shape;
+  if (u.rows) {
+    gr.clear();
+    if (u.r1 > u.r0) gr.emplace_back(u.r0, u.r1);
+    shape = {u.r1 - u.r0, golden->cols()};
+  }
+  const int64_t n = EmbTensor{golden->dtype, shape, {}}.numel();
+  out.golden =
+      EmbTensor{golden->dtype, shape,
+                src.read_rows(k, u.d, "output", golden->dtype, gr, spare.take_one(size_t(n)))};
+  return out;
+}
+
+}  // namespace
+
+// For each unit (a destination d, or some rows of it): the block of every sender (a part of its
+// lookup check), the unit's output from those blocks alone and its part of d's output checks,
+// while the next unit's rows are read on another thread. Decided in the whole batch's order:
+// lookups by rank, then outputs by rank.
+void run_destinations(RunContext& rc, BatchState& st, const DestinationCut& cut, BatchSource& src,
+                      int64_t next_batch) {
+  const int64_t W = st.W, k = st.k;
+  const std::vector<Unit>& units = cut.units;
+  drop_bucketized(st);
+  // A unit's blocks and its golden rows. Per batch: kept to the next one, they would sit beside
+  // its input dist while it is derived, the replay's peak.
+  SpareRows spare;
+  spare.set_most(static_cast<size_t>(W) + 1);
+  const auto read = [&, sequence = rc.seq_dist.has_value()](size_t i) {
+    return read_unit(src, k, units[i], sequence, cut, st.cap_local, st.golden[size_t(units[i].d)],
+                     spare);
+  };
+  const bool ahead = rc.opt.read_ahead > 0;  // --read-ahead 0: read, then check, in turn
+  std::future<UnitRows> next = read_ahead_task(read, size_t{0}, ahead);
+  Backend& backend = rc.backend.get();
+  LookupChecks looked(rc, st);
+  OutputChecks checks(rc, st);
+  std::vector<std::vector<int64_t>> value_off(static_cast<size_t>(W));  // [s]: of its lookup KJT
+  for (int64_t s = 0; rc.source && s < W; ++s)
+    value_off[size_t(s)] = complete_cumsum(st.der.ranks[size_t(s)].lookup_kjt.lengths);
+  const auto run_unit = [&](size_t i) {
+    const Unit& u = units[i];
+    const int64_t d = u.d;
+    rc.clock.enter("read", int(d));
+    // This unit's rows, then the next unit's read begins (one read in flight at a time), whether
+    // or not this one's could be read.
+    std::optional<UnitRows> got;
+    std::exception_ptr unread;
+    try {
+      got = next.get();
+    } catch (...) {
+      unread = std::current_exception();
+    }
+    if (i + 1 < units.size())
+      next = read_ahead_task(read, i + 1, ahead);
+    else if (ahead && next_batch >= 0)
+      src.shapes_ahead(next_batch);
+    if (unread) std::rethrow_exception(unread);
+    UnitRows& rows = *got;
+    for (int64_t s = 0; rc.source && s < W; ++s) {
+      const DestBlock b = unit_block(cut, s, u);
+      const LookupKjt part =
+          lookup_kjt_from(st.der.ranks[size_t(s)].lookup_kjt, value_off[size_t(s)], d,
+                          u.rows ? u.r0 : 0, u.rows ? u.r1 : INT64_MAX);
+      looked.check(int(s),
+                   TensorRef::span(rows.block(size_t(s)), b.numel(), st.cap_local[0]->dtype), part,
+                   [&b](int64_t e) { return b.to_whole(e); });
+    }
+    rc.clock.enter("output dist", int(d));
+    const Tensor out = rows.blocks.empty()
+                           ? sequence_destination_output(rc.plan, backend, rows.recv,
+                                                         *st.used_ptr[size_t(d)], Place::kept)
+                           : destination_output(rc.plan, backend, d, rows.blocks, st.used_ptr,
+                                                cut.variable_batch, Place::kept);
+    for (EmbTensor& b : rows.blocks) spare.give(std::move(b.data));
+    if (!rows.recv.data.empty()) spare.give(std::move(rows.recv.data));
+    const Kjt& kjt_d = st.batch().ranks[size_t(d)].kjt;
+    const Kjt samples = u.rows ? kjt_samples(kjt_d, u.r0, u.r1) : Kjt{};
+    const int64_t off = u.rows ? u.r0 * out.t.cols() : 0;  // out's first element in d's output
+    OutputPart p;
+    p.rank = int(d);
+    p.out = &out;
+    p.whole_shape = cut.shapes[size_t(d)];
+    p.to_whole = [off](int64_t e) { return off + e; };
+    p.golden = rows.golden ? &*rows.golden : nullptr;
+    p.plan = &rc.plan;
+    p.source = rc.source.get();
+    p.kjt = u.rows ? &samples : &kjt_d;
+    checks.check(p);
+    if (rows.golden) spare.give(std::move(rows.golden->data));
+  };
+  // A unit that meets trouble (its rows cannot be read, an id outside its table) is reported and
+  // the next one runs; the checks it was part of are skipped, never decided on part of their data.
+  std::set<int64_t> failed;  // destinations
+  std::set<std::string> said;
+  const auto trouble = [&](int64_t d, int rank, const std::string& stage, const std::string& msg) {
+    failed.insert(d);
+    if (said.insert(msg).second) rc.log.trouble(k, rank, stage, msg);
+  };
+  for (size_t i = 0; i < units.size(); ++i) {
+    const Unit& u = units[i];
+    const int64_t d = u.d;
+    try {
+      run_unit(i);
+    } catch (const CaptureError& e) {
+      trouble(d, rank_of_h5path(e.h5path()), "capture", e.what());
+    } catch (const Error& e) {
+      trouble(d, rc.clock.rank(), rc.clock.report_stage(), e.what());
+    }
+    if (i + 1 == units.size() || units[i + 1].d != d) rc.log.rank_done(k);
+  }
+  rc.note_latch(k);
+  const std::string why =
+      fmt::format("not every part of it could be checked: trouble in batch {} (destination {})", k,
+                  failed.empty() ? 0 : *failed.begin());
+  for (int64_t s = 0; rc.source && s < W; ++s) {
+    if (failed.empty())
+      looked.decide(int(s));
+    else
+      rc.log.emit(skipped(k, int(s), "lookup", "local_embs", why));
+  }
+  for (int64_t d = 0; d < W; ++d) {
+    if (failed.count(d))
+      checks.skip(int(d), why);
+    else
+      checks.decide(int(d), nullptr);
+  }
+}
+
+}  // namespace dynemb::replay_detail
