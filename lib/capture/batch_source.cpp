@@ -62,6 +62,9 @@ BatchRead BatchSource::read_now(int64_t k, bool& out_of_memory) {
   h5::quiet();  // libhdf5's error printing is per thread: errors are reported, not dumped
   BatchRead out;
   std::vector<ReadTrouble> ranks;  // troubles of single ranks: dropped when the batch fails
+  // Out of memory reading a rank's parts is the batch's trouble, not the rank's: with the ranks
+  // before it held, the rest of the batch would not fit either. The batch is dropped, once.
+  bool batch_oom = false;
   const auto rank_failed = [&](int64_t r) {
     try {
       throw;
@@ -73,12 +76,16 @@ BatchRead BatchSource::read_now(int64_t k, bool& out_of_memory) {
     } catch (const std::bad_alloc&) {
       out_of_memory = true;
       if (opt_.fail_fast) throw Error(oom(k, "the batch", -1));
-      ranks.push_back({k, int(r), "capture", oom(k, "ctx/, local_embs and output", int(r))});
+      batch_oom = true;
     }
   };
   try {
     out.batch = reader_.read_batch_by_rank(plan_, k, rank_failed);
     out.troubles = std::move(ranks);
+    if (batch_oom) {
+      out.batch.reset();
+      out.troubles = {{k, -1, "capture", oom(k, "the batch", -1)}};
+    }
   } catch (const Error& e) {
     if (opt_.fail_fast) throw;
     out.troubles = {{k, rank_of(e), "capture", e.what()}};

@@ -172,6 +172,20 @@ int64_t LookupOutputLayout::numel() const {
   return n;
 }
 
+std::vector<int64_t> lookup_output_shape(const Plan& plan, const LookupKjt& k) {
+  const int64_t F = k.num_features, W = k.world_size;
+  if (plan.module == ModuleKind::sequence)
+    return {static_cast<int64_t>(k.values.size()), plan.seq_dim()};
+  int64_t n = 0;
+  if (!k.variable_batch) {
+    for (int64_t s = 0; s < W; ++s) n += F ? k.stride_per_key_per_rank[0][s] : 0;
+    return {n, plan.sum_dim};
+  }
+  for (int64_t s = 0; s < W; ++s)
+    for (int64_t f = 0; f < F; ++f) n += k.stride_per_key_per_rank[f][s] * plan.features[f].dim;
+  return {n};
+}
+
 LookupOutputLayout lookup_output_layout(const Plan& plan, const LookupKjt& k) {
   const int64_t F = k.num_features, W = k.world_size;
   LookupOutputLayout L;

@@ -104,6 +104,8 @@ struct LookupOutputLayout {
   int64_t numel() const;
 };
 LookupOutputLayout lookup_output_layout(const Plan& plan, const LookupKjt& k);
+// Its shape alone, without the walk over the bags.
+std::vector<int64_t> lookup_output_shape(const Plan& plan, const LookupKjt& k);
 
 // fn(f, j) for the bags j of [j0, j1) in order, f the feature of bag j: feature f holds bags
 // [bag0[f], bag0[f + 1]) ([F + 1], some features may have none). The feature is searched once

@@ -9,8 +9,13 @@
 namespace dynemb::replay_detail {
 
 void CheckLog::emit(CheckResult c) {
-  if (began_ && !header_shown_) show_header();  // the header waited for the capture's hash
-  if (cb_.on_check && header_shown_) cb_.on_check(c);
+  show_header_when_hashed();
+  if (cb_.on_check) {
+    if (header_shown_)
+      cb_.on_check(c);
+    else
+      waiting_.push_back(c);  // to the caller after the header, which waits for the hash
+  }
   if (opt_.passes != PassMode::whole && PassLog::fits(c)) {
     ++rep_.pass_counts[c.stage];
     if (opt_.passes == PassMode::compact) rep_.pass_log.add(c, rep_.checks.size());
@@ -55,8 +60,9 @@ void CheckLog::show_header() {
   rep_.info.device = backend_.get().device();  // waits for a backend still starting
   header_shown_ = true;
   if (cb_.on_start) cb_.on_start(rep_);
-  if (cb_.on_check)
-    for (const CheckResult& c : rep_.checks) cb_.on_check(c);
+  for (const CheckResult& c : waiting_) cb_.on_check(c);
+  waiting_.clear();
+  waiting_.shrink_to_fit();
 }
 
 void CheckLog::show_header_when_hashed() {
@@ -91,6 +97,7 @@ void CheckLog::rank_done(int64_t k) {
 }
 
 void CheckLog::batch_done(int64_t k) {
+  show_header_when_hashed();
   if (!cb_.on_progress) return;
   const int64_t W = world_size_;
   progress_.rank_batches_done += W - ranks_done_in_batch_;

@@ -21,7 +21,8 @@ class CheckLog {
            StartingBackend& backend)
       : opt_(opt), cb_(cb), rep_(rep), backend_(backend) {}
 
-  // A check decided: to the caller (once the header is out) and to the report.
+  // A check decided: to the report, and to the caller once the header is out (the header waits
+  // for the capture's hash, and the run does not: the checks decided meanwhile wait instead).
   void emit(CheckResult c);
   void warn(const std::string& w) { rep_.warnings.push_back(w); }
   // Trouble in batch k (rank -1: the batch as a whole): an error check of its own, and the run
@@ -35,8 +36,8 @@ class CheckLog {
   void hash_capture(const std::string& path);
   // Rethrows a read error of the hash.
   void take_capture_sha();
-  // The first replayed batch began: the header is shown once the hash is in, or before the
-  // first check, whichever comes first.
+  // The first replayed batch began: the header is shown once the hash is in (at the latest when
+  // the run ends).
   void batch_began();
   // The header now (a run whose every batch was trouble), and the checks decided before it.
   void show_header();
@@ -55,6 +56,7 @@ class CheckLog {
   Report& rep_;
   StartingBackend& backend_;
   std::future<std::string> capture_sha_;
+  std::vector<CheckResult> waiting_;  // decided before the header was shown
   bool began_ = false, header_shown_ = false;
   int64_t troubles_ = 0, first_trouble_batch_ = -1;
   int64_t world_size_ = 1;

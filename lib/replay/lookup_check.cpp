@@ -68,7 +68,7 @@ void LookupChecks::check_whole(int s, const TensorRef& got, const EmbTensor* der
   const LookupKjt& lk = st_.der.ranks[size_t(s)].lookup_kjt;
   // Where the backend makes the lookup, unless the host holds it already or the shapes differ
   // (the host's diff then says how).
-  if (!derived && lookup_output_layout(rc_.plan, lk).shape == captured.shape &&
+  if (!derived && lookup_output_shape(rc_.plan, lk) == captured.shape &&
       int64_t(captured.data.size()) == captured.numel())
     check(s, got, lk, [](int64_t e) { return e; });
   else

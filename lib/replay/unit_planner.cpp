@@ -176,7 +176,7 @@ std::optional<DestinationCut> cut_destinations(RunContext& rc, BatchState& st) {
   for (int64_t s = 0; s < W; ++s)  // every block is a lookup of bags: the shapes must be its
     if (!st.cap_local[size_t(s)] ||
         st.cap_local[size_t(s)]->shape !=
-            lookup_output_layout(plan, st.der.ranks[size_t(s)].lookup_kjt).shape)
+            lookup_output_shape(plan, st.der.ranks[size_t(s)].lookup_kjt))
       return std::nullopt;
   DestinationCut cut;
   std::optional<SequenceDistCheck> seq;
