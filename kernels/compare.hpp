@@ -1,8 +1,9 @@
 // Launch wrapper of the comparison a replay's checks run where the tensors were made
-// (Backend::lookup_differences and the other checks): what each tile of two device tensors adds
-// to a diff under a tolerance, so that only those statistics, and the values of the few tiles
-// holding the first mismatches, need to come back to the host. Plain C++, device pointers,
-// int64 sizes; the engine's types (engine/tile_diff.hpp) are mirrored here as plain structs.
+// (the CUDA backend's Comparator, backends/cuda/device_comparator.hpp): what each tile of two
+// device tensors adds to a diff under a tolerance, so that only those statistics, and the values of
+// the few tiles holding the first mismatches, need to come back to the host. Plain C++, device
+// pointers, int64 sizes; the engine's types (engine/tile_diff.hpp) are mirrored here as plain
+// structs.
 #pragma once
 
 #include <cuda_runtime_api.h>

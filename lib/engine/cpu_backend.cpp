@@ -269,9 +269,9 @@ std::optional<std::vector<TileDiff>> CpuBackend::compare(const TensorRef& got,
                                                          const TensorRef& want,
                                                          const TileCompare& how) {
   if (got.n != want.n) return std::nullopt;
-  if (got.n == 0) return std::vector<TileDiff>{};
   const float* g = data_of(got);
   const float* w = data_of(want);
+  if (got.n == 0) return std::vector<TileDiff>{};
   if (!g || !w) return std::nullopt;
   return tile_diffs(g, w, got.n, how);
 }

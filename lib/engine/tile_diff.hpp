@@ -1,8 +1,8 @@
 // A comparison of two float tensors of one shape (n elements each, `got` against `want`) made in
 // tiles where the tensors are, so that only what a diff needs travels: per tile what its pairs
 // add to the diff under a Tolerance, and both sides' values of the few tiles that hold the first
-// mismatches. A device backend makes it on the device (Backend::lookup_differences and the other
-// checks of backend.hpp); tile_diffs() below is the host's, the CPU backend's and every
+// mismatches. A device backend makes it on the device (its Comparator,
+// backend.hpp); tile_diffs() below is the host's, the CPU backend's and every
 // fallback's. replay/diff.hpp turns the tiles into the diff of the whole pair.
 #pragma once
 

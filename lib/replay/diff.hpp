@@ -57,8 +57,8 @@ TensorDiff diff_part(const EmbTensor& got, const EmbTensor& want, const Toleranc
 TensorDiff diff_part(const float* got, const float* want, int64_t n, const Tolerance& tol,
                      const std::function<int64_t(int64_t)>& to_whole, int64_t max_report);
 void merge_diff(TensorDiff& into, TensorDiff&& part, int64_t max_report);
-// The diff of a pair of n elements from the tiles a backend compared (Backend::lookup_differences
-// and the other checks, engine/tile_diff.hpp): tiles that add nothing are not there, the others
+// The diff of a pair of n elements from the tiles a backend compared (its Comparator,
+// engine/backend.hpp; engine/tile_diff.hpp): tiles that add nothing are not there, the others
 // bring their statistics and, up to the first max_report mismatches, both sides' values. The
 // same diff as diff_part over the whole pair.
 TensorDiff diff_tiles(int64_t n, const std::vector<TileDiff>& tiles, const Tolerance& tol,

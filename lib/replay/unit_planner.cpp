@@ -61,7 +61,7 @@ Sizing size_up(const RunContext& rc, const CaptureReader& reader, int64_t first_
   // The derived context and lookup, the replayed outputs, and what the capture holds.
   const double fixed = m.ids + 2 * m.context + captured_floats;
   const double need = fixed + m.lookup + m.output;
-  // One destination at a time (replay_by_destination) when every rank's lookup is captured and
+  // One destination at a time (by_destination.cpp) when every rank's lookup is captured and
   // each output can be checked on its own: no --write-output (it copies whole batches), no
   // re-sharding (--plan), no module_output and no MEAN diagnosis of a pooled lookup (both take
   // whole tensors). It holds the ids and contexts, and about two destinations' share of the

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Outputs held where the backend makes them (Backend::hold_outputs): a replay on a device
-# backend compares the dist's outputs there with the golden output and the unsharded
+# Outputs kept where the backend makes them (Place::kept, engine/backend.hpp): a replay on a
+# device backend compares the dist's outputs there with the golden output and the unsharded
 # reference, and brings back only the tiles that differ. Those paths are the same code on the
-# host when the CPU reference is wrapped to hold its outputs as a device does (the test hook
-# DYNEMB_HOLD_OUTPUTS=host, engine/holding_backend.hpp, which says on stderr how many outputs it
-# held, how many checks were made on them and how many lookups it kept for a dist, as a device
-# keeps a column slice's: Backend::lookup_for_dist). Every capture below is replayed both ways, and
+# host when the CPU reference keeps what a step may keep, as a device does (the test hook
+# DYNEMB_HOLD_OUTPUTS=host, which makes it say on stderr how many outputs it kept, how many
+# checks were made on them and how many lookups it kept for a dist, as a device keeps a column
+# slice's). Every capture below is replayed both ways, and
 # the JSON reports must agree check for check (messages, counts, first mismatch coordinates,
 # causes), the exit codes and stderr too; and the held paths must have run (or, where the host
 # needs whole outputs, must not have). Each of the replay's three ways is covered: one
@@ -23,7 +23,7 @@ need_test_hooks
 cd "$tmp" || exit 1
 
 # same NAME CAPTURE [REPLAY ARGS...]: unheld vs held. HELD=0 when no output may be held;
-# KEPT=1 when the dist's lookups must have been kept (column slices: Backend::lookup_for_dist).
+# KEPT=1 when the dist's lookups must have been kept (column slices: lookups with Place::kept).
 same() {
   local name=$1 cap=$2
   shift 2
