@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <iterator>
 
-#include "common/parallel.hpp"
-
 namespace dynemb {
 
 std::string shape_str(const std::vector<int64_t>& shape) {
@@ -24,6 +22,13 @@ TensorDiff shape_mismatch(const std::vector<int64_t>& got, const std::vector<int
 
 namespace {
 
+bool same_shape(const EmbTensor& got, const EmbTensor& want) {
+  return got.shape == want.shape && got.data.size() == want.data.size();
+}
+
+// Tiles of the elements at the first mismatches: both sides' values come back, as a backend's.
+constexpr int64_t kHostTile = int64_t(1) << 16;
+
 // A diff's counts and maxima from the statistics of its pairs.
 void set_stats(TensorDiff& d, const TileStats& s) {
   d.mismatches = s.mismatches;
@@ -32,57 +37,41 @@ void set_stats(TensorDiff& d, const TileStats& s) {
   d.max_ulp = s.max_ulp;
 }
 
-// The diff of elements [i0, i1) of two tensors of one shape; a mismatch kept is recorded by
-// `keep(i, got, want)`.
-template <typename Keep>
-TensorDiff diff_range(const float* gp, const float* wp, const Tolerance& tol, int64_t max_report,
-                      const Keep& keep, int64_t i0, int64_t i1) {
-  TensorDiff d;
-  d.compared = i1 - i0;
-  TileStats s;
-  each_unequal_pair(gp, wp, i0, i1, [&](int64_t i) {
-    if (!add_pair(s, gp[i], wp[i], tol) && int64_t(d.first.size()) < max_report)
-      d.first.push_back(keep(i, gp[i], wp[i]));
+// The first max_report mismatches among the values a tile brought back (its n pairs), with
+// their whole indices.
+std::vector<ElementMismatch> first_in_tile(const TileDiff& t, const Tolerance& tol,
+                                           const std::function<int64_t(int64_t)>& to_whole,
+                                           int64_t max_report) {
+  std::vector<ElementMismatch> first;
+  TileStats unused;
+  each_unequal_pair(t.got.data(), t.want.data(), 0, int64_t(t.got.size()), [&](int64_t i) {
+    if (!add_pair(unused, t.got[size_t(i)], t.want[size_t(i)], tol) &&
+        int64_t(first.size()) < max_report)
+      first.push_back(
+          ElementMismatch{to_whole(t.begin + i), {}, t.got[size_t(i)], t.want[size_t(i)]});
   });
-  set_stats(d, s);
-  return d;
-}
-
-// The diff of two tensors of one shape, in contiguous parts on every core (a pass over a
-// batch's lookups is gigabytes), merged in order: the same diff as one pass, first mismatches
-// included (keep's flat indices increase with i).
-template <typename Keep>
-TensorDiff diff_elements(const float* got, const float* want, int64_t n, const Tolerance& tol,
-                         int64_t max_report, const Keep& keep) {
-  constexpr int64_t kPart = int64_t(1) << 20;  // elements: a part is worth a thread
-  const int64_t parts = std::clamp<int64_t>(n / kPart, 1, hardware_threads());
-  std::vector<TensorDiff> part(static_cast<size_t>(parts));
-  parallel_for(
-      int(parts), parts,
-      [&](int64_t p0, int64_t p1) {
-        for (int64_t p = p0; p < p1; ++p)
-          part[size_t(p)] =
-              diff_range(got, want, tol, max_report, keep, n * p / parts, n * (p + 1) / parts);
-      },
-      /*grain=*/1);
-  TensorDiff d = std::move(part[0]);
-  for (int64_t p = 1; p < parts; ++p) merge_diff(d, std::move(part[size_t(p)]), max_report);
-  return d;
-}
-
-bool same_shape(const EmbTensor& got, const EmbTensor& want) {
-  return got.shape == want.shape && got.data.size() == want.data.size();
+  return first;
 }
 
 }  // namespace
 
+// One comparison on the host, tile_diffs (engine/tile_diff.hpp), whoever asks: the diff of a
+// pair is what its tiles say.
+TensorDiff diff_part(const float* got, const float* want, int64_t n, const Tolerance& tol,
+                     const std::function<int64_t(int64_t)>& to_whole, int64_t max_report) {
+  const std::vector<TileDiff> tiles =
+      tile_diffs(got, want, n, TileCompare{tol, kHostTile, max_report});
+  return diff_tiles(n, tiles, tol, to_whole, max_report);
+}
+
 TensorDiff diff_tensors(const EmbTensor& got, const EmbTensor& want, const Tolerance& tol,
                         const TensorLayout& layout, int64_t max_report) {
   if (!same_shape(got, want)) return shape_mismatch(got.shape, want.shape);
-  return diff_elements(got.data.data(), want.data.data(), int64_t(got.data.size()), tol, max_report,
-                       [&](int64_t i, float g, float w) {
-                         return ElementMismatch{i, layout(i), g, w};
-                       });
+  TensorDiff d = diff_part(
+      got.data.data(), want.data.data(), int64_t(got.data.size()), tol, [](int64_t e) { return e; },
+      max_report);
+  locate_mismatches(d, layout);
+  return d;
 }
 
 TensorDiff diff_part(const EmbTensor& got, const EmbTensor& want, const Tolerance& tol,
@@ -90,13 +79,6 @@ TensorDiff diff_part(const EmbTensor& got, const EmbTensor& want, const Toleranc
   if (!same_shape(got, want)) return shape_mismatch(got.shape, want.shape);
   return diff_part(got.data.data(), want.data.data(), int64_t(got.data.size()), tol, to_whole,
                    max_report);
-}
-
-TensorDiff diff_part(const float* got, const float* want, int64_t n, const Tolerance& tol,
-                     const std::function<int64_t(int64_t)>& to_whole, int64_t max_report) {
-  return diff_elements(got, want, n, tol, max_report, [&](int64_t i, float g, float w) {
-    return ElementMismatch{to_whole(i), {}, g, w};
-  });
 }
 
 void merge_diff(TensorDiff& into, TensorDiff&& part, int64_t max_report) {
@@ -126,10 +108,7 @@ TensorDiff diff_tiles(int64_t n, const std::vector<TileDiff>& tiles, const Toler
     TensorDiff part;
     set_stats(part, t.stats);
     if (!t.got.empty())  // a tile of the first mismatches: they come from its values
-      part.first = diff_part(
-                       t.got.data(), t.want.data(), int64_t(t.got.size()), tol,
-                       [&](int64_t e) { return to_whole(t.begin + e); }, max_report)
-                       .first;
+      part.first = first_in_tile(t, tol, to_whole, max_report);
     merge_diff(d, std::move(part), max_report);
   }
   d.compared = n;
