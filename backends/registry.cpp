@@ -71,20 +71,20 @@ namespace {
 
 }  // namespace
 
-StartingBackend start_backend(const std::string& name, const std::string& devices) {
+BackendStartup start_backend(const std::string& name, const std::string& devices) {
 #if defined(DYNEMB_HAVE_CUDA)
   // --backend cuda: refused here and now where no GPU can be there (as make_backend refuses
   // it); else the driver's start, the device check and the backend's making all wait on
   // another thread. auto must choose now: it asks the driver first.
   if (devices.empty() && name == "cuda" && gpu_node_present())
-    return StartingBackend("cuda", [] { return make_cuda_backend(0); });
+    return BackendStartup("cuda", [] { return make_cuda_backend(0); });
   if (devices.empty() && name == "auto" && [] {
         const TraceSpan span("cuda probe");
         return cuda_device_available();
       }())
-    return StartingBackend("cuda", [] { return make_cuda_backend(0); });
+    return BackendStartup("cuda", [] { return make_cuda_backend(0); });
 #endif
-  return StartingBackend(make_backend(name, devices));
+  return BackendStartup(make_backend(name, devices));
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const std::string& devices) {

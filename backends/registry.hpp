@@ -30,8 +30,8 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const std::string
 // thread while the caller goes on: creating its context and workspace takes a sizeable part of
 // a second, which a replay spends opening the capture and reading its first batch instead.
 // What make_backend refuses (usage, no usable device) it refuses here, at once and alike (it
-// throws); the StartingBackend's name() is known at once, its get() waits until the backend is
+// throws); the BackendStartup's name() is known at once, its get() waits until the backend is
 // made and rethrows what making it threw. Every other backend comes made already.
-StartingBackend start_backend(const std::string& name, const std::string& devices = "");
+BackendStartup start_backend(const std::string& name, const std::string& devices = "");
 
 }  // namespace dynemb

@@ -134,7 +134,7 @@ int run_replay_cli(const ReplayCliOptions& o) {
   if (!o.write_output.empty())
     opt.write_output_file = std::make_shared<OutputFile>(o.write_output, existing);
   // A GPU backend starts while the capture is opened and its first batch read.
-  StartingBackend backend = start_backend(o.backend, o.devices);
+  BackendStartup backend = start_backend(o.backend, o.devices);
 
   const char* no_color = std::getenv("NO_COLOR");
   const bool colour = ::isatty(STDOUT_FILENO) && !(no_color && *no_color);

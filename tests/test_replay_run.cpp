@@ -148,7 +148,7 @@ TEST_CASE("run_replay: clean capture, then a planted context defect") {
   std::remove(clean.c_str());
 }
 
-// A backend still being made on another thread (StartingBackend, backend.hpp; what a GPU replay
+// A backend still being made on another thread (BackendStartup, backend.hpp; what a GPU replay
 // starts while it opens the capture): the replay's report is the one of the backend made up
 // front, name() and ready() do not wait for the making, get() does, and what the making threw is
 // rethrown by every get() and is the run's trouble.
@@ -164,7 +164,7 @@ TEST_CASE("run_replay on a starting backend") {
   // that waited for it would never return.
   std::promise<void> go;
   std::shared_future<void> released = go.get_future().share();
-  StartingBackend starting("cpu", [released] {
+  BackendStartup starting("cpu", [released] {
     released.wait();
     return make_cpu_backend(1);
   });
@@ -193,18 +193,18 @@ TEST_CASE("run_replay on a starting backend") {
   }
 
   // Made already: ready at once, get() gives that very backend.
-  StartingBackend borrowed(*cpu);
+  BackendStartup borrowed(*cpu);
   CHECK(borrowed.ready());
   CHECK(borrowed.name() == "cpu");
   CHECK(&borrowed.get() == cpu.get());
   std::unique_ptr<Backend> owned = make_cpu_backend(1);
   Backend* owned_at = owned.get();
-  StartingBackend made(std::move(owned));
+  BackendStartup made(std::move(owned));
   CHECK(made.ready());
   CHECK(&made.get() == owned_at);
 
   // A backend that cannot be made: every get() rethrows its error, and the run says it.
-  StartingBackend broken(
+  BackendStartup broken(
       "cuda", []() -> std::unique_ptr<Backend> { throw DeviceError("CUDA device 0 is gone"); });
   CHECK(broken.name() == "cuda");
   CHECK_THROWS_WITH_AS(broken.get(), "CUDA device 0 is gone", DeviceError);

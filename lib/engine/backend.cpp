@@ -1,4 +1,4 @@
-// StartingBackend (backend.hpp): a backend made on another thread while its caller goes on.
+// BackendStartup (backend.hpp): a backend made on another thread while its caller goes on.
 #include "engine/backend.hpp"
 
 #include <exception>
@@ -11,7 +11,7 @@
 
 namespace dynemb {
 
-struct StartingBackend::State {
+struct BackendStartup::State {
   std::future<std::unique_ptr<Backend>> making;
   std::mutex mutex;
   std::unique_ptr<Backend> made;
@@ -27,7 +27,7 @@ struct StartingBackend::State {
   }
 };
 
-StartingBackend::StartingBackend(std::string name, std::function<std::unique_ptr<Backend>()> make)
+BackendStartup::BackendStartup(std::string name, std::function<std::unique_ptr<Backend>()> make)
     : name_(std::move(name)), state_(std::make_unique<State>()) {
   try {
     state_->making = std::async(std::launch::async, [make] {
@@ -39,23 +39,23 @@ StartingBackend::StartingBackend(std::string name, std::function<std::unique_ptr
   }
 }
 
-StartingBackend::StartingBackend(std::unique_ptr<Backend> ready)
+BackendStartup::BackendStartup(std::unique_ptr<Backend> ready)
     : name_(ready->name()), state_(std::make_unique<State>()) {
   state_->made = std::move(ready);
 }
 
-StartingBackend::StartingBackend(Backend& ready)
+BackendStartup::BackendStartup(Backend& ready)
     : name_(ready.name()), state_(std::make_unique<State>()) {
   state_->borrowed = &ready;
 }
 
-StartingBackend::~StartingBackend() {
+BackendStartup::~BackendStartup() {
   if (state_ && state_->making.valid()) state_->making.wait();  // its thread ends first
 }
 
-StartingBackend::StartingBackend(StartingBackend&&) noexcept = default;
+BackendStartup::BackendStartup(BackendStartup&&) noexcept = default;
 
-Backend& StartingBackend::get() {
+Backend& BackendStartup::get() {
   std::lock_guard<std::mutex> lock(state_->mutex);
   if (state_->borrowed) return *state_->borrowed;
   if (!state_->made && !state_->failed) state_->take([this] { return state_->making.get(); });
@@ -63,7 +63,12 @@ Backend& StartingBackend::get() {
   return *state_->made;
 }
 
-bool StartingBackend::ready() const {
+bool BackendStartup::failed() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->failed != nullptr;
+}
+
+bool BackendStartup::ready() const {
   using namespace std::chrono_literals;
   return state_->borrowed || !state_->making.valid() ||
          state_->making.wait_for(0s) == std::future_status::ready;

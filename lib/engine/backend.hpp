@@ -203,20 +203,21 @@ class Backend {
 // machine (a test build's DYNEMB_HOLD_OUTPUTS=host).
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0, bool keeps = false);
 
-// A backend made on another thread while its caller goes on (a GPU backend's context and
-// workspace take a sizeable part of a second, which a replay spends opening the capture and
+// The startup of a backend made on another thread while its caller goes on (a GPU backend's context
+// and workspace take a sizeable part of a second, which a replay spends opening the capture and
 // reading its first batch instead). name() answers at once; get() waits until `make` has
 // returned and gives what it made, or rethrows what it threw.
-class StartingBackend {
+class BackendStartup {
  public:
-  StartingBackend(std::string name, std::function<std::unique_ptr<Backend>()> make);
-  explicit StartingBackend(std::unique_ptr<Backend> ready);  // made already
-  explicit StartingBackend(Backend& ready);                  // made already, owned elsewhere
-  ~StartingBackend();
-  StartingBackend(StartingBackend&&) noexcept;
+  BackendStartup(std::string name, std::function<std::unique_ptr<Backend>()> make);
+  explicit BackendStartup(std::unique_ptr<Backend> ready);  // made already
+  explicit BackendStartup(Backend& ready);                  // made already, owned elsewhere
+  ~BackendStartup();
+  BackendStartup(BackendStartup&&) noexcept;
   const std::string& name() const { return name_; }
   Backend& get();
-  bool ready() const;  // get() would not wait
+  bool ready() const;   // get() would not wait
+  bool failed() const;  // making it threw (get() rethrows that)
 
  private:
   std::string name_;

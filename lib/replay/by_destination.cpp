@@ -207,7 +207,7 @@ void run_destinations(RunContext& rc, BatchState& st, const DestinationCut& cut,
     if (failed.empty())
       looked.decide(int(s));
     else
-      rc.log.emit(skipped(k, int(s), "lookup", "local_embs", why));
+      rc.log.record(skipped(k, int(s), "lookup", "local_embs", why));
   }
   for (int64_t d = 0; d < W; ++d) {
     if (failed.count(d))

@@ -8,7 +8,13 @@
 
 namespace dynemb::replay_detail {
 
-void CheckLog::emit(CheckResult c) {
+void CheckLog::record(CheckResult c) {
+  // A backend that cannot start is the run's trouble, before any check counts (it throws here;
+  // a GPU backend still starting is waited for, as its first step would).
+  if (began_ && !backend_ok_) {
+    backend_.get();
+    backend_ok_ = true;
+  }
   show_header_when_hashed();
   if (cb_.on_check) {
     if (header_shown_)
@@ -34,7 +40,7 @@ void CheckLog::trouble(int64_t k, int rank, const std::string& stage, const std:
   c.check = "trouble";
   c.status = CheckStatus::error;
   c.message = msg;
-  emit(std::move(c));
+  record(std::move(c));
 }
 
 void CheckLog::hash_capture(const std::string& path) {

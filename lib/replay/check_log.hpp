@@ -18,12 +18,12 @@ namespace dynemb::replay_detail {
 class CheckLog {
  public:
   CheckLog(const ReplayOptions& opt, const ReplayCallbacks& cb, Report& rep,
-           StartingBackend& backend)
+           BackendStartup& backend)
       : opt_(opt), cb_(cb), rep_(rep), backend_(backend) {}
 
   // A check decided: to the report, and to the caller once the header is out (the header waits
   // for the capture's hash, and the run does not: the checks decided meanwhile wait instead).
-  void emit(CheckResult c);
+  void record(CheckResult c);
   void warn(const std::string& w) { rep_.warnings.push_back(w); }
   // Trouble in batch k (rank -1: the batch as a whole): an error check of its own, and the run
   // goes on with the rest (--fail-fast: thrown, and the run stops).
@@ -54,10 +54,10 @@ class CheckLog {
   const ReplayOptions& opt_;
   const ReplayCallbacks& cb_;
   Report& rep_;
-  StartingBackend& backend_;
+  BackendStartup& backend_;
   std::future<std::string> capture_sha_;
   std::vector<CheckResult> waiting_;  // decided before the header was shown
-  bool began_ = false, header_shown_ = false;
+  bool began_ = false, header_shown_ = false, backend_ok_ = false;
   int64_t troubles_ = 0, first_trouble_batch_ = -1;
   int64_t world_size_ = 1;
   ReplayProgress progress_;

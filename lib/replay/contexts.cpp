@@ -143,7 +143,7 @@ void check_contexts(RunContext& rc, BatchState& st) {
     for (CheckResult& c : diff_context(rc.plan, k, int(r), rb.kjt, st.der.ranks[size_t(r)], *rb.ctx,
                                        rc.opt.max_mismatches)) {
       st.ctx_bad |= c.status == CheckStatus::fail;
-      rc.log.emit(std::move(c));
+      rc.log.record(std::move(c));
     }
   }
   if (!no_ctx.empty()) {
@@ -153,7 +153,7 @@ void check_contexts(RunContext& rc, BatchState& st) {
                     "context for them",
                     k, fmt::join(no_ctx, ", ")));
     for (int64_t r : no_ctx)
-      rc.log.emit(
+      rc.log.record(
           skipped(k, int(r), "ctx", "context",
                   "no ctx/ group in this rank-batch (other rank-batches have one): the captured "
                   "context cannot be compared"));
@@ -162,7 +162,7 @@ void check_contexts(RunContext& rc, BatchState& st) {
   for (CheckResult& c : consistency_checks(rc.plan, k, st.kjts, st.cap_ctx, st.cap_local, st.golden,
                                            rc.opt.max_mismatches)) {
     st.ctx_bad |= c.status == CheckStatus::fail;
-    rc.log.emit(std::move(c));
+    rc.log.record(std::move(c));
   }
 }
 
@@ -189,7 +189,7 @@ void choose_contexts(RunContext& rc, BatchState& st) {
                                 st.used_ptr[size_t(r)]->variable_batch_per_feature.value_or(false),
                                 mode, rc.latched_batch.value_or(st.k));
     st.ctx_bad |= c.status == CheckStatus::fail;
-    rc.log.emit(std::move(c));
+    rc.log.record(std::move(c));
   }
 }
 

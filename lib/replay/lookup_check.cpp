@@ -97,7 +97,7 @@ void LookupChecks::decide(int s, const EmbTensor* derived) {
     diagnose_local_means(rc_.plan, rc_.tol, c, got, want(), st_.der.ranks[size_t(s)].lookup_kjt,
                          layout);
   st_.lookup_bad |= c.status == CheckStatus::fail;
-  rc_.log.emit(std::move(c));
+  rc_.log.record(std::move(c));
 }
 
 }  // namespace dynemb::replay_detail

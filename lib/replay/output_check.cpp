@@ -72,14 +72,14 @@ void OutputChecks::decide(int r, const EmbTensor* whole) {
   }
   d.gold.reset();
   d.ref.reset();
-  emit(r, std::move(gold), std::move(ref), whole);
+  record_checks(r, std::move(gold), std::move(ref), whole);
 }
 
 // Rank r's output checks decided (vs golden, vs reference), with their causes, and the module's
 // output after the mean-pooling step. `out`, the whole replayed output, is needed for the MEAN
 // diagnosis and the module output.
-void OutputChecks::emit(int r, std::optional<CheckResult> gold, std::optional<CheckResult> ref,
-                        const EmbTensor* out) {
+void OutputChecks::record_checks(int r, std::optional<CheckResult> gold,
+                                 std::optional<CheckResult> ref, const EmbTensor* out) {
   const int64_t k = st_.k, maxm = rc_.opt.max_mismatches;
   const Plan& plan = rc_.plan;
   const RankBatch& rb = st_.batch().ranks[size_t(r)];
@@ -98,8 +98,8 @@ void OutputChecks::emit(int r, std::optional<CheckResult> gold, std::optional<Ch
       diagnose_output_after_callback(plan, *gold, *out, *rb.output, rb.kjt,
                                      output_layout(plan, rb.kjt, out->shape));
   }
-  if (gold) rc_.log.emit(std::move(*gold));
-  if (ref) rc_.log.emit(std::move(*ref));
+  if (gold) rc_.log.record(std::move(*gold));
+  if (ref) rc_.log.record(std::move(*ref));
   if (rb.module_output && out) {
     rc_.clock.enter("module", r);
     CheckResult m;
@@ -121,7 +121,7 @@ void OutputChecks::emit(int r, std::optional<CheckResult> gold, std::optional<Ch
       if (upstream.empty() && !(gold && gold->status == CheckStatus::fail))
         diagnose_module_divisor(plan, rc_.tol, m, *out, rb);
     }
-    rc_.log.emit(std::move(m));
+    rc_.log.record(std::move(m));
   }
   rc_.log.rank_done(k);
 }
@@ -130,19 +130,19 @@ void OutputChecks::emit(int r, std::optional<CheckResult> gold, std::optional<Ch
 void OutputChecks::skip(int r, const std::string& why) {
   ranks_[size_t(r)] = Rank{};
   const RankBatch& rb = st_.batch().ranks[size_t(r)];
-  if (rb.output) rc_.log.emit(skipped(st_.k, r, "output", "golden", why));
-  if (rc_.source) rc_.log.emit(skipped(st_.k, r, "output", "reference", why));
-  if (rb.module_output) rc_.log.emit(skipped(st_.k, r, "module", "module_output", why));
+  if (rb.output) rc_.log.record(skipped(st_.k, r, "output", "golden", why));
+  if (rc_.source) rc_.log.record(skipped(st_.k, r, "output", "reference", why));
+  if (rb.module_output) rc_.log.record(skipped(st_.k, r, "module", "module_output", why));
 }
 
 void OutputChecks::skip_rest(const std::string& why) {
   const BatchState& st = st_;
   for (int64_t r = 0; r < st.W; ++r) {
     if (handed_over(int(r))) continue;
-    if (st.golden[size_t(r)]) rc_.log.emit(skipped(st.k, int(r), "output", "golden", why));
-    if (rc_.source) rc_.log.emit(skipped(st.k, int(r), "output", "reference", why));
+    if (st.golden[size_t(r)]) rc_.log.record(skipped(st.k, int(r), "output", "golden", why));
+    if (rc_.source) rc_.log.record(skipped(st.k, int(r), "output", "reference", why));
     if (st.batch().ranks[size_t(r)].module_output)
-      rc_.log.emit(skipped(st.k, int(r), "module", "module_output", why));
+      rc_.log.record(skipped(st.k, int(r), "module", "module_output", why));
   }
 }
 
@@ -159,7 +159,7 @@ void OutputChecks::dist_failed(const OutputDistFailure& e) {
   c.compared = 1;
   c.message = fmt::format("the output dist cannot run with this context (field {}): {}", e.field(),
                           e.what());
-  rc_.log.emit(std::move(c));
+  rc_.log.record(std::move(c));
   skip_rest(fmt::format("the output dist failed on rank {} ({})", e.rank(), e.field()));
 }
 

@@ -53,8 +53,8 @@ class OutputChecks {
     std::vector<int64_t> whole_shape;  // empty: no part handed over yet
     std::optional<TensorDiff> gold, ref;
   };
-  void emit(int r, std::optional<CheckResult> gold, std::optional<CheckResult> ref,
-            const EmbTensor* whole);
+  void record_checks(int r, std::optional<CheckResult> gold, std::optional<CheckResult> ref,
+                     const EmbTensor* whole);
   RunContext& rc_;
   BatchState& st_;
   std::vector<Rank> ranks_;

@@ -77,7 +77,7 @@ void report_cut(int64_t k, bool by_destination) {
 // (one ahead), rebased onto --plan, cut into units and checked, and copied to --write-output.
 class Replayer {
  public:
-  Replayer(const ReplayOptions& opt, StartingBackend& backend, const ReplayCallbacks& cb,
+  Replayer(const ReplayOptions& opt, BackendStartup& backend, const ReplayCallbacks& cb,
            Report& rep)
       : opt_(opt), rep_(rep), log_(opt, cb, rep, backend), rc_(opt, backend, log_) {}
   void run();
@@ -88,8 +88,9 @@ class Replayer {
  private:
   bool by_destination(BatchSource& src, int64_t k, int64_t next);
   void replay_read(int64_t k, std::optional<Batch>& read);
-  // The first replayed batch decides --ctx automatic (captured when it has a ctx/ group).
-  void begin(int64_t k, const Batch& batch);
+  // The first replayed batch decides --ctx automatic (captured when it has a ctx/ group), and
+  // the header may be shown from then on.
+  void choose_ctx_mode(int64_t k, const Batch& batch);
   // fn() with its trouble recorded as batch k's (out of memory named by the step running).
   template <class Fn>
   bool guarded(int64_t k, Fn&& fn);
@@ -181,6 +182,9 @@ bool Replayer::guarded(int64_t k, Fn&& fn) {
   try {
     fn();
     return true;
+  } catch (const DeviceError& e) {
+    if (rc_.backend.failed()) throw;  // it could not start: the run's trouble, not a batch's
+    log_.trouble(k, -1, "replay", e.what());
   } catch (const CaptureError& e) {
     log_.trouble(k, rank_of_h5path(e.h5path()), "replay", e.what());
   } catch (const Error& e) {
@@ -206,7 +210,7 @@ bool Replayer::by_destination(BatchSource& src, int64_t k, int64_t next) {
   bool fits = shapes.has_value();  // else the whole read says what and where
   for (size_t r = 0; fits && r < shapes->ranks.size(); ++r)
     fits = shapes->ranks[r].local_embs && !shapes->ranks[r].module_output;
-  if (fits) begin(k, *shapes);
+  if (fits) choose_ctx_mode(k, *shapes);
   if (!fits || !rc_.use_captured) {
     report_cut(k, false);
     return false;
@@ -236,7 +240,7 @@ bool Replayer::by_destination(BatchSource& src, int64_t k, int64_t next) {
   return true;
 }
 
-void Replayer::begin(int64_t k, const Batch& batch) {
+void Replayer::choose_ctx_mode(int64_t k, const Batch& batch) {
   if (started_) return;
   bool any_ctx = false;
   for (const RankBatch& rb : batch.ranks) any_ctx |= rb.ctx.has_value();
@@ -270,7 +274,7 @@ void Replayer::replay_read(int64_t k, std::optional<Batch>& read) {
     writer_->write_batch(batch);
     return;
   }
-  begin(k, batch);
+  choose_ctx_mode(k, batch);
   // The steps of one batch, in the order a real job runs them: the input dist, the contexts
   // checked and chosen, then its units.
   std::vector<std::optional<EmbTensor>> outputs;
@@ -312,7 +316,7 @@ void Replayer::drop_writer() {
 
 }  // namespace replay_detail
 
-Report run_replay(const ReplayOptions& opt, StartingBackend& backend, const ReplayCallbacks& cb) {
+Report run_replay(const ReplayOptions& opt, BackendStartup& backend, const ReplayCallbacks& cb) {
   Report rep;
   ReportInfo& info = rep.info;
   info.argv = opt.argv;
@@ -369,7 +373,7 @@ Report run_replay(const ReplayOptions& opt, StartingBackend& backend, const Repl
 }
 
 Report run_replay(const ReplayOptions& opt, Backend& backend, const ReplayCallbacks& cb) {
-  StartingBackend ready(backend);
+  BackendStartup ready(backend);
   return run_replay(opt, ready, cb);
 }
 

@@ -78,7 +78,7 @@ std::vector<int64_t> parse_batch_range(const std::string& text, int64_t num_batc
 // error, bad --batches, --write-output onto the input or unwritable) never throws: it stops
 // the run and the report comes back with `trouble` set (exit code 2) and the checks decided
 // so far, so --json / --junit still describe what happened.
-Report run_replay(const ReplayOptions& opt, StartingBackend& backend,
+Report run_replay(const ReplayOptions& opt, BackendStartup& backend,
                   const ReplayCallbacks& cb = {});
 // The same on a backend made already.
 Report run_replay(const ReplayOptions& opt, Backend& backend, const ReplayCallbacks& cb = {});

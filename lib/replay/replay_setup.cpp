@@ -164,7 +164,7 @@ bool rebase_batch(RunContext& rc, const PlanChoice& pc, int64_t k, Batch& batch,
   if (selected)
     for (int64_t r = 0; r < W; ++r)
       if (batch.ranks[size_t(r)].output)
-        rc.log.emit(
+        rc.log.record(
             skipped(k, int(r), "output", "golden",
                     "--plan: pooled local_embs cannot be re-sharded to another plan, and the "
                     "capture has no /oracle or /tables to look the rows up"));

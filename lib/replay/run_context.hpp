@@ -32,10 +32,9 @@ namespace dynemb::replay_detail {
 constexpr int64_t kCompareTile = int64_t(1) << 16;
 
 struct RunContext {
-  RunContext(const ReplayOptions& o, StartingBackend& b, CheckLog& l)
-      : opt(o), backend(b), log(l) {}
+  RunContext(const ReplayOptions& o, BackendStartup& b, CheckLog& l) : opt(o), backend(b), log(l) {}
   const ReplayOptions& opt;
-  StartingBackend& backend;  // get(): waits for a backend still starting
+  BackendStartup& backend;  // get(): waits for a backend still starting
   CheckLog& log;
   StepClock clock;
 

@@ -157,7 +157,10 @@ elif ! nvidia-smi -L >/dev/null 2>&1; then
   has cuda "CUDA device 0 is not available"
   hasnt cuda "# capture"
   # A GPU's device node without a usable device (a driver that cannot start): the backend's
-  # start fails on its own thread, and the replay reports that as its trouble.
+  # start fails on its own thread, and the replay reports that as its trouble. (The node is
+  # named through a test hook: not in a build without them.)
+fi
+if [[ "${DYNEMB_HAVE_CUDA:-OFF}" == "ON" ]] && ! nvidia-smi -L >/dev/null 2>&1 && has_test_hooks; then
   DYNEMB_GPU_NODE=/dev/null run cuda_node 2 replay "$tmp/seq.h5" --backend cuda
   has cuda_node "CUDA device 0 is not available"
   DYNEMB_GPU_NODE=/dev/null run cuda_node_json 2 replay "$tmp/seq.h5" --backend cuda \
