@@ -515,7 +515,13 @@ TEST_CASE("h5chunks: a chunk whose record or decoded size is not its dataset's i
   zn = compressBound(400);
   REQUIRE(compress2(z.data(), &zn, data.data(), 400, 4) == Z_OK);
   REQUIRE(H5Dwrite_chunk(d, H5P_DEFAULT, 0, off, zn, z.data()) >= 0);
+  // zlib's uncompress cannot tell a longer stream from a cut one (Z_BUF_ERROR both ways);
+  // libdeflate can.
+#if defined(DYNEMB_HAVE_LIBDEFLATE)
   expect("deflate stream decodes to more than the 320 bytes the chunk needs");
+#else
+  expect("deflate stream decodes to more than the 320 bytes the chunk needs, or is cut short");
+#endif
   REQUIRE(H5Dwrite_chunk(d, H5P_DEFAULT, 0, off, 100, hundred.data()) >= 0);
   expect("stored 100 bytes that are not a valid deflate stream");
 }
