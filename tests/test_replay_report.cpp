@@ -154,18 +154,6 @@ TEST_CASE("value_text: shortest round-trip text; every NaN as nan, whatever its 
   CHECK(value_text(std::numeric_limits<float>::quiet_NaN()) == "nan");
 }
 
-TEST_CASE("write_file_atomic writes the whole content and leaves no temporary") {
-  const std::string path = "test_replay_report.out";
-  write_file_atomic(path, "hello\n");
-  write_file_atomic(path, "replaced\n");
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  CHECK(ss.str() == "replaced\n");
-  std::remove(path.c_str());
-  CHECK_THROWS_AS(write_file_atomic("/nonexistent-dir/r.json", "x"), Error);
-}
-
 TEST_CASE("passes kept compactly (PassLog) give the same reports, in the order decided") {
   // Whole: pass0, fail ctx, pass1 (with errors), fail data, pass2.
   Report whole = sample_report();

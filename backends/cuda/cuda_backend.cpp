@@ -521,25 +521,6 @@ void CudaBackend::make_on_device(const Plan& plan, const FeatureRows& rows, cons
 
 namespace cuda {
 
-std::vector<EmbTensor> shape_only(const std::vector<TensorRef>& local_embs) {
-  std::vector<EmbTensor> out(local_embs.size());
-  for (size_t s = 0; s < local_embs.size(); ++s) {
-    const TensorRef& t = local_embs[s];
-    if (!t.shape)
-      throw Error("output dist: local_embs of rank " + std::to_string(s) + " has no shape");
-    out[s].dtype = t.dtype;
-    out[s].shape = *t.shape;
-  }
-  return out;
-}
-
-std::vector<const EmbTensor*> pointers(const std::vector<EmbTensor>& v) {
-  std::vector<const EmbTensor*> out;
-  out.reserve(v.size());
-  for (const EmbTensor& t : v) out.push_back(&t);
-  return out;
-}
-
 SeqDistTables build_seq_dist_tables(const Plan& plan,
                                     const std::vector<const EmbTensor*>& local_embs,
                                     const std::vector<const ShardingContext*>& ctx) {
@@ -630,8 +611,8 @@ void CudaBackend::sequence_output_dist(const Plan& plan, const std::vector<Tenso
                                        const std::vector<const ShardingContext*>& ctx, Place place,
                                        const OutputSink& sink) {
   const int64_t W = plan.world_size, D = plan.seq_dim();
-  const std::vector<EmbTensor> shapes = cuda::shape_only(local_embs);
-  const cuda::SeqDistTables t = cuda::build_seq_dist_tables(plan, cuda::pointers(shapes), ctx);
+  const std::vector<EmbTensor> shapes = shape_stand_ins(local_embs);
+  const cuda::SeqDistTables t = cuda::build_seq_dist_tables(plan, tensor_pointers(shapes), ctx);
   const std::vector<int64_t>& local_row_off = t.local_row_off;
   const std::vector<int64_t>& out_row_off = t.out_row_off;
   CUDA_CHECK(cudaSetDevice(device_));
@@ -669,8 +650,7 @@ void CudaBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
   const int64_t W = plan.world_size;
   const DType rd = pooled_reduce_dtype(plan);
   const bool codec = plan.comm_precision != DType::f32;
-  const std::vector<EmbTensor> shapes = cuda::shape_only(local_embs);
-  const PooledDistCheck chk = check_pooled_dist(plan, variable_batch, cuda::pointers(shapes), ctx);
+  const PooledDistCheck chk = check_pooled_dist(plan, variable_batch, local_embs, ctx);
   // Every rank's local_embs has the same size (the check enforces it), so the W inputs
   // are stacked back to back and chunk r of each is at the receiver's offsets.
   const std::vector<int64_t>& chunk_len = chk.chunk_len;

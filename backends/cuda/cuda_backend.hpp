@@ -43,11 +43,6 @@ inline RouteRule route_rule(DistType t) {
   return static_cast<RouteRule>(static_cast<int>(t));
 }
 
-// The dists' inputs as the context checks read them (dist_checks.hpp: shapes only): dtype and
-// shape of each, no data. Throws Error for one without a shape (a bare span).
-std::vector<EmbTensor> shape_only(const std::vector<TensorRef>& local_embs);
-std::vector<const EmbTensor*> pointers(const std::vector<EmbTensor>& v);
-
 // Host side of SeqDistArgs for W ranks (all vectors concatenated over ranks; see
 // gather.hpp): unbucketize perms, splits prefixes and forward-recat segments.
 struct SeqDistTables {

@@ -151,8 +151,8 @@ void NcclBackend::sequence_output_dist(const Plan& plan, const std::vector<Tenso
                                        const std::vector<const ShardingContext*>& ctx,
                                        Place /*place*/, const OutputSink& sink) {
   const int64_t W = plan.world_size, D = plan.seq_dim();
-  const std::vector<EmbTensor> shapes = cuda::shape_only(local_embs);
-  const cuda::SeqDistTables t = cuda::build_seq_dist_tables(plan, cuda::pointers(shapes), ctx);
+  const std::vector<EmbTensor> shapes = shape_stand_ins(local_embs);
+  const cuda::SeqDistTables t = cuda::build_seq_dist_tables(plan, tensor_pointers(shapes), ctx);
   host_inputs(local_embs);
   const nccl::World& w = world(W);
   const int G = w.size();
@@ -253,8 +253,8 @@ void NcclBackend::pooled_output_dist(const Plan& plan, bool variable_batch,
                                      const std::vector<const ShardingContext*>& ctx,
                                      Place /*place*/, const OutputSink& sink) {
   const int64_t W = plan.world_size;
-  const std::vector<EmbTensor> shapes = cuda::shape_only(local_embs);
-  const PooledLayout L = pooled_layout(plan, variable_batch, cuda::pointers(shapes), ctx);
+  const std::vector<EmbTensor> shapes = shape_stand_ins(local_embs);
+  const PooledLayout L = pooled_layout(plan, variable_batch, tensor_pointers(shapes), ctx);
   host_inputs(local_embs);
   const DType rd = pooled_reduce_dtype(plan);
   const bool codec = plan.comm_precision != DType::f32;

@@ -205,10 +205,8 @@ PooledDistCheck check_pooled_dist(const Plan& plan, bool variable_batch,
   return out;
 }
 
-namespace {
-
 // Tensors of the refs' dtypes and shapes, no data: what the checks above read.
-std::vector<EmbTensor> shapes_of(const std::vector<TensorRef>& local_embs) {
+std::vector<EmbTensor> shape_stand_ins(const std::vector<TensorRef>& local_embs) {
   std::vector<EmbTensor> out;
   out.reserve(local_embs.size());
   for (size_t r = 0; r < local_embs.size(); ++r) {
@@ -219,25 +217,24 @@ std::vector<EmbTensor> shapes_of(const std::vector<TensorRef>& local_embs) {
   return out;
 }
 
-std::vector<const EmbTensor*> pointers(const std::vector<EmbTensor>& t) {
+std::vector<const EmbTensor*> tensor_pointers(const std::vector<EmbTensor>& t) {
   std::vector<const EmbTensor*> p;
+  p.reserve(t.size());
   for (const EmbTensor& e : t) p.push_back(&e);
   return p;
 }
 
-}  // namespace
-
 SequenceDistCheck check_sequence_dist(const Plan& plan, const std::vector<TensorRef>& local_embs,
                                       const std::vector<const ShardingContext*>& ctx) {
-  const std::vector<EmbTensor> shapes = shapes_of(local_embs);
-  return check_sequence_dist(plan, pointers(shapes), ctx);
+  const std::vector<EmbTensor> shapes = shape_stand_ins(local_embs);
+  return check_sequence_dist(plan, tensor_pointers(shapes), ctx);
 }
 
 PooledDistCheck check_pooled_dist(const Plan& plan, bool variable_batch,
                                   const std::vector<TensorRef>& local_embs,
                                   const std::vector<const ShardingContext*>& ctx) {
-  const std::vector<EmbTensor> shapes = shapes_of(local_embs);
-  return check_pooled_dist(plan, variable_batch, pointers(shapes), ctx);
+  const std::vector<EmbTensor> shapes = shape_stand_ins(local_embs);
+  return check_pooled_dist(plan, variable_batch, tensor_pointers(shapes), ctx);
 }
 
 }  // namespace dynemb

@@ -48,6 +48,12 @@ PooledDistCheck check_pooled_dist(const Plan& plan, bool variable_batch,
                                   const std::vector<const EmbTensor*>& local_embs,
                                   const std::vector<const ShardingContext*>& ctx);
 
+// Stand-ins of a dist's inputs with their dtypes and shapes and no data (a bare span, with no
+// shape, is an Error), and pointers to them: what the checks above, and a backend's own tables
+// of the same shapes, read.
+std::vector<EmbTensor> shape_stand_ins(const std::vector<TensorRef>& local_embs);
+std::vector<const EmbTensor*> tensor_pointers(const std::vector<EmbTensor>& t);
+
 // The same on the shapes of a dist's inputs as the backends take them (backend.hpp); a bare span
 // (no shape) is an Error.
 SequenceDistCheck check_sequence_dist(const Plan& plan, const std::vector<TensorRef>& local_embs,

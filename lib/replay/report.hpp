@@ -136,10 +136,6 @@ std::string junit_report(const Report& r);  // JUnit XML
 void write_json_report(const Report& r, const std::function<void(const std::string&)>& out);
 void write_junit_report(const Report& r, const std::function<void(const std::string&)>& out);
 
-// Writes `content` to `path` through a temporary name in the same directory, then renames;
-// throws Error naming the path on failure (and leaves no temporary behind).
-void write_file_atomic(const std::string& path, const std::string& content);
-
 inline constexpr const char* kReportSchemaVersion = "1.1.0";
 
 }  // namespace dynemb

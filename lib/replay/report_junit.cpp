@@ -1,12 +1,6 @@
-// The JUnit XML report (report.hpp), and the one way a report file is written.
-#include <fcntl.h>
+// The JUnit XML report (report.hpp).
 #include <fmt/core.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <functional>
 
 #include "common/error.hpp"
@@ -114,38 +108,6 @@ std::string junit_report(const Report& r) {
   std::string s;
   write_junit_report(r, [&](const std::string& piece) { s += piece; });
   return s;
-}
-
-// ---------------------------------------------------------------- files
-
-void write_file_atomic(const std::string& path, const std::string& content) {
-  std::string tmpl = path + ".tmp-XXXXXX";
-  const int fd = ::mkstemp(tmpl.data());
-  if (fd < 0)
-    throw Error(fmt::format("{}: cannot create a temporary file next to it: {}", path,
-                            std::strerror(errno)));
-  size_t done = 0;
-  while (done < content.size()) {
-    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int e = errno;
-      ::close(fd);
-      ::unlink(tmpl.c_str());
-      throw Error(fmt::format("{}: write failed: {}", tmpl, std::strerror(e)));
-    }
-    done += size_t(n);
-  }
-  ::fchmod(fd, 0644);  // mkstemp creates 0600; reports are ordinary files
-  if (::close(fd) != 0) {
-    ::unlink(tmpl.c_str());
-    throw Error(fmt::format("{}: close failed: {}", tmpl, std::strerror(errno)));
-  }
-  if (std::rename(tmpl.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmpl.c_str());
-    throw Error(fmt::format("{}: cannot rename {} to it: {}", path, tmpl, std::strerror(e)));
-  }
 }
 
 }  // namespace dynemb
