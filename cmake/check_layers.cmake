@@ -2,15 +2,15 @@
 # every build (cmake -DDYNEMB_ROOT=... -P). It fails naming every file that breaks a rule:
 #   cli/     includes no CUDA, CUB or NCCL header and no kernels/ header;
 #   lib/     includes nothing of kernels/, backends/ or bench/, and a file of lib/X includes
-#            only "Y/..." headers of the layers Y at or below X, lowest first: common, plan,
-#            model, engine, capture, synth, replay;
+#            only "Y/..." headers of the layers Y at or below X, lowest first: common, html,
+#            plan, model, engine, capture, synth, load, replay;
 #   kernels/ includes only its own headers, lib/common's and CUDA, CUB or standard headers;
 #   HDF5    lives in lib/capture alone: no other file includes libhdf5's headers or capture's
 #            private ones.
 if(NOT DYNEMB_ROOT)
   set(DYNEMB_ROOT ${PROJECT_SOURCE_DIR})
 endif()
-set(DYNEMB_LIB_LAYERS common plan model engine capture synth replay)
+set(DYNEMB_LIB_LAYERS common html plan model engine capture synth load replay)
 string(REPLACE ";" ", " DYNEMB_LIB_LAYERS_TEXT "${DYNEMB_LIB_LAYERS}")
 set(DYNEMB_LAYER_ERRORS "")
 

@@ -116,4 +116,11 @@ PlanLoadResult load_plan_file(const std::string& path);
 // Convenience: returns the plan or throws PlanError for the first error.
 Plan load_plan_or_throw(const std::string& yaml_text, const std::string& display_name);
 
+// ---- Writing (lib/plan/plan_writer.cpp) ----
+
+// YAML for `plan` (docs/plan-format.md) that parse_plan reads back to the same plan, with
+// `comment` as leading comment lines (each input line led by "# ", control characters
+// escaped, so that no input line can become YAML).
+std::string plan_to_yaml(const Plan& plan, const std::string& comment);
+
 }  // namespace dynemb
