@@ -8,7 +8,7 @@ pkgs=(build-essential cmake ninja-build pkg-config
       nlohmann-json3-dev libssl-dev python3 python3-h5py python3-numpy python3-pytest
       python3-yaml groff-base
       libdeflate-dev
-      chromium fonts-dejavu-core openmpi-bin libopenmpi-dev)
+      chromium fonts-dejavu-core python3-pil openmpi-bin libopenmpi-dev)
 # chromium: the HTML reports are checked in a real browser (tests/cli/test_html_*.sh);
 # Open MPI: `mpirun dynemb-dist replay` (DYNEMB_MPI, docs/multi-node.md).
 [ "${DYNEMB_SETUP_EXTRA:-}" != "" ] && pkgs+=(${DYNEMB_SETUP_EXTRA})

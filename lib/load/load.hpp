@@ -82,7 +82,7 @@ struct LoadReport {
   std::string capture;          // path as given
   int64_t capture_world_size = 0;
   int64_t num_batches = 0;
-  double link_gbps = 0;         // the estimate's link bandwidth, GB/s (1e9 bytes) per direction
+  double link_gbps = 0;         // the estimate's link bandwidth, Gbit/s per direction
   std::vector<PlanLoad> plans;  // [0]: the plan the capture is read under; then alternatives
 };
 
