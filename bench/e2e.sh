@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # End to end, capture data in and out: for each capture below, synth it, replay it (cuda when
-# this build has it and a GPU is present, then cpu) and read it with plain h5py; per step the
+# this build has it and a GPU is present, then cpu), take its load under the captured plan and
+# every dist_type (`load --alternatives dist-types`), and read it with plain h5py; per step the
 # wall time, the cores kept busy ((user + sys) / wall), the peak RSS, and the logical GB/s
 # (the uncompressed bytes of every dataset, as bench/h5py_read.py counts them, per second).
 # One markdown table per run, with the targets and PASS/MISS, printed last and written to
@@ -87,6 +88,8 @@ judge() {
   awk -v v="$v" -v t="$t" 'BEGIN { print (v <= t) ? "PASS" : "MISS" }'
 }
 
+have_load=0
+"$exe" load --help >/dev/null 2>&1 && have_load=1
 echo "e2e: $version"
 echo "e2e: inflate library: ${inflate:-not reported by this build}"
 echo "e2e: $(nproc) cores, cuda replay: $([[ $cuda == 1 ]] && echo yes || echo "skipped (no CUDA backend or no GPU)")"
@@ -129,6 +132,11 @@ for ((run = 1; run <= runs; run++)); do
     fi
     read -r wall user sys rss rc < <(measure "$logs/$k-replay-cpu.log" "$exe" replay "$file" --backend cpu --quiet)
     row "$wall" "$user" "$sys" "$rss" "$rc" replay-cpu
+    target[load.$k]=$wall  # load: no slower than replay --backend cpu of the same file
+    if ((have_load)); then  # per-rank load and traffic of the same batches (KJTs only)
+      read -r wall user sys rss rc < <(measure "$logs/$k-load.log" "$exe" load "$file" --alternatives dist-types)
+      row "$wall" "$user" "$sys" "$rss" "$rc" load
+    fi
     if [[ -n $h5row ]]; then
       IFS='|' read -r step hsec busy hrss _ <<<"$h5row"
       hgbs=$(awk -v b="$bytes" -v w="$hsec" 'BEGIN { printf "%.2f", b / 1e9 / w }')
