@@ -184,6 +184,10 @@ TEST_CASE("RowHistogram: equal row ranges per table, ids outside not counted") {
   CHECK(RowHistogram(p).counts(0).size() == 10);
   CHECK_THROWS_AS(RowHistogram(p, 0), UsageError);
   CHECK_THROWS_AS(h.add(kjt_of({{{1}}}, false)), Error);  // one feature for a plan of three
+  Kjt negative = kjt_of({{{1}}, {{2, 3}}, {{}}}, false);
+  negative.lengths = {-1, 4, 0};  // sums to the 3 ids it holds
+  CHECK_THROWS_AS(h.add(negative), Error);
+  CHECK(h.counts(0) == std::vector<int64_t>{2, 1, 1, 2});  // nothing counted from it
 }
 
 TEST_CASE("balanced_rows_plan: a skewed histogram's cut, by hand") {
@@ -273,7 +277,20 @@ TEST_CASE("balanced_rows_plan: ties, empty buckets, and tables it leaves alone")
     const Alternative b = balanced_rows_plan(base, h);
     CHECK(b.plan.tables[0].shards.empty());
     CHECK(b.plan.tables[1].shards.empty());
-    CHECK(b.origin.find("2 continuous tables left as before") != std::string::npos);
+    CHECK(b.plan.input_dist == InputDist::training);
+    CHECK(b.origin ==
+          "as the base: no continuous table to split (none, no ids observed, or fewer buckets "
+          "than ranks)");
+    // One table cut, one left: both counted.
+    RowHistogram h4(base, 4);
+    h4.add(kjt_of({{{}}, {{1, 2, 19}}}, false));
+    const Alternative b4 = balanced_rows_plan(base, h4);
+    CHECK(b4.plan.tables[0].shards.empty());
+    CHECK(rows_of(b4.plan.tables[1]) == std::vector<int64_t>{5, 5, 5, 5});
+    CHECK(b4.origin.find("inference only: 1 continuous table split") == 0);
+    CHECK(b4.origin.find("; 1 continuous table left as before (no ids observed, or fewer buckets "
+                         "than ranks)") != std::string::npos);
+    check_round_trip(b4);
     CHECK(engine_routing_gap(b.plan).empty());
     check_round_trip(b);
     const Plan one = plan_of(1, {table("t", 5, {"f"})});

@@ -132,6 +132,7 @@ std::vector<Alternative> generate_alternatives(const Plan& base, const Alternati
 // ------------------------------------------------------------------ RowHistogram
 
 RowHistogram::RowHistogram(const Plan& plan, int64_t buckets_per_table) : plan_(plan) {
+  plan_.finalize();  // the feature -> table map, whether or not the caller finalized it
   if (buckets_per_table < 1)
     throw UsageError("buckets per table must be >= 1, got " + std::to_string(buckets_per_table));
   for (const TableConfig& t : plan_.tables) {
@@ -148,6 +149,17 @@ void RowHistogram::add(const Kjt& kjt) {
   if (kjt.num_features != F)
     throw Error("row histogram: a KJT of " + std::to_string(kjt.num_features) +
                 " features under a plan of " + std::to_string(F));
+  for (int64_t n : kjt.lengths)
+    if (n < 0)
+      throw Error("row histogram: the KJT has a negative length (" + std::to_string(n) + ")");
+  if (kjt.is_vbe() && int64_t(kjt.stride_per_feature.size()) != F)
+    throw Error("row histogram: the KJT has " + std::to_string(kjt.stride_per_feature.size()) +
+                " VBE batch sizes for " + std::to_string(F) + " features");
+  int64_t bags = 0;
+  for (int64_t f = 0; f < F; ++f) bags += kjt.batch_size(f);
+  if (bags != kjt.num_bags())
+    throw Error("row histogram: the KJT has " + std::to_string(kjt.num_bags()) + " lengths for " +
+                std::to_string(bags) + " bags");
   const std::vector<int64_t> per_key = kjt.length_per_key();
   int64_t sum = 0;
   for (int64_t n : per_key) sum += n;
@@ -211,6 +223,12 @@ Alternative balanced_rows_plan(const Plan& base, const RowHistogram& hist) {
     }
     ++cut;
   }
+  if (cut == 0)
+    return make_alternative(
+        "balanced",
+        "as the base: no continuous table to split (none, no ids observed, or fewer buckets "
+        "than ranks)",
+        std::move(p));
   p.input_dist = InputDist::inference;
   std::string origin =
       "inference only: " + std::to_string(cut) + " continuous table" + (cut == 1 ? "" : "s") +
