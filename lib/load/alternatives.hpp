@@ -60,4 +60,3 @@ Alternative balanced_rows_plan(const Plan& base, const RowHistogram& hist);
 std::vector<Kjt> resplit_batch(const std::vector<const Kjt*>& kjts, int64_t world_size);
 
 }  // namespace dynemb::load
-
