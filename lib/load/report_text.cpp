@@ -131,20 +131,29 @@ std::string table_sentences(const LoadReport& r) {
     const std::vector<int64_t> ids = table_ids(base, t);
     const double b = imbalance(ids);
     if (b <= kBalanced) continue;
-    std::vector<std::string> better;
+    std::vector<std::string> names, values;
     for (size_t i = 1; i < r.plans.size(); ++i) {
       const double v = imbalance(table_ids(r.plans[i], t));
-      if (v > 0 && v <= kBalanced)
-        better.push_back(fmt::format("{} ({:.2f})", escape_field(r.plans[i].name), v));
+      if (v > 0 && v <= kBalanced) {
+        names.push_back(escape_field(r.plans[i].name));
+        values.push_back(fmt::format("{:.2f}", v));
+      }
     }
-    if (better.empty()) continue;
+    if (names.empty()) continue;
     const int64_t mx = *std::max_element(ids.begin(), ids.end());
     const int64_t sum = std::accumulate(ids.begin(), ids.end(), int64_t{0});
-    const std::string name = escape_field(base.plan.tables[t].name);
-    s += fmt::format("table {}: {} under {} (imbalance {:.2f}); {} {} it\n", name,
-                     mx == sum ? "all ids on one rank" : "ids unevenly spread",
-                     escape_field(base.name), b, fmt::join(better, ", "),
-                     better.size() == 1 ? "balances" : "balance");
+    // "roundrobin balances it (1.01)"; "roundrobin (1.01), w16 (1.05) balance it".
+    std::string who;
+    if (names.size() == 1) {
+      who = fmt::format("{} balances it ({})", names[0], values[0]);
+    } else {
+      for (size_t i = 0; i < names.size(); ++i)
+        who += fmt::format("{}{} ({})", i ? ", " : "", names[i], values[i]);
+      who += " balance it";
+    }
+    s += fmt::format(
+        "table {}: {} under {} (imbalance {:.2f}); {}\n", escape_field(base.plan.tables[t].name),
+        mx == sum ? "all ids on one rank" : "ids unevenly spread", escape_field(base.name), b, who);
   }
   return s;
 }
