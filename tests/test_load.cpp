@@ -71,11 +71,23 @@ TEST_CASE("Space-Saving: exact while the distinct rows fit, bounded after") {
   CHECK((top[1].table == 1 && top[1].row == 7 && top[1].count == 4 && top[1].overcount == 0));
   CHECK((top[2].table == 0 && top[2].row == 3 && top[2].count == 2 && top[2].overcount == 0));
   CHECK((top[3].table == 0 && top[3].row == 9 && top[3].count == 1 && top[3].overcount == 0));
-  // A fifth row replaces the least (row 9, count 1): count 1 + 3, overcount 1.
+  CHECK(ss.floor() == 0);
+  // A fifth row: the least (table 0 row 9, count 1) is dropped and bounds every row not kept;
+  // the new row's count is exact (nothing had been dropped before it came).
   ss.add(2, 100, 3);
   top = ss.top(10);
   REQUIRE(top.size() == 4);
-  CHECK((top[2].table == 2 && top[2].row == 100 && top[2].count == 4 && top[2].overcount == 1));
+  CHECK(ss.floor() == 1);
+  CHECK((top[2].table == 2 && top[2].row == 100 && top[2].count == 3 && top[2].overcount == 0));
+  // A sixth enters with the floor: count 1 + 1, overcount 1; it ties with row 3 (count 2) and
+  // loses on the key, so it is dropped and the floor becomes 2.
+  ss.add(3, 5, 1);
+  CHECK(ss.floor() == 2);
+  CHECK(ss.top(10).back().row == 3);
+  // Row 9 again: 2 + 4 = 6 with overcount 2 (its true count, 5, is inside [4, 6]).
+  ss.add(0, 9, 4);
+  top = ss.top(10);
+  CHECK((top[0].table == 0 && top[0].row == 9 && top[0].count == 6 && top[0].overcount == 2));
   CHECK(ss.top(2).size() == 2);
 }
 

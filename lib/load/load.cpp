@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 
 #include "capture/capture.hpp"
 #include "common/error.hpp"
@@ -153,6 +154,31 @@ void route_source(const Kjt& kjt, const std::vector<Router>& routers, int64_t W,
         index_unsigned(kjt.values[static_cast<size_t>(k)], kjt.values_type);
 }
 
+// Sorts `v` ascending (LSD radix sort over the 11-bit digits in which its keys differ, std::sort
+// for short runs): the keys are ids, usually far narrower than 64 bits.
+void sort_keys(std::vector<uint64_t>& v, std::vector<uint64_t>& tmp) {
+  const size_t n = v.size();
+  if (n < 512) {
+    std::sort(v.begin(), v.end());
+    return;
+  }
+  uint64_t differ = 0;
+  for (const uint64_t x : v) differ |= x ^ v[0];
+  tmp.resize(n);
+  constexpr int kBits = 11;
+  constexpr size_t kRadix = size_t{1} << kBits;
+  std::vector<size_t> count(kRadix);
+  for (int shift = 0; shift < 64; shift += kBits) {
+    if (((differ >> shift) & (kRadix - 1)) == 0) continue;
+    std::fill(count.begin(), count.end(), 0);
+    for (const uint64_t x : v) ++count[(x >> shift) & (kRadix - 1)];
+    size_t acc = 0;
+    for (size_t& c : count) acc += std::exchange(c, acc);
+    for (const uint64_t x : v) tmp[count[(x >> shift) & (kRadix - 1)]++] = x;
+    v.swap(tmp);
+  }
+}
+
 }  // namespace
 
 struct PlanAccumulator::Impl {
@@ -217,9 +243,10 @@ void PlanAccumulator::Impl::add(int64_t batch, const std::vector<const Kjt*>& kj
   parallel_for(
       hardware_threads(), W,
       [&](int64_t d0, int64_t d1) {
-        std::vector<uint64_t> buf;
+        std::vector<uint64_t> buf, tmp;
+        std::vector<CountedRow> rows;  // the batch's distinct rows of d, by (table, row)
         for (int64_t d = d0; d < d1; ++d) {
-          int64_t u = 0;
+          rows.clear();
           for (int64_t t = 0; t < T; ++t) {
             buf.clear();
             for (const SourceRouting& sr : src) {
@@ -227,17 +254,16 @@ void PlanAccumulator::Impl::add(int64_t batch, const std::vector<const Kjt*>& kj
               buf.insert(buf.end(), sr.keys.begin() + sr.start[b],
                          sr.keys.begin() + sr.start[b + 1]);
             }
-            std::sort(buf.begin(), buf.end());
+            sort_keys(buf, tmp);
             for (size_t i = 0; i < buf.size();) {
               size_t j = i + 1;
               while (j < buf.size() && buf[j] == buf[i]) ++j;
-              ++u;
-              hot[static_cast<size_t>(d)].add(static_cast<int>(t), buf[i],
-                                              static_cast<int64_t>(j - i));
+              rows.push_back({static_cast<int>(t), buf[i], static_cast<int64_t>(j - i), 0});
               i = j;
             }
           }
-          unique[static_cast<size_t>(d)] = u;
+          unique[static_cast<size_t>(d)] = static_cast<int64_t>(rows.size());
+          hot[static_cast<size_t>(d)].add_batch(rows);
         }
       },
       1);

@@ -2,90 +2,65 @@
 
 #include <algorithm>
 
-#include "common/hash.hpp"
-
 namespace dynemb::load {
 
-size_t SpaceSaving::KeyHash::operator()(const Key& k) const {
-  return static_cast<size_t>(fmix64(k.row ^ (static_cast<uint64_t>(k.table) << 48)));
+namespace {
+
+bool key_less(const CountedRow& a, const CountedRow& b) {
+  return a.table != b.table ? a.table < b.table : a.row < b.row;
+}
+// Largest count first, then the key: a total order, so that what is kept never depends on
+// the order of equal counts.
+bool rank_before(const CountedRow& a, const CountedRow& b) {
+  return a.count != b.count ? a.count > b.count : key_less(a, b);
 }
 
-SpaceSaving::SpaceSaving(size_t capacity) : capacity_(std::max<size_t>(1, capacity)) {
-  entries_.reserve(capacity_);
-  heap_.reserve(capacity_);
-  where_.reserve(capacity_);
-  index_.reserve(capacity_ * 2);
-}
+}  // namespace
 
-// The heap's order: count, then the entry's key, so that the row evicted among equal counts
-// does not depend on the hash map's iteration order.
-bool SpaceSaving::less(uint32_t a, uint32_t b) const {
-  const CountedRow& x = entries_[a];
-  const CountedRow& y = entries_[b];
-  if (x.count != y.count) return x.count < y.count;
-  if (x.table != y.table) return x.table < y.table;
-  return x.row < y.row;
-}
+SpaceSaving::SpaceSaving(size_t capacity) : capacity_(std::max<size_t>(1, capacity)) {}
 
-void SpaceSaving::sift_up(size_t pos) {
-  while (pos > 0) {
-    const size_t parent = (pos - 1) / 2;
-    if (!less(heap_[pos], heap_[parent])) break;
-    std::swap(heap_[pos], heap_[parent]);
-    where_[heap_[pos]] = static_cast<uint32_t>(pos);
-    where_[heap_[parent]] = static_cast<uint32_t>(parent);
-    pos = parent;
+void SpaceSaving::add_batch(std::vector<CountedRow>& batch) {
+  // Kept rows add their batch counts (a merge of two key-sorted lists); the others, compacted
+  // at the front of `batch`, are candidates.
+  size_t j = 0, fresh = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const CountedRow b = batch[i];
+    while (j < entries_.size() && key_less(entries_[j], b)) ++j;
+    if (j < entries_.size() && !key_less(b, entries_[j]))
+      entries_[j].count += b.count;
+    else
+      batch[fresh++] = b;
   }
-}
-
-void SpaceSaving::sift_down(size_t pos) {
-  const size_t n = heap_.size();
-  for (;;) {
-    const size_t l = 2 * pos + 1, r = l + 1;
-    size_t m = pos;
-    if (l < n && less(heap_[l], heap_[m])) m = l;
-    if (r < n && less(heap_[r], heap_[m])) m = r;
-    if (m == pos) return;
-    std::swap(heap_[pos], heap_[m]);
-    where_[heap_[pos]] = static_cast<uint32_t>(pos);
-    where_[heap_[m]] = static_cast<uint32_t>(m);
-    pos = m;
+  batch.resize(fresh);
+  // Every candidate enters with the floor so far: only the `capacity` largest can stay, and
+  // the largest dropped bounds the rows not kept.
+  const int64_t f0 = floor_;
+  if (batch.size() > capacity_) {
+    std::nth_element(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(capacity_),
+                     batch.end(), rank_before);
+    for (size_t i = capacity_; i < batch.size(); ++i)
+      floor_ = std::max(floor_, f0 + batch[i].count);
+    batch.resize(capacity_);
   }
+  for (const CountedRow& b : batch) entries_.push_back({b.table, b.row, f0 + b.count, f0});
+  if (entries_.size() > capacity_) {
+    std::nth_element(entries_.begin(), entries_.begin() + static_cast<std::ptrdiff_t>(capacity_),
+                     entries_.end(), rank_before);
+    for (size_t i = capacity_; i < entries_.size(); ++i)
+      floor_ = std::max(floor_, entries_[i].count);
+    entries_.resize(capacity_);
+  }
+  std::sort(entries_.begin(), entries_.end(), key_less);
 }
 
 void SpaceSaving::add(int table, uint64_t row, int64_t weight) {
-  const Key key{table, row};
-  auto it = index_.find(key);
-  if (it != index_.end()) {
-    entries_[it->second].count += weight;
-    sift_down(where_[it->second]);
-    return;
-  }
-  if (entries_.size() < capacity_) {
-    const auto i = static_cast<uint32_t>(entries_.size());
-    entries_.push_back({table, row, weight, 0});
-    where_.push_back(static_cast<uint32_t>(heap_.size()));
-    heap_.push_back(i);
-    index_.emplace(key, i);
-    sift_up(heap_.size() - 1);
-    return;
-  }
-  const uint32_t i = heap_.front();  // the least count: replaced
-  CountedRow& e = entries_[i];
-  index_.erase(Key{e.table, e.row});
-  const int64_t least = e.count;
-  e = {table, row, least + weight, least};
-  index_.emplace(key, i);
-  sift_down(0);
+  std::vector<CountedRow> one{{table, row, weight, 0}};
+  add_batch(one);
 }
 
 std::vector<CountedRow> SpaceSaving::top(size_t k) const {
   std::vector<CountedRow> all = entries_;
-  std::sort(all.begin(), all.end(), [](const CountedRow& a, const CountedRow& b) {
-    if (a.count != b.count) return a.count > b.count;
-    if (a.table != b.table) return a.table < b.table;
-    return a.row < b.row;
-  });
+  std::sort(all.begin(), all.end(), rank_before);
   if (all.size() > k) all.resize(k);
   return all;
 }
