@@ -9,7 +9,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <future>
 #include <map>
+#include <system_error>
 #include <utility>
 
 #include "capture/capture.hpp"
@@ -382,8 +384,24 @@ LoadReport compute_load(const CaptureReader& reader, const Plan& read_plan,
   kjt_only.float_data = false;
   LoadProgress lp;
   lp.batches_total = rep.num_batches;
+  // Batch k + 1 is read on another thread while batch k is counted (libhdf5 is called from
+  // one thread at a time: the counting never calls it). Where no thread can start, in turn.
+  auto read = [&](int64_t k) {
+    quiet_hdf5_errors();
+    return reader.read_batch(read_plan, k, kjt_only);
+  };
+  auto start = [&](int64_t k) {
+    try {
+      return std::async(std::launch::async, read, k);
+    } catch (const std::system_error&) {
+      return std::async(std::launch::deferred, read, k);
+    }
+  };
+  std::future<Batch> next;
+  if (rep.num_batches > 0) next = start(0);
   for (int64_t k = 0; k < rep.num_batches; ++k) {
-    const Batch batch = reader.read_batch(read_plan, k, kjt_only);
+    const Batch batch = next.get();
+    if (k + 1 < rep.num_batches) next = start(k + 1);
     std::vector<const Kjt*> kjts;
     for (const RankBatch& rb : batch.ranks) {
       kjts.push_back(&rb.kjt);
