@@ -109,13 +109,15 @@ std::string plan_block(const PlanLoad& p) {
                    tables.empty() ? "" : "; by table: ", tables);
   if (!p.hottest_rows.empty()) {
     s += fmt::format(
-        "  hottest rows of rank {} (id: count; Space-Saving, true count within "
-        "count - overcount):",
+        "  hottest rows of rank {} (table[id]: ids; lo..hi where the bounded "
+        "summary knows the count only within a range):",
         p.hottest_rank);
-    for (const HotRow& r : p.hottest_rows)
-      s +=
-          fmt::format(" {}[{}]: {}{}", escape_field(plan.tables[static_cast<size_t>(r.table)].name),
-                      r.row, r.count, r.overcount ? fmt::format(" (-{})", r.overcount) : "");
+    for (const HotRow& r : p.hottest_rows) {
+      const std::string n = r.overcount ? fmt::format("{}..{}", r.count - r.overcount, r.count)
+                                        : std::to_string(r.count);
+      s += fmt::format(" {}[{}]: {}", escape_field(plan.tables[static_cast<size_t>(r.table)].name),
+                       r.row, n);
+    }
     s += "\n";
   }
   s += fmt::format("  estimate (critical path, all batches): input dist {}, output dist {}\n",
