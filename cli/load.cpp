@@ -8,7 +8,9 @@
 
 #include <cerrno>
 #include <cmath>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -135,24 +137,47 @@ int run_load(const LoadArgs& a) {
   load::AlternativeRequest req;
   req.dist_types = a.alternatives == "dist-types";
   req.world_sizes = a.world_sizes;
-  req.balanced_rows = a.balance_rows;
-  if (req.dist_types || !req.world_sizes.empty() || req.balanced_rows)
-    throw UsageError(
-        "--alternatives, --world-size and --balance-rows need the alternative "
-        "plans of lib/load, which this build lacks");
   const size_t first_generated = specs.size();
+  for (load::Alternative& g : load::generate_alternatives(captured, req)) {
+    std::string name = g.name;
+    while (!names.insert(name).second) name += "_";
+    specs.push_back({name, g.origin, std::move(g.plan)});
+  }
 
   load::LoadOptions opt;
   opt.link_gbps = a.link_gbps;
   opt.top_rows = a.top_rows;
   ProgressLine progress("load", !a.quiet);
+  const int passes = a.balance_rows ? 2 : 1;
+  int pass = 1;
   auto on_progress = [&](const load::LoadProgress& p) {
     if (!progress.active()) return;
-    progress.update(p.batches_total ? double(p.batches_done) / double(p.batches_total) : 1.0,
-                    fmt::format("{}/{} batches", p.batches_done, p.batches_total), 0, 0,
-                    p.batches_done == p.batches_total);
+    progress.update(
+        p.batches_total ? double(p.batches_done) / double(p.batches_total) : 1.0,
+        fmt::format("{}{}/{} batches", passes > 1 ? fmt::format("pass {}/{}: ", pass, passes) : "",
+                    p.batches_done, p.batches_total),
+        p.bytes_done, 0, p.batches_done == p.batches_total);
   };
-  load::LoadReport report = load::compute_load(reader, captured, specs, opt, {}, on_progress);
+  // Pass 1: every plan, and the ids per row range for --balance-rows; pass 2: the balanced
+  // plan alone.
+  std::optional<load::RowHistogram> hist;
+  if (a.balance_rows) hist.emplace(captured);
+  std::function<void(const std::vector<const Kjt*>&)> observe;
+  if (hist)
+    observe = [&hist](const std::vector<const Kjt*>& kjts) {
+      for (const Kjt* k : kjts) hist->add(*k);
+    };
+  load::LoadReport report =
+      load::compute_load(reader, captured, std::move(specs), opt, observe, on_progress);
+  if (hist) {
+    load::Alternative b = load::balanced_rows_plan(captured, *hist);
+    std::string name = b.name;
+    while (!names.insert(name).second) name += "_";
+    ++pass;
+    load::LoadReport second = load::compute_load(
+        reader, captured, {{name, b.origin, std::move(b.plan)}}, opt, {}, on_progress);
+    report.plans.push_back(std::move(second.plans.front()));
+  }
   progress.clear();
 
   // Every output complete in its temporary before any is renamed; renamed as one step.
@@ -160,7 +185,7 @@ int run_load(const LoadArgs& a) {
   for (size_t i = first_generated; i < report.plans.size() && !a.write_plans.empty(); ++i) {
     const load::PlanLoad& p = report.plans[i];
     plan_files.push_back(std::make_unique<OutputFile>(a.write_plans + "/" + p.name + ".yaml"));
-    plan_files.back()->write(std::string());  // plan_to_yaml once lib/plan has it
+    plan_files.back()->write(plan_to_yaml(p.plan, p.name + ": " + p.origin));
   }
   if (json_out) json_out->write(load::load_report_json(report, DYNEMB_VERSION));
   std::vector<OutputFile*> all{json_out.get()};

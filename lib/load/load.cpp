@@ -86,35 +86,6 @@ int comm_element_bytes(const Plan& plan) {
 
 namespace {
 
-// How one feature's ids are routed: the engine's rule for its dist_type and block size, or,
-// for a continuous table with explicit shards that are not the even split (an uneven plan such
-// as balanced_rows_plan writes, which TorchRec routes with block_bucketize_pos), the shards'
-// row boundaries pos [W + 1].
-struct Router {
-  DistType dist = DistType::continuous;
-  int64_t blk = 0;
-  int table = 0;
-  std::vector<int64_t> pos;
-};
-
-std::vector<Router> make_routers(const Plan& plan) {
-  const int64_t W = plan.world_size;
-  std::vector<std::vector<int64_t>> table_pos(plan.tables.size());
-  for (size_t t = 0; t < plan.tables.size(); ++t) {
-    const TableConfig& tc = plan.tables[t];
-    if (tc.shards.empty() || tc.dist_type != DistType::continuous) continue;
-    const std::vector<int64_t> rows = shard_rows_per_rank(tc, W);
-    if (rows == rw_even_shard_rows(tc.num_embeddings, W)) continue;
-    std::vector<int64_t> pos(static_cast<size_t>(W + 1), 0);
-    for (int64_t r = 0; r < W; ++r) pos[r + 1] = pos[r] + rows[r];
-    table_pos[t] = std::move(pos);
-  }
-  std::vector<Router> out;
-  for (const FeatureInfo& f : plan.features)
-    out.push_back({f.dist_type, f.block_size, f.table, table_pos[static_cast<size_t>(f.table)]});
-  return out;
-}
-
 // One source rank's ids by (table, destination): keys[start[t*W + d] ..) are u64(id) of the
 // ids of table t it routes to d, in KJT order.
 struct SourceRouting {
@@ -126,24 +97,21 @@ struct SourceRouting {
   }
 };
 
-void route_source(const Kjt& kjt, const std::vector<Router>& routers, int64_t W, int64_t T,
+void route_source(const Kjt& kjt, const Plan& plan, const PlanRouter& router, int64_t W, int64_t T,
                   SourceRouting& out) {
   const int64_t N = kjt.num_ids();
   out.bucket.resize(static_cast<size_t>(N));
   out.start.assign(static_cast<size_t>(T * W + 1), 0);
   int64_t* cnt = out.start.data() + 1;
   int64_t i = 0;
-  for (int64_t f = 0; f < kjt.num_features && f < static_cast<int64_t>(routers.size()); ++f) {
-    const Router& r = routers[static_cast<size_t>(f)];
+  for (int64_t f = 0; f < kjt.num_features && f < plan.num_features(); ++f) {
     const int64_t j0 = kjt.bag_begin(f), nb = kjt.batch_size(f);
     int64_t n = 0;
     for (int64_t j = j0; j < j0 + nb; ++j) n += kjt.lengths[static_cast<size_t>(j)];
-    const int64_t base = static_cast<int64_t>(r.table) * W;
+    const int64_t base = static_cast<int64_t>(plan.features[static_cast<size_t>(f)].table) * W;
     for (const int64_t end = i + n; i < end; ++i) {
       const int64_t id = kjt.values[static_cast<size_t>(i)];
-      const int64_t d = r.pos.empty()
-                            ? route_id(r.dist, id, kjt.values_type, r.blk, W).dest
-                            : route_block_bucketize_pos(r.pos, id, kjt.values_type, W).dest;
+      const int64_t d = router.route(f, id, kjt.values_type).dest;
       out.bucket[static_cast<size_t>(i)] = static_cast<uint32_t>(base + d);
       ++cnt[base + d];
     }
@@ -187,19 +155,19 @@ struct PlanAccumulator::Impl {
   LoadOptions opt;
   PlanLoad out;
   int64_t W = 0, T = 0, F = 0, num_batches = 0;
-  std::vector<Router> routers;
+  PlanRouter router;
   std::vector<SpaceSaving> hot;    // [W]
   std::vector<SourceRouting> src;  // [W], reused batch after batch
   std::vector<int64_t> unique;     // [W] of the batch
   int comm_bytes = 0;
-  std::vector<int64_t> pooled_row_elems;  // pooled: D_f per feature
 
+  explicit Impl(const Plan& plan) : router(plan) {}
   void add(int64_t batch, const std::vector<const Kjt*>& kjts);
   void add_traffic(int64_t batch, const std::vector<const Kjt*>& kjts);
 };
 
 PlanAccumulator::PlanAccumulator(PlanSpec spec, int64_t num_batches, const LoadOptions& opt)
-    : impl_(std::make_unique<Impl>()) {
+    : impl_(std::make_unique<Impl>(spec.plan)) {
   Impl& m = *impl_;
   m.opt = opt;
   m.out.name = std::move(spec.name);
@@ -210,7 +178,6 @@ PlanAccumulator::PlanAccumulator(PlanSpec spec, int64_t num_batches, const LoadO
   m.T = static_cast<int64_t>(p.tables.size());
   m.F = p.num_features();
   m.num_batches = num_batches;
-  m.routers = make_routers(p);
   m.hot.assign(static_cast<size_t>(m.W), SpaceSaving(static_cast<size_t>(opt.hot_row_capacity)));
   m.src.resize(static_cast<size_t>(m.W));
   m.comm_bytes = comm_element_bytes(p);
@@ -237,7 +204,8 @@ void PlanAccumulator::Impl::add(int64_t batch, const std::vector<const Kjt*>& kj
       hardware_threads(), W,
       [&](int64_t s0, int64_t s1) {
         for (int64_t s = s0; s < s1; ++s)
-          route_source(*kjts[static_cast<size_t>(s)], routers, W, T, src[static_cast<size_t>(s)]);
+          route_source(*kjts[static_cast<size_t>(s)], out.plan, router, W, T,
+                       src[static_cast<size_t>(s)]);
       },
       1);
   // Distinct rows and the hot-row summaries, one destination rank per core.
@@ -354,11 +322,7 @@ namespace {
 
 // A batch re-split for another world size, once per batch and size, for every plan of it.
 std::vector<Kjt> resplit_for(const std::vector<const Kjt*>& kjts, int64_t world_size) {
-  (void)kjts;
-  throw UsageError(
-      fmt::format("a plan of world size {} needs the batches re-split "
-                  "(load::resplit_batch), which this build lacks",
-                  world_size));
+  return resplit_batch(kjts, world_size);
 }
 
 }  // namespace

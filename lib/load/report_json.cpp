@@ -94,7 +94,7 @@ json plan_json(const PlanLoad& p, int64_t num_batches) {
 // The plan as YAML: the text it was read from, else written from the plan (a generated one).
 std::string plan_yaml(const PlanLoad& p) {
   if (!p.plan.source_text.empty()) return p.plan.source_text;
-  return std::string();  // generated plans: plan_to_yaml once lib/plan has it
+  return plan_to_yaml(p.plan, p.name + ": " + p.origin);
 }
 
 }  // namespace
