@@ -141,6 +141,7 @@ int run_load(const LoadArgs& a) {
   for (load::Alternative& g : load::generate_alternatives(captured, req)) {
     std::string name = g.name;
     while (!names.insert(name).second) name += "_";
+    g.plan.source_text = plan_to_yaml(g.plan, name + ": " + g.origin);
     specs.push_back({name, g.origin, std::move(g.plan)});
   }
 
@@ -173,6 +174,7 @@ int run_load(const LoadArgs& a) {
     load::Alternative b = load::balanced_rows_plan(captured, *hist);
     std::string name = b.name;
     while (!names.insert(name).second) name += "_";
+    b.plan.source_text = plan_to_yaml(b.plan, name + ": " + b.origin);
     ++pass;
     load::LoadReport second = load::compute_load(
         reader, captured, {{name, b.origin, std::move(b.plan)}}, opt, {}, on_progress);
@@ -180,12 +182,13 @@ int run_load(const LoadArgs& a) {
   }
   progress.clear();
 
-  // Every output complete in its temporary before any is renamed; renamed as one step.
+  // Every output complete in its temporary before any is renamed; renamed as one step. A
+  // generated plan's text is what plan_to_yaml wrote for it (the JSON's plan_yaml too).
   std::vector<std::unique_ptr<OutputFile>> plan_files;
   for (size_t i = first_generated; i < report.plans.size() && !a.write_plans.empty(); ++i) {
     const load::PlanLoad& p = report.plans[i];
     plan_files.push_back(std::make_unique<OutputFile>(a.write_plans + "/" + p.name + ".yaml"));
-    plan_files.back()->write(plan_to_yaml(p.plan, p.name + ": " + p.origin));
+    plan_files.back()->write(p.plan.source_text);
   }
   if (json_out) json_out->write(load::load_report_json(report, DYNEMB_VERSION));
   std::vector<OutputFile*> all{json_out.get()};

@@ -320,9 +320,16 @@ PlanLoad PlanAccumulator::finish() {
 
 namespace {
 
-// A batch re-split for another world size, once per batch and size, for every plan of it.
-std::vector<Kjt> resplit_for(const std::vector<const Kjt*>& kjts, int64_t world_size) {
-  return resplit_batch(kjts, world_size);
+// A batch re-split for another world size, once per batch and size, for every plan of it;
+// its trouble names the plan and the batch.
+std::vector<Kjt> resplit_for(const std::vector<const Kjt*>& kjts, int64_t world_size,
+                             const std::string& plan, int64_t batch) {
+  try {
+    return resplit_batch(kjts, world_size);
+  } catch (const UsageError& e) {
+    throw UsageError(
+        fmt::format("plan '{}' (world size {}), batch {}: {}", plan, world_size, batch, e.what()));
+  }
 }
 
 }  // namespace
@@ -338,9 +345,11 @@ LoadReport compute_load(const CaptureReader& reader, const Plan& read_plan,
   rep.link_gbps = opt.link_gbps;
   rep.hot_row_capacity = opt.hot_row_capacity;
   std::vector<int64_t> sizes;
+  std::vector<std::string> names;
   std::vector<PlanAccumulator> acc;
   for (PlanSpec& p : plans) {
     sizes.push_back(p.plan.world_size);
+    names.push_back(p.name);
     acc.emplace_back(std::move(p), rep.num_batches, opt);
   }
   ReadParts kjt_only;
@@ -381,7 +390,8 @@ LoadReport compute_load(const CaptureReader& reader, const Plan& read_plan,
         continue;
       }
       auto it = resplit.find(sizes[i]);
-      if (it == resplit.end()) it = resplit.emplace(sizes[i], resplit_for(kjts, sizes[i])).first;
+      if (it == resplit.end())
+        it = resplit.emplace(sizes[i], resplit_for(kjts, sizes[i], names[i], k)).first;
       std::vector<const Kjt*> ptrs;
       for (const Kjt& kj : it->second) ptrs.push_back(&kj);
       acc[i].add_batch(k, ptrs);

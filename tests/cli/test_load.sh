@@ -59,4 +59,50 @@ assert p["plan_yaml"].startswith("#") and "world_size: 8" in p["plan_yaml"]
 PY
 no_temps "$tmp" "report"
 
+# ---- generated alternatives
+run ws3 2 load c.h5 --world-size 3
+has ws3 "^dynemb-dist: error: plan 'w3' \(world size 3\), batch 0: re-split: the global batch of 1024 samples does not divide by world size 3"
+run wp_file 2 load c.h5 --world-size 4 --write-plans afile
+has wp_file '^dynemb-dist: error: --write-plans afile: not a directory'
+run wp_alone 2 load c.h5 --write-plans pl
+has wp_alone '^dynemb-dist: error: --write-plans writes generated alternatives'
+no_temps "$tmp" "generated: bad input"
+
+# An oracle capture with every optional part: its generated plans are valid, and the roundrobin
+# one replays PASS (the oracle gives every row, so any routing checks out: docs/load.md).
+"$exe" synth --preset unit-seq-w8 -o o.h5 --batches 2 --ids zipf:1.2 >/dev/null || fail "synth o.h5"
+run gen 0 load o.h5 --alternatives dist-types --world-size 4,16 --balance-rows --write-plans pl \
+  --json gen.json
+for name in roundrobin hash_roundrobin w4 w16 balanced; do
+  if [[ -f pl/$name.yaml ]]; then
+    "$exe" validate "pl/$name.yaml" >"$tmp/v.out" 2>&1 && ok "validate pl/$name.yaml" ||
+      { fail "validate pl/$name.yaml: exit $?"; sed 's/^/    /' "$tmp/v.out" | head; }
+  else
+    fail "--write-plans: no pl/$name.yaml"
+  fi
+done
+[[ ! -e pl/captured.yaml && ! -e pl/continuous.yaml ]] || fail "--write-plans wrote a plan it did not generate"
+no_temps "$tmp" "--write-plans"
+run replay_rr 0 replay o.h5 --plan pl/roundrobin.yaml
+has replay_rr '^# result: PASS \(exit 0\)'
+has gen '^  balanced +8 '
+has gen '^  w16 +16 '
+"$py" - gen.json pl <<'PY' || fail "gen.json"
+import json, sys
+j = json.load(open(sys.argv[1]))
+names = [p["name"] for p in j["plans"]]
+assert names == ["captured", "roundrobin", "hash_roundrobin", "w4", "w16", "balanced"], names
+# Re-split: the same ids, over 4 and 16 ranks.
+totals = {p["name"]: sum(p["total"]["ids"]) for p in j["plans"]}
+assert len(set(totals.values())) == 1, totals
+sizes = {p["name"]: len(p["total"]["ids"]) for p in j["plans"]}
+assert sizes["w4"] == 4 and sizes["w16"] == 16 and sizes["captured"] == 8, sizes
+# --write-plans wrote what the report holds.
+for p in j["plans"][1:]:
+    assert open(f"{sys.argv[2]}/{p['name']}.yaml").read() == p["plan_yaml"], p["name"]
+# The balanced plan evens the ids of the captured one.
+imb = {p["name"]: p["imbalance"]["ids"] for p in j["plans"]}
+assert imb["balanced"] < imb["captured"], imb
+PY
+
 [[ $fails -eq 0 ]]

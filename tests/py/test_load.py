@@ -75,8 +75,52 @@ def route(x, tab, W, i32):
     return d.astype(np.int64)
 
 
+def read_ranks(f, k, W, F):
+    """Batch k's KJTs: per rank (lengths, values, weighted, B_f list or None when not VBE)."""
+    out = []
+    for s in range(W):
+        g = f[f"batches/{k}/rank{s}"]
+        lengths, values = g["lengths"][()], g["values"][()]
+        Bf = list(g["stride_per_feature"][()]) if "stride_per_feature" in g else None
+        out.append((lengths, values, "weights" in g, Bf))
+    return out
+
+
+def resplit(ranks, F, W2):
+    """The global batch over W2 ranks: each feature's bags, concatenated in rank order, cut in
+    W2 consecutive runs (B / W2 each; VBE: as even as possible, the first ranks one more)."""
+    vbe = any(r[3] is not None for r in ranks)
+    feats = []  # per feature: (bag lengths, values) of the global batch
+    for f in range(F):
+        ls, vs = [], []
+        for lengths, values, _, Bf in ranks:
+            B = Bf if Bf is not None else [len(lengths) // F] * F
+            b0 = sum(B[:f])
+            bl = lengths[b0:b0 + B[f]]
+            v0 = int(lengths[:b0].sum())
+            ls.append(bl)
+            vs.append(values[v0:v0 + int(bl.sum())])
+        feats.append((np.concatenate(ls), np.concatenate(vs)))
+    out = [([], [], ranks[0][2], [] if vbe else None) for _ in range(W2)]
+    for bl, vals in feats:
+        n = len(bl)
+        sizes = [n // W2 + (1 if r < n % W2 else 0) for r in range(W2)]
+        pos, vpos = 0, 0
+        for r in range(W2):
+            run = bl[pos:pos + sizes[r]]
+            out[r][0].append(run)
+            out[r][1].append(vals[vpos:vpos + int(run.sum())])
+            if vbe:
+                out[r][3].append(sizes[r])
+            pos += sizes[r]
+            vpos += int(run.sum())
+    dt_l, dt_v = ranks[0][0].dtype, ranks[0][1].dtype
+    return [(np.concatenate(l).astype(dt_l), np.concatenate(v).astype(dt_v), w, b)
+            for l, v, w, b in out]
+
+
 def reference(path, plan_text):
-    """The report's numbers for `plan_text` (same world size as the capture)."""
+    """The report's numbers for `plan_text` (re-split when its world size is not the capture's)."""
     p, feats = plan_info(plan_text)
     W, T, F = int(p["world_size"]), len(p["tables"]), len(feats)
     sequence = p["module"] == "sequence"
@@ -89,14 +133,16 @@ def reference(path, plan_text):
     inp = np.zeros((W, W), np.int64)
     out = np.zeros((W, W), np.int64)
     with h5py.File(path, "r") as f:
+        Wc = int(f.attrs["world_size"])
         for k in range(int(f.attrs["num_batches"])):
+            ranks = read_ranks(f, k, Wc, F)
+            if W != Wc:
+                ranks = resplit(ranks, F, W)
             rows = [set() for _ in range(W)]
-            for s in range(W):
-                g = f[f"batches/{k}/rank{s}"]
-                lengths, values = g["lengths"][()], g["values"][()]
+            for s, (lengths, values, weighted, Bf_or_none) in enumerate(ranks):
                 i32 = values.dtype == np.int32
-                vbe = "stride_per_feature" in g
-                Bf = g["stride_per_feature"][()] if vbe else [len(lengths) // F] * F
+                vbe = Bf_or_none is not None
+                Bf = Bf_or_none if vbe else [len(lengths) // F] * F
                 x = unsigned(values, i32)
                 dest = np.zeros(len(values), np.int64)
                 tab_of = np.zeros(len(values), np.int64)
@@ -115,7 +161,7 @@ def reference(path, plan_text):
                     rows[d].update(zip(tab_of[dest == d].tolist(), x[dest == d].tolist()))
                 bags = F * max(Bf) if (sequence and vbe) else len(lengths)
                 per = bags * lengths.dtype.itemsize + sd * values.dtype.itemsize
-                if "weights" in g:
+                if weighted:
                     per = per + sd * 4
                 if vbe and not sequence:
                     per = per + F * 8
@@ -188,10 +234,19 @@ def test_synth_matches_numpy(tmp_path, preset, args):
         t.pop("shards", None)
     alt_path = tmp_path / "hashed.yaml"
     alt_path.write_text(yaml.safe_dump(alt, sort_keys=False))
-    j, _ = load_json(tmp_path, cap, "--plan", alt_path)
-    assert [q["name"] for q in j["plans"]] == ["captured", "hashed"]
+    # Non-VBE global batches must divide: 11 samples (8 + 3) over 1 and 11 ranks.
+    sizes = "1,11" if "8,3" in args else "2,16"
+    j, _ = load_json(tmp_path, cap, "--plan", alt_path, "--alternatives", "dist-types",
+                     "--world-size", sizes)
+    names = [q["name"] for q in j["plans"]]
+    want = ["w" + w for w in sizes.split(",")]
+    assert names[:2] == ["captured", "hashed"] and names[-2:] == want, names
     check_plan(j["plans"][0], reference(cap, text))
     check_plan(j["plans"][1], reference(cap, alt_path.read_text()))
+    # The generated ones (every dist_type the capture's plan does not use throughout, the
+    # global batch re-split over 2 and 16 ranks), each under the plan its report holds.
+    for q in j["plans"][2:]:
+        check_plan(q, reference(cap, q["plan_yaml"]))
 
 
 FIXTURES = sorted(glob.glob(os.path.join(SRC, "fixtures", "torchrec", "*.h5")))
@@ -273,13 +328,21 @@ def test_one_block_table_all_on_one_rank(tmp_path):
                                                                      dist="continuous")))
     rr = tmp_path / "rr.yaml"
     rr.write_text(ONE_BLOCK_PLAN.format(rows=1000000, dist="roundrobin"))
-    j, text = load_json(tmp_path, cap, "--plan", rr)
+    j, text = load_json(tmp_path, cap, "--plan", rr, "--alternatives", "dist-types")
     cap_t0 = j["plans"][0]["tables"][0]
     assert cap_t0["ids"][1:] == [0, 0, 0] and cap_t0["ids"][0] > 0
     assert cap_t0["imbalance"] == 4.0
     assert j["plans"][1]["tables"][0]["imbalance"] < 1.1
     assert j["plans"][0]["imbalance"]["ids"] > 1.5
     rr_imb = j["plans"][1]["tables"][0]["imbalance"]
-    assert (f"table t0: all ids on one rank under captured (imbalance 4.00); rr balances it "
-            f"({rr_imb:.2f})") in text
+    gen = {q["name"]: q for q in j["plans"]}["roundrobin"]
+    gen_imb = gen["tables"][0]["imbalance"]
+    assert gen_imb < 1.1 and gen["plan_yaml"].count("dist_type: roundrobin") == 2
+    line = [ln for ln in text.splitlines() if ln.startswith("table t0:")]
+    assert len(line) == 1, text
+    assert line[0].startswith("table t0: all ids on one rank under captured (imbalance 4.00); ")
+    assert f"rr ({rr_imb:.2f})" in line[0] and f"roundrobin ({gen_imb:.2f})" in line[0], line
+    assert line[0].endswith(" balance it"), line
+    for q in j["plans"]:
+        check_plan(q, reference(cap, q["plan_yaml"]))
     check_plan(j["plans"][0], reference(cap, capture_plan_text(cap)))
