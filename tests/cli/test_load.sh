@@ -59,6 +59,10 @@ assert p["plan_yaml"].startswith("#") and "world_size: 8" in p["plan_yaml"]
 PY
 no_temps "$tmp" "report"
 
+# Above 64 ranks: the 8 with most ids and the 8 with fewest.
+run w128 0 load c.h5 --world-size 128 -q
+has w128 '^ +\.\.\. \(112 ranks elided: the table shows the 8 with most ids and the 8 with fewest\)'
+
 # ---- generated alternatives
 run ws3 2 load c.h5 --world-size 3
 has ws3 "^dynemb-dist: error: plan 'w3' \(world size 3\), batch 0: re-split: the global batch of 1024 samples does not divide by world size 3"
