@@ -135,6 +135,7 @@ std::string table_sentences(const LoadReport& r) {
     if (b <= kBalanced) continue;
     std::vector<std::string> names, values;
     for (size_t i = 1; i < r.plans.size(); ++i) {
+      if (r.plans[i].plan.world_size < 2) continue;  // one rank: balanced by definition
       const double v = imbalance(table_ids(r.plans[i], t));
       if (v > 0 && v <= kBalanced) {
         names.push_back(escape_field(r.plans[i].name));
@@ -195,7 +196,8 @@ std::string load_report_text(const LoadReport& r) {
   std::string s = "# dynemb-dist load\n";
   s += fmt::format("# capture      {}\n", escape_field(r.capture));
   s += fmt::format("# world size   {}\n", r.capture_world_size);
-  s += fmt::format("# batches      {}\n", r.num_batches);
+  s += fmt::format("# batches      {}{}\n", r.num_batches,
+                   r.num_batches == 0 ? ": the capture holds no batches, every count is 0" : "");
   s += fmt::format(
       "# link         {} Gbit/s per rank and direction (estimates only: one "
       "full-duplex link per rank, a non-blocking fabric, no latency, no overlap)\n",
