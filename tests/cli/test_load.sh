@@ -59,6 +59,17 @@ assert p["plan_yaml"].startswith("#") and "world_size: 8" in p["plan_yaml"]
 PY
 no_temps "$tmp" "report"
 
+# A capture of no batches: every count 0, said in the header.
+cp c.h5 z.h5
+"$py" -c "
+import h5py, numpy as np
+with h5py.File('z.h5', 'r+') as f:
+    del f['batches']; f.create_group('batches'); f.attrs['num_batches'] = np.int64(0)
+" || fail "z.h5"
+run zero 0 load z.h5 --alternatives dist-types
+has zero '^# batches +0: the capture holds no batches, every count is 0'
+has zero '^  roundrobin +8 +- +- '
+
 # Above 64 ranks: the 8 with most ids and the 8 with fewest.
 run w128 0 load c.h5 --world-size 128 -q
 has w128 '^ +\.\.\. \(112 ranks elided: the table shows the 8 with most ids and the 8 with fewest\)'
