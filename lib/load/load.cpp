@@ -1,11 +1,13 @@
 // The load of each plan, batch by batch, from the KJTs alone (docs/load-report.md):
 //
-//   per source rank s (on its own core): every id routed with the engine's rules (route_id,
-//     or route_block_bucketize_pos for uneven explicit shards) and its key u64(id) placed by
-//     (table, destination) with a counting sort: keys[s] [N_s], start[s] [T*W + 1];
-//   per destination d (on its own core): each table's keys from every source, sorted, give
-//     the distinct rows and their counts (the Space-Saving summary of d);
+//   the source ranks split in one run per core: every id routed with the engine's rules
+//     (PlanRouter), counted per (source, destination) [W * W] and per (table, destination)
+//     bucket for its run [T * W]; then its key u64(id) placed by bucket with a counting sort
+//     over the whole batch: keys [N], start [T * W + 1];
+//   per destination d (on its own core): each table's keys, sorted, give the distinct rows
+//     and their counts (the hot-row summary of d);
 //   then O(W^2) sums: both dists' bytes, the per-batch column, the estimates.
+// Memory: the batch's ids twice, plus O(cores * T * W + W * W), whatever the capture's size.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -86,67 +88,31 @@ int comm_element_bytes(const Plan& plan) {
 
 namespace {
 
-// One source rank's ids by (table, destination): keys[start[t*W + d] ..) are u64(id) of the
-// ids of table t it routes to d, in KJT order.
-struct SourceRouting {
-  std::vector<uint32_t> bucket;  // [N]
-  std::vector<int64_t> start;    // [T*W + 1]
-  std::vector<uint64_t> keys;    // [N]
-  int64_t count(int64_t bucket_index) const {
-    return start[bucket_index + 1] - start[bucket_index];
-  }
-};
-
-void route_source(const Kjt& kjt, const Plan& plan, const PlanRouter& router, int64_t W, int64_t T,
-                  SourceRouting& out) {
-  const int64_t N = kjt.num_ids();
-  out.bucket.resize(static_cast<size_t>(N));
-  out.start.assign(static_cast<size_t>(T * W + 1), 0);
-  int64_t* cnt = out.start.data() + 1;
-  int64_t i = 0;
-  for (int64_t f = 0; f < kjt.num_features && f < plan.num_features(); ++f) {
-    const int64_t j0 = kjt.bag_begin(f), nb = kjt.batch_size(f);
-    int64_t n = 0;
-    for (int64_t j = j0; j < j0 + nb; ++j) n += kjt.lengths[static_cast<size_t>(j)];
-    const int64_t base = static_cast<int64_t>(plan.features[static_cast<size_t>(f)].table) * W;
-    for (const int64_t end = i + n; i < end; ++i) {
-      const int64_t id = kjt.values[static_cast<size_t>(i)];
-      const int64_t d = router.route(f, id, kjt.values_type).dest;
-      out.bucket[static_cast<size_t>(i)] = static_cast<uint32_t>(base + d);
-      ++cnt[base + d];
-    }
-  }
-  for (int64_t b = 0; b < T * W; ++b) out.start[b + 1] += out.start[b];
-  std::vector<int64_t> next(out.start.begin(), out.start.end() - 1);
-  out.keys.resize(static_cast<size_t>(N));
-  for (int64_t k = 0; k < i; ++k)
-    out.keys[static_cast<size_t>(next[out.bucket[static_cast<size_t>(k)]]++)] =
-        index_unsigned(kjt.values[static_cast<size_t>(k)], kjt.values_type);
-}
-
-// Sorts `v` ascending (LSD radix sort over the 11-bit digits in which its keys differ, std::sort
-// for short runs): the keys are ids, usually far narrower than 64 bits.
-void sort_keys(std::vector<uint64_t>& v, std::vector<uint64_t>& tmp) {
-  const size_t n = v.size();
+// Sorts [v, v + n) ascending (LSD radix sort over the 11-bit digits in which its keys differ,
+// std::sort for short runs): the keys are ids, usually far narrower than 64 bits.
+void sort_keys(uint64_t* v, size_t n, std::vector<uint64_t>& tmp) {
   if (n < 512) {
-    std::sort(v.begin(), v.end());
+    std::sort(v, v + n);
     return;
   }
   uint64_t differ = 0;
-  for (const uint64_t x : v) differ |= x ^ v[0];
+  for (size_t i = 0; i < n; ++i) differ |= v[i] ^ v[0];
   tmp.resize(n);
   constexpr int kBits = 11;
-  constexpr size_t kRadix = size_t{1} << kBits;
-  std::vector<size_t> count(kRadix);
+  constexpr uint64_t kMask = (uint64_t{1} << kBits) - 1;
+  std::vector<size_t> count(size_t{kMask + 1});
+  uint64_t* from = v;
+  uint64_t* to = tmp.data();
   for (int shift = 0; shift < 64; shift += kBits) {
-    if (((differ >> shift) & (kRadix - 1)) == 0) continue;
+    if (((differ >> shift) & kMask) == 0) continue;
     std::fill(count.begin(), count.end(), 0);
-    for (const uint64_t x : v) ++count[(x >> shift) & (kRadix - 1)];
+    for (size_t i = 0; i < n; ++i) ++count[(from[i] >> shift) & kMask];
     size_t acc = 0;
     for (size_t& c : count) acc += std::exchange(c, acc);
-    for (const uint64_t x : v) tmp[count[(x >> shift) & (kRadix - 1)]++] = x;
-    v.swap(tmp);
+    for (size_t i = 0; i < n; ++i) to[count[(from[i] >> shift) & kMask]++] = from[i];
+    std::swap(from, to);
   }
+  if (from != v) std::copy(from, from + n, v);
 }
 
 }  // namespace
@@ -156,12 +122,19 @@ struct PlanAccumulator::Impl {
   PlanLoad out;
   int64_t W = 0, T = 0, F = 0, num_batches = 0;
   PlanRouter router;
-  std::vector<SpaceSaving> hot;    // [W]
-  std::vector<SourceRouting> src;  // [W], reused batch after batch
-  std::vector<int64_t> unique;     // [W] of the batch
+  std::vector<SpaceSaving> hot;  // [W]
+  // The batch being counted, reused batch after batch:
+  std::vector<int64_t> id0;                 // [W + 1]: first id of each source rank
+  std::vector<uint32_t> bucket;             // [N]: t * W + d of each id
+  std::vector<uint64_t> keys;               // [N]: u64(id), by bucket
+  std::vector<int64_t> start;               // [T * W + 1]: where each bucket's keys start
+  std::vector<int64_t> ids_sd;              // [W * W]: ids routed from s to d
+  std::vector<std::vector<int64_t>> chunk;  // [runs][T * W]: counts, then placement cursors
+  std::vector<int64_t> unique;              // [W] of the batch
   int comm_bytes = 0;
 
   explicit Impl(const Plan& plan) : router(plan) {}
+  void route(const std::vector<const Kjt*>& kjts);
   void add(int64_t batch, const std::vector<const Kjt*>& kjts);
   void add_traffic(int64_t batch, const std::vector<const Kjt*>& kjts);
 };
@@ -179,7 +152,6 @@ PlanAccumulator::PlanAccumulator(PlanSpec spec, int64_t num_batches, const LoadO
   m.F = p.num_features();
   m.num_batches = num_batches;
   m.hot.assign(static_cast<size_t>(m.W), SpaceSaving(static_cast<size_t>(opt.hot_row_capacity)));
-  m.src.resize(static_cast<size_t>(m.W));
   m.comm_bytes = comm_element_bytes(p);
   m.out.batch_group = batch_group_size(num_batches, opt.max_batch_columns);
   m.out.total.assign(static_cast<size_t>(m.W), RankLoad{});
@@ -198,37 +170,78 @@ void PlanAccumulator::add_batch(int64_t batch, const std::vector<const Kjt*>& kj
   impl_->add(batch, kjts);
 }
 
+void PlanAccumulator::Impl::route(const std::vector<const Kjt*>& kjts) {
+  id0.assign(static_cast<size_t>(W + 1), 0);
+  for (int64_t s = 0; s < W; ++s) id0[s + 1] = id0[s] + kjts[static_cast<size_t>(s)]->num_ids();
+  const int64_t N = id0[W], TW = T * W;
+  bucket.resize(static_cast<size_t>(N));
+  keys.resize(static_cast<size_t>(N));
+  ids_sd.assign(static_cast<size_t>(W * W), 0);
+  const int64_t runs = std::max<int64_t>(1, std::min<int64_t>(hardware_threads(), W));
+  chunk.resize(static_cast<size_t>(runs));
+  for (auto& c : chunk) c.assign(static_cast<size_t>(TW), 0);
+  // Sources [W * c / runs, W * (c + 1) / runs) are run c's. route() does not throw.
+  run_on_pool(runs, [&](int64_t c) {
+    std::vector<int64_t>& cnt = chunk[static_cast<size_t>(c)];
+    for (int64_t s = W * c / runs; s < W * (c + 1) / runs; ++s) {
+      const Kjt& kjt = *kjts[static_cast<size_t>(s)];
+      int64_t i = 0;
+      for (int64_t f = 0; f < kjt.num_features && f < F; ++f) {
+        const int64_t j0 = kjt.bag_begin(f), nb = kjt.batch_size(f);
+        int64_t n = 0;
+        for (int64_t j = j0; j < j0 + nb; ++j) n += kjt.lengths[static_cast<size_t>(j)];
+        const int64_t base = int64_t{out.plan.features[static_cast<size_t>(f)].table} * W;
+        for (const int64_t end = i + n; i < end; ++i) {
+          const int64_t d =
+              router.route(f, kjt.values[static_cast<size_t>(i)], kjt.values_type).dest;
+          bucket[static_cast<size_t>(id0[s] + i)] = static_cast<uint32_t>(base + d);
+          ++cnt[static_cast<size_t>(base + d)];
+          ++ids_sd[static_cast<size_t>(s * W + d)];
+        }
+      }
+    }
+  });
+  // Bucket b's keys start after every earlier bucket's, run c's after earlier runs' in b.
+  start.assign(static_cast<size_t>(TW + 1), 0);
+  for (int64_t b = 0; b < TW; ++b) {
+    int64_t at = start[b];
+    for (auto& c : chunk) at += std::exchange(c[static_cast<size_t>(b)], at);
+    start[b + 1] = at;
+  }
+  run_on_pool(runs, [&](int64_t c) {
+    std::vector<int64_t>& next = chunk[static_cast<size_t>(c)];
+    for (int64_t s = W * c / runs; s < W * (c + 1) / runs; ++s) {
+      const Kjt& kjt = *kjts[static_cast<size_t>(s)];
+      for (int64_t i = 0; i < id0[s + 1] - id0[s]; ++i)
+        keys[static_cast<size_t>(next[bucket[static_cast<size_t>(id0[s] + i)]]++)] =
+            index_unsigned(kjt.values[static_cast<size_t>(i)], kjt.values_type);
+    }
+  });
+}
+
 void PlanAccumulator::Impl::add(int64_t batch, const std::vector<const Kjt*>& kjts) {
-  // Routing, one source rank per core.
-  parallel_for(
-      hardware_threads(), W,
-      [&](int64_t s0, int64_t s1) {
-        for (int64_t s = s0; s < s1; ++s)
-          route_source(*kjts[static_cast<size_t>(s)], out.plan, router, W, T,
-                       src[static_cast<size_t>(s)]);
-      },
-      1);
+  route(kjts);
+  for (int64_t b = 0; b < T * W; ++b)
+    out.table_ids[static_cast<size_t>(b)] += start[b + 1] - start[b];
   // Distinct rows and the hot-row summaries, one destination rank per core.
   unique.assign(static_cast<size_t>(W), 0);
   parallel_for(
       hardware_threads(), W,
       [&](int64_t d0, int64_t d1) {
-        std::vector<uint64_t> buf, tmp;
+        std::vector<uint64_t> tmp;
         std::vector<CountedRow> rows;  // the batch's distinct rows of d, by (table, row)
         for (int64_t d = d0; d < d1; ++d) {
           rows.clear();
           for (int64_t t = 0; t < T; ++t) {
-            buf.clear();
-            for (const SourceRouting& sr : src) {
-              const int64_t b = t * W + d;
-              buf.insert(buf.end(), sr.keys.begin() + sr.start[b],
-                         sr.keys.begin() + sr.start[b + 1]);
-            }
-            sort_keys(buf, tmp);
-            for (size_t i = 0; i < buf.size();) {
+            // Bucket (t, d)'s keys, sorted where they lie (no other core touches them).
+            const int64_t b = t * W + d;
+            uint64_t* k = keys.data() + start[b];
+            const size_t n = static_cast<size_t>(start[b + 1] - start[b]);
+            sort_keys(k, n, tmp);
+            for (size_t i = 0; i < n;) {
               size_t j = i + 1;
-              while (j < buf.size() && buf[j] == buf[i]) ++j;
-              rows.push_back({static_cast<int>(t), buf[i], static_cast<int64_t>(j - i), 0});
+              while (j < n && k[j] == k[i]) ++j;
+              rows.push_back({static_cast<int>(t), k[i], static_cast<int64_t>(j - i), 0});
               i = j;
             }
           }
@@ -248,7 +261,6 @@ void PlanAccumulator::Impl::add_traffic(int64_t batch, const std::vector<const K
   std::vector<int64_t> ids_to(static_cast<size_t>(W), 0);
   for (int64_t s = 0; s < W; ++s) {
     const Kjt& k = *kjts[static_cast<size_t>(s)];
-    const SourceRouting& sr = src[static_cast<size_t>(s)];
     // Every destination gets a length for every bag of s; sequence plans send VBE KJTs padded
     // to max_f B_f (derive_input_dist), pooled ones send their strides too.
     const int64_t bags = sequence && k.is_vbe() ? F * k.stride() : k.num_bags();
@@ -258,12 +270,7 @@ void PlanAccumulator::Impl::add_traffic(int64_t batch, const std::vector<const K
     if (!sequence)
       for (int64_t f = 0; f < F; ++f) pooled_elems += k.batch_size(f) * plan.features[f].dim;
     for (int64_t d = 0; d < W; ++d) {
-      int64_t ids = 0;
-      for (int64_t t = 0; t < T; ++t) {
-        const int64_t c = sr.count(t * W + d);
-        ids += c;
-        out.table_ids[static_cast<size_t>(t * W + d)] += c;
-      }
+      const int64_t ids = ids_sd[static_cast<size_t>(s * W + d)];
       ids_to[static_cast<size_t>(d)] += ids;
       int64_t b = bags * lsz + ids * vsz;
       if (k.weighted) b += ids * 4;  // float32 weights
