@@ -42,11 +42,19 @@ double critical_path_seconds(const TrafficMatrix& m, double gbps);
 int index_bytes(IndexType t);
 int comm_element_bytes(const Plan& plan);
 
+// The buffers of one batch's ids ([N] each): accumulators that add their batches one after
+// another (never at once) may share one, so that memory holds them once whatever the plans.
+struct BatchScratch {
+  std::vector<uint32_t> bucket;  // t * W + d of each id
+  std::vector<uint64_t> keys;    // u64(id), by bucket
+};
+
 // One plan's load, batch by batch. add_batch takes the plan's W KJTs of one batch (already
 // re-split when the plan's world size is not the capture's).
 class PlanAccumulator {
  public:
-  PlanAccumulator(PlanSpec spec, int64_t num_batches, const LoadOptions& opt);
+  PlanAccumulator(PlanSpec spec, int64_t num_batches, const LoadOptions& opt,
+                  std::shared_ptr<BatchScratch> scratch = nullptr);
   ~PlanAccumulator();
   PlanAccumulator(PlanAccumulator&&) noexcept;
   void add_batch(int64_t batch, const std::vector<const Kjt*>& kjts);

@@ -125,8 +125,7 @@ struct PlanAccumulator::Impl {
   std::vector<SpaceSaving> hot;  // [W]
   // The batch being counted, reused batch after batch:
   std::vector<int64_t> id0;                 // [W + 1]: first id of each source rank
-  std::vector<uint32_t> bucket;             // [N]: t * W + d of each id
-  std::vector<uint64_t> keys;               // [N]: u64(id), by bucket
+  std::shared_ptr<BatchScratch> scratch;    // bucket, keys [N]
   std::vector<int64_t> start;               // [T * W + 1]: where each bucket's keys start
   std::vector<int64_t> ids_sd;              // [W * W]: ids routed from s to d
   std::vector<std::vector<int64_t>> chunk;  // [runs][T * W]: counts, then placement cursors
@@ -139,9 +138,11 @@ struct PlanAccumulator::Impl {
   void add_traffic(int64_t batch, const std::vector<const Kjt*>& kjts);
 };
 
-PlanAccumulator::PlanAccumulator(PlanSpec spec, int64_t num_batches, const LoadOptions& opt)
+PlanAccumulator::PlanAccumulator(PlanSpec spec, int64_t num_batches, const LoadOptions& opt,
+                                 std::shared_ptr<BatchScratch> scratch)
     : impl_(std::make_unique<Impl>(spec.plan)) {
   Impl& m = *impl_;
+  m.scratch = scratch ? std::move(scratch) : std::make_shared<BatchScratch>();
   m.opt = opt;
   m.out.name = std::move(spec.name);
   m.out.origin = std::move(spec.origin);
@@ -174,6 +175,8 @@ void PlanAccumulator::Impl::route(const std::vector<const Kjt*>& kjts) {
   id0.assign(static_cast<size_t>(W + 1), 0);
   for (int64_t s = 0; s < W; ++s) id0[s + 1] = id0[s] + kjts[static_cast<size_t>(s)]->num_ids();
   const int64_t N = id0[W], TW = T * W;
+  std::vector<uint32_t>& bucket = scratch->bucket;
+  std::vector<uint64_t>& keys = scratch->keys;
   bucket.resize(static_cast<size_t>(N));
   keys.resize(static_cast<size_t>(N));
   ids_sd.assign(static_cast<size_t>(W * W), 0);
@@ -235,7 +238,7 @@ void PlanAccumulator::Impl::add(int64_t batch, const std::vector<const Kjt*>& kj
           for (int64_t t = 0; t < T; ++t) {
             // Bucket (t, d)'s keys, sorted where they lie (no other core touches them).
             const int64_t b = t * W + d;
-            uint64_t* k = keys.data() + start[b];
+            uint64_t* k = scratch->keys.data() + start[b];
             const size_t n = static_cast<size_t>(start[b + 1] - start[b]);
             sort_keys(k, n, tmp);
             for (size_t i = 0; i < n;) {
@@ -354,10 +357,11 @@ LoadReport compute_load(const CaptureReader& reader, const Plan& read_plan,
   std::vector<int64_t> sizes;
   std::vector<std::string> names;
   std::vector<PlanAccumulator> acc;
+  const auto scratch = std::make_shared<BatchScratch>();  // the plans take turns
   for (PlanSpec& p : plans) {
     sizes.push_back(p.plan.world_size);
     names.push_back(p.name);
-    acc.emplace_back(std::move(p), rep.num_batches, opt);
+    acc.emplace_back(std::move(p), rep.num_batches, opt, scratch);
   }
   ReadParts kjt_only;
   kjt_only.ctx = kjt_only.local_embs = kjt_only.output = kjt_only.module_output = false;
