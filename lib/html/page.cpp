@@ -135,7 +135,7 @@ svg text.ax{fill:#555}svg line{stroke:#ccc}
 table{border-collapse:collapse;font-size:13px;margin:6px 0}
 th,td{border:1px solid #ddd;padding:2px 8px;text-align:left;vertical-align:top}
 th{background:#f5f5f5}td.n{text-align:right;font-variant-numeric:tabular-nums}
-caption{text-align:left;font-weight:600;padding:4px 0}
+caption{text-align:left;font-weight:600;padding:4px 0;white-space:nowrap}
 details{margin:6px 0}summary{cursor:pointer;color:#345}
 code{font-size:13px}
 )";
@@ -202,15 +202,30 @@ void Page::table(const Table& t) {
 
 void Page::bar_chart(const BarChart& c) {
   const size_t ncat = c.categories.size(), nser = std::max<size_t>(1, c.series.size());
-  double vmax = 0;
+  double top_value = 0;
   for (const Series& s : c.series)
-    for (const double v : s.values) vmax = std::max(vmax, v);
+    for (const double v : s.values) top_value = std::max(top_value, v);
+  // The axis runs to 4 nice steps (1, 2, 2.5 or 5 times a power of ten; at least 1, values
+  // being counts or bytes) at or above the largest bar.
+  double step = 1;
+  if (top_value > 4) {
+    const double raw = top_value / 4, p10 = std::pow(10.0, std::floor(std::log10(raw)));
+    step = p10 * 10;
+    for (const double m : {1.0, 2.0, 2.5, 5.0})
+      if (m * p10 >= raw) {
+        step = m * p10;
+        break;
+      }
+  }
+  const double vmax = 4 * step;
   // Geometry: bars of 3..16 px, groups separated by a third of a group, plot 240 px high.
   const double bar = std::clamp(900.0 / double(std::max<size_t>(1, ncat * nser)), 3.0, 16.0);
   const double group = bar * double(nser), gap = std::max(2.0, group / 3);
   const double left = 70, top = 28, plot_h = 240, bottom = 90;
   const double plot_w = double(ncat) * (group + gap) + gap;
-  const double width = left + plot_w + 20, height = top + plot_h + bottom;
+  double legend_w = left;
+  for (const Series& ser : c.series) legend_w += 30 + 7.0 * double(ser.name.size());
+  const double width = std::max(left + plot_w + 20, legend_w), height = top + plot_h + bottom;
   std::string s = fmt::format(
       "<figure class=\"chart\"><figcaption>{}</figcaption>\n<svg class=\"bars\" "
       "xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" role=\"img\">"
@@ -392,11 +407,13 @@ void Page::status_grid(const StatusGrid& g) {
   const double left = 96, top = 44;
   const double width = left + cell * double(cb.count) + 20;
   const double height = top + cell * double(rb.count) + 40;
+  double legend_w = left + 37 + 7.0 * double(g.none_name.size());
+  for (const StatusKind& k : g.kinds) legend_w += 30 + 7.0 * double(k.name.size());
   std::string s = fmt::format(
       "<figure class=\"chart\"><figcaption>{}</figcaption>\n<svg class=\"grid\" "
       "xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" role=\"img\">"
       "<title>{}</title>\n",
-      esc(g.title), std::max(width, 420.0), height, esc(g.title));
+      esc(g.title), std::max(width, legend_w), height, esc(g.title));
   // Legend along the top.
   double lx = left;
   for (int k = -1; k < int(nk); ++k) {
