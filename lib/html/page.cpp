@@ -218,8 +218,9 @@ void Page::bar_chart(const BarChart& c) {
       }
   }
   const double vmax = 4 * step;
-  // Geometry: bars of 3..16 px, groups separated by a third of a group, plot 240 px high.
-  const double bar = std::clamp(900.0 / double(std::max<size_t>(1, ncat * nser)), 3.0, 16.0);
+  // Geometry: the plot about 1000 px wide (bars of 1.5 to 16 px), groups separated by a third
+  // of a group, 240 px high.
+  const double bar = std::clamp(750.0 / double(std::max<size_t>(1, ncat * nser)), 1.5, 16.0);
   const double group = bar * double(nser), gap = std::max(2.0, group / 3);
   const double left = 70, top = 28, plot_h = 240, bottom = 90;
   const double plot_w = double(ncat) * (group + gap) + gap;
@@ -306,7 +307,8 @@ void Page::heat_map(const HeatMap& h) {
     if (v <= 0 || vmax <= 0) return -1;
     return std::min(kHeatSteps - 1, int(v / vmax * kHeatSteps));
   };
-  const double cell = std::clamp(512.0 / double(std::max<int64_t>(1, b.count)), 6.0, 40.0);
+  const double cell =
+      std::clamp(std::floor(512.0 / double(std::max<int64_t>(1, b.count))), 6.0, 40.0);
   const double left = 64, top = 40, side = cell * double(b.count);
   const double width = left + side + 190, height = top + side + 30;
   std::string s = fmt::format(
@@ -333,7 +335,7 @@ void Page::heat_map(const HeatMap& h) {
       const double v = agg[size_t(r * b.count + c)];
       const int k = step(v);
       s += fmt::format(
-          "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\">"
+          "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{:.0f}\" height=\"{:.0f}\" fill=\"{}\">"
           "<title>{} {} {} {}: {}</title></rect>",
           left + cell * double(c), top + cell * double(r), cell, cell, k < 0 ? kZero : kHeat[k],
           esc(h.row_role), esc(b.label(r, h.row_noun)), esc(h.col_role),
