@@ -65,7 +65,7 @@ Grid make_grid(const Report& r) {
   Grid g;
   g.ranks = std::max<int64_t>(0, r.info.world_size);
   std::set<int64_t> batches(r.info.batches.begin(), r.info.batches.end());
-  for (const CheckResult& c : r.checks)
+  for (const CheckResult& c : r.listed_checks())
     if (c.batch >= 0) batches.insert(c.batch);
   g.batches.assign(batches.begin(), batches.end());
   for (size_t i = 0; i < g.batches.size(); ++i) g.column[g.batches[i]] = i;
