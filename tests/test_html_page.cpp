@@ -82,8 +82,8 @@ TEST_CASE("heat map: W = 1024 draws 64 x 64 cells, summed, with a legend and a t
   const std::string s = p.str();
   const std::string svg = svg_of(s, "heat");
   CHECK(count(svg, "<title>") == 1 + 64 * 64);  // the chart's own, then one per cell
-  CHECK(svg.find("<title>from ranks 0-15 to ranks 992-1007: 1,256</title>") != std::string::npos);
-  CHECK(svg.find("<title>from ranks 16-31 to ranks 0-15: 256</title>") != std::string::npos);
+  CHECK(svg.find("<title>ranks 0-15 \u2192 ranks 992-1007: 1,256</title>") != std::string::npos);
+  CHECK(svg.find("<title>ranks 16-31 \u2192 ranks 0-15: 256</title>") != std::string::npos);
   // The table under it: 64 rows of blocks, folded.
   CHECK(s.find("<details><summary>traffic: the numbers") != std::string::npos);
   CHECK(count(s, "<tr><td>ranks ") == 64);
@@ -98,9 +98,9 @@ TEST_CASE("heat map: a small one is drawn cell by cell") {
   p.heat_map(h);
   const std::string svg = svg_of(p.str(), "heat");
   CHECK(count(svg, "<title>") == 10);
-  CHECK(svg.find("<title>from rank 2 to rank 1: 7</title>") != std::string::npos);
-  CHECK(svg.find("fill=\"#eeeeee\"><title>from rank 0 to rank 0: 0") != std::string::npos);
-  CHECK(svg.find("fill=\"#0c2c84\"><title>from rank 2 to rank 1: 7") != std::string::npos);
+  CHECK(svg.find("<title>2 \u2192 1: 7</title>") != std::string::npos);
+  CHECK(svg.find("fill=\"#eeeeee\"><title>0 \u2192 0: 0") != std::string::npos);
+  CHECK(svg.find("fill=\"#0c2c84\"><title>2 \u2192 1: 7") != std::string::npos);
 }
 
 TEST_CASE("status grid: aggregated blocks show the worst status and count them all") {
@@ -153,6 +153,28 @@ TEST_CASE("bar chart: one bar per series and category, and the numbers table") {
   const std::string svg = svg_of(s, "bars");
   CHECK(svg.find("<title>rank 1, captured: 20</title>") != std::string::npos);
   CHECK(svg.find("<title>rank 0, balanced: 15</title>") != std::string::npos);
-  CHECK(s.find("<tr><td>rank 1</td><td class=\"n\">20</td><td class=\"n\">15</td></tr>") !=
-        std::string::npos);
+  CHECK(s.find("<tr><td>rank 1</td><td>20</td><td>15</td></tr>") != std::string::npos);
+}
+
+TEST_CASE("bar chart: the value axis steps by nice numbers, of KiB for bytes") {
+  BarChart c;
+  c.title = "bytes";
+  c.categories = {"a"};
+  c.series = {{"s", {645120}}};
+  c.format = [](double v) { return bytes_text(v); };
+  c.bytes = true;
+  Page p("t");
+  p.bar_chart(c);
+  const std::string svg = svg_of(p.str(), "bars");
+  for (const char* tick : {">0 B<", ">200 KiB<", ">400 KiB<", ">600 KiB<", ">800 KiB<"})
+    CHECK(svg.find(tick) != std::string::npos);
+  BarChart n;
+  n.title = "ids";
+  n.categories = {"a"};
+  n.series = {{"s", {3}}};
+  Page q("t");
+  q.bar_chart(n);
+  const std::string s2 = svg_of(q.str(), "bars");
+  for (const char* tick : {">0<", ">1<", ">2<", ">3<", ">4<"})
+    CHECK(s2.find(tick) != std::string::npos);
 }

@@ -134,7 +134,7 @@ svg{font:11px system-ui,"DejaVu Sans",sans-serif;fill:#333}
 svg text.ax{fill:#555}svg line{stroke:#ccc}
 table{border-collapse:collapse;font-size:13px;margin:6px 0}
 th,td{border:1px solid #ddd;padding:2px 8px;text-align:left;vertical-align:top}
-th{background:#f5f5f5}td.n{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f5f5f5}td.n,table.num td+td{text-align:right;font-variant-numeric:tabular-nums}
 caption{text-align:left;font-weight:600;padding:4px 0;white-space:nowrap}
 details{margin:6px 0}summary{cursor:pointer;color:#345}
 code{font-size:13px}
@@ -181,7 +181,12 @@ void Page::table(const Table& t) {
   const bool fold = t.fold_after > 0 && t.rows.size() > t.fold_after;
   if (fold)
     s += fmt::format("<details><summary>{} ({} rows)</summary>\n", esc(t.caption), t.rows.size());
-  s += "<table>";
+  // A table whose columns after the first are all numbers is right-aligned by one class (the
+  // heat maps' tables have thousands of cells), others cell by cell.
+  bool all_numeric = t.numeric.size() >= 2;
+  for (size_t i = 1; i < t.numeric.size(); ++i) all_numeric &= bool(t.numeric[i]);
+  all_numeric &= t.numeric.empty() || !t.numeric[0];
+  s += all_numeric ? "<table class=\"num\">" : "<table>";
   if (!fold && !t.caption.empty()) s += "<caption>" + esc(t.caption) + "</caption>";
   s += "\n<tr>";
   for (const std::string& h : t.headers) s += "<th>" + esc(h) + "</th>";
@@ -189,7 +194,7 @@ void Page::table(const Table& t) {
   for (const auto& row : t.rows) {
     s += "<tr>";
     for (size_t i = 0; i < row.size(); ++i) {
-      const bool num = i < t.numeric.size() && t.numeric[i];
+      const bool num = !all_numeric && i < t.numeric.size() && t.numeric[i];
       s += (num ? "<td class=\"n\">" : "<td>") + esc(row[i]) + "</td>";
     }
     s += "</tr>\n";
@@ -209,10 +214,14 @@ void Page::bar_chart(const BarChart& c) {
   // being counts or bytes) at or above the largest bar.
   double step = 1;
   if (top_value > 4) {
-    const double raw = top_value / 4, p10 = std::pow(10.0, std::floor(std::log10(raw)));
+    // Bytes step by nice numbers of KiB, MiB, ... (the labels then read 256 KiB, 512 KiB).
+    double unit = 1;
+    while (c.bytes && top_value / 4 >= unit * 1024) unit *= 1024;
+    const double raw = top_value / 4 / unit;
+    const double p10 = std::pow(10.0, std::floor(std::log10(raw))) * unit;
     step = p10 * 10;
     for (const double m : {1.0, 2.0, 2.5, 5.0})
-      if (m * p10 >= raw) {
+      if (m * p10 >= raw * unit) {
         step = m * p10;
         break;
       }
@@ -330,16 +339,24 @@ void Page::heat_map(const HeatMap& h) {
     s += svg_text(left - 4, top + cell * (double(i) + 0.5) + 4, first,
                   "class=\"ax\" text-anchor=\"end\"");
   }
+  // Every cell is a <use> of one square (its fill inherited), a third smaller than a <rect>:
+  // a 64 x 64 map is 4096 of them. Tooltips say "12 \u2192 5" for single ranks (the axes name
+  // them), "ranks 0-15 \u2192 ranks 16-31" for blocks.
+  const std::string id = fmt::format("hc{}", charts_);
+  s += fmt::format("<defs><rect id=\"{}\" width=\"{:.0f}\" height=\"{:.0f}\"/></defs>\n", id, cell,
+                   cell);
+  const auto name = [&](int64_t i, const std::string& noun) {
+    return b.size == 1 ? std::to_string(i) : b.label(i, noun);
+  };
   for (int64_t r = 0; r < b.count; ++r) {
     for (int64_t c = 0; c < b.count; ++c) {
       const double v = agg[size_t(r * b.count + c)];
       const int k = step(v);
       s += fmt::format(
-          "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{:.0f}\" height=\"{:.0f}\" fill=\"{}\">"
-          "<title>{} {} {} {}: {}</title></rect>",
-          left + cell * double(c), top + cell * double(r), cell, cell, k < 0 ? kZero : kHeat[k],
-          esc(h.row_role), esc(b.label(r, h.row_noun)), esc(h.col_role),
-          esc(b.label(c, h.col_noun)), esc(value_text(h.format, v)));
+          "<use href=\"#{}\" x=\"{:.0f}\" y=\"{:.0f}\" fill=\"{}\"><title>{} \u2192 {}: "
+          "{}</title></use>",
+          id, left + cell * double(c), top + cell * double(r), k < 0 ? kZero : kHeat[k],
+          esc(name(r, h.row_noun)), esc(name(c, h.col_noun)), esc(value_text(h.format, v)));
     }
     s += "\n";
   }

@@ -60,6 +60,7 @@ struct BarChart {
   std::vector<std::string> categories;  // at most ~64 (aggregate before)
   std::vector<Series> series;
   std::function<std::string(double)> format;  // value text; null: int_text
+  bool bytes = false;                         // the axis steps by KiB, MiB, ...
 };
 
 // A square matrix (sender-major) drawn as colored cells, aggregated into blocks when large

@@ -83,6 +83,7 @@ void rank_bars(html::Page& page, const LoadReport& rep, const std::string& title
   c.title = title;
   c.category_name = b.size == 1 ? "rank" : "ranks";
   c.value_name = b.size == 1 ? value_name : value_name + " (largest of the block)";
+  c.bytes = value_name == "bytes";
   c.format = std::move(format);
   for (int64_t k = 0; k < b.count; ++k) c.categories.push_back(b.label(k, "rank"));
   for (const PlanLoad& p : rep.plans) {
@@ -127,12 +128,17 @@ void traffic_maps(html::Page& page, const LoadReport& rep) {
       "Bytes rank s sends to rank d in each dist, summed over every batch: the input dist is "
       "the KJT all-to-all (lengths, values, strides, weights), the output dist the embeddings "
       "back (sequence: all-to-all of rows; pooled: reduce-scatter). The diagonal, a rank's "
-      "share with itself, is a local copy and drawn as zero.",
+      "share with itself, is a local copy and drawn as zero. When there are many ranks, the "
+      "alternatives' maps are drawn in coarser blocks than the first plan's.",
       true);
-  // At most 16384 cells on the page in all, 64 x 64 a map at most.
-  const size_t maps = std::max<size_t>(1, 2 * rep.plans.size());
-  const int64_t side = std::clamp<int64_t>(int64_t(std::sqrt(16384.0 / double(maps))), 8, 64);
+  // The page's size is mostly the maps' cells (about 120 bytes each with its tooltip and
+  // table entry): the first plan's two maps get up to 64 x 64 cells each, the alternatives'
+  // maps share another 4096, so a page stays under 2 MB whatever the number of plans.
+  const size_t alt_maps = rep.plans.size() > 1 ? 2 * (rep.plans.size() - 1) : 1;
+  const int64_t alt_side =
+      std::clamp<int64_t>(int64_t(std::sqrt(4096.0 / double(alt_maps))), 8, 64);
   for (const PlanLoad& p : rep.plans) {
+    const int64_t side = &p == &rep.plans.front() ? 64 : alt_side;
     page.heading("Plan " + p.name, 3);
     for (const auto& [m, what] :
          {std::pair<const TrafficMatrix*, const char*>{&p.input_dist, "input dist"},

@@ -11,7 +11,7 @@
             chart that did not render is blank);
   colors    with --expect-colors, each color is drawn (in some chart) on enough pixels;
   size      with --max-bytes, the file is under that size; with --max-cells N, no chart's svg
-            has more than N cells (<rect> with a <title>).
+            has more than N cells (<rect> or <use> with a <title>).
 
 Exit 0 when every check passes, 1 otherwise (each failure one line), so that the shell test
 can also expect a failure on a page made broken on purpose.
@@ -134,7 +134,7 @@ def main():
     text = open(a.page, encoding="utf-8").read()
     if a.max_cells:
         for i, svg in enumerate(re.findall(r"<svg.*?</svg>", text, re.S)):
-            cells = len(re.findall(r"</title></rect>", svg))
+            cells = len(re.findall(r"</title></(?:rect|use)>", svg))
             if cells > a.max_cells:
                 fails.append(f"{a.page}: chart {i} draws {cells} cells, want at most {a.max_cells}")
     for line in console_errors(a.page):

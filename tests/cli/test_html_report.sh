@@ -116,7 +116,7 @@ check w64.html --charts 1 --max-bytes 2000000 --max-cells 4096 --expect-colors '
 bin=$(dirname "$DYNEMB")/tests
 DYNEMB_LOAD_HTML_DIR=$tmp "$bin/test_load_html" >load.out 2>&1 || { cat load.out; fail "test_load_html"; }
 DYNEMB_REPLAY_HTML_DIR=$tmp "$bin/test_replay_html" >rh.out 2>&1 || { cat rh.out; fail "test_replay_html"; }
-check load-w4.html --shot load-overview --shot load-imbalance:4:520 --shot load-traffic:8:700
+check load-w8.html --charts 12 --shot load-overview --shot load-imbalance:4:480 --shot load-traffic:6:640
 check load-w64.html --max-bytes 2000000 --max-cells 4096
 check load-w1024.html --max-cells 4096
 check replay-w1024.html --max-cells 4096 --expect-colors '#43a047,#e53935'
