@@ -18,7 +18,7 @@ can also expect a failure on a page made broken on purpose.
 
 --shot NAME[:K[:H]] writes the screenshot to $DYNEMB_SCREENSHOT_DIR/NAME.png (when that is
 set): the top of the page, or from chart K's caption down H pixels (default 900), with a
-palette of 256 colors to keep it small.
+palette of 256 colors to keep it small, trimmed to what is drawn.
 """
 import argparse
 import html
@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 
-from PIL import Image
+from PIL import Image, ImageChops
 
 WIDTH = 1280
 # Console lines Chromium writes with --enable-logging=stderr: console messages (a script error,
@@ -163,11 +163,19 @@ def main():
         for spec in a.shot if shots else []:
             parts = spec.split(":")
             name = parts[0]
-            top = 0
+            top, right = 0, int(probe["w"])
             if len(parts) > 1 and parts[1] != "":
-                top = max(0, int(probe["caps"][int(parts[1])]) - 48)
+                k = int(parts[1])
+                top = max(0, int(probe["caps"][k]) - 8)  # from the chart's caption
+                right = int(max(boxes[k][0] + boxes[k][2], 640)) + 24
             h = int(parts[2]) if len(parts) > 2 else 900
-            crop = img.crop((0, top, min(img.width, int(probe["w"])), min(img.height, top + h)))
+            crop = img.crop((0, top, min(img.width, right), min(img.height, top + h)))
+            # Trimmed to what is drawn (and a margin), so that a narrow chart is not a wide
+            # white picture.
+            drawn = ImageChops.difference(crop, Image.new("RGB", crop.size, "white")).getbbox()
+            if drawn:
+                crop = crop.crop((max(0, drawn[0] - 16), max(0, drawn[1] - 16),
+                                  min(crop.width, drawn[2] + 16), min(crop.height, drawn[3] + 16)))
             crop = crop.quantize(colors=256)
             os.makedirs(shots, exist_ok=True)
             crop.save(os.path.join(shots, name + ".png"), optimize=True)

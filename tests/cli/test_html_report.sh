@@ -92,7 +92,7 @@ for (b, k), s in worst.items():
     seen += 1
 assert seen >= 40, seen
 EOF
-check bad.html --charts 2 --expect-colors '#43a047,#e53935,#6a1b9a' --shot replay-grid:0:520 --shot replay-features:1:520
+check bad.html --charts 2 --expect-colors '#43a047,#e53935,#6a1b9a' --shot replay-grid:0:520 --shot replay-features:1:420
 
 # ---- replay --plan: the plan's differences in a table
 sed 's/num_embeddings: 1000$/num_embeddings: 4000/; s/num_embeddings: 17$/num_embeddings: 40/' \
@@ -116,7 +116,7 @@ check w64.html --charts 1 --max-bytes 2000000 --max-cells 4096 --expect-colors '
 bin=$(dirname "$DYNEMB")/tests
 DYNEMB_LOAD_HTML_DIR=$tmp "$bin/test_load_html" >load.out 2>&1 || { cat load.out; fail "test_load_html"; }
 DYNEMB_REPLAY_HTML_DIR=$tmp "$bin/test_replay_html" >rh.out 2>&1 || { cat rh.out; fail "test_replay_html"; }
-check load-w8.html --charts 12 --shot load-overview --shot load-imbalance:4:480 --shot load-traffic:6:640
+check load-w8.html --charts 12 --shot load-overview --shot load-imbalance:4:420 --shot load-traffic:6:450
 check load-w64.html --max-bytes 2000000 --max-cells 4096
 check load-w1024.html --max-cells 4096
 check replay-w1024.html --max-cells 4096 --expect-colors '#43a047,#e53935'
