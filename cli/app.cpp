@@ -226,6 +226,7 @@ int run_command_line(int argc, char** argv) {
   setup_replay(app, run);
   setup_bench(app, run);
   setup_merge(app, run);
+  setup_load(app, run);
 
   if (argc <= 1) {
     console::out(kShortUsage);

@@ -18,6 +18,7 @@ void setup_inspect(CLI::App& app, RunFn& run);
 void setup_replay(CLI::App& app, RunFn& run);
 void setup_bench(CLI::App& app, RunFn& run);
 void setup_merge(CLI::App& app, RunFn& run);
+void setup_load(CLI::App& app, RunFn& run);
 
 // What the process is doing inside libhdf5 that libhdf5 1.10 may crash on (a write that fails
 // inside H5Ocopy); "" clears it. While set, the crash handler removes the temporaries, prints

@@ -156,9 +156,10 @@ void print_text(const std::string& plan_path, const Plan* plan, int64_t mem_batc
     std::vector<std::string> tname;
     for (const TableConfig& t : p.tables) tname.push_back(escape_field(t.name));
     out += fmt::format(
-        "#\n# world_size {}  module {}  comm_precision {}  bounds_check {}  data_type {}  "
+        "#\n# world_size {}  module {}  comm_precision {}  bounds_check {}  {}data_type {}  "
         "{} {}\n",
         p.world_size, to_string(p.module), to_string(p.comm_precision), to_string(p.bounds_check),
+        p.input_dist == InputDist::training ? "" : "input_dist inference  ",
         to_string(p.data_type()), p.module == ModuleKind::sequence ? "D" : "sum_D", p.sum_dim);
 
     // Features in sharding order with their block size (docs/semantics.md §2).
@@ -179,9 +180,13 @@ void print_text(const std::string& plan_path, const Plan* plan, int64_t mem_batc
       if (p.module == ModuleKind::pooled)
         pooled_cols = fmt::format("  {:>7}  {:>7}", to_string(f.pooling),
                                   fmt::format("[{},{})", f.column_offset, f.column_offset + f.dim));
+      // An inference plan's uneven shards route by their offsets: no one block size.
+      const std::string blk = routes_by_shards(p, p.tables[static_cast<size_t>(f.table)])
+                                  ? "shards"
+                                  : std::to_string(f.block_size);
       out += fmt::format("  {:>{}}  {:>{}}  {:>15}  {:>14}  {:>7}  {:>12}{}\n",
                          escape_field(f.name), wf, tname[static_cast<size_t>(f.table)], wt,
-                         to_string(f.dist_type), f.hash_size, f.dim, f.block_size, pooled_cols);
+                         to_string(f.dist_type), f.hash_size, f.dim, blk, pooled_cols);
     }
 
     // Per-rank memory of the sharded tables.
@@ -310,6 +315,7 @@ void print_json(const ValidateOptions& o, const Plan* plan, const std::vector<Di
                  {"module", to_string(p.module)},
                  {"comm_precision", to_string(p.comm_precision)},
                  {"bounds_check", to_string(p.bounds_check)},
+                 {"input_dist", to_string(p.input_dist)},
                  {"data_type", to_string(p.data_type())},
                  {"sum_dim", p.sum_dim},
                  {"tables", tables},

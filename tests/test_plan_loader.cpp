@@ -486,6 +486,43 @@ TEST_CASE("shards: the ceil rule, with which rank gets which ids") {
   CHECK(shard_rows_per_rank(ok.plan->tables[0], 2) == std::vector<int64_t>{3, 3});
 }
 
+TEST_CASE("input_dist inference: uneven continuous shards are routed by their offsets") {
+  const std::string head =
+      "format_version: 1\nworld_size: 2\nmodule: sequence\ninput_dist: inference\ntables:\n"
+      "  - name: t1\n"
+      "    num_embeddings: 6\n"
+      "    embedding_dim: 2\n"
+      "    features: [f1]\n"
+      "    shards:\n";  // shards from line 11
+  // [4,2] breaks the ceil rule; the inference input dist routes by the offsets: no finding.
+  const PlanLoadResult r = parse_plan(head +
+                                          "      - {rank: 0, row_offset: 0, rows: 4}\n"
+                                          "      - {rank: 1, row_offset: 4, rows: 2}\n",
+                                      "plan.yaml");
+  INFO(dump(r));
+  REQUIRE(r.ok());
+  CHECK(r.findings.empty());
+  CHECK(r.plan->input_dist == InputDist::inference);
+  CHECK(routes_by_shards(*r.plan, r.plan->tables[0]));
+  CHECK(engine_routing_gap(*r.plan) ==
+        "table 't1' has uneven explicit shards under input_dist inference; replay and synth "
+        "route continuous ids by the ceil rule only (docs/semantics.md §2), so they cannot run "
+        "this plan (validate and load can)");
+  // Still one cover of [0, num_embeddings), in rank order.
+  expect_error(head +
+                   "      - {rank: 0, row_offset: 0, rows: 4}\n"
+                   "      - {rank: 1, row_offset: 4, rows: 3}\n",
+               12, 40, "shards cover rows [0,7) but num_embeddings is 6");
+  // The default, and a value that is not one.
+  const PlanLoadResult t = parse_plan(kValid, "plan.yaml");
+  REQUIRE(t.ok());
+  CHECK(t.plan->input_dist == InputDist::training);
+  expect_error("format_version: 1\nworld_size: 2\nmodule: sequence\ninput_dist: inferense\n" +
+                   kValid.substr(kHead.size() - 8),
+               4, 13,
+               "must be one of training, inference; got 'inferense'; did you mean 'inference'?");
+}
+
 TEST_CASE("shards: one per rank, contiguous, non-overlapping, covering") {
   const std::string head =
       "format_version: 1\nworld_size: 2\nmodule: sequence\ntables:\n"

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/ops.hpp"
 #include "model/types.hpp"
 #include "plan/plan.hpp"
 
@@ -27,6 +28,13 @@ struct AlternativeRequest {
 // The alternatives that need no data: every dist_type the base does not already use
 // throughout, then each world size (even rows by the ceil rule, explicit shards dropped).
 // Throws UsageError for a world size < 1.
+//
+// At the edges: dist_type alternatives come in the order continuous, roundrobin,
+// hash_roundrobin; under (hash_)roundrobin every table drops its explicit shards, under
+// continuous only those that were not continuous (capacities, not ranges). A world size asked
+// twice gives one plan; the base's own world size gives one too (its shards dropped). A world
+// size over 65536 (what a plan allows) is a UsageError as well. `balanced_rows` is not read
+// here (it needs a RowHistogram: balanced_rows_plan). Every plan returned passes parse_plan.
 std::vector<Alternative> generate_alternatives(const Plan& base, const AlternativeRequest& req);
 
 // Ids observed per table, counted over `buckets` equal row ranges of each table, so that its
@@ -39,25 +47,61 @@ class RowHistogram {
   // counts(t)[i]: ids of table t in rows [i * width(t), (i + 1) * width(t)).
   const std::vector<int64_t>& counts(int t) const { return counts_[static_cast<size_t>(t)]; }
   int64_t width(int t) const { return widths_[static_cast<size_t>(t)]; }
+  // Ids of table t outside [0, num_embeddings) (negative ones included), not counted above.
+  int64_t outside(int t) const { return outside_[static_cast<size_t>(t)]; }
 
  private:
   Plan plan_;
-  std::vector<std::vector<int64_t>> counts_;
-  std::vector<int64_t> widths_;
+  std::vector<std::vector<int64_t>> counts_;  // [T][ceil(num_embeddings / width)]
+  std::vector<int64_t> widths_;               // [T]: ceil(num_embeddings / buckets_per_table)
+  std::vector<int64_t> outside_;              // [T]
 };
 
 // The base plan with every continuous table split into uneven row ranges (explicit shards,
 // as TorchRec takes for inference) whose observed ids are as even as the histogram's buckets
 // allow; every rank keeps at least one row. Tables under (hash_)roundrobin are left as they
 // are (their rows are not ranges).
+//
+// The cut: bucket edge r (r = 1..W-1) is the one whose prefix count is nearest r * total / W,
+// the lowest on a tie, kept past edge r-1 and short enough of the end that every later rank
+// keeps a bucket. A continuous table with no ids observed, or fewer buckets than ranks, keeps
+// what it had (so does every table when W = 1). The plan says `input_dist: inference`: the
+// shards are routed by their offsets (TorchRec's inference input dist); replay and synth refuse
+// it while a table routes by shards (engine_routing_gap). Throws Error when the histogram was
+// counted under a plan of other tables.
 Alternative balanced_rows_plan(const Plan& base, const RowHistogram& hist);
+
+// Where a plan routes each id (docs/semantics.md §3.2, §10.2): route_id by the ceil rule, or,
+// for a table that routes_by_shards (an inference plan's uneven continuous shards), by the
+// shards' offsets as block_bucketize_pos does (route_block_bucketize_pos).
+class PlanRouter {
+ public:
+  explicit PlanRouter(const Plan& plan);  // finalized
+  Route route(int64_t f, int64_t id, IndexType t) const {
+    const std::vector<int64_t>& pos = pos_[static_cast<size_t>(f)];
+    return pos.empty() ? route_id(dist_[static_cast<size_t>(f)], id, t,
+                                  blk_[static_cast<size_t>(f)], world_size_)
+                       : route_block_bucketize_pos(pos, id, t, world_size_);
+  }
+  bool by_shards(int64_t f) const { return !pos_[static_cast<size_t>(f)].empty(); }
+
+ private:
+  int64_t world_size_ = 1;
+  std::vector<DistType> dist_;             // [F]
+  std::vector<int64_t> blk_;               // [F]
+  std::vector<std::vector<int64_t>> pos_;  // [F]: [o_0 = 0, ..., o_{W-1}, rows] or empty
+};
 
 // The global batch of `kjts` (W ranks, each rank's bags in order, feature by feature)
 // re-split over `world_size` ranks: each feature's bags, concatenated over ranks in rank
 // order, cut into `world_size` consecutive runs. Non-VBE: each run has the global B /
 // world_size bags (UsageError when it does not divide); VBE: each feature's B_f is split as
 // evenly as possible, the first ranks taking one more.
+//
+// At the edges: one VBE rank makes the whole batch VBE (a non-VBE rank's B_{s,f} = its B), and
+// the result is VBE; weights, lengths_type, values_type, weighted and mean_divisor are rank 0's
+// and must be every rank's (else Error, as for lengths that do not add up). world_size < 1 or
+// no KJTs: UsageError. Re-splitting a non-VBE batch of equal B to its own W gives it back.
 std::vector<Kjt> resplit_batch(const std::vector<const Kjt*>& kjts, int64_t world_size);
 
 }  // namespace dynemb::load
-

@@ -43,18 +43,18 @@ struct RankLoad {
 // One batch, O(W) numbers (the W x W matrices are only kept summed over batches).
 struct BatchLoad {
   int64_t batch = 0;
-  std::vector<RankLoad> ranks;              // [W]
-  std::vector<int64_t> input_received;      // [W] KJT all-to-all bytes in, off the diagonal
-  std::vector<int64_t> output_received;     // [W] output dist bytes in, off the diagonal
-  double input_dist_seconds = 0;            // critical-path estimate (LoadOptions::link_gbps)
+  std::vector<RankLoad> ranks;           // [W]
+  std::vector<int64_t> input_received;   // [W] KJT all-to-all bytes in, off the diagonal
+  std::vector<int64_t> output_received;  // [W] output dist bytes in, off the diagonal
+  double input_dist_seconds = 0;         // critical-path estimate (LoadOptions::link_gbps)
   double output_dist_seconds = 0;
 };
 
 // A row of the hottest rank, counted over all batches with a bounded summary (Space-Saving):
 // the true count lies in [count - overcount, count]; overcount 0 means exact.
 struct HotRow {
-  int table = 0;      // index into Plan::tables
-  int64_t row = 0;    // the id as routed (global key; docs/load.md)
+  int table = 0;    // index into Plan::tables
+  int64_t row = 0;  // the id as routed (global key; docs/load.md)
   int64_t count = 0;
   int64_t overcount = 0;
 };
@@ -65,25 +65,26 @@ struct PlanLoad {
   std::string origin;  // one line: what it is and how it differs from the captured plan
   Plan plan;           // finalized
 
-  std::vector<BatchLoad> batches;   // in batch order (consecutive batches may be grouped, see
-                                    // batch_group)
-  int64_t batch_group = 1;          // batches[i] sums batches [i*g, (i+1)*g)
-  std::vector<RankLoad> total;      // [W] summed over batches
-  std::vector<int64_t> table_ids;   // [T * W]: ids of table t routed to rank r, all batches
-  TrafficMatrix input_dist;         // KJT all-to-all: lengths, values, strides (VBE), weights
-  TrafficMatrix output_dist;        // sequence: all-to-all of rows; pooled: reduce-scatter
-  int64_t hottest_rank = 0;         // most ids over all batches (lowest rank on a tie)
-  std::vector<HotRow> hottest_rows; // of hottest_rank, most first
-  double input_dist_seconds = 0;    // summed over batches
+  std::vector<BatchLoad> batches;    // in batch order (consecutive batches may be grouped, see
+                                     // batch_group)
+  int64_t batch_group = 1;           // batches[i] sums batches [i*g, (i+1)*g)
+  std::vector<RankLoad> total;       // [W] summed over batches
+  std::vector<int64_t> table_ids;    // [T * W]: ids of table t routed to rank r, all batches
+  TrafficMatrix input_dist;          // KJT all-to-all: lengths, values, strides (VBE), weights
+  TrafficMatrix output_dist;         // sequence: all-to-all of rows; pooled: reduce-scatter
+  int64_t hottest_rank = 0;          // most ids over all batches (lowest rank on a tie)
+  std::vector<HotRow> hottest_rows;  // of hottest_rank, most first
+  double input_dist_seconds = 0;     // summed over batches
   double output_dist_seconds = 0;
 };
 
 struct LoadReport {
-  std::string capture;          // path as given
+  std::string capture;  // path as given
   int64_t capture_world_size = 0;
   int64_t num_batches = 0;
-  double link_gbps = 0;         // the estimate's link bandwidth, Gbit/s per direction
-  std::vector<PlanLoad> plans;  // [0]: the plan the capture is read under; then alternatives
+  double link_gbps = 0;          // the estimate's link bandwidth, Gbit/s per direction
+  int64_t hot_row_capacity = 0;  // Space-Saving entries kept per rank for hottest_rows
+  std::vector<PlanLoad> plans;   // [0]: the plan the capture is read under; then alternatives
 };
 
 // max / mean of a per-rank quantity: 1 for a perfectly balanced one, W when one rank has it

@@ -32,6 +32,10 @@ const char* to_string(BoundsCheck b) {
   return "?";
 }
 
+const char* to_string(InputDist i) {
+  return i == InputDist::training ? "training" : "inference";
+}
+
 int64_t rw_block_size(int64_t num_embeddings, int64_t world_size) {
   return (num_embeddings + world_size - 1) / world_size;
 }
@@ -57,6 +61,24 @@ std::vector<int64_t> shard_rows_per_rank(const TableConfig& t, int64_t world_siz
   for (const ShardSpec& s : t.shards)
     if (s.rank >= 0 && s.rank < world_size) rows[static_cast<size_t>(s.rank)] = s.rows;
   return rows;
+}
+
+bool routes_by_shards(const Plan& plan, const TableConfig& t) {
+  if (plan.input_dist != InputDist::inference || t.dist_type != DistType::continuous ||
+      t.shards.empty())
+    return false;
+  return shard_rows_per_rank(t, plan.world_size) !=
+         rw_even_shard_rows(t.num_embeddings, plan.world_size);
+}
+
+std::string engine_routing_gap(const Plan& plan) {
+  for (const TableConfig& t : plan.tables)
+    if (routes_by_shards(plan, t))
+      return "table '" + t.name +
+             "' has uneven explicit shards under input_dist inference; replay and synth route "
+             "continuous ids by the ceil rule only (docs/semantics.md §2), so they cannot run "
+             "this plan (validate and load can)";
+  return "";
 }
 
 void Plan::finalize() {

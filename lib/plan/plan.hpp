@@ -19,11 +19,16 @@ enum class PoolingMode : uint8_t { sum, mean };
 // docs/semantics.md §3.2 / §10.2: 0 continuous, 1 roundrobin, 2 hash_roundrobin.
 enum class DistType : uint8_t { continuous = 0, roundrobin = 1, hash_roundrobin = 2 };
 enum class BoundsCheck : uint8_t { error, warn_zero_row, ignore };
+// Which TorchRec input dist routes continuous ids: training's (the ceil rule, whatever
+// `shards` says) or inference's (InferRwSparseFeaturesDist: explicit shards' row offsets,
+// block_bucketize_pos, so uneven row splits are honoured). docs/plan-format.md.
+enum class InputDist : uint8_t { training, inference };
 
 const char* to_string(ModuleKind m);
 const char* to_string(PoolingMode p);
 const char* to_string(DistType d);
 const char* to_string(BoundsCheck b);
+const char* to_string(InputDist i);
 
 // One explicit RW shard, as TorchRec ShardMetadata (shard_offsets[0], shard_sizes[0]).
 struct ShardSpec {
@@ -63,6 +68,7 @@ struct Plan {
   ModuleKind module = ModuleKind::sequence;
   DType comm_precision = DType::f32;
   BoundsCheck bounds_check = BoundsCheck::error;
+  InputDist input_dist = InputDist::training;
   std::vector<TableConfig> tables;
 
   std::string path;         // where it was read from ("<capture>:/plan" for embedded plans)
@@ -88,6 +94,12 @@ std::vector<int64_t> rw_even_shard_rows(int64_t num_embeddings, int64_t world_si
 // Rows each rank holds of table `t` ([W]): its explicit `shards` by rank, else the even split.
 // For roundrobin/hash_roundrobin shards these are capacities, not key ranges.
 std::vector<int64_t> shard_rows_per_rank(const TableConfig& t, int64_t world_size);
+// Whether table `t` routes ids by its explicit shards rather than by the ceil rule: an
+// inference plan's continuous table whose shards differ from the even split.
+bool routes_by_shards(const Plan& plan, const TableConfig& t);
+// Empty when the replay engine (which routes continuous ids by the ceil rule only) can run
+// `plan`; else one line naming the first table it cannot route.
+std::string engine_routing_gap(const Plan& plan);
 
 // ---- Loading and validation (lib/plan/plan_loader.cpp) ----
 

@@ -469,8 +469,10 @@ const std::vector<std::string> kModules = {"sequence", "pooled"};
 const std::vector<std::string> kPoolings = {"sum", "mean"};
 const std::vector<std::string> kDistTypes = {"continuous", "roundrobin", "hash_roundrobin"};
 const std::vector<std::string> kBoundsChecks = {"error", "warn_zero_row", "ignore"};
+const std::vector<std::string> kInputDists = {"training", "inference"};
 const std::vector<std::string> kTopKeys = {"format_version", "world_size",   "module",
-                                           "comm_precision", "bounds_check", "tables"};
+                                           "comm_precision", "bounds_check", "input_dist",
+                                           "tables"};
 const std::vector<std::string> kTableKeys = {"name",      "num_embeddings", "embedding_dim",
                                              "data_type", "pooling",        "dist_type",
                                              "features",  "shards"};
@@ -482,7 +484,7 @@ DType dtype_at(size_t i) {
 
 // ---- semantic checks on one table's explicit shards (all values parsed) ----
 void check_shards(Checker& c, const TableConfig& t, const TableLocs& L, const std::string& path,
-                  int64_t W) {
+                  int64_t W, InputDist input_dist) {
   const std::string spath = path + ".shards";
   const int64_t n = static_cast<int64_t>(t.shards.size());
   for (const ShardLocs& sl : L.shard_locs)
@@ -555,7 +557,9 @@ void check_shards(Checker& c, const TableConfig& t, const TableLocs& L, const st
   }
 
   // The training input dist routes by blk = ceil(N/W) and never reads the spec
-  // (docs/semantics.md §2): a different split sends ids to ranks that lack their rows.
+  // (docs/semantics.md §2): a different split sends ids to ranks that lack their rows. The
+  // inference input dist routes by the shards' offsets (block_bucketize_pos): any cover will do.
+  if (input_dist == InputDist::inference) return;
   const std::vector<int64_t> even = rw_even_shard_rows(t.num_embeddings, W);
   const int64_t blk = rw_block_size(t.num_embeddings, W);
   std::vector<int64_t> even_off(static_cast<size_t>(W), 0), differ;
@@ -668,6 +672,8 @@ const YEntry* parse_top_level(const YNode& root, Checker& c, Plan& plan, SchemaS
     } else if (e.key == "bounds_check") {
       if (auto v = c.get_enum(e, e.key, kBoundsChecks))
         plan.bounds_check = static_cast<BoundsCheck>(*v);
+    } else if (e.key == "input_dist") {
+      if (auto v = c.get_enum(e, e.key, kInputDists)) plan.input_dist = static_cast<InputDist>(*v);
     } else if (e.key == "tables") {
       tables_entry = &e;
     }
@@ -892,7 +898,7 @@ void check_tables_agree(const Plan& plan, const SchemaState& st, size_t ref, Che
                  std::string("dist_type ") + to_string(t.dist_type) +
                      " does not route ids by row ranges: row_offset is ignored and shard "
                      "rows are only per-rank capacities");
-      check_shards(c, t, L, tp, plan.world_size);
+      check_shards(c, t, L, tp, plan.world_size, plan.input_dist);
     }
   }
 }

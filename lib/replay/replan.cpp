@@ -41,6 +41,8 @@ std::vector<std::string> plan_differences(const Plan& a, const Plan& b) {
          std::string(to_string(b.comm_precision)));
   differ(out, "bounds_check", std::string(to_string(a.bounds_check)),
          std::string(to_string(b.bounds_check)));
+  differ(out, "input_dist", std::string(to_string(a.input_dist)),
+         std::string(to_string(b.input_dist)));
   for (const TableConfig& ta : a.tables) {
     const auto it = std::find_if(b.tables.begin(), b.tables.end(),
                                  [&](const TableConfig& t) { return t.name == ta.name; });
