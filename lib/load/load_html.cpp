@@ -38,7 +38,8 @@ double max_over_mean(const std::vector<int64_t>& v) {
 std::string seconds_text(double s) {
   if (s >= 1) return fmt::format("{:.3g} s", s);
   if (s >= 1e-3) return fmt::format("{:.3g} ms", s * 1e3);
-  return fmt::format("{:.3g} \u00b5s", s * 1e6);
+  if (s >= 1e-6 || s == 0) return fmt::format("{:.3g} \u00b5s", s * 1e6);
+  return fmt::format("{:.3g} ns", s * 1e9);
 }
 
 // ids of table t on every rank of plan p ([W]; zeros where table_ids is short).
@@ -285,7 +286,10 @@ std::string load_html(const LoadReport& rep) {
   html::Page page("dynemb-dist load: " + rep.capture);
   overview(page, rep);
   page.heading("Load per rank");
-  page.paragraph("Summed over every batch; one bar per plan.", true);
+  page.paragraph(
+      "Summed over every batch; one bar per plan. A plan of another world size has "
+      "bars for its own ranks only.",
+      true);
   const auto ints = [](double v) { return html::int_text(int64_t(std::llround(v))); };
   const auto bytes = [](double v) { return html::bytes_text(v); };
   rank_bars(page, rep, "ids routed to each rank (the lookup's input)", "ids", total_ids, ints);

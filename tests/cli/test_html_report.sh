@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The HTML reports (`replay --html`, lib/load's page) in a real browser: each page is opened in
+# The HTML reports (`replay --html`, `load --html`) in a real browser: each page is opened in
 # headless Chromium (tests/cli/html_browser.py) and must log nothing to the console (no script,
 # no request refused by its Content-Security-Policy), and every chart's box in a screenshot
 # must be drawn (many non-background pixels of several colors); the verdict colors are where
@@ -112,12 +112,28 @@ expect_rc w64 0 $?
 has_text w64.html '<title>rank 63, batches 98-99: 2 pass</title>' w64  # 50 blocks of 2 batches
 check w64.html --charts 1 --max-bytes 2000000 --max-cells 4096 --expect-colors '#43a047'
 
-# ---- the load pages, built by hand (tests/test_load_html.cpp), and replay's at W = 1024
+# ---- load --html: W = 8 with every dist_type and W = 16 (4 bar charts, imbalance, estimates,
+# 2 heat maps a plan), W = 64 x 100 batches with every dist_type under 2 MB, and W = 1024 (the
+# W = 64 capture's global batch re-split) drawn in blocks
+"$DYNEMB" load seq.h5 --alternatives dist-types --world-size 16 --html load8.html -q >load8.out 2>&1
+expect_rc load8 0 $?
+has_text load8.html '<td>roundrobin</td><td>every table under roundrobin (was continuous)</td>' load8
+check load8.html --charts 14 --shot load-overview --shot load-imbalance:4:420 --shot load-traffic:6:450
+"$DYNEMB" load w64.h5 --alternatives dist-types --html load64.html -q >load64.out 2>&1
+expect_rc load64 0 $?
+check load64.html --charts 12 --max-bytes 2000000 --max-cells 4096
+"$DYNEMB" synth w64.yaml --batches 4 --batch-size 16 -o w64b16.h5 >/dev/null || fail "synth w64b16"
+"$DYNEMB" load w64b16.h5 --world-size 1024 --html load1024.html -q >load1024.out 2>&1
+expect_rc load1024 0 $?
+has_text load1024.html '<title>ranks 1008-1023, w1024: ' load1024
+check load1024.html --charts 10 --max-cells 4096
+
+# ---- pages built by hand: load at W = 8 and W = 1024 (tests/test_load_html.cpp), replay's
+# grid at W = 1024 x 100 batches (tests/test_replay_html.cpp)
 bin=$(dirname "$DYNEMB")/tests
 DYNEMB_LOAD_HTML_DIR=$tmp "$bin/test_load_html" >load.out 2>&1 || { cat load.out; fail "test_load_html"; }
 DYNEMB_REPLAY_HTML_DIR=$tmp "$bin/test_replay_html" >rh.out 2>&1 || { cat rh.out; fail "test_replay_html"; }
-check load-w8.html --charts 12 --shot load-overview --shot load-imbalance:4:420 --shot load-traffic:6:450
-check load-w64.html --max-bytes 2000000 --max-cells 4096
+check load-w8.html --charts 12
 check load-w1024.html --max-cells 4096
 check replay-w1024.html --max-cells 4096 --expect-colors '#43a047,#e53935'
 ls -l ./*.html | awk '{print "size:", $5, $NF}'
