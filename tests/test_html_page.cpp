@@ -101,6 +101,10 @@ TEST_CASE("heat map: a small one is drawn cell by cell") {
   CHECK(svg.find("<title>2 \u2192 1: 7</title>") != std::string::npos);
   CHECK(svg.find("fill=\"#eeeeee\"><title>0 \u2192 0: 0") != std::string::npos);
   CHECK(svg.find("fill=\"#0c2c84\"><title>2 \u2192 1: 7") != std::string::npos);
+  // The scale runs from the smallest nonzero cell (1, the lightest) to the largest (7).
+  CHECK(svg.find("fill=\"#ffffd9\"><title>0 \u2192 1: 1") != std::string::npos);
+  CHECK(svg.find(">1 \u2013 2<") != std::string::npos);
+  CHECK(svg.find(">6 \u2013 7<") != std::string::npos);
 }
 
 TEST_CASE("status grid: aggregated blocks show the worst status and count them all") {

@@ -310,11 +310,19 @@ void Page::heat_map(const HeatMap& h) {
   for (int64_t r = 0; r < h.n; ++r)
     for (int64_t c = 0; c < h.n; ++c)
       agg[size_t((r / b.size) * b.count + c / b.size)] += h.cells[size_t(r * h.n + c)];
-  double vmax = 0;
-  for (const double v : agg) vmax = std::max(vmax, v);
+  // The colors span the smallest to the largest nonzero cell, so that a nearly even matrix
+  // (all-to-all traffic often is) shows its differences; 0 has its own grey. All cells equal:
+  // the middle color.
+  double vmax = 0, vmin = 0;
+  for (const double v : agg) {
+    vmax = std::max(vmax, v);
+    if (v > 0 && (vmin == 0 || v < vmin)) vmin = v;
+  }
+  const double span = vmax - vmin;
   const auto step = [&](double v) {
     if (v <= 0 || vmax <= 0) return -1;
-    return std::min(kHeatSteps - 1, int(v / vmax * kHeatSteps));
+    if (span <= 0) return kHeatSteps / 2;
+    return std::min(kHeatSteps - 1, int((v - vmin) / span * kHeatSteps));
   };
   const double cell =
       std::clamp(std::floor(512.0 / double(std::max<int64_t>(1, b.count))), 6.0, 40.0);
@@ -364,6 +372,7 @@ void Page::heat_map(const HeatMap& h) {
   const double lx = left + side + 24;
   s += svg_text(lx, top + 4, "scale", "class=\"ax\"");
   for (int k = -1; k < kHeatSteps; ++k) {
+    if (k >= 0 && span <= 0 && k != kHeatSteps / 2) continue;
     const double y = top + 12 + 18.0 * (k + 1);
     s += fmt::format(
         "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"14\" height=\"14\" fill=\"{}\" "
@@ -371,8 +380,10 @@ void Page::heat_map(const HeatMap& h) {
         lx, y, k < 0 ? kZero : kHeat[k]);
     const std::string range =
         k < 0 ? "0"
-              : fmt::format("{} \u2013 {}", value_text(h.format, vmax * k / kHeatSteps),
-                            value_text(h.format, vmax * (k + 1) / kHeatSteps));
+        : span <= 0
+            ? value_text(h.format, vmax)
+            : fmt::format("{} \u2013 {}", value_text(h.format, vmin + span * k / kHeatSteps),
+                          value_text(h.format, vmin + span * (k + 1) / kHeatSteps));
     s += svg_text(lx + 20, y + 11, range);
   }
   s += "</svg></figure>\n";
