@@ -1,5 +1,6 @@
 // `dynemb-dist load CAPTURE [--plan ALT.yaml]... [--alternatives dist-types] [--world-size
-// 16,32] [--balance-rows] [--link-gbps N] [--top-rows N] [--json FILE] [--write-plans DIR]`
+// 16,32] [--balance-rows] [--link-gbps N] [--top-rows N] [--json FILE] [--html FILE]
+// [--write-plans DIR]`
 // (docs/load.md): per-rank load and traffic of a capture's real batches under its own plan
 // and alternatives. The work is load::compute_load; this file parses, checks the plans,
 // prints and writes.
@@ -23,6 +24,7 @@
 #include "common/safe_text.hpp"
 #include "load/alternatives.hpp"
 #include "load/compute.hpp"
+#include "load/load_html.hpp"
 #include "progress.hpp"
 
 namespace dynemb::cli {
@@ -37,7 +39,7 @@ struct LoadArgs {
   bool balance_rows = false;
   double link_gbps = 100;
   int64_t top_rows = 10;
-  std::string json, write_plans;
+  std::string json, html, write_plans;
   bool quiet = false;
 };
 
@@ -116,9 +118,12 @@ int run_load(const LoadArgs& a) {
   for (const std::string& p : a.plans) inputs.push_back({"--plan", p});
   std::vector<NamedPath> outputs;
   if (!a.json.empty()) outputs.push_back({"--json", a.json});
+  if (!a.html.empty()) outputs.push_back({"--html", a.html});
   check_output_clashes(inputs, outputs);
   std::unique_ptr<OutputFile> json_out;
   if (!a.json.empty()) json_out = std::make_unique<OutputFile>(a.json);
+  std::unique_ptr<OutputFile> html_out;
+  if (!a.html.empty()) html_out = std::make_unique<OutputFile>(a.html);
   if (!a.write_plans.empty()) prepare_plan_dir(a.write_plans);
 
   CaptureReader reader(a.capture);
@@ -191,7 +196,8 @@ int run_load(const LoadArgs& a) {
     plan_files.back()->write(p.plan.source_text);
   }
   if (json_out) json_out->write(load::load_report_json(report, DYNEMB_VERSION));
-  std::vector<OutputFile*> all{json_out.get()};
+  if (html_out) html_out->write(load::load_html(report));
+  std::vector<OutputFile*> all{json_out.get(), html_out.get()};
   for (auto& f : plan_files) all.push_back(f.get());
   commit_outputs(all, 0);
   console::out(load::load_report_text(report));
@@ -230,6 +236,10 @@ void setup_load(CLI::App& app, RunFn& run) {
   sub->add_option("--top-rows", a->top_rows, "Hottest rows of the hottest rank to list")
       ->capture_default_str();
   sub->add_option("--json", a->json, "Write the whole report as JSON (docs/load-report.md)");
+  sub->add_option("--html", a->html,
+                  "Write a self-contained HTML page (no script, no network): per-rank bars of "
+                  "every plan, imbalance per table, the hottest rank, the estimates and both "
+                  "dists' traffic as heat maps");
   sub->add_option("--write-plans", a->write_plans,
                   "Write each generated alternative as DIR/NAME.yaml (made if missing)")
       ->type_name("DIR");

@@ -1,5 +1,6 @@
 // `dynemb-dist replay CAPTURE.h5 [...]` (cli.md): options, backend choice, the text report
-// on stdout (progress on stderr), and the --json / --junit files. The work is run_replay().
+// on stdout (progress on stderr), and the --json / --junit / --html files. The work is
+// run_replay().
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -35,7 +36,7 @@ struct ReplayCliOptions {
   std::string ctx;      // "", "captured", "derived"
   std::string tolerance;
   int64_t max_mismatches = 10;
-  std::string json, junit, write_output, batches;
+  std::string json, junit, html, write_output, batches;
   std::string annotations;  // "", "github", "none" ("": github under GITHUB_ACTIONS=true)
   bool quiet = false;
   bool fail_fast = false;
@@ -90,6 +91,16 @@ std::vector<std::string> process_argv() {
   return argv;
 }
 
+// The files named by --json, --junit, --html and --write-output.
+std::vector<NamedPath> report_paths(const ReplayCliOptions& o) {
+  std::vector<NamedPath> outputs;
+  if (!o.json.empty()) outputs.push_back({"--json", o.json});
+  if (!o.junit.empty()) outputs.push_back({"--junit", o.junit});
+  if (!o.html.empty()) outputs.push_back({"--html", o.html});
+  if (!o.write_output.empty()) outputs.push_back({"--write-output", o.write_output});
+  return outputs;
+}
+
 int run_replay_cli(const ReplayCliOptions& o) {
   ReplayOptions opt;
   opt.capture_path = o.capture;
@@ -110,17 +121,16 @@ int run_replay_cli(const ReplayCliOptions& o) {
           fmt::format("--max-memory '{}': not a size (e.g. 2G, 512M, 1.5GiB)", o.max_memory));
   }
   opt.read_ahead = o.read_ahead;
-  // Passes are listed only by the report files; the text report counts them.
-  opt.passes = !o.json.empty() || !o.junit.empty() ? PassMode::compact : PassMode::counted;
+  // Passes are listed only by the report files (the HTML grid shows them); the text report
+  // counts them.
+  opt.passes = !o.json.empty() || !o.junit.empty() || !o.html.empty() ? PassMode::compact
+                                                                      : PassMode::counted;
   // Before any work: no output is an input or another output (by device and inode, whatever
   // the spelling), and every output's temporary exists, so a long run never ends in "cannot
   // write the report".
   std::vector<NamedPath> inputs{{"capture", o.capture}};
   if (!o.plan.empty()) inputs.push_back({"--plan", o.plan});
-  std::vector<NamedPath> outputs;
-  if (!o.json.empty()) outputs.push_back({"--json", o.json});
-  if (!o.junit.empty()) outputs.push_back({"--junit", o.junit});
-  if (!o.write_output.empty()) outputs.push_back({"--write-output", o.write_output});
+  std::vector<NamedPath> outputs = report_paths(o);
   const char* trace_env = std::getenv("DYNEMB_TRACE");  // the timeline (common/trace.hpp)
   const std::string trace_path = trace_env ? trace_env : "";
   if (!trace_path.empty()) outputs.push_back({"DYNEMB_TRACE", trace_path});
@@ -128,9 +138,10 @@ int run_replay_cli(const ReplayCliOptions& o) {
   // Reports are replaced run after run; a read-only one is kept unless --force.
   const Existing existing = o.force ? Existing::replace : Existing::replace_writable;
   if (!trace_path.empty()) start_trace(std::make_unique<OutputFile>(trace_path, existing));
-  std::unique_ptr<OutputFile> json_out, junit_out;
+  std::unique_ptr<OutputFile> json_out, junit_out, html_out;
   if (!o.json.empty()) json_out = std::make_unique<OutputFile>(o.json, existing);
   if (!o.junit.empty()) junit_out = std::make_unique<OutputFile>(o.junit, existing);
+  if (!o.html.empty()) html_out = std::make_unique<OutputFile>(o.html, existing);
   if (!o.write_output.empty())
     opt.write_output_file = std::make_shared<OutputFile>(o.write_output, existing);
   // A GPU backend starts while the capture is opened and its first batch read.
@@ -181,7 +192,9 @@ int run_replay_cli(const ReplayCliOptions& o) {
   try {
     if (json_out) write_json_report(report, [&](const std::string& s) { json_out->write(s); });
     if (junit_out) write_junit_report(report, [&](const std::string& s) { junit_out->write(s); });
-    commit_outputs({json_out.get(), junit_out.get(), opt.write_output_file.get(), trace_out.get()},
+    if (html_out) html_out->write(html_report(report));
+    commit_outputs({json_out.get(), junit_out.get(), html_out.get(), opt.write_output_file.get(),
+                    trace_out.get()},
                    report.summary().exit_code);
   } catch (const Error& e) {
     add_trouble(fmt::format("cannot write the report: {}", e.what()));
@@ -246,6 +259,10 @@ void setup_replay(CLI::App& app, RunFn& run) {
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--json", o->json, "Write a JSON report (docs/report-schema.md, schema 1.1.0)");
   sub->add_option("--junit", o->junit, "Write a JUnit XML report: one testcase per check");
+  sub->add_option("--html", o->html,
+                  "Write a self-contained HTML report (no script, no network): the verdict, a "
+                  "rank x batch grid of verdicts with each failing cell's first mismatch, "
+                  "mismatches per feature, and --plan's differences");
   sub->add_option("--write-output", o->write_output,
                   "Write a copy of the capture whose output datasets hold this replay's "
                   "results (the bless step for goldens); never the input file");
@@ -257,7 +274,7 @@ void setup_replay(CLI::App& app, RunFn& run) {
       ->check(CLI::IsMember({"github", "none"}))
       ->type_name("github|none");
   sub->add_flag("--force", o->force,
-                "Replace --json, --junit and --write-output files even when they are "
+                "Replace --json, --junit, --html and --write-output files even when they are "
                 "read-only (writable ones are replaced without it)");
   sub->add_flag("--fail-fast", o->fail_fast,
                 "Stop at the first trouble (an unreadable dataset, a bounds error, out of "

@@ -1,5 +1,5 @@
 // The replay report: one CheckResult per (batch, rank, check), plus run information, and
-// its three renderings (text, JSON schema 1.0.0 of docs/report-schema.md, JUnit XML).
+// its renderings (text, JSON schema 1.0.0 of docs/report-schema.md, JUnit XML, HTML).
 #pragma once
 
 #include <cstdint>
@@ -131,6 +131,10 @@ std::string text_summary(const Report& r, bool colour);          // table + '#' 
 
 std::string json_report(const Report& r);   // pretty-printed, schema_version 1.1.0
 std::string junit_report(const Report& r);  // JUnit XML
+// A self-contained HTML page (report_html.cpp): the verdict, a rank x batch grid of verdicts
+// with each non-passing cell's first mismatch, mismatches per feature, --plan's differences.
+// Its cells count the passes too, so the report must keep them (PassMode whole or compact).
+std::string html_report(const Report& r);
 // The same bytes, handed to `out` in pieces as they are made (a long replay's report is never
 // held whole in memory): what the CLI writes its report files with.
 void write_json_report(const Report& r, const std::function<void(const std::string&)>& out);
