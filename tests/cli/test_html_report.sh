@@ -112,13 +112,17 @@ expect_rc w64 0 $?
 has_text w64.html '<title>rank 63, batches 98-99: 2 pass</title>' w64  # 50 blocks of 2 batches
 check w64.html --charts 1 --max-bytes 2000000 --max-cells 4096 --expect-colors '#43a047'
 
-# ---- load --html: W = 8 with every dist_type and W = 16 (4 bar charts, imbalance, estimates,
-# 2 heat maps a plan), W = 64 x 100 batches with every dist_type under 2 MB, and W = 1024 (the
+# ---- load --html: docs/load.md's hot spot (W = 8 with every dist_type, the balanced rows and
+# W = 16: 4 bar charts, imbalance, estimates, 2 heat maps a plan; its screenshots are the
+# page's pictures), W = 64 x 100 batches with every dist_type under 2 MB, and W = 1024 (the
 # W = 64 capture's global batch re-split) drawn in blocks
-"$DYNEMB" load seq.h5 --alternatives dist-types --world-size 16 --html load8.html -q >load8.out 2>&1
+"$DYNEMB" synth --preset unit-seq-w8 --ids zipf:1.2 --batch-size 64 --batches 3 -o hot.h5 \
+  >/dev/null || fail "synth hot"
+"$DYNEMB" load hot.h5 --alternatives dist-types --balance-rows --world-size 16 \
+  --html load8.html -q >load8.out 2>&1
 expect_rc load8 0 $?
 has_text load8.html '<td>roundrobin</td><td>every table under roundrobin (was continuous)</td>' load8
-check load8.html --charts 14 --shot load-overview --shot load-imbalance:4:420 --shot load-traffic:6:450
+check load8.html --charts 16 --shot load-overview --shot load-imbalance:4:420 --shot load-traffic:6:450
 "$DYNEMB" load w64.h5 --alternatives dist-types --html load64.html -q >load64.out 2>&1
 expect_rc load64 0 $?
 check load64.html --charts 12 --max-bytes 2000000 --max-cells 4096
