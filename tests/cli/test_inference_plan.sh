@@ -85,6 +85,27 @@ with h5py.File(sys.argv[1], "r") as f:
 assert seen_uneven > 10, seen_uneven
 EOF_PY
 
+# Pooled, MEAN and VBE: t_item (30001 rows, pooling mean) split [1, 0, 29000, 1000] over W = 4
+# (an empty shard); t_ctx's explicit shards follow the ceil rule and keep it.
+sed 's/^comm_precision: fp32$/comm_precision: fp32\ninput_dist: inference/' \
+  "$DYNEMB_SRC/plans/pooled-mean-mixed-dims.yaml" |
+  awk '{print} /^    features: \[f_item\]$/ {
+    print "    shards:"
+    print "      - {rank: 0, row_offset: 0, rows: 1}"
+    print "      - {rank: 1, row_offset: 1, rows: 0}"
+    print "      - {rank: 2, row_offset: 1, rows: 29000}"
+    print "      - {rank: 3, row_offset: 29001, rows: 1000}"
+  }' >pooled.yaml
+"$DYNEMB" synth --preset pooled-mean-mixed-dims --batches 2 --batch-size 4 --seed 7 \
+  -o pcap.h5 >/dev/null || fail "synth pooled"
+run pooled_plan 0 replay pcap.h5 --plan pooled.yaml
+has pooled_plan "tables\[t_item\].shards: even split \(capture\) -> \[rank 0: rows 0\+1, rank 1: rows 1\+0, rank 2: rows 1\+29000, rank 3: rows 29001\+1000\]"
+has pooled_plan "^# result: PASS \(exit 0\)"
+run pooled_synth 0 synth pooled.yaml --batches 2 --batch-size 5 --vbe --weighted --seed 8 \
+  -o pinf.h5
+run pooled_inf 0 replay pinf.h5
+has pooled_inf "^# result: PASS \(exit 0\)"
+
 # The GPU backends take one block size per feature: refused, naming the backend, at the
 # replay's start (where there is a GPU; without one, through the test hook of a device node).
 want="the cuda backend cannot replay this plan: table 't0' has uneven explicit shards under input_dist inference, which the GPU bucketize (one block size per feature, docs/semantics.md §2) cannot route; --backend cpu does"
