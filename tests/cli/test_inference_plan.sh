@@ -51,6 +51,9 @@ sed 's/^comm_precision: fp32$/comm_precision: fp32\nbounds_check: ignore/' balan
 run synth 0 synth oob.yaml --batches 2 --batch-size 6 --seed 5 --index-type int32 \
   --oob-ids 0.2 -o inf.h5
 run replay_inf 0 replay inf.h5
+run inspect 0 inspect inf.h5
+has inspect "^#   table t0: 1000 rows \(uneven shards\), D=128"
+has inspect "^#   table t1: 1001 rows \(blk 501\), D=128"
 has replay_inf "^# result: PASS \(exit 0\)"
 "$DYNEMB_PYTHON" - inf.h5 <<'EOF_PY' || fail "synth: input_splits are not those of the shards"
 import sys, h5py, numpy as np
