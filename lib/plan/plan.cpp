@@ -1,8 +1,6 @@
 // Plan model helpers that need no YAML: names, the RW block-size rule, derived features.
 #include "plan/plan.hpp"
 
-#include <algorithm>
-
 namespace dynemb {
 
 const char* to_string(ModuleKind m) {
@@ -80,20 +78,6 @@ std::string engine_routing_gap(const Plan& plan) {
              "' has uneven explicit shards under input_dist inference, which the GPU "
              "bucketize (one block size per feature, docs/semantics.md §2) cannot route";
   return "";
-}
-
-RankRows rank_rows(const FeatureInfo& f, int64_t rank) {
-  RankRows r;
-  if (!f.bucketize_pos.empty()) {
-    r.first = f.bucketize_pos[static_cast<size_t>(rank)];
-    r.rows = f.bucketize_pos[static_cast<size_t>(rank) + 1] - r.first;
-    return r;
-  }
-  // §2.2: blk rows, the remainder, or 0.
-  const int64_t blk = f.block_size;
-  r.first = rank * blk;
-  r.rows = std::max<int64_t>(0, std::min<int64_t>(blk, f.hash_size - r.first));
-  return r;
 }
 
 void Plan::finalize() {

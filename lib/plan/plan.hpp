@@ -4,6 +4,7 @@
 // fixes the KJT key order, the block-size vector, pooled column order and F everywhere.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -113,7 +114,18 @@ struct RankRows {
   int64_t first = 0;
   int64_t rows = 0;
 };
-RankRows rank_rows(const FeatureInfo& f, int64_t rank);
+inline RankRows rank_rows(const FeatureInfo& f, int64_t rank) {  // inline: once per looked-up id
+  RankRows r;
+  if (!f.bucketize_pos.empty()) {
+    r.first = f.bucketize_pos[static_cast<size_t>(rank)];
+    r.rows = f.bucketize_pos[static_cast<size_t>(rank) + 1] - r.first;
+    return r;
+  }
+  // docs/semantics.md §2.2: blk rows, the remainder, or 0.
+  r.first = rank * f.block_size;
+  r.rows = std::max<int64_t>(0, std::min<int64_t>(f.block_size, f.hash_size - r.first));
+  return r;
+}
 
 // ---- Loading and validation (lib/plan/plan_loader.cpp) ----
 
