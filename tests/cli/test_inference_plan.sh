@@ -116,14 +116,14 @@ if [[ "${DYNEMB_HAVE_CUDA:-OFF}" != "ON" ]]; then
   echo "skipped: the cuda backend refusal (a build without CUDA)"
 elif nvidia-smi -L >/dev/null 2>&1; then
   run cuda 2 replay inf.h5 --backend cuda
-  has cuda "$want"
+  has_text cuda.out "$want" cuda
   run cuda_plan 2 replay cap.h5 --plan balanced.yaml --backend cuda
-  has cuda_plan "$want"
+  has_text cuda_plan.out "$want" cuda_plan
   run auto 2 replay inf.h5
-  has auto "$want"
+  has_text auto.out "$want" auto
 elif has_test_hooks; then
   DYNEMB_GPU_NODE=/dev/null run cuda 2 replay inf.h5 --backend cuda
-  has cuda "$want"
+  has_text cuda.out "$want" cuda
 else
   echo "skipped: the cuda backend refusal (no GPU and no test hooks)"
 fi
