@@ -65,7 +65,15 @@ std::string check_options(const Options& o) {
 Result run(const Options& o, const Workload& w) {
   const std::string backend = check_options(o);
   if (backend == "cpu") return run_cpu_stages(o, w);
-  if (backend == "cuda") return run_cuda_stages(o, w);
+  if (backend == "cuda") {
+    // The GPU bucketize takes one block size per feature: an inference plan's uneven shards
+    // it cannot route (the host's stages can).
+    if (const std::string gap = engine_routing_gap(w.plan); !gap.empty())
+      throw PlanError(
+          SourceLoc{w.plan.path, 0, 0},
+          fmt::format("the cuda backend cannot bench this plan: {}; --backend cpu can", gap));
+    return run_cuda_stages(o, w);
+  }
   throw UsageError("bench: --backend must be auto, cuda or cpu, got '" + o.backend + "'");
 }
 

@@ -62,10 +62,13 @@ void print_header(const InspectArgs& a, const CaptureReader& reader, const Plan&
                 plan.any_mean ? ", has MEAN" : "");
   for (size_t t = 0; t < plan.tables.size(); ++t) {
     const TableConfig& tc = plan.tables[t];
+    // An inference plan's uneven shards route by their offsets: no one block size.
     console::outf(
-        "#   table {}: {} rows (blk {}), D={}, {}, {}{}, features {}\n", escape_field(tc.name),
-        tc.num_embeddings, rw_block_size(tc.num_embeddings, W), tc.embedding_dim,
-        to_string(tc.data_type), to_string(tc.dist_type),
+        "#   table {}: {} rows ({}), D={}, {}, {}{}, features {}\n", escape_field(tc.name),
+        tc.num_embeddings,
+        routes_by_shards(plan, tc) ? std::string("uneven shards")
+                                   : "blk " + std::to_string(rw_block_size(tc.num_embeddings, W)),
+        tc.embedding_dim, to_string(tc.data_type), to_string(tc.dist_type),
         plan.module == ModuleKind::pooled ? fmt::format(", {}", to_string(tc.pooling)) : "",
         escape_field(fmt::format("{}", fmt::join(tc.features, ","))));
   }

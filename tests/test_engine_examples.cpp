@@ -117,6 +117,118 @@ TEST_CASE("§3.6 block_bucketize_pos, sizes [4,2,4]") {
   CHECK(b.new_values == V{3, 0, 1, 3});
 }
 
+namespace {
+
+// An inference plan (W ranks): table t (sum of `rows` rows, D = 2) split as `rows` says, with
+// feature f; the roundrobin table r beside it keeps its rule.
+Plan inference_plan(const V& rows, ModuleKind m = ModuleKind::sequence,
+                    BoundsCheck bc = BoundsCheck::ignore) {
+  TableConfig t = table("t", 0, 2, {"f"});
+  for (size_t r = 0; r < rows.size(); ++r) {
+    ShardSpec s;
+    s.rank = static_cast<int64_t>(r);
+    s.row_offset = t.num_embeddings;
+    s.rows = rows[r];
+    t.shards.push_back(s);
+    t.num_embeddings += rows[r];
+  }
+  Plan p;
+  p.world_size = static_cast<int64_t>(rows.size());
+  p.module = m;
+  p.bounds_check = bc;
+  p.input_dist = InputDist::inference;
+  p.tables = {t, table("r", 5, 2, {"g"}, DistType::roundrobin)};
+  p.finalize();
+  return p;
+}
+
+// (dest, local) of every id of feature 0 through the engine's bucketize (CpuBackend), in id
+// order: dest_rank, and the local id at the id's place (unbucketize_permute) in new_values.
+std::vector<std::pair<int64_t, int64_t>> bucketized_routes(Backend& be, const Plan& p,
+                                                           const Kjt& k) {
+  const BucketizedKjt b = be.bucketize(p, k);
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (size_t i = 0; i < k.values.size(); ++i)
+    out.emplace_back(b.dest_rank[i], b.new_values[size_t(b.unbucketize_permute[i])]);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("§3.6 an inference plan's uneven shards [4,2,4] route by block_bucketize_pos") {
+  using P = std::pair<int64_t, int64_t>;
+  const Plan p = inference_plan({4, 2, 4});
+  REQUIRE(p.features[0].bucketize_pos == V{0, 4, 6, 10});
+  CHECK(p.features[1].bucketize_pos.empty());  // roundrobin: its own rule
+  auto be = make_cpu_backend(1);
+  // f: one bag of ids 3, 4, 7, 9, 12, -1; g (roundrobin): one bag of key 7.
+  Kjt k = make_kjt(2, {6, 1}, {3, 4, 7, 9, 12, -1, 7});
+  const BucketizedKjt b = be->bucketize(p, k);
+  // Rank 0 gets 3 (its row 3), 12 (past the table: 12 % 3, local 12 / 3) and -1 (u64: 2^64 - 1,
+  // past the table: rank 0, local (2^64 - 1) / 3); rank 1 gets 4 (its row 0); rank 2 gets 7
+  // and 9 (its rows 1 and 3). g's key 7 goes to 7 % 3 = 1 unchanged.
+  CHECK(b.dest_rank == V{0, 1, 2, 2, 0, 0, 1});
+  CHECK(b.new_lengths == V{3, 0, 1, 1, 2, 0});  // [rank][bag]
+  CHECK(b.new_values == V{3, 4, 6148914691236517205LL, 0, 7, 1, 3});
+  CHECK(b.unbucketize_permute == V{0, 3, 5, 6, 1, 2, 4});
+  CHECK(bucketized_routes(*be, p, k) ==
+        std::vector<P>{{0, 3}, {1, 0}, {2, 1}, {2, 3}, {0, 4}, {0, 6148914691236517205LL}, {1, 7}});
+  // int32 ids: -1 is 2^32 - 1 (rank (2^32 - 1) % 3 = 0, local 1431655765), -2 is 2^32 - 2
+  // (rank 2, local 1431655764).
+  Kjt k32 = make_kjt(2, {7, 0}, {3, 4, 7, 9, 12, -1, -2});
+  k32.values_type = IndexType::i32;
+  CHECK(bucketized_routes(*be, p, k32) ==
+        std::vector<P>{{0, 3}, {1, 0}, {2, 1}, {2, 3}, {0, 4}, {0, 1431655765}, {2, 1431655764}});
+  // The lookup: a rank's first row is its shard's offset, its rows the shard's size.
+  CHECK(lookup_row(p, 0, 1, 0).g == 4);
+  CHECK(lookup_row(p, 0, 2, 3).g == 9);
+  CHECK_FALSE(lookup_row(p, 0, 2, 3).oob);
+  CHECK(lookup_row(p, 0, 1, 2).oob);     // rank 1 holds 2 rows
+  CHECK(lookup_row(p, 0, 1, 2).g == 4);  // its local row 0 under warn_zero_row / ignore
+  CHECK(lookup_row(p, 0, 0, 4).oob);     // id 12: rank 0's local row 4 of 4
+  CHECK(lookup_row(p, 0, 0, 4).g == 0);
+  // The reference routes alike: ids 4, 7, 9 read rows 4, 7, 9 on ranks 1, 2, 2.
+  auto src = formula_source(p, [](int t, int64_t g, int64_t c) {
+    return static_cast<float>(100 * t + g) + (c ? 0.5f : 0.0f);
+  });
+  Kjt in = make_kjt(2, {3, 0}, {4, 7, 9});
+  CHECK(col0(reference_output(p, 0, in, *src, 0)) == std::vector<float>{4, 7, 9});
+  // The sharded sequence path: rank 2's lookup holds its local rows 1, 3 (ids 7, 9).
+  std::vector<Kjt> kjts{in, make_kjt(2, {0, 0}, {}), make_kjt(2, {1, 0}, {5})};
+  const DerivedBatch d = derive_input_dist(p, ptrs(kjts));
+  CHECK(d.ranks[2].lookup_kjt.values == V{1, 3});
+  CHECK(d.ranks[1].lookup_kjt.values == V{0, 1});  // id 4 of rank 0, id 5 of rank 2
+  CHECK(d.ranks[0].ctx.input_splits == V{0, 1, 2});
+  const std::vector<EmbTensor> out = run_sharded(p, kjts, *src, *be);
+  CHECK(col0(out[0]) == std::vector<float>{4, 7, 9});
+  CHECK(col0(out[2]) == std::vector<float>{5});
+}
+
+TEST_CASE("§3.6 empty shards repeat an offset and take no ids") {
+  auto be = make_cpu_backend(1);
+  using P = std::pair<int64_t, int64_t>;
+  // [4,0,2,4]: pos [0,4,4,6,10]; id 4 skips empty rank 1 for rank 2; past the table, x % 4.
+  const Plan p = inference_plan({4, 0, 2, 4});
+  REQUIRE(p.features[0].bucketize_pos == V{0, 4, 4, 6, 10});
+  Kjt k = make_kjt(2, {6, 0}, {3, 4, 5, 6, 10, 13});
+  CHECK(bucketized_routes(*be, p, k) ==
+        std::vector<P>{{0, 3}, {2, 0}, {2, 1}, {3, 0}, {2, 2}, {1, 3}});
+  CHECK(lookup_row(p, 0, 1, 0).oob);  // rank 1 holds nothing: zeros
+  CHECK_FALSE(lookup_row(p, 0, 1, 0).valid);
+  CHECK(lookup_row(p, 0, 1, 0).g == 4);
+  // [0,5,5]: pos [0,0,5,10]; id 0 goes to rank 1. [5,5,0]: pos [0,5,10,10]; id 9 is rank 1's
+  // row 4; ids 10 and 11 are past the table: ranks 10 % 3 = 1 and 11 % 3 = 2, local 3 each.
+  CHECK(bucketized_routes(*be, inference_plan({0, 5, 5}), make_kjt(2, {2, 0}, {0, 4})) ==
+        std::vector<P>{{1, 0}, {1, 4}});
+  const Plan last_empty = inference_plan({5, 5, 0});
+  CHECK(bucketized_routes(*be, last_empty, make_kjt(2, {3, 0}, {9, 10, 11})) ==
+        std::vector<P>{{1, 4}, {1, 3}, {2, 3}});
+  CHECK(lookup_row(last_empty, 0, 1, 3).g == 8);  // id 10 reads row 8 (TorchRec does too)
+  CHECK_FALSE(lookup_row(last_empty, 0, 2, 3).valid);
+  // Even shards under inference route by the ceil rule, as before (no bucketize_pos).
+  CHECK(inference_plan({4, 4, 2}).features[0].bucketize_pos.empty());
+}
+
 TEST_CASE("§4.3 recat and its expansions") {
   CHECK(get_recat(2, 2) == std::vector<int32_t>{0, 2, 1, 3});
   CHECK(get_recat(2, 4) == std::vector<int32_t>{0, 2, 4, 6, 1, 3, 5, 7});

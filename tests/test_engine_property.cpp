@@ -13,6 +13,7 @@
 //        |out - ref| <= (1.01 (2W + 1) u + 2^-18) S + 2W 2^-24.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -143,4 +144,130 @@ TEST_CASE("property: sharded == unsharded reference over 1000 random plans and b
   CHECK(seen_mean > 100);
   CHECK(seen_unequal > 200);
   CHECK(seen_rr > 100);
+}
+
+namespace {
+
+// Uneven RW shards (input_dist inference) routed independently of the engine: the shard whose
+// rows hold x (an empty shard holds none), else rank x % W with local x / W, x the unsigned id.
+struct Routed {
+  int64_t dest;
+  uint64_t local;  // the unsigned local row
+};
+Routed route_by_shards(const TableConfig& t, int64_t W, int64_t id, IndexType vt) {
+  const uint64_t x = vt == IndexType::i32 ? uint64_t(uint32_t(id)) : static_cast<uint64_t>(id);
+  for (const ShardSpec& s : t.shards)
+    if (s.rows > 0 && x >= uint64_t(s.row_offset) && x < uint64_t(s.row_offset + s.rows))
+      return {s.rank, x - uint64_t(s.row_offset)};
+  return {int64_t(x % uint64_t(W)), x / uint64_t(W)};
+}
+
+// The oracle, with row `zero_row[t]` of table t all zeros (the row an id reads when its shard
+// is empty under bounds_check ignore).
+struct ZeroRowSource final : EmbeddingSource {
+  const EmbeddingSource& inner;
+  std::vector<int64_t> zero_row;  // [T], -1: none
+  ZeroRowSource(const EmbeddingSource& s, std::vector<int64_t> z)
+      : inner(s), zero_row(std::move(z)) {}
+  void row(int t, uint64_t g, float* out, int64_t dim) const override {
+    if (zero_row[size_t(t)] >= 0 && g == uint64_t(zero_row[size_t(t)])) {
+      std::fill(out, out + dim, 0.0f);
+      return;
+    }
+    inner.row(t, g, out, dim);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("property: uneven shards of an inference plan, sharded == unsharded over 500 cases") {
+  std::mt19937_64 rng(20261206);
+  auto uni = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  auto be = make_cpu_backend(2);
+  int seen_uneven = 0, seen_empty_shard = 0, seen_past = 0, seen_pooled = 0, seen_i32 = 0;
+  for (int iter = 0; iter < 500; ++iter) {
+    CAPTURE(iter);
+    Case c = random_case(rng);
+    // Each continuous table (but some) split into random row ranges, empty ones included.
+    Plan p = c.plan;
+    p.input_dist = InputDist::inference;
+    const int64_t W = p.world_size;
+    for (TableConfig& t : p.tables) {
+      if (t.dist_type != DistType::continuous || uni(0, 5) == 0) continue;
+      std::vector<int64_t> cut{0, t.num_embeddings};
+      for (int64_t r = 1; r < W; ++r) cut.push_back(uni(0, t.num_embeddings));
+      std::sort(cut.begin(), cut.end());
+      for (int64_t r = 0; r < W; ++r) {
+        ShardSpec s;
+        s.rank = r;
+        s.row_offset = cut[size_t(r)];
+        s.rows = cut[size_t(r) + 1] - cut[size_t(r)];
+        t.shards.push_back(s);
+        seen_empty_shard += s.rows == 0;
+      }
+    }
+    p.finalize();
+    for (const TableConfig& t : p.tables) seen_uneven += routes_by_shards(p, t);
+    seen_pooled += p.module == ModuleKind::pooled;
+    seen_i32 += c.kjts[0].values_type == IndexType::i32;
+
+    // The expected unsharded result: each id of a table that routes by shards replaced by the
+    // row it reads (its shard's first row when past its shard under ignore, the table's extra
+    // zero row when that shard is empty), looked up under the even split of tables one row
+    // longer; the bucketize must send each id where route_by_shards does.
+    Plan q = p;
+    q.input_dist = InputDist::training;
+    std::vector<int64_t> zero_row(p.tables.size(), -1);
+    for (size_t t = 0; t < q.tables.size(); ++t) {
+      if (!routes_by_shards(p, p.tables[t])) continue;
+      zero_row[t] = q.tables[t].num_embeddings++;
+      q.tables[t].shards.clear();
+    }
+    q.finalize();
+    std::vector<Kjt> mapped = c.kjts;
+    const DerivedBatch d = derive_input_dist(p, ptrs(c.kjts));
+    for (int64_t s = 0; s < W; ++s) {
+      Kjt& k = mapped[size_t(s)];
+      const BucketizedKjt& b = d.ranks[size_t(s)].bucketized;
+      const std::vector<int64_t> ids_of = k.length_per_key();
+      int64_t i = 0;
+      for (int64_t f = 0; f < k.num_features; ++f) {
+        const FeatureInfo& fi = p.features[size_t(f)];
+        const TableConfig& t = p.tables[size_t(fi.table)];
+        for (const int64_t e = i + ids_of[size_t(f)]; i < e; ++i) {
+          if (!routes_by_shards(p, t)) continue;
+          const Routed rt = route_by_shards(t, W, k.values[size_t(i)], k.values_type);
+          REQUIRE(b.dest_rank[size_t(i)] == rt.dest);
+          const int64_t local = b.new_values[size_t(b.unbucketize_permute[size_t(i)])];
+          REQUIRE(local == index_store(rt.local, k.values_type));
+          const ShardSpec& sh = t.shards[size_t(rt.dest)];
+          if (rt.local < uint64_t(sh.rows)) {
+            k.values[size_t(i)] = sh.row_offset + int64_t(rt.local);
+            continue;
+          }
+          REQUIRE(p.bounds_check == BoundsCheck::ignore);
+          k.values[size_t(i)] = sh.rows > 0 ? sh.row_offset : zero_row[size_t(fi.table)];
+          seen_past += 1;
+        }
+      }
+    }
+    const uint64_t seed = rng();
+    OracleSource oracle(seed, p);
+    const ZeroRowSource src(oracle, zero_row);
+    std::vector<EmbTensor> out = run_sharded(p, c.kjts, oracle, *be, iter);
+    REQUIRE(out.size() == static_cast<size_t>(W));
+    for (int r = 0; r < W; ++r) {
+      CAPTURE(r);
+      REQUIRE(bit_equal(out[size_t(r)], reference_output(q, r, mapped[size_t(r)], src, iter)));
+      REQUIRE(bit_equal(out[size_t(r)], reference_output(p, r, c.kjts[size_t(r)], oracle, iter)));
+    }
+  }
+  // The generator covers what the rule has to get right.
+  CHECK(seen_uneven > 300);
+  CHECK(seen_empty_shard > 100);
+  CHECK(seen_past > 100);
+  CHECK(seen_pooled > 100);
+  CHECK(seen_i32 > 100);
 }

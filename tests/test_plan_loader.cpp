@@ -505,9 +505,12 @@ TEST_CASE("input_dist inference: uneven continuous shards are routed by their of
   CHECK(r.plan->input_dist == InputDist::inference);
   CHECK(routes_by_shards(*r.plan, r.plan->tables[0]));
   CHECK(engine_routing_gap(*r.plan) ==
-        "table 't1' has uneven explicit shards under input_dist inference; replay and synth "
-        "route continuous ids by the ceil rule only (docs/semantics.md §2), so they cannot run "
-        "this plan (validate and load can)");
+        "table 't1' has uneven explicit shards under input_dist inference, which the GPU "
+        "bucketize (one block size per feature, docs/semantics.md §2) cannot route");
+  // finalize gives the feature the shards' offsets, then the table's rows.
+  CHECK(r.plan->features[0].bucketize_pos == std::vector<int64_t>{0, 4, 6});
+  CHECK(rank_rows(r.plan->features[0], 1).first == 4);
+  CHECK(rank_rows(r.plan->features[0], 1).rows == 2);
   // Still one cover of [0, num_embeddings), in rank order.
   expect_error(head +
                    "      - {rank: 0, row_offset: 0, rows: 4}\n"

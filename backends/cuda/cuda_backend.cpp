@@ -400,7 +400,7 @@ std::optional<std::vector<int64_t>> CudaBackend::reference_on_device(
   }
   const auto row_of = [&](int64_t f, int64_t i) {
     const FeatureInfo& fi = plan.features[f];
-    const Route rt = route_id(fi.dist_type, kjt.values[i], kjt.values_type, fi.block_size, W);
+    const Route rt = route_feature(fi, kjt.values[i], kjt.values_type, W);
     return lookup_row(plan, f, rt.dest, rt.local);
   };
   if (!resolve_ids(plan, rows->limit, r, row_of)) return std::nullopt;
@@ -703,6 +703,12 @@ void BatchedBucketize::assign(const Plan& plan, const std::vector<const Kjt*>& k
                               bool with_dest_rank, cudaStream_t s, PinnedStaging* staging) {
   // R KJTs (ranks) of a plan with W buckets: the bench and the GPU test pass all W ranks,
   // the backend one (R = 1). new_lengths has W entries per bag either way.
+  // The kernels route continuous ids by one block size per feature: an inference plan's uneven
+  // shards (bucketize_pos) they cannot route, and a wrong split must not pass for the right one.
+  for (const FeatureInfo& fi : plan.features)
+    if (!fi.bucketize_pos.empty())
+      throw Error("the cuda backend cannot bucketize this plan: " + engine_routing_gap(plan) +
+                  "; --backend cpu can");
   const int64_t R = static_cast<int64_t>(kjts.size()), W = plan.world_size;
   const int64_t F = plan.num_features();
   std::vector<int64_t> fbo;  // [R x (F+1)] rank-local first bag of each feature

@@ -1114,6 +1114,12 @@ std::vector<int64_t> routed_id_counts(const Plan& plan, const Kjt& kjt) {
     int64_t n = 0;
     const int64_t b0 = kjt_bag_begin(kjt, f);
     for (int64_t b = 0; b < kjt_batch_size(kjt, f); ++b) n += kjt.lengths[b0 + b];
+    if (!fi.bucketize_pos.empty()) {  // an inference plan's uneven shards: the engine's rule
+      for (int64_t i = pos; i < pos + n; ++i)
+        ++counts[size_t(route_feature(fi, kjt.values[i], kjt.values_type, plan.world_size).dest)];
+      pos += n;
+      continue;
+    }
     for (int64_t i = pos; i < pos + n; ++i) {
       // u64 of the id in its index dtype (docs/semantics.md §0, §10.2).
       const uint64_t x = i32 ? static_cast<uint64_t>(static_cast<uint32_t>(kjt.values[i]))

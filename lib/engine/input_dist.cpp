@@ -205,12 +205,12 @@ std::string describe_lookup_bounds_error(const Plan& plan, const std::vector<con
   const TableConfig& t = plan.tables[size_t(fi.table)];
   std::string routed = "routed to rank " + std::to_string(e.rank);
   // A local row inside the block names the shortfall; ids past blk*W (or negative) are routed
-  // by id % W and their local row (id / W) would only confuse.
-  if (fi.dist_type == DistType::continuous && e.local_row >= 0 && e.local_row < fi.block_size) {
-    const int64_t rows = std::max<int64_t>(
-        0, std::min<int64_t>(fi.block_size, fi.hash_size - e.rank * fi.block_size));
+  // by id % W and their local row (id / W) would only confuse. Under bucketize_pos every id
+  // of the table lands inside its shard: only those past it (id % W) are out of bounds.
+  if (fi.dist_type == DistType::continuous && fi.bucketize_pos.empty() && e.local_row >= 0 &&
+      e.local_row < fi.block_size) {
     routed += " as local row " + std::to_string(e.local_row) + ", past its shard of " +
-              std::to_string(rows) + " rows";
+              std::to_string(rank_rows(fi, e.rank).rows) + " rows";
   }
   return "id " + std::to_string(kjt.values[size_t(pos)]) + " of feature " + fi.name + " (rank " +
          std::to_string(s) + ", sample " + std::to_string(e.sample) + ", position " +

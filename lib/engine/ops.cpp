@@ -81,12 +81,14 @@ BucketizedKjt block_bucketize_sparse_features(
   int64_t i = 0;
   for (int64_t f = 0; f < F; ++f) {
     const int64_t j0 = kjt.bag_begin(f), nb = kjt.batch_size(f);
+    const std::vector<int64_t>* pos =
+        block_bucketize_pos && !(*block_bucketize_pos)[size_t(f)].empty()
+            ? &(*block_bucketize_pos)[size_t(f)]
+            : nullptr;
     for (int64_t j = j0; j < j0 + nb; ++j) {
       for (int64_t k = 0; k < kjt.lengths[j]; ++k, ++i) {
         const Route r =
-            block_bucketize_pos
-                ? route_block_bucketize_pos((*block_bucketize_pos)[f], kjt.values[i],
-                                            kjt.values_type, W)
+            pos ? route_block_bucketize_pos(*pos, kjt.values[i], kjt.values_type, W)
                 : route_id(dist_types[f], kjt.values[i], kjt.values_type, block_sizes[f], W);
         out.dest_rank[i] = r.dest;
         local[i] = r.local;
@@ -292,11 +294,15 @@ Kjt pad_vbe_kjt_lengths(const Kjt& kjt) {
 BucketizedKjt bucketize_on_host(const Plan& plan, const Kjt& kjt) {
   std::vector<int64_t> blk;
   std::vector<DistType> dt;
+  std::vector<std::vector<int64_t>> pos;
+  bool by_pos = false;
   for (const FeatureInfo& f : plan.features) {
     blk.push_back(f.block_size);
     dt.push_back(f.dist_type);
+    pos.push_back(f.bucketize_pos);
+    by_pos = by_pos || !f.bucketize_pos.empty();
   }
-  return block_bucketize_sparse_features(kjt, blk, dt, plan.world_size);
+  return block_bucketize_sparse_features(kjt, blk, dt, plan.world_size, by_pos ? &pos : nullptr);
 }
 
 KjtAllToAllResult kjt_all_to_all(const Plan& plan, const std::vector<const Kjt*>& kjts,
@@ -415,18 +421,18 @@ RowRef lookup_row(const Plan& plan, int64_t f, int64_t rank, int64_t local) {
     ref.g = static_cast<uint64_t>(local);  // raw key (sign-extended for int32 keys)
     return ref;
   }
-  const int64_t blk = fi.block_size;
-  // §2.2 rows of this rank's shard: blk, the remainder, or 0.
-  const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(blk, fi.hash_size - rank * blk));
+  // This rank's shard: its explicit rows when the table routes by shards, else §2.2's (blk,
+  // the remainder, or 0).
+  const RankRows rr = rank_rows(fi, rank);
   const uint64_t u = static_cast<uint64_t>(local);  // negative locals are huge: out of bounds
-  if (u < static_cast<uint64_t>(rows)) {
-    ref.g = static_cast<uint64_t>(rank * blk) + u;
+  if (u < static_cast<uint64_t>(rr.rows)) {
+    ref.g = static_cast<uint64_t>(rr.first) + u;
     return ref;
   }
   // TBE bounds check: local row 0 of this rank, or nothing when the shard is empty.
   ref.oob = true;
-  ref.g = static_cast<uint64_t>(rank * blk);
-  ref.valid = rows > 0;
+  ref.g = static_cast<uint64_t>(rr.first);
+  ref.valid = rr.rows > 0;
   return ref;
 }
 

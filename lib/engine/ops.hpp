@@ -38,20 +38,31 @@ struct Route {
 // hash_roundrobin: (u(fmix64(x)) % W, id), u = the unsigned index type.
 Route route_id(DistType dist, int64_t id, IndexType t, int64_t blk, int64_t W);
 
-// §3.6 block_bucketize_pos variant: pos = [o_0=0, o_1, ..., o_{W-1}, total].
+// §3.6 block_bucketize_pos variant: pos = [o_0=0, o_1, ..., o_{W-1}, total]. With
+// lb = upper_bound(pos, x) - 1 (empty shards repeat an offset and are skipped): lb < W ?
+// (lb, x - pos[lb]) : (x % W, x / W), x the unsigned id (negative ids are past total).
 Route route_block_bucketize_pos(const std::vector<int64_t>& pos, int64_t id, IndexType t,
                                 int64_t W);
 
+// The routing of one id of feature `fi` as the plan's input dist routes it: by its
+// bucketize_pos when it has one (an inference plan's uneven shards), else route_id. The one
+// routing rule of the engine: bucketize, the unsharded reference and the load model use it.
+inline Route route_feature(const FeatureInfo& fi, int64_t id, IndexType t, int64_t W) {
+  return fi.bucketize_pos.empty() ? route_id(fi.dist_type, id, t, fi.block_size, W)
+                                  : route_block_bucketize_pos(fi.bucketize_pos, id, t, W);
+}
+
 // FBGEMM block_bucketize_sparse_features (stable CPU kernel, sequence=True semantics: the
 // unbucketize_permute is always produced). block_sizes/dist_types: [F]. VBE KJTs use the
-// flat VBE bag index (§3.5). `block_bucketize_pos`, when non-null, gives [F] boundary lists
-// and replaces the continuous rule (§3.6).
+// flat VBE bag index (§3.5). `block_bucketize_pos`, when non-null, gives [F] boundary lists:
+// a feature's non-empty list replaces its rule (§3.6), an empty one keeps it.
 BucketizedKjt block_bucketize_sparse_features(
     const Kjt& kjt, const std::vector<int64_t>& block_sizes,
     const std::vector<DistType>& dist_types, int64_t my_size,
     const std::vector<std::vector<int64_t>>* block_bucketize_pos = nullptr);
 
-// block_bucketize_sparse_features of one rank's KJT with the plan's block sizes and dist_types.
+// block_bucketize_sparse_features of one rank's KJT with the plan's block sizes and dist_types,
+// and the bucketize_pos of the features that route by shards.
 BucketizedKjt bucketize_on_host(const Plan& plan, const Kjt& kjt);
 
 // TorchRec _get_recat(local_split=F, num_splits=W, stagger=1): recat[f*W+s] = s*F+f.

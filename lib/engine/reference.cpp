@@ -27,7 +27,7 @@ void reference_runs(const Plan& plan, int rank, const Kjt& kjt, const EmbeddingS
   // bounds check on the rank it lands on (so warn_zero_row agrees with the sharded path).
   auto row_of = [&](int64_t f, int64_t i) {
     const FeatureInfo& fi = plan.features[f];
-    const Route rt = route_id(fi.dist_type, kjt.values[i], kjt.values_type, fi.block_size, W);
+    const Route rt = route_feature(fi, kjt.values[i], kjt.values_type, W);
     const RowRef ref = lookup_row(plan, f, rt.dest, rt.local);
     if (ref.oob && plan.bounds_check == BoundsCheck::error)
       throw Error("batch " + std::to_string(batch) + ": rank " + std::to_string(rank) +

@@ -242,20 +242,7 @@ Alternative balanced_rows_plan(const Plan& base, const RowHistogram& hist) {
 
 // ------------------------------------------------------------------ PlanRouter
 
-PlanRouter::PlanRouter(const Plan& plan) : world_size_(plan.world_size) {
-  for (const FeatureInfo& f : plan.features) {
-    const TableConfig& t = plan.tables[size_t(f.table)];
-    dist_.push_back(f.dist_type);
-    blk_.push_back(f.block_size);
-    std::vector<int64_t> pos;
-    if (routes_by_shards(plan, t)) {
-      std::vector<int64_t> rows = shard_rows_per_rank(t, plan.world_size);
-      pos.push_back(0);
-      for (int64_t r : rows) pos.push_back(pos.back() + r);
-    }
-    pos_.push_back(std::move(pos));
-  }
-}
+PlanRouter::PlanRouter(const Plan& plan) : world_size_(plan.world_size), features_(plan.features) {}
 
 // ------------------------------------------------------------------ resplit_batch
 

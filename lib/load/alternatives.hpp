@@ -66,30 +66,28 @@ class RowHistogram {
 // the lowest on a tie, kept past edge r-1 and short enough of the end that every later rank
 // keeps a bucket. A continuous table with no ids observed, or fewer buckets than ranks, keeps
 // what it had (so does every table when W = 1). The plan says `input_dist: inference`: the
-// shards are routed by their offsets (TorchRec's inference input dist); replay and synth refuse
-// it while a table routes by shards (engine_routing_gap). Throws Error when the histogram was
-// counted under a plan of other tables.
+// shards are routed by their offsets (TorchRec's inference input dist), as replay and synth do
+// on the host engine; the GPU backends refuse it while a table routes by shards
+// (engine_routing_gap). Throws Error when the histogram was counted under a plan of other
+// tables.
 Alternative balanced_rows_plan(const Plan& base, const RowHistogram& hist);
 
-// Where a plan routes each id (docs/semantics.md §3.2, §10.2): route_id by the ceil rule, or,
-// for a table that routes_by_shards (an inference plan's uneven continuous shards), by the
-// shards' offsets as block_bucketize_pos does (route_block_bucketize_pos).
+// Where a plan routes each id (docs/semantics.md §3.2, §10.2): the engine's route_feature,
+// which takes the shards' offsets (block_bucketize_pos) for a table that routes_by_shards (an
+// inference plan's uneven continuous shards) and the ceil rule otherwise.
 class PlanRouter {
  public:
   explicit PlanRouter(const Plan& plan);  // finalized
   Route route(int64_t f, int64_t id, IndexType t) const {
-    const std::vector<int64_t>& pos = pos_[static_cast<size_t>(f)];
-    return pos.empty() ? route_id(dist_[static_cast<size_t>(f)], id, t,
-                                  blk_[static_cast<size_t>(f)], world_size_)
-                       : route_block_bucketize_pos(pos, id, t, world_size_);
+    return route_feature(features_[static_cast<size_t>(f)], id, t, world_size_);
   }
-  bool by_shards(int64_t f) const { return !pos_[static_cast<size_t>(f)].empty(); }
+  bool by_shards(int64_t f) const {
+    return !features_[static_cast<size_t>(f)].bucketize_pos.empty();
+  }
 
  private:
   int64_t world_size_ = 1;
-  std::vector<DistType> dist_;             // [F]
-  std::vector<int64_t> blk_;               // [F]
-  std::vector<std::vector<int64_t>> pos_;  // [F]: [o_0 = 0, ..., o_{W-1}, rows] or empty
+  std::vector<FeatureInfo> features_;  // [F], the plan's
 };
 
 // The global batch of `kjts` (W ranks, each rank's bags in order, feature by feature)

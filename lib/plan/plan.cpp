@@ -75,9 +75,8 @@ std::string engine_routing_gap(const Plan& plan) {
   for (const TableConfig& t : plan.tables)
     if (routes_by_shards(plan, t))
       return "table '" + t.name +
-             "' has uneven explicit shards under input_dist inference; replay and synth route "
-             "continuous ids by the ceil rule only (docs/semantics.md §2), so they cannot run "
-             "this plan (validate and load can)";
+             "' has uneven explicit shards under input_dist inference, which the GPU "
+             "bucketize (one block size per feature, docs/semantics.md §2) cannot route";
   return "";
 }
 
@@ -95,6 +94,11 @@ void Plan::finalize() {
       f.dim = tc.embedding_dim;
       f.hash_size = tc.num_embeddings;
       f.block_size = rw_block_size(tc.num_embeddings, world_size);
+      if (routes_by_shards(*this, tc)) {
+        f.bucketize_pos.push_back(0);
+        for (const int64_t rows : shard_rows_per_rank(tc, world_size))
+          f.bucketize_pos.push_back(f.bucketize_pos.back() + rows);
+      }
       f.dist_type = tc.dist_type;
       f.pooling = tc.pooling;
       f.column_offset = sum_dim;

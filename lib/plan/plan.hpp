@@ -4,6 +4,7 @@
 // fixes the KJT key order, the block-size vector, pooled column order and F everywhere.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -57,6 +58,10 @@ struct FeatureInfo {
   int64_t dim = 0;         // D_f
   int64_t hash_size = 0;   // num_embeddings of its table
   int64_t block_size = 0;  // blk_f = ceil(num_embeddings / W)
+  // [o_0 = 0, o_1, ..., o_{W-1}, num_embeddings]: its shards' row offsets, the
+  // block_bucketize_pos TorchRec's inference input dist routes by (docs/semantics.md §3.6),
+  // when its table routes_by_shards; empty: the ceil rule (block_size) routes it.
+  std::vector<int64_t> bucketize_pos;
   DistType dist_type = DistType::continuous;
   PoolingMode pooling = PoolingMode::sum;
   int64_t column_offset = 0;  // pooled: first column of this feature in [.., sum_D]
@@ -97,9 +102,30 @@ std::vector<int64_t> shard_rows_per_rank(const TableConfig& t, int64_t world_siz
 // Whether table `t` routes ids by its explicit shards rather than by the ceil rule: an
 // inference plan's continuous table whose shards differ from the even split.
 bool routes_by_shards(const Plan& plan, const TableConfig& t);
-// Empty when the replay engine (which routes continuous ids by the ceil rule only) can run
-// `plan`; else one line naming the first table it cannot route.
+// Empty when the GPU backends (cuda, nccl), whose bucketize takes one block size per feature,
+// can run `plan`; else one line naming the first table that routes by shards. The host engine
+// (--backend cpu) routes every plan.
 std::string engine_routing_gap(const Plan& plan);
+
+// The rows of feature `f`'s table that rank `rank` holds, as a key range [first, first + rows)
+// of the unsharded table: its shard's offset and size when the table routes by shards, else
+// the ceil rule's (first = rank * blk, also for a rank past the table's end, which holds none).
+struct RankRows {
+  int64_t first = 0;
+  int64_t rows = 0;
+};
+inline RankRows rank_rows(const FeatureInfo& f, int64_t rank) {  // inline: once per looked-up id
+  RankRows r;
+  if (!f.bucketize_pos.empty()) {
+    r.first = f.bucketize_pos[static_cast<size_t>(rank)];
+    r.rows = f.bucketize_pos[static_cast<size_t>(rank) + 1] - r.first;
+    return r;
+  }
+  // docs/semantics.md §2.2: blk rows, the remainder, or 0.
+  r.first = rank * f.block_size;
+  r.rows = std::max<int64_t>(0, std::min<int64_t>(f.block_size, f.hash_size - r.first));
+  return r;
+}
 
 // ---- Loading and validation (lib/plan/plan_loader.cpp) ----
 

@@ -136,8 +136,7 @@ std::vector<EmbTensor> reshard_sequence_local_embs(const Plan& from, const Plan&
       const FeatureInfo& fi = from.features[size_t(f)];
       for (int64_t j = k.bag_begin(f); j < k.bag_begin(f) + k.batch_size(f); ++j)
         for (int64_t i = off[size_t(j)]; i < off[size_t(j) + 1]; ++i) {
-          const Route rt =
-              route_id(fi.dist_type, k.values[size_t(i)], k.values_type, fi.block_size, W);
+          const Route rt = route_feature(fi, k.values[size_t(i)], k.values_type, W);
           const RowRef ref = lookup_row(from, f, rt.dest, rt.local);
           if (ref.valid && !ref.oob)
             rows.add(to.features[size_t(f)].table, ref.g, &e.data[size_t(i * D)]);

@@ -46,10 +46,12 @@ PlanChoice open_plan(RunContext& rc, const CaptureReader& reader, ReportInfo& in
     plan_ = capture_plan(reader);
     info.plan = {opt_.capture_path + ":/plan", sha256_hex(reader.plan_text()), true};
   }
-  // The engine routes continuous ids by the ceil rule only: an inference plan's uneven shards
-  // would be replayed as the even split, a wrong answer.
-  if (const std::string gap = engine_routing_gap(plan_); !gap.empty())
-    throw PlanError(SourceLoc{plan_.path, 0, 0}, gap);
+  // The host engine routes an inference plan's uneven shards by their offsets; the GPU
+  // bucketize takes one block size per feature and would replay the even split.
+  if (const std::string gap = engine_routing_gap(plan_); !gap.empty() && rc.backend.name() != "cpu")
+    throw PlanError(SourceLoc{plan_.path, 0, 0},
+                    fmt::format("the {} backend cannot replay this plan: {}; --backend cpu does",
+                                rc.backend.name(), gap));
   info.module = to_string(plan_.module);
   info.world_size = plan_.world_size;
   info.num_batches = reader.num_batches();
