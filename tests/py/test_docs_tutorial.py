@@ -6,8 +6,8 @@ Like CUB's compiled examples, the documentation is the test input, so it cannot 
   followed by the output it must print (stdout and stderr together);
 - a ```python NAME.py (or ```yaml NAME.yaml) block is written to the file NAME before the
   commands after it run;
-- all commands of one document run in one bash session, in a fresh temporary directory, in
-  document order, with `dynemb-dist` and `python3` on PATH being $DYNEMB and $DYNEMB_PYTHON,
+- all commands of one document run in one bash session, in a fresh temporary directory that
+  holds the repository's fixtures/ and plans/ (as if run from its root), in document order, with `dynemb-dist` and `python3` on PATH being $DYNEMB and $DYNEMB_PYTHON,
   NO_COLOR=1, no GITHUB_ACTIONS, and no visible GPU (so `--backend auto` is cpu everywhere);
 - `$ echo $?` prints the previous command's exit status, and a command that exits non-zero
   must be followed by one (so a documented failure is always a checked one);
@@ -26,7 +26,7 @@ import tempfile
 
 SRC = os.environ.get("DYNEMB_SRC", os.path.join(os.path.dirname(__file__), "..", ".."))
 DOCS = ["docs/tutorial.md", "docs/ci.md", "docs/plan-format.md", "docs/mean-pooling.md",
-        "docs/capture-format.md", "docs/cli.md"]
+        "docs/capture-format.md", "docs/cli.md", "docs/load.md"]
 MARK = "@@dynemb-docs@@"
 
 
@@ -102,6 +102,9 @@ def run_doc(path, dynemb, python):
         bindir = os.path.join(work, ".bin")
         os.mkdir(bindir)
         os.symlink(os.path.abspath(dynemb), os.path.join(bindir, "dynemb-dist"))
+        # The pages run from the repository's root: its bundled captures and plans are there.
+        for d in ("fixtures", "plans"):
+            os.symlink(os.path.abspath(os.path.join(SRC, d)), os.path.join(work, d))
         # A wrapper, not a symlink: a virtualenv's interpreter finds its site-packages from
         # the path it is started by (pyvenv.cfg beside it), which a symlink here would hide.
         shim = os.path.join(bindir, "python3")
