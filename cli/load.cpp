@@ -20,6 +20,7 @@
 #include "commands.hpp"
 #include "common/console.hpp"
 #include "common/error.hpp"
+#include "common/memory.hpp"
 #include "common/output_file.hpp"
 #include "common/safe_text.hpp"
 #include "load/alternatives.hpp"
@@ -39,7 +40,7 @@ struct LoadArgs {
   bool balance_rows = false;
   double link_gbps = 100;
   int64_t top_rows = 10;
-  std::string json, html, write_plans;
+  std::string json, html, write_plans, max_memory;
   bool quiet = false;
 };
 
@@ -153,6 +154,12 @@ int run_load(const LoadArgs& a) {
   load::LoadOptions opt;
   opt.link_gbps = a.link_gbps;
   opt.top_rows = a.top_rows;
+  if (!a.max_memory.empty()) {
+    opt.max_memory = parse_size(a.max_memory);
+    if (opt.max_memory == 0)
+      throw UsageError(
+          fmt::format("--max-memory '{}': not a size (e.g. 2G, 512M, 1.5GiB)", a.max_memory));
+  }
   ProgressLine progress("load", !a.quiet);
   const int passes = a.balance_rows ? 2 : 1;
   int pass = 1;
@@ -243,6 +250,10 @@ void setup_load(CLI::App& app, RunFn& run) {
   sub->add_option("--write-plans", a->write_plans,
                   "Write each generated alternative as DIR/NAME.yaml (made if missing)")
       ->type_name("DIR");
+  sub->add_option("--max-memory", a->max_memory,
+                  "Memory the run may use (e.g. 4G; default: the machine's usable memory or "
+                  "DYNEMB_MEMORY_LIMIT): a batch that does not fit is refused before it is read, "
+                  "and the next batch is read ahead only when two fit");
   sub->add_flag("--quiet,-q", a->quiet, "No progress line");
   sub->callback([&run, a] { run = [a] { return run_load(*a); }; });
 }

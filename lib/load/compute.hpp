@@ -20,7 +20,17 @@ struct LoadOptions {
   int64_t top_rows = 10;            // hottest rows kept in PlanLoad::hottest_rows
   int64_t hot_row_capacity = 1024;  // Space-Saving entries per rank
   int64_t max_batch_columns = 1024;
+  // What the run may use (bytes); 0: usable_memory_bytes() (DYNEMB_MEMORY_LIMIT, the cgroup
+  // limit or the machine's memory). A batch whose KJTs and working copies do not fit is
+  // refused before it is read; the next batch is read ahead only when two fit.
+  uint64_t max_memory = 0;
 };
+
+// Bytes a batch of these KJT elements takes while it is counted: the KJTs as held (int64
+// lengths and ids, float weights), the id buffers the plans share, and one re-split copy per
+// other world size. `lengths`, `ids`: elements over all ranks; `weights`: weighted ids.
+uint64_t batch_memory_estimate(int64_t lengths, int64_t ids, int64_t weights,
+                               int64_t other_world_sizes);
 
 // A plan to measure: its name (file-name safe), one line on what it is, the plan (finalized).
 struct PlanSpec {

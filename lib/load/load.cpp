@@ -13,11 +13,13 @@
 #include <algorithm>
 #include <future>
 #include <map>
+#include <set>
 #include <system_error>
 #include <utility>
 
 #include "capture/capture.hpp"
 #include "common/error.hpp"
+#include "common/memory.hpp"
 #include "common/parallel.hpp"
 #include "engine/ops.hpp"
 #include "load/alternatives.hpp"
@@ -63,6 +65,15 @@ double imbalance(const std::vector<int64_t>& per_rank) {
 int64_t batch_group_size(int64_t num_batches, int64_t max_columns) {
   if (max_columns < 1 || num_batches <= max_columns) return 1;
   return (num_batches + max_columns - 1) / max_columns;
+}
+
+uint64_t batch_memory_estimate(int64_t lengths, int64_t ids, int64_t weights,
+                               int64_t other_world_sizes) {
+  const uint64_t held = static_cast<uint64_t>(lengths) * 8 + static_cast<uint64_t>(ids) * 8 +
+                        static_cast<uint64_t>(weights) * 4;
+  // The shared id buffers: every id placed by (table, destination), and its sort's spare.
+  const uint64_t scratch = static_cast<uint64_t>(ids) * 16;
+  return held * (1 + static_cast<uint64_t>(other_world_sizes)) + scratch;
 }
 
 double link_seconds(int64_t bytes, double gbps) {
@@ -381,11 +392,55 @@ LoadReport compute_load(const CaptureReader& reader, const Plan& read_plan,
       return std::async(std::launch::deferred, read, k);
     }
   };
+  // The memory budget, checked per batch from its datasets' extents before it is read.
+  std::set<int64_t> other_sizes;
+  for (int64_t w : sizes)
+    if (w != rep.capture_world_size) other_sizes.insert(w);
+  const uint64_t budget = opt.max_memory > 0 ? opt.max_memory : usable_memory_bytes();
+  auto need = [&](int64_t k) {
+    int64_t lengths = 0, ids = 0, weights = 0;
+    for (const DatasetStat& d : reader.dataset_stats(k)) {
+      const size_t slash = d.path.rfind('/');
+      const std::string leaf = d.path.substr(slash + 1);
+      const int64_t n = d.dims.empty() ? 1 : shape_numel(d.dims);
+      if (d.path.find("/ctx/") != std::string::npos) continue;
+      if (leaf == "lengths")
+        lengths += n;
+      else if (leaf == "values")
+        ids += n;
+      else if (leaf == "weights")
+        weights += n;
+    }
+    return batch_memory_estimate(lengths, ids, weights, static_cast<int64_t>(other_sizes.size()));
+  };
+  auto check_fits = [&](int64_t k, uint64_t bytes) {
+    if (budget > 0 && bytes > budget)
+      throw Error(fmt::format(
+          "{}: batch {}: counting its KJTs needs about {}, more than the {} this run may use "
+          "({}); fewer alternatives of other world sizes need less",
+          reader.path(), k, human_bytes(static_cast<double>(bytes)),
+          human_bytes(static_cast<double>(budget)),
+          opt.max_memory > 0 ? "--max-memory"
+                             : "the machine's usable memory, DYNEMB_MEMORY_LIMIT"));
+  };
   std::future<Batch> next;
-  if (rep.num_batches > 0) next = start(0);
+  uint64_t now = 0;
+  if (rep.num_batches > 0) {
+    now = need(0);
+    check_fits(0, now);
+    next = start(0);
+  }
   for (int64_t k = 0; k < rep.num_batches; ++k) {
     const Batch batch = next.get();
-    if (k + 1 < rep.num_batches) next = start(k + 1);
+    if (k + 1 < rep.num_batches) {
+      const uint64_t following = need(k + 1);
+      check_fits(k + 1, following);
+      // Read ahead only when this batch and the next fit together.
+      next = budget == 0 || now + following <= budget
+                 ? start(k + 1)
+                 : std::async(std::launch::deferred, read, k + 1);
+      now = following;
+    }
     std::vector<const Kjt*> kjts;
     for (const RankBatch& rb : batch.ranks) {
       kjts.push_back(&rb.kjt);

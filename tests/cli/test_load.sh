@@ -59,6 +59,22 @@ assert p["plan_yaml"].startswith("#") and "world_size: 8" in p["plan_yaml"]
 PY
 no_temps "$tmp" "report"
 
+# ---- the memory budget: a batch that cannot fit is refused before it is read (nothing
+# written); one that fits alone is counted without reading ahead, to the same report
+run mem_small 2 load c.h5 --max-memory 64K --json m1.json
+has mem_small '^dynemb-dist: error: c\.h5: batch 0: counting its KJTs needs about [0-9.]+ KiB, more than the 64\.00 KiB this run may use \(--max-memory\)'
+[[ ! -e m1.json ]] || fail "mem_small: m1.json written"
+DYNEMB_MEMORY_LIMIT=64K run mem_env 2 load c.h5
+has mem_env 'more than the 64\.00 KiB this run may use \(the machine.s usable memory, DYNEMB_MEMORY_LIMIT\)'
+run mem_bad 2 load c.h5 --max-memory lots
+has mem_bad "^dynemb-dist: error: --max-memory 'lots': not a size"
+need=$(sed -n 's/.*needs about \([0-9.]*\) KiB.*/\1/p' mem_small.out | head -1)
+one=$(awk -v n="$need" 'BEGIN { printf "%dK", n * 1.5 }')  # one batch fits, two do not
+run mem_in_turn 0 load c.h5 --max-memory "$one" --json m2.json --link-gbps 25 --top-rows 3
+cmp -s <(grep -v '"tool"' r.json) <(grep -v '"tool"' m2.json) ||
+  fail "mem_in_turn: the report read in turn differs from the one read ahead"
+no_temps "$tmp" "memory"
+
 # A capture of no batches: every count 0, said in the header.
 cp c.h5 z.h5
 "$py" -c "
