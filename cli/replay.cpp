@@ -90,8 +90,36 @@ std::vector<std::string> process_argv() {
   return argv;
 }
 
-int run_replay_cli(const ReplayCliOptions& o) {
+// A worker of a replay under a launcher (replay/team.hpp): it replays its share of the batches
+// and sends what it found to process 0, which writes the one report; it writes nothing itself.
+int run_replay_worker(const ReplayCliOptions& o, std::shared_ptr<ReplayTeam> team) {
   ReplayOptions opt;
+  opt.capture_path = o.capture;
+  opt.plan_path = o.plan;
+  opt.ctx_mode = o.ctx == "captured"  ? CtxMode::captured
+                 : o.ctx == "derived" ? CtxMode::derived
+                                      : CtxMode::automatic;
+  if (!o.tolerance.empty()) opt.tolerance = parse_tolerance(o.tolerance);
+  opt.max_mismatches = o.max_mismatches;
+  opt.batches = o.batches;
+  opt.write_output = o.write_output;  // sizes the replay as process 0's; process 0 writes it
+  opt.fail_fast = o.fail_fast;
+  if (!o.max_memory.empty()) opt.max_memory = parse_size(o.max_memory);
+  opt.read_ahead = o.read_ahead;
+  opt.passes = !o.json.empty() || !o.junit.empty() ? PassMode::compact : PassMode::counted;
+  opt.team = std::move(team);
+  BackendStartup backend = start_backend(o.backend, o.devices);
+  run_replay(opt, backend, {});
+  return 0;
+}
+
+int run_replay_cli(const ReplayCliOptions& o) {
+  // Under mpirun or srun with others: joined before any output exists (a process forks its
+  // supervisor here, replay/team.hpp).
+  std::shared_ptr<ReplayTeam> team = join_launched_team();
+  if (team && team->index() > 0) return run_replay_worker(o, std::move(team));
+  ReplayOptions opt;
+  opt.team = team;
   opt.capture_path = o.capture;
   opt.plan_path = o.plan;
   opt.ctx_mode = o.ctx == "captured"  ? CtxMode::captured
@@ -137,7 +165,8 @@ int run_replay_cli(const ReplayCliOptions& o) {
   BackendStartup backend = start_backend(o.backend, o.devices);
 
   const char* no_color = std::getenv("NO_COLOR");
-  const bool colour = ::isatty(STDOUT_FILENO) && !(no_color && *no_color);
+  // Under a launcher, stdout is its pipe or pseudo-terminal, whatever the user's is: no colour.
+  const bool colour = !team && ::isatty(STDOUT_FILENO) && !(no_color && *no_color);
   ProgressLine progress("replay", !o.quiet);
 
   ReplayCallbacks cb;
