@@ -137,7 +137,7 @@ void check_contexts(RunContext& rc, BatchState& st) {
     all_ctx &= rb.ctx.has_value();
   }
   if (!all_ctx && !rc.ctx_seen && rc.ctx_before) rc.ctx_seen = rc.ctx_before();
-  rc.ctx_before = nullptr;  // asked at most once: from here on, this process's batches tell
+  rc.ctx_before = nullptr;      // asked at most once: from here on, this process's batches tell
   std::vector<int64_t> no_ctx;  // ranks of this batch without ctx/ while others have one
   for (int64_t r = 0; r < W; ++r) {
     rc.clock.enter("ctx", int(r));

@@ -39,6 +39,7 @@ int env_int(const char* name, int fallback) {
 int launched_size() {
   int n = env_int("OMPI_COMM_WORLD_SIZE", -1);
   if (n < 0) n = env_int("PMI_SIZE", -1);
+  if (n < 0 && std::getenv("PMIX_RANK")) n = env_int("SLURM_STEP_NUM_TASKS", -1);
   if (n < 0 && std::getenv("PMIX_RANK")) n = env_int("SLURM_NTASKS", -1);
   if (n < 0 && std::getenv("PMIX_RANK")) n = env_int("PMIX_SIZE", 2);  // asked of MPI then
   return n;
@@ -117,7 +118,7 @@ void supervise() {
   }
   if (WIFEXITED(status)) ::_exit(WEXITSTATUS(status));
   const int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-  const char* name = signal_name(sig);
+  const char* name = sig == SIGKILL ? "SIGKILL" : signal_name(sig);
   put_stderr(fmt::format(
       "dynemb-dist: {} (pid {}) was killed by {}: the replay is incomplete and no report is "
       "written (exit 2); the launcher stops the other processes\n",
@@ -162,9 +163,9 @@ class MpiTeam final : public ReplayTeam {
       MPI_Iprobe(MPI_ANY_SOURCE, kProgress, MPI_COMM_WORLD, &ready, &st);
       if (!ready) return;
       int64_t m[2];
-      check(MPI_Recv(m, 2, MPI_INT64_T, st.MPI_SOURCE, kProgress, MPI_COMM_WORLD,
-                     MPI_STATUS_IGNORE),
-            "receiving progress");
+      check(
+          MPI_Recv(m, 2, MPI_INT64_T, st.MPI_SOURCE, kProgress, MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+          "receiving progress");
       if (fn) fn(m[0], m[1] != 0);
     }
   }
@@ -209,9 +210,9 @@ class MpiTeam final : public ReplayTeam {
     int n = 0;
     MPI_Get_count(&st, MPI_CHAR, &n);
     std::string bytes(size_t(n), '\0');
-    check(MPI_Recv(bytes.data(), n, MPI_CHAR, index_ - 1, kCarry, MPI_COMM_WORLD,
-                   MPI_STATUS_IGNORE),
-          "receiving the latch");
+    check(
+        MPI_Recv(bytes.data(), n, MPI_CHAR, index_ - 1, kCarry, MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+        "receiving the latch");
     return bytes;
   }
 

@@ -16,7 +16,6 @@
 
 namespace dynemb {
 
-
 class ReplayTeam {
  public:
   virtual ~ReplayTeam() = default;

@@ -67,8 +67,8 @@ void TeamRun::at_batch() {
 
 void TeamRun::send_carry() {
   carry_out_ = true;
-  const std::optional<bool> m = rc_.pooled_dist ? rc_.pooled_dist->latched_variable_batch()
-                                                : std::nullopt;
+  const std::optional<bool> m =
+      rc_.pooled_dist ? rc_.pooled_dist->latched_variable_batch() : std::nullopt;
   team_->send_carry(m ? fmt::format("1 {} {}", int(*m), rc_.latched_batch.value_or(-1)) : "0");
 }
 
