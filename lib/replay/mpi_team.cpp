@@ -148,7 +148,13 @@ class MpiTeam final : public ReplayTeam {
     MPI_Comm_rank(MPI_COMM_WORLD, &index_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
   }
-  ~MpiTeam() override { MPI_Finalize(); }
+  // MPI_Finalize waits for every process: only once this one's exchange is complete. A process
+  // that stops before (trouble before the replay, which every process meets alike) exits
+  // without it, and the launcher stops the others.
+  ~MpiTeam() override {
+    if (complete_) MPI_Finalize();
+  }
+  void alone() { complete_ = true; }  // a team of one: finalized as it ends
   int index() const override { return index_; }
   int size() const override { return size_; }
 
@@ -176,6 +182,7 @@ class MpiTeam final : public ReplayTeam {
       check(MPI_Send(bytes.data() + at, int(std::min(kChunk, n - at)), MPI_CHAR, 0, kResultData,
                      MPI_COMM_WORLD),
             "sending findings");
+    complete_ = true;
   }
   std::string receive_result(int q, const ProgressFn& fn) override {
     for (;;) {
@@ -193,6 +200,7 @@ class MpiTeam final : public ReplayTeam {
       check(MPI_Recv(bytes.data() + at, int(std::min(kChunk, n - at)), MPI_CHAR, q, kResultData,
                      MPI_COMM_WORLD, MPI_STATUS_IGNORE),
             "receiving findings");
+    complete_ = q == size_ - 1;
     return bytes;
   }
   void send_carry(const std::string& bytes) override {
@@ -218,6 +226,7 @@ class MpiTeam final : public ReplayTeam {
 
  private:
   int index_ = 0, size_ = 1;
+  bool complete_ = false;
 };
 
 }  // namespace
@@ -226,7 +235,10 @@ std::shared_ptr<ReplayTeam> join_launched_team() {
   if (!launched_with_others()) return nullptr;
   supervise();
   auto team = std::make_shared<MpiTeam>();
-  if (team->size() <= 1) return nullptr;  // finalized here: the replay runs as one process
+  if (team->size() <= 1) {  // finalized here: the replay runs as one process
+    team->alone();
+    return nullptr;
+  }
   return team;
 }
 

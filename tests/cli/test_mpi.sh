@@ -54,18 +54,25 @@ if a != b:
 PY
 }
 
-# same NAME NP WANT_RC CAPTURE [ARGS...]: one process and `mpirun -np NP` give the same exit
-# status, text report, JSON (argv aside) and JUnit.
+# solo NAME CAPTURE [ARGS...]: the one-process run, NAME.1.{txt,json,xml} and its exit status
+# in NAME.1.rc. same NAME NP WANT_RC CAPTURE [ARGS...]: `mpirun -np NP` gives the same exit
+# status, text report, JSON (argv aside) and JUnit as NAME's one-process run (made first when
+# there is none).
+solo() {
+  local name=$1 cap=$2
+  shift 2
+  timeout 120 "$DYNEMB" replay "$cap" --json "$name.1.json" --junit "$name.1.xml" "$@" \
+    >"$name.1.txt" 2>"$name.1.err"
+  echo $? >"$name.1.rc"
+}
 same() {
   local name=$1 np=$2 want=$3 cap=$4
   shift 4
-  timeout 120 "$DYNEMB" replay "$cap" --json "$name.1.json" --junit "$name.1.xml" "$@" \
-    >"$name.1.txt" 2>"$name.1.err"
-  local rc1=$?
+  [[ -e "$name.1.rc" ]] || solo "$name" "$cap" "$@"
   timeout 120 "$MPIRUN" -np "$np" "$DYNEMB" replay "$cap" --json "$name.$np.json" \
     --junit "$name.$np.xml" "$@" >"$name.$np.txt" 2>"$name.$np.err"
   local rcn=$?
-  expect_rc "$name (one process)" "$want" "$rc1"
+  expect_rc "$name (one process)" "$want" "$(cat "$name.1.rc")"
   expect_rc "$name (mpirun -np $np)" "$want" "$rcn"
   if ! cmp -s "$name.1.txt" "$name.$np.txt"; then
     fail "$name: the text reports of 1 and $np processes differ"
@@ -73,20 +80,21 @@ same() {
     sed 's/^/    /' "$name.$np.err" | head -20
     return
   fi
-  cmp -s "$name.1.xml" "$name.$np.xml" || { fail "$name: the JUnit reports differ"; return; }
-  json_same "$name.1.json" "$name.$np.json" || { fail "$name: the JSON reports differ"; return; }
+  cmp -s "$name.1.xml" "$name.$np.xml" || { fail "$name -np $np: the JUnit reports differ"; return; }
+  json_same "$name.1.json" "$name.$np.json" || { fail "$name -np $np: the JSON reports differ"; return; }
   ok "$name: -np $np gives the one-process report (exit $want)"
 }
 
 # ---- every fixture, with 2 processes and with 3 (more processes than batches: idle ones)
 for f in "$DYNEMB_SRC"/fixtures/*.h5; do
   n=$(basename "$f" .h5)
+  solo "fx-$n" "$f" -q
   want=0
-  [[ $n == *oob* ]] && want=$("$DYNEMB" replay "$f" -q >/dev/null 2>&1; echo $?)
+  [[ $n == *oob* ]] && want=$(cat "fx-$n.1.rc")  # the bounds check the fixture's plan asks for
   same "fx-$n" 2 "$want" "$f" -q
   # Two batches: with 3 processes, one has none.
-  [[ $("$DYNEMB_PYTHON" -c "import h5py, sys; print(h5py.File(sys.argv[1])['batches'].__len__())" "$f") -gt 1 ]] &&
-    same "fx3-$n" 3 "$want" "$f" -q
+  [[ $("$DYNEMB_PYTHON" -c "import h5py, sys; print(len(h5py.File(sys.argv[1])['batches']))" "$f") -gt 1 ]] &&
+    same "fx-$n" 3 "$want" "$f" -q
 done
 
 # ---- multi-batch captures: each process has batches of its own
@@ -94,10 +102,11 @@ done
 "$DYNEMB" synth --preset unit-pooled-w8 --vbe --batches 5 --batch-size 4 --seed 7 -o vbe.h5 >/dev/null || fail "synth vbe"
 "$DYNEMB" synth "$DYNEMB_SRC/bench/plans/scale-seq-w512.yaml" --batches 3 --batch-size 1 --seed 7 \
   -o w512.h5 >/dev/null || fail "synth w512"
-same seq2 2 0 seq.h5
-same seq3 3 0 seq.h5 --batches 1-4
-same vbe3 3 0 vbe.h5
-grep -q '"message": "1 matches the mode latched at batch 0"' vbe3.3.json 2>/dev/null ||
+same seq 2 0 seq.h5
+same seq 3 0 seq.h5
+same seq-some 3 0 seq.h5 --batches 1-4
+same vbe 3 0 vbe.h5
+grep -q '"message": "1 matches the mode latched at batch 0"' vbe.3.json 2>/dev/null ||
   fail "vbe3: the latch checks of the later processes do not name batch 0"
 same w512 3 0 w512.h5 -q
 
@@ -113,6 +122,7 @@ grep -q "batch 3 rank 0 ctx variable_batch_per_feature" latch.3.txt ||
   { fail "latch: batch 3's flipped mode is not reported"; head -20 latch.3.txt; }
 plant gone seq 'del f["batches/3/rank2/values"]'
 same gone 2 2 gone.h5
+same gone 3 2 gone.h5
 same gone-ff 3 2 gone.h5 --fail-fast
 grep -q "batches/3" gone.2.txt gone.2.err 2>/dev/null || fail "gone: the missing dataset of batch 3 is not named"
 
@@ -138,6 +148,11 @@ grep -q "process 1 of 2 (pid [0-9]*) was killed by SIGKILL" kill.err ||
 [[ -z "$(ls -A out)" ]] || fail "killed process: files left in out/: $(ls -A out)"
 no_temps "$tmp" "killed process"
 ((SECONDS - start < 60 && fails == before)) && ok "killed process: exit 2 in $((SECONDS - start)) s, nothing left"
+
+# ---- trouble before the replay (a report onto the capture): exit 2 and its message, no hang
+timeout 60 "$MPIRUN" -np 2 "$DYNEMB" replay seq.h5 --json seq.h5 >clash.out 2>&1
+expect_rc "output clash" 2 $?
+grep -q "json" clash.out || fail "output clash: no message names --json"
 
 # ---- without a launcher the hook means nothing: the same binary replays as one process
 DYNEMB_MPI_KILL=1 timeout 120 "$DYNEMB" replay seq.h5 -q >solo.out 2>&1
