@@ -90,9 +90,8 @@ std::vector<std::string> process_argv() {
   return argv;
 }
 
-// A worker of a replay under a launcher (replay/team.hpp): it replays its share of the batches
-// and sends what it found to process 0, which writes the one report; it writes nothing itself.
-int run_replay_worker(const ReplayCliOptions& o, std::shared_ptr<ReplayTeam> team) {
+// The replay's options from the command line's (the run's files aside).
+ReplayOptions replay_options(const ReplayCliOptions& o) {
   ReplayOptions opt;
   opt.capture_path = o.capture;
   opt.plan_path = o.plan;
@@ -102,11 +101,25 @@ int run_replay_worker(const ReplayCliOptions& o, std::shared_ptr<ReplayTeam> tea
   if (!o.tolerance.empty()) opt.tolerance = parse_tolerance(o.tolerance);
   opt.max_mismatches = o.max_mismatches;
   opt.batches = o.batches;
-  opt.write_output = o.write_output;  // sizes the replay as process 0's; process 0 writes it
+  opt.write_output = o.write_output;
   opt.fail_fast = o.fail_fast;
-  if (!o.max_memory.empty()) opt.max_memory = parse_size(o.max_memory);
+  if (!o.max_memory.empty()) {
+    opt.max_memory = parse_size(o.max_memory);
+    if (opt.max_memory == 0)
+      throw UsageError(
+          fmt::format("--max-memory '{}': not a size (e.g. 2G, 512M, 1.5GiB)", o.max_memory));
+  }
   opt.read_ahead = o.read_ahead;
+  // Passes are listed only by the report files; the text report counts them.
   opt.passes = !o.json.empty() || !o.junit.empty() ? PassMode::compact : PassMode::counted;
+  return opt;
+}
+
+// A worker of a replay under a launcher (replay/team.hpp): it replays its share of the batches
+// and sends what it found to process 0, which writes the one report (and --write-output: the
+// worker's option only sizes its replay as process 0's); it writes nothing itself.
+int run_replay_worker(const ReplayCliOptions& o, std::shared_ptr<ReplayTeam> team) {
+  ReplayOptions opt = replay_options(o);
   opt.team = std::move(team);
   BackendStartup backend = start_backend(o.backend, o.devices);
   run_replay(opt, backend, {});
@@ -118,28 +131,9 @@ int run_replay_cli(const ReplayCliOptions& o) {
   // supervisor here, replay/team.hpp).
   std::shared_ptr<ReplayTeam> team = join_launched_team();
   if (team && team->index() > 0) return run_replay_worker(o, std::move(team));
-  ReplayOptions opt;
+  ReplayOptions opt = replay_options(o);
   opt.team = team;
-  opt.capture_path = o.capture;
-  opt.plan_path = o.plan;
-  opt.ctx_mode = o.ctx == "captured"  ? CtxMode::captured
-                 : o.ctx == "derived" ? CtxMode::derived
-                                      : CtxMode::automatic;
-  if (!o.tolerance.empty()) opt.tolerance = parse_tolerance(o.tolerance);
-  opt.max_mismatches = o.max_mismatches;
-  opt.batches = o.batches;
-  opt.write_output = o.write_output;
   opt.argv = process_argv();
-  opt.fail_fast = o.fail_fast;
-  if (!o.max_memory.empty()) {
-    opt.max_memory = parse_size(o.max_memory);
-    if (opt.max_memory == 0)
-      throw UsageError(
-          fmt::format("--max-memory '{}': not a size (e.g. 2G, 512M, 1.5GiB)", o.max_memory));
-  }
-  opt.read_ahead = o.read_ahead;
-  // Passes are listed only by the report files; the text report counts them.
-  opt.passes = !o.json.empty() || !o.junit.empty() ? PassMode::compact : PassMode::counted;
   // Before any work: no output is an input or another output (by device and inode, whatever
   // the spelling), and every output's temporary exists, so a long run never ends in "cannot
   // write the report".
