@@ -25,7 +25,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail, expec
 # not ours (LeakSanitizer under the ASan build).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1  # -np 3 on 2 cores
-export LSAN_OPTIONS="suppressions=$DYNEMB_SRC/tests/cli/mpi_lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+# Full stacks (fast_unwind_on_malloc=0): the fast unwinder stops in libraries built without
+# frame pointers, before the Open MPI frame the suppressions name.
+export LSAN_OPTIONS="suppressions=$DYNEMB_SRC/tests/cli/mpi_lsan.supp:print_suppressions=0:fast_unwind_on_malloc=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 cd "$tmp" || exit 1
 
 mutate() {
