@@ -9,8 +9,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <array>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 
 #include "common/error.hpp"
 #include "common/signals.hpp"
@@ -158,9 +161,19 @@ class MpiTeam final : public ReplayTeam {
   int index() const override { return index_; }
   int size() const override { return size_; }
 
+  // Progress goes out coalesced (a message per batch, or per 100 ms of one) and without
+  // waiting: process 0 takes it in only between its own steps, and a blocking send would hold
+  // this process until then.
   void send_progress(int64_t k, bool whole_batch) override {
-    const int64_t m[2] = {k, whole_batch ? 1 : 0};
-    check(MPI_Send(m, 2, MPI_INT64_T, 0, kProgress, MPI_COMM_WORLD), "sending progress");
+    if (pending_[2] >= 0 && pending_[0] != k) flush_progress();
+    pending_[0] = k;
+    pending_[2] = 0;
+    if (whole_batch)
+      pending_[2] = 1;
+    else
+      ++pending_[1];
+    const auto now = std::chrono::steady_clock::now();
+    if (whole_batch || now - last_sent_ > std::chrono::milliseconds(100)) flush_progress();
   }
   void poll_progress(const ProgressFn& fn) override {
     for (;;) {
@@ -168,14 +181,19 @@ class MpiTeam final : public ReplayTeam {
       MPI_Status st;
       MPI_Iprobe(MPI_ANY_SOURCE, kProgress, MPI_COMM_WORLD, &ready, &st);
       if (!ready) return;
-      int64_t m[2];
+      int64_t m[3];
       check(
-          MPI_Recv(m, 2, MPI_INT64_T, st.MPI_SOURCE, kProgress, MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+          MPI_Recv(m, 3, MPI_INT64_T, st.MPI_SOURCE, kProgress, MPI_COMM_WORLD, MPI_STATUS_IGNORE),
           "receiving progress");
-      if (fn) fn(m[0], m[1] != 0);
+      if (!fn) continue;
+      for (int64_t i = 0; i < m[1]; ++i) fn(m[0], false);
+      if (m[2] == 1) fn(m[0], true);
     }
   }
   void send_result(const std::string& bytes) override {
+    flush_progress();
+    for (auto& [m, req] : sent_) MPI_Wait(&req, MPI_STATUS_IGNORE);
+    sent_.clear();
     const int64_t n = int64_t(bytes.size());
     check(MPI_Send(&n, 1, MPI_INT64_T, 0, kResultSize, MPI_COMM_WORLD), "sending findings");
     for (int64_t at = 0; at < n; at += kChunk)
@@ -225,8 +243,30 @@ class MpiTeam final : public ReplayTeam {
   }
 
  private:
+  void flush_progress() {
+    if (pending_[2] < 0) return;
+    sent_.emplace_back();
+    sent_.back().first = pending_;
+    check(MPI_Isend(sent_.back().first.data(), 3, MPI_INT64_T, 0, kProgress, MPI_COMM_WORLD,
+                    &sent_.back().second),
+          "sending progress");
+    pending_ = {-1, 0, -1};
+    last_sent_ = std::chrono::steady_clock::now();
+    while (!sent_.empty()) {  // the sends process 0 has taken in, forgotten
+      int done = 0;
+      MPI_Test(&sent_.front().second, &done, MPI_STATUS_IGNORE);
+      if (!done) break;
+      sent_.pop_front();
+    }
+  }
+
   int index_ = 0, size_ = 1;
   bool complete_ = false;
+  // Progress not sent yet: {batch, rank-batches done, 1 when the batch is done (-1: nothing)},
+  // and the sends in flight (a deque: their buffers stay where they are).
+  std::array<int64_t, 3> pending_{-1, 0, -1};
+  std::deque<std::pair<std::array<int64_t, 3>, MPI_Request> > sent_;
+  std::chrono::steady_clock::time_point last_sent_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace
