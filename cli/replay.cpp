@@ -91,17 +91,8 @@ std::vector<std::string> process_argv() {
   return argv;
 }
 
-// The files named by --json, --junit, --html and --write-output.
-std::vector<NamedPath> report_paths(const ReplayCliOptions& o) {
-  std::vector<NamedPath> outputs;
-  if (!o.json.empty()) outputs.push_back({"--json", o.json});
-  if (!o.junit.empty()) outputs.push_back({"--junit", o.junit});
-  if (!o.html.empty()) outputs.push_back({"--html", o.html});
-  if (!o.write_output.empty()) outputs.push_back({"--write-output", o.write_output});
-  return outputs;
-}
-
-int run_replay_cli(const ReplayCliOptions& o) {
+// The replay's options from the command line's (the run's files aside).
+ReplayOptions replay_options(const ReplayCliOptions& o) {
   ReplayOptions opt;
   opt.capture_path = o.capture;
   opt.plan_path = o.plan;
@@ -112,7 +103,6 @@ int run_replay_cli(const ReplayCliOptions& o) {
   opt.max_mismatches = o.max_mismatches;
   opt.batches = o.batches;
   opt.write_output = o.write_output;
-  opt.argv = process_argv();
   opt.fail_fast = o.fail_fast;
   if (!o.max_memory.empty()) {
     opt.max_memory = parse_size(o.max_memory);
@@ -125,6 +115,38 @@ int run_replay_cli(const ReplayCliOptions& o) {
   // counts them.
   opt.passes = !o.json.empty() || !o.junit.empty() || !o.html.empty() ? PassMode::compact
                                                                       : PassMode::counted;
+  return opt;
+}
+
+// The files named by --json, --junit, --html and --write-output.
+std::vector<NamedPath> report_paths(const ReplayCliOptions& o) {
+  std::vector<NamedPath> outputs;
+  if (!o.json.empty()) outputs.push_back({"--json", o.json});
+  if (!o.junit.empty()) outputs.push_back({"--junit", o.junit});
+  if (!o.html.empty()) outputs.push_back({"--html", o.html});
+  if (!o.write_output.empty()) outputs.push_back({"--write-output", o.write_output});
+  return outputs;
+}
+
+// A worker of a replay under a launcher (replay/team.hpp): it replays its share of the batches
+// and sends what it found to process 0, which writes the one report (and --write-output: the
+// worker's option only sizes its replay as process 0's); it writes nothing itself.
+int run_replay_worker(const ReplayCliOptions& o, std::shared_ptr<ReplayTeam> team) {
+  ReplayOptions opt = replay_options(o);
+  opt.team = std::move(team);
+  BackendStartup backend = start_backend(o.backend, o.devices);
+  run_replay(opt, backend, {});
+  return 0;
+}
+
+int run_replay_cli(const ReplayCliOptions& o) {
+  // Under mpirun or srun with others: joined before any output exists (a process forks its
+  // supervisor here, replay/team.hpp).
+  std::shared_ptr<ReplayTeam> team = join_launched_team();
+  if (team && team->index() > 0) return run_replay_worker(o, std::move(team));
+  ReplayOptions opt = replay_options(o);
+  opt.team = team;
+  opt.argv = process_argv();
   // Before any work: no output is an input or another output (by device and inode, whatever
   // the spelling), and every output's temporary exists, so a long run never ends in "cannot
   // write the report".
@@ -148,7 +170,8 @@ int run_replay_cli(const ReplayCliOptions& o) {
   BackendStartup backend = start_backend(o.backend, o.devices);
 
   const char* no_color = std::getenv("NO_COLOR");
-  const bool colour = ::isatty(STDOUT_FILENO) && !(no_color && *no_color);
+  // Under a launcher, stdout is its pipe or pseudo-terminal, whatever the user's is: no colour.
+  const bool colour = !team && ::isatty(STDOUT_FILENO) && !(no_color && *no_color);
   ProgressLine progress("replay", !o.quiet);
 
   ReplayCallbacks cb;

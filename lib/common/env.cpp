@@ -76,6 +76,7 @@ void check_all() {
   count("DYNEMB_SLICE_COLUMNS");
   count("DYNEMB_DESTINATION_ROWS");
   count("DYNEMB_SYNTH_UNIT_ROWS");
+  count("DYNEMB_MPI_KILL");
   choice("DYNEMB_BY_DESTINATION", {"off", "report"});
   choice("DYNEMB_SYNTH_BY_DESTINATION", {"off"});
   choice("DYNEMB_HOLD_OUTPUTS", {"host"});

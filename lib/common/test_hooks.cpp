@@ -61,6 +61,9 @@ bool merge_no_space_check() {
 bool h5_serial_write() {
   return is("DYNEMB_H5_SERIAL_WRITE", "1");
 }
+std::optional<int64_t> mpi_kill() {
+  return count("DYNEMB_MPI_KILL");
+}
 const char* gpu_node() {
   return value("DYNEMB_GPU_NODE");
 }

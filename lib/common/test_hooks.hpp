@@ -31,6 +31,9 @@ std::optional<int64_t> synth_unit_rows();
 bool merge_no_space_check();
 // DYNEMB_H5_SERIAL_WRITE=1: the capture writer writes through libhdf5 alone, not its chunk path.
 bool h5_serial_write();
+// DYNEMB_MPI_KILL=q: under a launcher, process q of the replay SIGKILLs itself as its first
+// batch begins (how a killed process ends the run).
+std::optional<int64_t> mpi_kill();
 // DYNEMB_GPU_NODE=FILE: the file start_backend takes for the GPU's device node instead of
 // /dev/nvidia0 (null: unset): a CUDA build on a machine without a GPU points it at /dev/null to
 // take the path of a device node without a usable device.

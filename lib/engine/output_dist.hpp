@@ -46,6 +46,9 @@ class RwPooledEmbeddingDist {
              const std::vector<const ShardingContext*>& ctx);
   // The latched mode: nullopt before the first batch.
   std::optional<bool> latched_variable_batch() const { return latched_; }
+  // The mode an earlier batch latched, when that batch ran in another process of the replay
+  // (replay/team.hpp): this module then behaves as the one that ran it.
+  void preset_latch(bool variable_batch) { latched_ = variable_batch; }
 
  private:
   bool latch(int64_t batch, const std::vector<const ShardingContext*>& ctx);

@@ -92,25 +92,54 @@ void CheckLog::measure_progress(const CaptureReader& reader, int64_t world_size)
 }
 
 void CheckLog::rank_done(int64_t k) {
+  if (relays()) return team_->send_progress(k, false);
   if (!cb_.on_progress) return;
   show_header_when_hashed();  // before the bar moves on under a missing header
-  const int64_t W = world_size_;
-  if (ranks_done_in_batch_ >= W) return;
-  ++ranks_done_in_batch_;
-  ++progress_.rank_batches_done;
-  progress_.bytes_done += batch_bytes_[k] / double(W);
-  cb_.on_progress(progress_);
+  count_done(k, false);
+  poll_team();
 }
 
 void CheckLog::batch_done(int64_t k) {
+  if (relays()) return team_->send_progress(k, true);
   show_header_when_hashed();
   if (!cb_.on_progress) return;
+  count_done(k, true);
+  poll_team();
+}
+
+void CheckLog::count_done(int64_t k, bool whole_batch) {
   const int64_t W = world_size_;
-  progress_.rank_batches_done += W - ranks_done_in_batch_;
-  progress_.bytes_done += batch_bytes_[k] * double(W - ranks_done_in_batch_) / double(W);
-  ranks_done_in_batch_ = 0;
-  ++progress_.batches_done;
+  int64_t& done = ranks_done_[k];
+  if (whole_batch) {
+    progress_.rank_batches_done += W - done;
+    progress_.bytes_done += batch_bytes_[k] * double(W - done) / double(W);
+    ranks_done_.erase(k);
+    ++progress_.batches_done;
+  } else {
+    if (done >= W) return;
+    ++done;
+    ++progress_.rank_batches_done;
+    progress_.bytes_done += batch_bytes_[k] / double(W);
+  }
   cb_.on_progress(progress_);
+}
+
+void CheckLog::poll_team() {
+  if (team_ && !relays() && cb_.on_progress)
+    team_->poll_progress([this](int64_t k, bool whole) { count_done(k, whole); });
+}
+
+void CheckLog::merge(Findings&& f) {
+  for (CheckResult& c : f.checks) {
+    if (c.check == "trouble" && c.status == CheckStatus::error && troubles_++ == 0)
+      first_trouble_batch_ = c.batch;
+    record(std::move(c));
+  }
+  for (const auto& [stage, n] : f.pass_counts) rep_.pass_counts[stage] += n;
+  // A warning given once a run (no local_embs to run a dist on) is given once by each process.
+  for (std::string& w : f.warnings)
+    if (std::find(rep_.warnings.begin(), rep_.warnings.end(), w) == rep_.warnings.end())
+      rep_.warnings.push_back(std::move(w));
 }
 
 }  // namespace dynemb::replay_detail

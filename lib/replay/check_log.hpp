@@ -12,6 +12,7 @@
 #include "capture/capture.hpp"
 #include "engine/backend.hpp"
 #include "replay/replay.hpp"
+#include "replay/team.hpp"
 
 namespace dynemb::replay_detail {
 
@@ -48,8 +49,21 @@ class CheckLog {
   void rank_done(int64_t k);
   void batch_done(int64_t k);  // the rest of batch k counts as done
 
+  // Under a team (team.hpp): a worker's progress goes to process 0, whose progress counts every
+  // process's rank-batches.
+  void join(ReplayTeam* team) { team_ = team; }
+  void poll_team();
+  void remote_done(int64_t k, bool whole_batch) {
+    if (cb_.on_progress) count_done(k, whole_batch);
+  }
+  // Process 0: a worker's findings, recorded after the checks decided so far as if decided here
+  // (troubles counted, warnings that this log has already given once not repeated).
+  void merge(Findings&& f);
+
  private:
   void show_header_when_hashed();
+  bool relays() const { return team_ && team_->index() > 0; }
+  void count_done(int64_t k, bool whole_batch);
 
   const ReplayOptions& opt_;
   const ReplayCallbacks& cb_;
@@ -62,7 +76,8 @@ class CheckLog {
   int64_t world_size_ = 1;
   ReplayProgress progress_;
   std::map<int64_t, double> batch_bytes_;
-  int64_t ranks_done_in_batch_ = 0;
+  std::map<int64_t, int64_t> ranks_done_;  // [batch]: rank-batches counted of a batch not done
+  ReplayTeam* team_ = nullptr;
 };
 
 }  // namespace dynemb::replay_detail

@@ -131,7 +131,13 @@ void derive_batch(RunContext& rc, BatchState& st) {
 // 1. Captured context vs derived, field by field, and the plan-free checks.
 void check_contexts(RunContext& rc, BatchState& st) {
   const int64_t k = st.k, W = st.W;
-  for (const RankBatch& rb : st.batch().ranks) rc.ctx_seen |= rb.ctx.has_value();
+  bool all_ctx = true;
+  for (const RankBatch& rb : st.batch().ranks) {
+    rc.ctx_seen |= rb.ctx.has_value();
+    all_ctx &= rb.ctx.has_value();
+  }
+  if (!all_ctx && !rc.ctx_seen && rc.ctx_before) rc.ctx_seen = rc.ctx_before();
+  rc.ctx_before = nullptr;      // asked at most once: from here on, this process's batches tell
   std::vector<int64_t> no_ctx;  // ranks of this batch without ctx/ while others have one
   for (int64_t r = 0; r < W; ++r) {
     rc.clock.enter("ctx", int(r));

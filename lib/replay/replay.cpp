@@ -4,7 +4,6 @@
 #include <sys/stat.h>
 
 #include <set>
-#include <sstream>
 
 #include "capture/batch_source.hpp"
 #include "common/error.hpp"
@@ -12,45 +11,9 @@
 #include "common/test_hooks.hpp"
 #include "replay/batch_run.hpp"
 #include "replay/replay_setup.hpp"
+#include "replay/team_run.hpp"
 
 namespace dynemb {
-
-std::vector<int64_t> parse_batch_range(const std::string& text, int64_t num_batches) {
-  std::vector<int64_t> out;
-  if (text.empty()) {
-    for (int64_t k = 0; k < num_batches; ++k) out.push_back(k);
-    return out;
-  }
-  auto number = [&](const std::string& s) -> int64_t {
-    if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos)
-      throw UsageError(
-          fmt::format("--batches '{}': '{}' is not a batch number (expected a list "
-                      "like 0-3,7)",
-                      text, s));
-    const int64_t v = std::stoll(s);
-    if (v >= num_batches)
-      throw UsageError(
-          fmt::format("--batches '{}': batch {} does not exist (the capture has {} "
-                      "batches, 0..{})",
-                      text, v, num_batches, num_batches - 1));
-    return v;
-  };
-  std::set<int64_t> set;
-  std::stringstream ss(text);
-  for (std::string part; std::getline(ss, part, ',');) {
-    const size_t dash = part.find('-');
-    if (dash == std::string::npos) {
-      set.insert(number(part));
-      continue;
-    }
-    const int64_t a = number(part.substr(0, dash)), b = number(part.substr(dash + 1));
-    if (b < a)
-      throw UsageError(fmt::format("--batches '{}': range '{}' runs backwards", text, part));
-    for (int64_t k = a; k <= b; ++k) set.insert(k);
-  }
-  if (set.empty()) throw UsageError(fmt::format("--batches '{}': no batch selected", text));
-  return {set.begin(), set.end()};
-}
 
 namespace replay_detail {
 
@@ -79,8 +42,15 @@ class Replayer {
  public:
   Replayer(const ReplayOptions& opt, BackendStartup& backend, const ReplayCallbacks& cb,
            Report& rep)
-      : opt_(opt), rep_(rep), log_(opt, cb, rep, backend), rc_(opt, backend, log_) {}
+      : opt_(opt),
+        rep_(rep),
+        log_(opt, cb, rep, backend),
+        rc_(opt, backend, log_),
+        team_(opt, rc_, log_, rep) {
+    log_.join(opt.team.get());
+  }
   void run();
+  TeamRun& team() { return team_; }
   CheckLog& log() { return log_; }
   // --write-output is complete in its temporary (finished, not yet committed by the caller).
   bool write_output_finished() const { return write_output_finished_; }
@@ -91,6 +61,8 @@ class Replayer {
   // The first replayed batch decides --ctx automatic (captured when it has a ctx/ group), and
   // the header may be shown from then on.
   void choose_ctx_mode(int64_t k, const Batch& batch);
+  // A worker of a team: the mode the first selected batch chose (`any_ctx`: it has a ctx/ group).
+  void preset_ctx_mode(bool any_ctx);
   // fn() with its trouble recorded as batch k's (out of memory named by the step running).
   template <class Fn>
   bool guarded(int64_t k, Fn&& fn);
@@ -100,6 +72,7 @@ class Replayer {
   Report& rep_;
   CheckLog log_;
   RunContext rc_;
+  TeamRun team_;
   PlanChoice plan_choice_;
   Sizing sizing_;
   std::set<int64_t> selected_;             // the batches replayed (--batches)
@@ -115,7 +88,7 @@ void Replayer::run() {
                     "never modifies; choose another file",
                     opt_.write_output));
   CaptureReader reader(opt_.capture_path);
-  log_.hash_capture(opt_.capture_path);
+  if (!team_.worker()) log_.hash_capture(opt_.capture_path);  // the header is process 0's
   plan_choice_ = open_plan(rc_, reader, rep_.info);
   // A run that checks nothing is no pass: a capture of 0 batches (a job that captured none)
   // is trouble, not "PASS" on 0 checks.
@@ -126,18 +99,20 @@ void Replayer::run() {
                     opt_.capture_path));
   sizing_ = size_up(rc_, reader, rep_.info.batches.front(), plan_choice_.replan);
   open_source_and_dists(rc_, reader);
-  writer_ = open_writer(rc_, reader);
+  writer_ = team_.worker() ? nullptr : open_writer(rc_, reader);
   rc_.writing = writer_ != nullptr;
 
   const std::vector<int64_t>& batches = rep_.info.batches;
   selected_ = std::set<int64_t>(batches.begin(), batches.end());
   // --write-output copies every batch, replayed or not; otherwise read only the selected.
-  std::vector<int64_t> order = batches;
+  std::vector<int64_t> order = team_.share(batches);  // under a team, this process's
   if (writer_) {
     order.clear();
     for (int64_t k = 0; k < reader.num_batches(); ++k) order.push_back(k);
   }
   log_.measure_progress(reader, rc_.plan.world_size);
+  if (const std::optional<bool> any_ctx = team_.begin(reader, batches, order))
+    preset_ctx_mode(*any_ctx);
   // One batch ahead: batch k+1 is read (and inflated) on another thread while batch k is
   // replayed. With --write-output (the writer calls libhdf5 too) the loop stays sequential, and
   // two batches must fit in memory. A batch replayed one destination at a time reads its rows as
@@ -148,12 +123,14 @@ void Replayer::run() {
                   BatchSource::Options{opt_.read_ahead, opt_.fail_fast});
   for (size_t i = 0; i < order.size(); ++i) {
     const int64_t k = order[i];
+    team_.at_batch();
     if (sizing_.by_destination && selected_.count(k)) {
       int64_t next = -1;  // the next batch this loop replays
       for (size_t j = i + 1; j < order.size() && next < 0; ++j)
         if (selected_.count(order[j])) next = order[j];
       if (by_destination(src, k, next)) {
         log_.batch_done(k);
+        team_.after_batch();
         continue;
       }
     }
@@ -164,6 +141,7 @@ void Replayer::run() {
     rc_.clock.tick("replay");
     replay_read(k, read.batch);
     if (selected_.count(k)) log_.batch_done(k);
+    team_.after_batch();
   }
   rc_.clock.tick("end");
   rc_.clock.print();
@@ -238,6 +216,14 @@ bool Replayer::by_destination(BatchSource& src, int64_t k, int64_t next) {
   rc_.clock.tick("replay");
   report_cut(k, cut_so);
   return true;
+}
+
+void Replayer::preset_ctx_mode(bool any_ctx) {
+  rc_.use_captured =
+      opt_.ctx_mode == CtxMode::captured || (opt_.ctx_mode == CtxMode::automatic && any_ctx);
+  rep_.info.ctx_mode = rc_.use_captured ? "captured" : "derived";
+  started_ = true;
+  log_.batch_began();
 }
 
 void Replayer::choose_ctx_mode(int64_t k, const Batch& batch) {
@@ -338,6 +324,14 @@ Report run_replay(const ReplayOptions& opt, BackendStartup& backend, const Repla
         "writing --write-output)",
         opt.capture_path, out_of_memory_text());
   }
+  // Under a team: a worker's findings go to process 0 (its report is not shown); process 0's
+  // take in every worker's, in batch order.
+  try {
+    rp.team().finish();
+  } catch (const Error& e) {
+    if (rep.trouble.empty()) rep.trouble = e.what();
+  }
+  if (rp.team().worker()) return rep;
   // A run that checked nothing (every check skipped: --plan with nothing to run on, say) is
   // trouble: exit 2, never "PASS" on 0 checks.
   if (rep.trouble.empty()) {

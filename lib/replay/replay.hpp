@@ -19,6 +19,7 @@
 #include "engine/backend.hpp"
 #include "engine/tolerance.hpp"
 #include "replay/report.hpp"
+#include "replay/team.hpp"
 
 namespace dynemb {
 
@@ -54,6 +55,9 @@ struct ReplayOptions {
   // bytes each, for a report file that lists every check), or only Report::pass_counts
   // (counted: the replay's memory then does not grow with the batches).
   PassMode passes = PassMode::whole;
+  // Under a launcher (team.hpp): this process replays its share of the batches; process 0's
+  // report holds every process's findings, a worker's holds nothing to show. Null: one process.
+  std::shared_ptr<ReplayTeam> team;
 };
 
 // Where a replay stands, after each rank-batch: rank-batches and the capture's logical bytes

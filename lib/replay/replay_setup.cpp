@@ -5,12 +5,55 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
+#include <sstream>
 
 #include "common/error.hpp"
 #include "common/input_file.hpp"
 #include "common/memory.hpp"
 #include "common/sha256.hpp"
 #include "replay/replan.hpp"
+
+namespace dynemb {
+
+std::vector<int64_t> parse_batch_range(const std::string& text, int64_t num_batches) {
+  std::vector<int64_t> out;
+  if (text.empty()) {
+    for (int64_t k = 0; k < num_batches; ++k) out.push_back(k);
+    return out;
+  }
+  auto number = [&](const std::string& s) -> int64_t {
+    if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos)
+      throw UsageError(
+          fmt::format("--batches '{}': '{}' is not a batch number (expected a list "
+                      "like 0-3,7)",
+                      text, s));
+    const int64_t v = std::stoll(s);
+    if (v >= num_batches)
+      throw UsageError(
+          fmt::format("--batches '{}': batch {} does not exist (the capture has {} "
+                      "batches, 0..{})",
+                      text, v, num_batches, num_batches - 1));
+    return v;
+  };
+  std::set<int64_t> set;
+  std::stringstream ss(text);
+  for (std::string part; std::getline(ss, part, ',');) {
+    const size_t dash = part.find('-');
+    if (dash == std::string::npos) {
+      set.insert(number(part));
+      continue;
+    }
+    const int64_t a = number(part.substr(0, dash)), b = number(part.substr(dash + 1));
+    if (b < a)
+      throw UsageError(fmt::format("--batches '{}': range '{}' runs backwards", text, part));
+    for (int64_t k = a; k <= b; ++k) set.insert(k);
+  }
+  if (set.empty()) throw UsageError(fmt::format("--batches '{}': no batch selected", text));
+  return {set.begin(), set.end()};
+}
+
+}  // namespace dynemb
 
 namespace dynemb::replay_detail {
 

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,6 +49,9 @@ struct RunContext {
   std::optional<int64_t> latched_batch;  // batch whose context latched the pooled module
   bool warned_no_local = false;
   bool ctx_seen = false;  // some rank-batch so far had a ctx/ group
+  // Under a team (replay/team.hpp), a process whose first batch is not the replay's first:
+  // whether an earlier selected batch has a ctx/ group, asked once when ctx_seen matters.
+  std::function<bool()> ctx_before;
 
   bool pooled_mean() const { return plan.module == ModuleKind::pooled && plan.any_mean; }
   TileCompare how() const { return TileCompare{tol, kCompareTile, opt.max_mismatches}; }

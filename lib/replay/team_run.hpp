@@ -1,0 +1,47 @@
+// One process's part of a replay under a launcher (team.hpp), as the Replayer (replay.cpp) runs
+// it: which batches it replays, what it must know of the batches before its own (the context mode
+// the first batch chose, whether an earlier batch had a ctx/ group, the pooled module's latch),
+// and, once the run ends whatever happened, its findings sent to process 0 or merged there.
+// Without a team every call is a no-op and the share is every selected batch.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "capture/capture.hpp"
+#include "replay/run_context.hpp"
+
+namespace dynemb::replay_detail {
+
+class TeamRun {
+ public:
+  TeamRun(const ReplayOptions& opt, RunContext& rc, CheckLog& log, Report& rep)
+      : team_(opt.team.get()), opt_(opt), rc_(rc), log_(log), rep_(rep) {}
+  bool worker() const { return team_ && team_->index() > 0; }
+  // The batches this process replays, out of the selected (sorted). --write-output copies every
+  // batch through one writer: process 0 replays them all, the others none.
+  std::vector<int64_t> share(const std::vector<int64_t>& selected) const;
+  // A worker, before its first batch: the findings of the setup forgotten (process 0 has the same),
+  // the latch of the batches before its own received. Returns whether the replay's first selected
+  // batch has a ctx/ group (the context mode it chose) when this worker replays any batch.
+  std::optional<bool> begin(const CaptureReader& reader, const std::vector<int64_t>& selected,
+                            const std::vector<int64_t>& mine);
+  void at_batch();     // the test hook DYNEMB_MPI_KILL
+  void after_batch();  // the latch passed on once it is final
+  // After the run: the latch exchanged if it was not, then the findings: a worker sends its own,
+  // process 0 merges every worker's in process order (after a worker that stopped on trouble,
+  // none: one process would have stopped there too).
+  void finish();
+
+ private:
+  void send_carry();
+  ReplayTeam* team_;
+  const ReplayOptions& opt_;
+  RunContext& rc_;
+  CheckLog& log_;
+  Report& rep_;
+  bool carry_in_ = false, carry_out_ = false, began_ = false;
+};
+
+}  // namespace dynemb::replay_detail

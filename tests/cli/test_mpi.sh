@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# `mpirun -np P dynemb-dist replay` (docs/multi-node.md): the processes split the batches and
+# process 0 writes the one report, byte for byte what one process writes (argv aside): the text
+# report, --json, --junit and --write-output, for every fixture, multi-batch synth captures (the
+# pooled module's latch carried from process to process), a W = 512 capture and planted faults
+# (a golden output, a ctx field, a missing dataset, --fail-fast). A process killed mid-run ends
+# the run with exit 2 and a line naming it, in bounded time, with no temporary left.
+# Env (tests/CMakeLists.txt): DYNEMB, DYNEMB_SRC, DYNEMB_PYTHON, DYNEMB_HAVE_MPI, DYNEMB_MPIEXEC.
+set -u
+: "${DYNEMB:?}" "${DYNEMB_SRC:?}" "${DYNEMB_PYTHON:=python3}"
+if [[ "${DYNEMB_HAVE_MPI:-OFF}" != "ON" ]]; then
+  echo "skipped: this build has no MPI (configure with -DDYNEMB_MPI=ON, libopenmpi-dev)"
+  exit 77
+fi
+MPIRUN=${DYNEMB_MPIEXEC:-}
+[[ -x "$MPIRUN" ]] || MPIRUN=$(command -v mpirun || true)
+if [[ -z "$MPIRUN" ]]; then
+  echo "skipped: no mpirun on PATH (apt-get install openmpi-bin)"
+  exit 77
+fi
+"$DYNEMB_PYTHON" -c 'import h5py, numpy' 2>/dev/null || { echo "skipped: no h5py for $DYNEMB_PYTHON"; exit 77; }
+
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail, expect_rc, no_temps
+# CI runs as root; Open MPI refuses root without these. Its own allocations kept to exit are
+# not ours (LeakSanitizer under the ASan build).
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1  # -np 3 on 2 cores
+# Under mpirun, full stacks (fast_unwind_on_malloc=0, slower): the fast unwinder stops in
+# libraries built without frame pointers, before the Open MPI frame the suppressions name.
+lsan_mpi="suppressions=$DYNEMB_SRC/tests/cli/mpi_lsan.supp:print_suppressions=0:fast_unwind_on_malloc=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+cd "$tmp" || exit 1
+
+mutate() {
+  "$DYNEMB_PYTHON" - "$1" "$2" <<'PY' || fail "mutate $1 failed"
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r+") as f:
+    exec(sys.argv[2])
+PY
+}
+plant() {  # plant NAME BASE PYTHON: a copy of BASE.h5 with one defect
+  cp "$2.h5" "$1.h5"
+  mutate "$1.h5" "$3"
+}
+json_same() {  # the two JSON reports, argv aside
+  "$DYNEMB_PYTHON" - "$1" "$2" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+for r in (a, b):
+    r.pop("argv")
+if a != b:
+    for k in sorted(set(a) | set(b)):
+        if a.get(k) != b.get(k):
+            print("first difference in", k)
+            break
+    sys.exit(1)
+PY
+}
+
+# solo NAME CAPTURE [ARGS...]: the one-process run, NAME.1.{txt,json,xml} and its exit status
+# in NAME.1.rc. same NAME NP WANT_RC CAPTURE [ARGS...]: `mpirun -np NP` gives the same exit
+# status, text report, JSON (argv aside) and JUnit as NAME's one-process run (made first when
+# there is none).
+solo() {
+  local name=$1 cap=$2
+  shift 2
+  timeout 600 "$DYNEMB" replay "$cap" --json "$name.1.json" --junit "$name.1.xml" "$@" \
+    >"$name.1.txt" 2>"$name.1.err"
+  echo $? >"$name.1.rc"
+}
+same() {
+  local name=$1 np=$2 want=$3 cap=$4
+  shift 4
+  [[ -e "$name.1.rc" ]] || solo "$name" "$cap" "$@"
+  LSAN_OPTIONS=$lsan_mpi timeout 600 "$MPIRUN" -np "$np" "$DYNEMB" replay "$cap" --json "$name.$np.json" \
+    --junit "$name.$np.xml" "$@" >"$name.$np.txt" 2>"$name.$np.err"
+  local rcn=$?
+  expect_rc "$name (one process)" "$want" "$(cat "$name.1.rc")"
+  expect_rc "$name (mpirun -np $np)" "$want" "$rcn"
+  if ! cmp -s "$name.1.txt" "$name.$np.txt"; then
+    fail "$name: the text reports of 1 and $np processes differ"
+    diff "$name.1.txt" "$name.$np.txt" | head -10
+    sed 's/^/    /' "$name.$np.err" | head -20
+    return
+  fi
+  cmp -s "$name.1.xml" "$name.$np.xml" || { fail "$name -np $np: the JUnit reports differ"; return; }
+  json_same "$name.1.json" "$name.$np.json" || { fail "$name -np $np: the JSON reports differ"; return; }
+  ok "$name: -np $np gives the one-process report (exit $want)"
+}
+
+# ---- every fixture, with 2 processes and with 3 (more processes than batches: idle ones)
+for f in "$DYNEMB_SRC"/fixtures/*.h5; do
+  n=$(basename "$f" .h5)
+  solo "fx-$n" "$f" -q
+  want=0
+  [[ $n == *oob* ]] && want=$(cat "fx-$n.1.rc")  # the bounds check the fixture's plan asks for
+  same "fx-$n" 2 "$want" "$f" -q
+  # Two batches: with 3 processes, one has none.
+  [[ $("$DYNEMB_PYTHON" -c "import h5py, sys; print(len(h5py.File(sys.argv[1])['batches']))" "$f") -gt 1 ]] &&
+    same "fx-$n" 3 "$want" "$f" -q
+done
+
+# ---- multi-batch captures: each process has batches of its own
+"$DYNEMB" synth --preset unit-seq-w8 --batches 5 --batch-size 4 --seed 7 -o seq.h5 >/dev/null || fail "synth seq"
+"$DYNEMB" synth --preset unit-pooled-w8 --vbe --batches 5 --batch-size 4 --seed 7 -o vbe.h5 >/dev/null || fail "synth vbe"
+"$DYNEMB" synth "$DYNEMB_SRC/bench/plans/scale-seq-w512.yaml" --batches 2 --batch-size 1 --seed 7 \
+  -o w512.h5 >/dev/null || fail "synth w512"
+same seq 2 0 seq.h5
+same seq 3 0 seq.h5
+same seq-some 3 0 seq.h5 --batches 1-4
+same vbe 3 0 vbe.h5
+grep -q '"message": "1 matches the mode latched at batch 0"' vbe.3.json 2>/dev/null ||
+  fail "vbe3: the latch checks of the later processes do not name batch 0"
+same w512 2 0 w512.h5 -q
+
+# ---- planted faults in batches that the workers replay
+plant gold seq 'd = f["batches/4/rank3/output"]; v = d[...]; v.flat[7] += 1; d[...] = v'
+same gold 3 1 gold.h5
+grep -q "batch 4 rank 3 output golden" gold.3.txt || fail "gold: batch 4's planted golden is not reported"
+plant ctx seq 'd = f["batches/2/rank1/ctx/input_splits"]; v = d[...]; v[0] += 1; v[1] -= 1; d[...] = v'
+same ctx 2 1 ctx.h5
+plant latch vbe 'f["batches/3/rank0/ctx"].attrs["variable_batch_per_feature"] = 0 if f["batches/3/rank0/ctx"].attrs.get("variable_batch_per_feature", 1) else 1' 
+same latch 3 1 latch.h5
+grep -q "batch 3 rank 0 ctx variable_batch_per_feature" latch.3.txt ||
+  { fail "latch: batch 3's flipped mode is not reported"; head -20 latch.3.txt; }
+plant gone seq 'del f["batches/3/rank2/values"]'
+same gone 2 2 gone.h5
+same gone 3 2 gone.h5
+same gone-ff 3 2 gone.h5 --fail-fast
+grep -q "batches/3" gone.2.txt gone.2.err 2>/dev/null || fail "gone: the missing dataset of batch 3 is not named"
+
+# ---- --write-output: the same file
+timeout 120 "$DYNEMB" replay seq.h5 -q --write-output wo.1.h5 >/dev/null 2>&1
+rc1=$?
+LSAN_OPTIONS=$lsan_mpi timeout 120 "$MPIRUN" -np 2 "$DYNEMB" replay seq.h5 -q --write-output wo.2.h5 >/dev/null 2>&1
+rc2=$?
+expect_rc "write-output (one process)" 0 "$rc1"
+expect_rc "write-output (mpirun -np 2)" 0 "$rc2"
+if cmp -s wo.1.h5 wo.2.h5; then ok "--write-output: the same bytes"; else fail "--write-output: the files differ"; fi
+
+# ---- a process killed as its first batch begins: exit 2, a line naming it, nothing left
+mkdir -p out
+start=$SECONDS
+before=$fails
+LSAN_OPTIONS=$lsan_mpi timeout 60 "$MPIRUN" -np 2 -x DYNEMB_MPI_KILL=1 "$DYNEMB" replay seq.h5 --json out/k.json \
+  --junit out/k.xml >kill.out 2>kill.err
+rc=$?
+expect_rc "killed process" 2 "$rc"
+grep -q "process 1 of 2 (pid [0-9]*) was killed by SIGKILL" kill.err ||
+  { fail "killed process: no line names it"; sed 's/^/    /' kill.err | head -20; }
+[[ -z "$(ls -A out)" ]] || fail "killed process: files left in out/: $(ls -A out)"
+no_temps "$tmp" "killed process"
+((SECONDS - start < 60 && fails == before)) && ok "killed process: exit 2 in $((SECONDS - start)) s, nothing left"
+
+# ---- trouble before the replay (a report onto the capture): exit 2 and its message, no hang
+LSAN_OPTIONS=$lsan_mpi timeout 60 "$MPIRUN" -np 2 "$DYNEMB" replay seq.h5 --json seq.h5 >clash.out 2>&1
+expect_rc "output clash" 2 $?
+grep -q "json" clash.out || fail "output clash: no message names --json"
+
+# ---- without a launcher the hook means nothing: the same binary replays as one process
+DYNEMB_MPI_KILL=1 timeout 120 "$DYNEMB" replay seq.h5 -q >solo.out 2>&1
+expect_rc "no launcher" 0 $?
+
+[[ $fails -eq 0 ]]

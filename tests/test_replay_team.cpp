@@ -1,0 +1,190 @@
+// The replay's team (replay/team.hpp) without MPI: the batches' split, the findings' bytes, and
+// P run_replay calls on threads joined by an in-memory team, whose process 0 report is the
+// one-process report and whose progress counts every process's rank-batches.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+
+#include "engine/backend.hpp"
+#include "replay/replay.hpp"
+#include "synth/synth.hpp"
+
+using namespace dynemb;
+
+TEST_CASE("team_share: contiguous blocks, process 0's first and never empty") {
+  const std::vector<int64_t> two{0, 1}, five{0, 1, 2, 3, 4}, none;
+  CHECK(team_share(two, 0, 3) == std::vector<int64_t>{0});
+  CHECK(team_share(two, 1, 3) == std::vector<int64_t>{1});
+  CHECK(team_share(two, 2, 3).empty());
+  CHECK(team_share(five, 0, 2) == std::vector<int64_t>{0, 1, 2});
+  CHECK(team_share(five, 1, 2) == std::vector<int64_t>{3, 4});
+  CHECK(team_share(none, 0, 4).empty());
+  const std::vector<int64_t> odd{3, 7, 9};
+  CHECK(team_share(odd, 0, 1) == odd);
+}
+
+TEST_CASE("findings: every field of a check, the counted passes, warnings and trouble come back") {
+  Report r;
+  CheckResult c;
+  c.batch = 4;
+  c.rank = 3;
+  c.stage = "output";
+  c.check = "golden";
+  c.status = CheckStatus::fail;
+  c.message = "1 of 64 elements differ";
+  c.got_label = "replayed";
+  c.want_label = "golden";
+  c.cause = "data (golden output)";
+  c.compared = 64;
+  c.mismatches = 1;
+  c.max_abs_err = 0.25;
+  c.details.push_back({Coords{{"feature", 1, "f1"}, {"column", 5, ""}}, "1.5", "1.25", "note"});
+  r.checks.push_back(c);
+  r.pass_counts["ctx"] = 7;
+  r.warnings = {"w1", "w2"};
+  r.trouble = "stopped";
+  const Findings f = decode_findings(encode_findings(r, true));
+  REQUIRE(f.checks.size() == 1);
+  const CheckResult& d = f.checks[0];
+  CHECK(d.name() == c.name());
+  CHECK(d.status == c.status);
+  CHECK(d.message == c.message);
+  CHECK(d.cause == c.cause);
+  CHECK(d.got_label == "replayed");
+  CHECK(d.compared == 64);
+  CHECK(d.max_abs_err == 0.25);
+  CHECK(!d.max_rel_err.has_value());
+  REQUIRE(d.details.size() == 1);
+  CHECK(to_string(d.details[0].where) == to_string(c.details[0].where));
+  CHECK(d.details[0].note == "note");
+  CHECK(f.pass_counts.at("ctx") == 7);
+  CHECK(f.warnings == r.warnings);
+  CHECK(f.trouble == "stopped");
+  CHECK(decode_findings(encode_findings(r, false)).pass_counts.empty());
+  std::string cut = encode_findings(r, true);
+  cut.resize(cut.size() - 3);
+  CHECK_THROWS_AS(decode_findings(cut), Error);
+}
+
+namespace {
+
+// Messages between threads, by (to, from, tag).
+class Hub {
+ public:
+  void put(int to, int from, int tag, std::string s) {
+    std::lock_guard<std::mutex> l(m_);
+    box_[{to, from, tag}].push_back(std::move(s));
+    cv_.notify_all();
+  }
+  bool take(int to, int from, int tag, std::string& out, bool wait) {
+    std::unique_lock<std::mutex> l(m_);
+    auto& q = box_[{to, from, tag}];
+    if (wait) cv_.wait(l, [&] { return !q.empty(); });
+    if (q.empty()) return false;
+    out = std::move(q.front());
+    q.pop_front();
+    return true;
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::map<std::tuple<int, int, int>, std::deque<std::string>> box_;
+};
+
+class ThreadTeam final : public ReplayTeam {
+ public:
+  ThreadTeam(Hub& hub, int q, int P) : hub_(hub), q_(q), P_(P) {}
+  int index() const override { return q_; }
+  int size() const override { return P_; }
+  void send_progress(int64_t k, bool whole) override {
+    hub_.put(0, q_, 1, std::to_string(k) + (whole ? " 1" : " 0"));
+  }
+  void poll_progress(const ProgressFn& fn) override {
+    std::string s;
+    for (int from = 1; from < P_; ++from)
+      while (hub_.take(0, from, 1, s, false)) {
+        long long k = 0;
+        int whole = 0;
+        std::sscanf(s.c_str(), "%lld %d", &k, &whole);
+        if (fn) fn(k, whole != 0);
+      }
+  }
+  void send_result(const std::string& b) override { hub_.put(0, q_, 2, b); }
+  std::string receive_result(int q, const ProgressFn& fn) override {
+    std::string s;
+    for (;;) {
+      poll_progress(fn);
+      if (hub_.take(0, q, 2, s, false)) return s;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  void send_carry(const std::string& b) override { hub_.put(q_ + 1, q_, 3, b); }
+  std::string receive_carry() override {
+    std::string s;
+    hub_.take(q_, q_ - 1, 3, s, true);
+    return s;
+  }
+
+ private:
+  Hub& hub_;
+  int q_, P_;
+};
+
+}  // namespace
+
+TEST_CASE("P replays joined by a team: process 0's report is the one-process report") {
+  const std::string path = "test_replay_team_vbe.h5";
+  const Plan plan = preset_plan("unit-pooled-w8");
+  SynthOptions so = preset_workload("unit-pooled-w8");
+  so.batches = 5;
+  so.batch_sizes = {4};
+  so.vbe = true;
+  so.seed = 5;
+  synth_capture(plan, so, path);
+  ReplayOptions opt;
+  opt.capture_path = path;
+  opt.passes = PassMode::compact;
+  auto backend = make_cpu_backend(1);
+  const Report one = run_replay(opt, *backend);
+  REQUIRE(one.trouble.empty());
+  const std::string want = json_report(one);
+  CHECK(want.find("1 matches the mode latched at batch 0") != std::string::npos);
+
+  for (int P : {2, 3, 6}) {
+    CAPTURE(P);
+    Hub hub;
+    std::vector<Report> reps(static_cast<size_t>(P));
+    ReplayProgress last;
+    int64_t calls = 0;
+    std::vector<std::thread> threads;
+    for (int q = 0; q < P; ++q)
+      threads.emplace_back([&, q] {
+        ReplayOptions o = opt;
+        o.team = std::make_shared<ThreadTeam>(hub, q, P);
+        ReplayCallbacks cb;
+        if (q == 0)
+          cb.on_progress = [&](const ReplayProgress& p) {
+            last = p;
+            ++calls;
+          };
+        auto b = make_cpu_backend(1);
+        reps[size_t(q)] = run_replay(o, *b, cb);
+      });
+    for (std::thread& t : threads) t.join();
+    CHECK(json_report(reps[0]) == want);
+    CHECK(last.batches_done == 5);
+    CHECK(last.rank_batches_done == 5 * 8);
+    CHECK(last.rank_batches_done == last.rank_batches_total);
+    CHECK(last.bytes_done == doctest::Approx(last.bytes_total));
+    CHECK(calls >= 5);
+  }
+  std::remove(path.c_str());
+}
