@@ -55,7 +55,9 @@ EOF
 # builds only: ASan reserves far more), stdout and stderr in $tmp/NAME.out; a failure shows
 # the output. has NAME REGEX: a line of $tmp/NAME.out matches (the whole reason on one line).
 asan=0
-nm "${DYNEMB:-}" 2>/dev/null | grep -q __asan_init && asan=1
+# grep -c reads all of nm's output: grep -q would stop early, and nm's SIGPIPE would fail the
+# pipe in a test that sets -o pipefail.
+(($(nm "${DYNEMB:-}" 2>/dev/null | grep -c __asan_init) > 0)) && asan=1
 run() {
   local name=$1 want=$2
   shift 2
@@ -104,7 +106,7 @@ EOF
 # skip_rss_under_asan: a test that judges peak RSS skips itself (77) on an ASan build, whose
 # RSS is the sanitizer's shadow memory and quarantine, not the tool's.
 skip_rss_under_asan() {
-  if nm "$DYNEMB" 2>/dev/null | grep -q __asan_init; then
+  if (($(nm "$DYNEMB" 2>/dev/null | grep -c __asan_init) > 0)); then
     echo "ASan build: RSS includes the sanitizer's shadow memory and quarantine; skipped there"
     exit 77
   fi
