@@ -54,6 +54,21 @@ TEST_CASE("property: one destination's blocks give its output, over 500 random b
       pchk = check_pooled_dist(p, vbe, lp, cp);
     else
       seq = check_sequence_dist(p, lp, cp);
+    if (seq)  // the one-walk maker gives every destination's block as the per-destination one
+      for (int64_t s = 0; s < W; ++s) {
+        const std::optional<std::vector<DestBlock>> all =
+            sequence_blocks(seq->senders[size_t(s)], p.seq_dim());
+        REQUIRE(all);
+        REQUIRE(int64_t(all->size()) == W);
+        for (int64_t d = 0; d < W; ++d) {
+          const std::optional<DestBlock> one =
+              sequence_block(seq->senders[size_t(s)], d, p.seq_dim());
+          REQUIRE(one);
+          CHECK((*all)[size_t(d)].ranges == one->ranges);
+          CHECK((*all)[size_t(d)].shape == one->shape);
+          CHECK((*all)[size_t(d)].starts == one->starts);
+        }
+      }
     std::vector<std::vector<int>> covered(static_cast<size_t>(W));
     for (int64_t s = 0; s < W; ++s) covered[size_t(s)].assign(local[size_t(s)].data.size(), 0);
     for (int64_t d = 0; d < W; ++d) {

@@ -55,6 +55,38 @@ std::optional<DestBlock> sequence_block(const SequenceSendPlan& sp, int64_t d, i
   return b;
 }
 
+std::optional<std::vector<DestBlock>> sequence_blocks(const SequenceSendPlan& sp, int64_t D) {
+  const int64_t W = int64_t(sp.send_off.size()) - 1;
+  std::vector<DestBlock> out(size_t(std::max<int64_t>(W, 0)));
+  for (DestBlock& b : out) b.row_elems = D;
+  const std::vector<int64_t> in_off = complete_cumsum(sp.segment_lengths);
+  // One walk of the send buffer: segment pieces in send order, each cut at the destination
+  // boundaries send_off[d + 1] it crosses.
+  int64_t pos = 0, d = 0;
+  for (size_t k = 0; k < sp.forward_recat.size() && d < W; ++k) {
+    const int64_t t = sp.forward_recat[k], len = sp.segment_lengths[size_t(t)];
+    for (int64_t a = pos; a < pos + len;) {
+      while (d < W && sp.send_off[size_t(d) + 1] <= a) ++d;  // send_off is non-decreasing
+      if (d == W) break;
+      const int64_t e = std::min(pos + len, sp.send_off[size_t(d) + 1]);
+      DestBlock& b = out[size_t(d)];
+      const int64_t r0 = in_off[size_t(t)] + (a - pos), r1 = r0 + (e - a);
+      if (!b.ranges.empty() && r0 < b.ranges.back().second) return std::nullopt;
+      if (!b.ranges.empty() && r0 == b.ranges.back().second)
+        b.ranges.back().second = r1;
+      else
+        b.ranges.emplace_back(r0, r1);
+      a = e;
+    }
+    pos += len;
+  }
+  for (DestBlock& b : out) {
+    finish(b);
+    b.shape = {b.starts.back(), D};
+  }
+  return out;
+}
+
 DestBlock pooled_block(const PooledDistCheck& chk, int64_t s, int64_t d, int64_t sum_D,
                        bool variable_batch) {
   DestBlock b;
@@ -85,34 +117,39 @@ LookupKjt lookup_kjt_from(const LookupKjt& k, int64_t d) {
 }
 
 LookupKjt lookup_kjt_from(const LookupKjt& k, int64_t d, int64_t b0, int64_t b1) {
-  return lookup_kjt_from(k, complete_cumsum(k.lengths), d, b0, b1);
+  return lookup_kjt_from(k, lookup_kjt_index(k), d, b0, b1);
 }
 
-LookupKjt lookup_kjt_from(const LookupKjt& k, const std::vector<int64_t>& value_off, int64_t d,
-                          int64_t b0, int64_t b1) {
+LookupKjtIndex lookup_kjt_index(const LookupKjt& k) {
+  LookupKjtIndex ix;
+  ix.bags.reserve(size_t(k.num_features * k.world_size) + 1);
+  ix.bags.push_back(0);
+  for (int64_t f = 0; f < k.num_features; ++f)
+    for (int64_t s = 0; s < k.world_size; ++s)
+      ix.bags.push_back(ix.bags.back() + k.stride_per_key_per_rank[size_t(f)][size_t(s)]);
+  ix.values = complete_cumsum(k.lengths);
+  return ix;
+}
+
+LookupKjt lookup_kjt_from(const LookupKjt& k, const LookupKjtIndex& ix, int64_t d, int64_t b0,
+                          int64_t b1) {
   LookupKjt out;
   out.num_features = k.num_features;
   out.world_size = 1;
   out.variable_batch = k.variable_batch;
   out.stride_per_key_per_rank.resize(size_t(k.num_features));
   const bool weighted = !k.weights.empty();
-  int64_t j = 0;  // first bag of (f, s) as the walk reaches it
   for (int64_t f = 0; f < k.num_features; ++f) {
-    const std::vector<int64_t>& spr = k.stride_per_key_per_rank[size_t(f)];
-    for (int64_t s = 0; s < k.world_size; ++s) {
-      const int64_t nb = spr[size_t(s)];
-      if (s == d) {  // bags [j + c0, j + c1), values [v0, v1)
-        const int64_t c0 = std::min(b0, nb), c1 = std::min(b1, nb);
-        const int64_t v0 = value_off[size_t(j + c0)], v1 = value_off[size_t(j + c1)];
-        out.stride_per_key_per_rank[size_t(f)] = {c1 - c0};
-        out.lengths.insert(out.lengths.end(), k.lengths.begin() + j + c0,
-                           k.lengths.begin() + j + c1);
-        out.values.insert(out.values.end(), k.values.begin() + v0, k.values.begin() + v1);
-        if (weighted)
-          out.weights.insert(out.weights.end(), k.weights.begin() + v0, k.weights.begin() + v1);
-      }
-      j += nb;
-    }
+    // Bags [j + c0, j + c1) of (f, d), values [v0, v1).
+    const int64_t j = ix.bags[size_t(f * k.world_size + d)];
+    const int64_t nb = k.stride_per_key_per_rank[size_t(f)][size_t(d)];
+    const int64_t c0 = std::min(b0, nb), c1 = std::min(b1, nb);
+    const int64_t v0 = ix.values[size_t(j + c0)], v1 = ix.values[size_t(j + c1)];
+    out.stride_per_key_per_rank[size_t(f)] = {c1 - c0};
+    out.lengths.insert(out.lengths.end(), k.lengths.begin() + j + c0, k.lengths.begin() + j + c1);
+    out.values.insert(out.values.end(), k.values.begin() + v0, k.values.begin() + v1);
+    if (weighted)
+      out.weights.insert(out.weights.end(), k.weights.begin() + v0, k.weights.begin() + v1);
   }
   return out;
 }

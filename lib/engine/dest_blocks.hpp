@@ -42,6 +42,10 @@ struct DestBlock {
 // [rows, D]. nullopt when the send order is not increasing in local_embs (a captured
 // sparse_features_recat that reorders features): the caller then replays the batch whole.
 std::optional<DestBlock> sequence_block(const SequenceSendPlan& sp, int64_t d, int64_t D);
+// The blocks of every destination d = 0..W-1 in one walk of the send order (O(segments + W),
+// where W calls of sequence_block would walk it W times); nullopt when some block's send order
+// is not increasing.
+std::optional<std::vector<DestBlock>> sequence_blocks(const SequenceSendPlan& sp, int64_t D);
 
 // Pooled: chunk d of sender s ([B_d, sum_D] rows, or the 1-D VBE chunk of n elements).
 DestBlock pooled_block(const PooledDistCheck& chk, int64_t s, int64_t d, int64_t sum_D,
@@ -57,10 +61,17 @@ LookupKjt lookup_kjt_from(const LookupKjt& k, int64_t d, int64_t b0, int64_t b1)
 // Samples [b0, b1) of a KJT that is not VBE (every feature's): its reference is rows [b0, b1)
 // of the whole KJT's pooled reference.
 Kjt kjt_samples(const Kjt& kjt, int64_t b0, int64_t b1);
-// The same with k's value offsets given (complete_cumsum(k.lengths)): the walk is then over
-// k's (f, s) pairs, not its bags, for a caller that takes many pieces of one k.
-LookupKjt lookup_kjt_from(const LookupKjt& k, const std::vector<int64_t>& value_off, int64_t d,
-                          int64_t b0, int64_t b1);
+// Where the bags and values of each (f, s) pair of a lookup KJT start, for a caller that takes
+// many pieces of one k: `bags` [F*W + 1] (bag (f, s, 0) is bags[f*W + s]), `values` [bags + 1]
+// (complete_cumsum(k.lengths)).
+struct LookupKjtIndex {
+  std::vector<int64_t> bags, values;
+};
+LookupKjtIndex lookup_kjt_index(const LookupKjt& k);
+// The same with k's index given: O(F + the piece), not a walk over k's (f, s) pairs, so the W
+// pieces of each of W lookup KJTs cost O(W^2 F), not O(W^3 F).
+LookupKjt lookup_kjt_from(const LookupKjt& k, const LookupKjtIndex& ix, int64_t d, int64_t b0,
+                          int64_t b1);
 
 // Rows [r0, r1) of a pooled non-VBE block (pooled_block): a destination's output is the sum of
 // its senders' chunks row by row, so it can be made and checked a few rows at a time.

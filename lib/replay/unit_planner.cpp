@@ -198,17 +198,17 @@ std::optional<DestinationCut> cut_destinations(RunContext& rc, BatchState& st) {
       return std::nullopt;  // the whole batch's check says how the shapes differ
   }
   cut.where.assign(size_t(W), {});
-  for (int64_t s = 0; s < W; ++s)
-    for (int64_t d = 0; d < W; ++d) {
-      if (pooled) {
-        cut.where[size_t(s)].push_back(
-            pooled_block(*pooled, s, d, plan.sum_dim, cut.variable_batch));
-        continue;
-      }
-      std::optional<DestBlock> b = sequence_block(seq->senders[size_t(s)], d, plan.seq_dim());
+  for (int64_t s = 0; s < W; ++s) {
+    if (!pooled) {
+      std::optional<std::vector<DestBlock>> b =
+          sequence_blocks(seq->senders[size_t(s)], plan.seq_dim());
       if (!b) return std::nullopt;
-      cut.where[size_t(s)].push_back(std::move(*b));
+      cut.where[size_t(s)] = std::move(*b);
+      continue;
     }
+    for (int64_t d = 0; d < W; ++d)
+      cut.where[size_t(s)].push_back(pooled_block(*pooled, s, d, plan.sum_dim, cut.variable_batch));
+  }
   int64_t step = std::max<int64_t>(1, int64_t(kUnitBytes / (4.0 * double(W * plan.sum_dim))));
   if (const std::optional<int64_t> n = test_hooks::destination_rows()) step = *n;
   for (int64_t d = 0; d < W; ++d) {

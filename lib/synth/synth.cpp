@@ -538,14 +538,14 @@ void synth_by_destination(const Plan& plan, Backend& backend, const EmbeddingSou
   std::vector<EmbTensor> shapes(static_cast<size_t>(W));  // the lookups' shapes, no data
   std::vector<TensorRef> lp(static_cast<size_t>(W));
   std::vector<const ShardingContext*> cp(static_cast<size_t>(W));
-  std::vector<std::vector<int64_t>> value_off(static_cast<size_t>(W));
+  std::vector<LookupKjtIndex> index(static_cast<size_t>(W));
   for (int64_t r = 0; r < W; ++r) {
     const LookupKjt& lk = derived.ranks[r].lookup_kjt;
     shapes[r].dtype = plan.data_type();
     shapes[r].shape = lookup_output_layout(plan, lk).shape;
     lp[r] = TensorRef(shapes[r]);
     cp[r] = &derived.ranks[r].ctx;
-    value_off[r] = complete_cumsum(lk.lengths);
+    index[r] = lookup_kjt_index(lk);
   }
   const bool variable_batch = pooled && pooled->check(k, lp, cp);  // latches as forward() does
   for (int64_t r = 0; r < W; ++r) {
@@ -564,12 +564,11 @@ void synth_by_destination(const Plan& plan, Backend& backend, const EmbeddingSou
       const int64_t b1 = B > 0 ? std::min(B, b0 + step) : INT64_MAX;
       std::vector<EmbTensor> blocks(static_cast<size_t>(W));
       for (int64_t s = 0; s < W; ++s)
-        blocks[s] =
-            backend
-                .lookup(plan, int(s),
-                        lookup_kjt_from(derived.ranks[s].lookup_kjt, value_off[s], r, b0, b1),
-                        source, Place::host)
-                .t;
+        blocks[s] = backend
+                        .lookup(plan, int(s),
+                                lookup_kjt_from(derived.ranks[s].lookup_kjt, index[s], r, b0, b1),
+                                source, Place::host)
+                        .t;
       EmbTensor part =
           destination_output(plan, backend, r, blocks, cp, variable_batch, Place::host).t;
       if (B == 0 || (b0 == 0 && b1 == B)) {
