@@ -13,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <thread>
 
 #include "capture/capture_internal.hpp"
@@ -109,6 +110,7 @@ struct CaptureReader::Impl {
 
   struct Ds {
     Hid d, t;
+    Hid dcpl;  // creation properties (layout, filters), fetched once: H5Dget_create_plist copies
     std::vector<int64_t> dims;
     int64_t numel = 0;
     std::string path;
@@ -121,6 +123,7 @@ struct CaptureReader::Impl {
     ds.d = h5::dset_id(H5Dopen2(fid, path.c_str(), H5P_DEFAULT));
     if (!ds.d.valid()) fail(path, "not a readable dataset: " + h5::last_error());
     ds.t = h5::type_id(H5Dget_type(ds.d));
+    ds.dcpl = h5::plist_id(H5Dget_create_plist(ds.d));
     Hid sp = h5::space_id(H5Dget_space(ds.d));
     const int nd = H5Sget_simple_extent_ndims(sp);
     if (nd < 0) fail(path, "unreadable dataspace: " + h5::last_error());
@@ -158,8 +161,8 @@ struct CaptureReader::Impl {
                                  static_cast<uint64_t>(fsize)));
       };
       past_eof(H5Dget_offset(ds.d), bytes, "data");  // HADDR_UNDEF unless contiguous
-      Hid dcpl = h5::plist_id(H5Dget_create_plist(ds.d));
-      if (const int64_t stored = h5::compact_stored_bytes(ds.d);
+      const Hid& dcpl = ds.dcpl;
+      if (const int64_t stored = h5::compact_stored_bytes(ds.d, dcpl.valid() ? dcpl.get() : -1);
           stored >= 0 && static_cast<double>(stored) != bytes)
         fail(path, fmt::format("compact data of extent {} stores {} bytes, want {:.0f}: damaged",
                                shape_str(ds.dims), stored, bytes));
@@ -205,13 +208,18 @@ struct CaptureReader::Impl {
     }
     // A filter this reader cannot undo (h5py's lzf) is named here, before libhdf5 reports it
     // as "can't open directory <plugin path>".
-    if (std::string why = h5::filters_trouble(ds.d); !why.empty()) fail(path, why);
+    if (std::string why =
+            ds.dcpl.valid() ? h5::filters_trouble_of(ds.dcpl) : h5::filters_trouble(ds.d);
+        !why.empty())
+      fail(path, why);
     // Each stored chunk's record (size, filter mask) against the chunk shape, from the chunk
     // index alone, so `validate --capture` (which reads shapes, not data) names a bad one too;
     // for chunk grids of up to kMaxRecordChecks chunks (one index look-up each). Decoded sizes are
     // checked when the data is read.
     constexpr hsize_t kMaxRecordChecks = 4096;
-    if (std::string why; !h5::check_chunks(ds.d, why, /*decode_too=*/false, kMaxRecordChecks))
+    if (std::string why;
+        !(ds.dcpl.valid() ? h5::check_chunks(ds.d, ds.dcpl, why, false, kMaxRecordChecks)
+                          : h5::check_chunks(ds.d, why, /*decode_too=*/false, kMaxRecordChecks)))
       fail(path, why);
     for (int64_t x : ds.dims) ds.numel *= x;
     return ds;
@@ -221,6 +229,30 @@ struct CaptureReader::Impl {
     if (!ds) fail(path, "missing dataset");
     return std::move(*ds);
   }
+  // The datasets of batch `k` that read_rank_rows opened, open until another batch is read: a
+  // batch replayed one destination at a time reads some rows of each sender's local_embs for
+  // every destination, W^2 reads of W datasets, and each open walks the group and checks the
+  // header (try_open). Called, as every libhdf5 call here, by one thread at a time.
+  struct RowsDs;
+  const RowsDs& open_rows_dataset(int64_t k, const std::string& path) const {
+    if (k != rows_batch) {
+      rows_open.clear();
+      rows_batch = k;
+    }
+    auto it = rows_open.find(path);
+    if (it == rows_open.end()) {
+      RowsDs r{open(path), nullptr};
+      r.layout = h5::readable_layout(r.ds.d);
+      it = rows_open.emplace(path, std::move(r)).first;
+    }
+    return it->second;
+  }
+  struct RowsDs {
+    Ds ds;
+    std::shared_ptr<const h5::Layout> layout;  // null: not read by chunks
+  };
+  mutable std::map<std::string, RowsDs> rows_open;
+  mutable int64_t rows_batch = -1;
 
   // Signed integer of one of the given byte sizes ("int32|int64", "int64", "int32" in
   // docs/capture-format.md).
@@ -252,8 +284,7 @@ struct CaptureReader::Impl {
     const uint64_t bytes = uint64_t(ds.numel) * es;
     const int threads = bytes < kParallelReadBytes ? 1 : hardware_threads();
     h5::ChunkTrouble trouble;
-    Hid dcpl = h5::plist_id(H5Dget_create_plist(ds.d));
-    if (!dcpl.valid() || H5Pget_layout(dcpl) != H5D_CHUNKED) {
+    if (!ds.dcpl.valid() || H5Pget_layout(ds.dcpl) != H5D_CHUNKED) {
       // contiguous or compact: checked against the file when opened
     } else if (H5Tequal(ds.t, mem_type) > 0) {
       if (h5::read_chunks_parallel(ds.d, out, bytes, threads, &trouble)) return;
@@ -274,7 +305,11 @@ struct CaptureReader::Impl {
   }
   void check_chunks(const Ds& ds) const {
     std::string why;
-    if (!h5::check_chunks(ds.d, why)) fail(ds.path, why);
+    if (!(ds.dcpl.valid() ? h5::check_chunks(ds.d, ds.dcpl, why) : h5::check_chunks(ds.d, why)))
+      fail(ds.path, why);
+  }
+  bool chunked(const Ds& ds) const {
+    return !ds.dcpl.valid() || H5Pget_layout(ds.dcpl) == H5D_CHUNKED;
   }
   static constexpr int64_t kParallelReadBytes = 1 << 20;
 
@@ -871,11 +906,13 @@ void CaptureReader::Impl::read_rows_into(const Ds& ds, const std::string& path, 
   const std::vector<std::pair<uint64_t, uint64_t>> rows_u(ranges.begin(), ranges.end());
   const auto read = [&](hid_t mem_type, void* buf) {
     h5::ChunkTrouble trouble;
-    if (H5Tequal(ds.t, mem_type) > 0 &&
+    // Contiguous or compact (checked against the file when opened): H5Dread alone.
+    const bool by_chunks = chunked(ds);
+    if (by_chunks && H5Tequal(ds.t, mem_type) > 0 &&
         h5::read_rows_parallel(ds.d, rows_u, buf, hardware_threads(), &trouble))
       return;
     if (!trouble.what.empty()) fail(path, trouble.what);
-    check_chunks(ds);  // H5Dread copies whole chunks out of whatever they decode to
+    if (by_chunks) check_chunks(ds);  // H5Dread copies whole chunks out of whatever they decode to
     if (!read_into(mem_type, buf))
       fail(path, fmt::format("rows {}..{} of extent {}: read failed: {}", ranges.front().first,
                              ranges.back().second, shape_str(ds.dims), h5::last_error()));
@@ -911,27 +948,31 @@ void CaptureReader::read_rank_rows(int64_t k, const char* name, DType dtype,
   const TraceSpan span("read rows", k);
   const Impl& I = *impl_;
   const size_t W = ranges.size();
-  std::vector<Impl::Ds> ds(W);
+  std::vector<const Impl::Ds*> ds(W, nullptr);
+  std::vector<std::shared_ptr<const h5::Layout>> layout(W);
   std::vector<std::string> path(W);
   elements.assign(W, 0);
   bool fast = dtype == DType::f32;
   for (size_t r = 0; r < W; ++r) {
     if (ranges[r].empty()) continue;
     path[r] = fmt::format("/batches/{}/rank{}/{}", k, r, name);
-    ds[r] = I.open(path[r]);
-    elements[r] = I.rows_elements(ds[r], path[r], ranges[r]);
-    fast &= H5Tequal(ds[r].t, H5T_NATIVE_FLOAT) > 0;
+    const Impl::RowsDs& opened = I.open_rows_dataset(k, path[r]);
+    ds[r] = &opened.ds;
+    layout[r] = opened.layout;
+    elements[r] = I.rows_elements(*ds[r], path[r], ranges[r]);
+    fast &= layout[r] && H5Tequal(ds[r]->t, H5T_NATIVE_FLOAT) > 0;
   }
   std::vector<h5::RowsRead> reads;
   for (size_t r = 0; fast && r < W; ++r)
     if (!ranges[r].empty())
-      reads.push_back({ds[r].d, {ranges[r].begin(), ranges[r].end()}, out(r)});
+      reads.push_back({ds[r]->d, {ranges[r].begin(), ranges[r].end()}, out(r), layout[r]});
   h5::ChunkTrouble trouble;
   if (fast && h5::read_rows_parallel(reads, hardware_threads(), &trouble)) return;
   for (size_t r = 0; r < W && !trouble.what.empty(); ++r)
-    if (!ranges[r].empty() && ds[r].d.get() == trouble.dset) I.fail(path[r], trouble.what);
+    if (!ranges[r].empty() && ds[r]->d.get() == trouble.dset) I.fail(path[r], trouble.what);
   for (size_t r = 0; r < W; ++r)
-    if (!ranges[r].empty()) I.read_rows_into(ds[r], path[r], dtype, ranges[r], elements[r], out(r));
+    if (!ranges[r].empty())
+      I.read_rows_into(*ds[r], path[r], dtype, ranges[r], elements[r], out(r));
 }
 
 std::vector<std::vector<float>> CaptureReader::read_rows(

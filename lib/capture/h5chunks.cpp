@@ -56,6 +56,8 @@ bool pipeline_of(hid_t dcpl, Pipeline& p) {
   return true;
 }
 
+}  // namespace
+
 // What both directions need to know of a dataset taken by the chunk path.
 struct Layout {
   Hid dcpl, type;
@@ -84,9 +86,15 @@ struct Layout {
   }
 };
 
+namespace {
+
 // Chunked, a pipeline of shuffle/deflate, rank 1..8, a non-empty extent.
-bool layout_of(hid_t dset, Layout& L) {
-  L.dcpl = plist_id(H5Dget_create_plist(dset));
+bool layout_of(hid_t dset, Layout& L, hid_t dcpl = H5I_INVALID_HID) {
+  // The caller's list, with a reference of L's own (closed with L), or the dataset's.
+  if (dcpl >= 0 && H5Iinc_ref(dcpl) >= 0)
+    L.dcpl = plist_id(dcpl);
+  else
+    L.dcpl = plist_id(H5Dget_create_plist(dset));
   if (!L.dcpl.valid() || H5Pget_layout(L.dcpl) != H5D_CHUNKED) return false;
   if (!pipeline_of(L.dcpl, L.pipe)) return false;
   L.nfilters = H5Pget_nfilters(L.dcpl);
@@ -402,6 +410,16 @@ bool readable(hid_t dset, Layout& L) {
   return (cls == H5T_INTEGER || cls == H5T_FLOAT) && H5Tget_order(L.type) == H5T_ORDER_LE;
 }
 
+}  // namespace
+
+std::shared_ptr<const Layout> readable_layout(hid_t dset) {
+  auto L = std::make_shared<Layout>();
+  if (!readable(dset, *L)) return nullptr;
+  return L;
+}
+
+namespace {
+
 // Reads the stored bytes of chunks 0..n-1 (offset(k, off) sets `off` to chunk k's dataset
 // offset and returns its dataset and that dataset's layout: the chunks may be of several
 // datasets) here, a window of 4 x `threads` at a time (libhdf5 on one thread), and calls
@@ -540,7 +558,8 @@ namespace {
 // in `pieces`, chunks in row order.
 struct RowPlan {
   hid_t dset = -1;
-  Layout L;
+  std::shared_ptr<const Layout> L_;  // the caller's (RowsRead::layout), or looked up here
+  const Layout& L() const { return *L_; }
   uint64_t R = 0, row_bytes = 0;
   struct Piece {
     uint64_t row, n;  // rows [row, row + n) of the chunk
@@ -554,7 +573,9 @@ struct RowPlan {
   bool make(const RowsRead& r) {
     dset = r.dset;
     dst = static_cast<unsigned char*>(r.out);
-    if (!readable(dset, L)) return false;
+    L_ = r.layout ? r.layout : readable_layout(dset);
+    if (!L_) return false;
+    const Layout& L = *L_;
     bool whole_rows = true;
     row_bytes = row_elems_of(L, whole_rows) * L.es;
     if (!whole_rows) return false;
@@ -585,8 +606,8 @@ struct RowPlan {
     const Piece* p = pieces.data() + first_piece[size_t(k)];
     const size_t np = first_piece[size_t(k) + 1] - first_piece[size_t(k)];
     // A whole chunk inside the extent for one piece is one run of `out`.
-    if (np == 1 && p->n == R) return w.into(c, L, dst + p->at);
-    const unsigned char* plain = w.buffered(c, L);
+    if (np == 1 && p->n == R) return w.into(c, L(), dst + p->at);
+    const unsigned char* plain = w.buffered(c, L());
     if (!plain) return false;
     for (size_t i = 0; i < np; ++i)
       std::memcpy(dst + p[i].at, plain + p[i].row * row_bytes, p[i].n * row_bytes);
@@ -598,7 +619,7 @@ struct RowPlan {
 
 bool read_rows_parallel(hid_t dset, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
                         void* out, int threads, ChunkTrouble* trouble) {
-  return read_rows_parallel({RowsRead{dset, ranges, out}}, threads, trouble);
+  return read_rows_parallel({RowsRead{dset, ranges, out, nullptr}}, threads, trouble);
 }
 
 bool read_rows_parallel(const std::vector<RowsRead>& reads, int threads, ChunkTrouble* trouble) {
@@ -617,9 +638,9 @@ bool read_rows_parallel(const std::vector<RowsRead>& reads, int threads, ChunkTr
       base.back(), threads, trouble,
       [&](uint64_t k, std::vector<hsize_t>& off) {
         const RowPlan& p = plans[plan_of(k)];
-        off.assign(p.L.dims.size(), 0);
+        off.assign(p.L().dims.size(), 0);
         off[0] = p.chunks[size_t(k - base[plan_of(k)])] * p.R;
-        return std::pair<hid_t, const Layout*>(p.dset, &p.L);
+        return std::pair<hid_t, const Layout*>(p.dset, &p.L());
       },
       [&](uint64_t k, const RawChunk& c, Worker& w) {
         const size_t i = plan_of(k);
@@ -630,6 +651,10 @@ bool read_rows_parallel(const std::vector<RowsRead>& reads, int threads, ChunkTr
 std::string filters_trouble(hid_t dset) {
   Hid dcpl = plist_id(H5Dget_create_plist(dset));
   if (!dcpl.valid()) return "unreadable creation properties: " + last_error();
+  return filters_trouble_of(dcpl);
+}
+
+std::string filters_trouble_of(hid_t dcpl) {
   if (H5Pget_layout(dcpl) != H5D_CHUNKED) return "";  // filters need chunks
   Pipeline p;
   if (pipeline_of(dcpl, p)) return "";
@@ -656,9 +681,15 @@ std::string filters_trouble(hid_t dset) {
 }
 
 bool check_chunks(hid_t dset, std::string& why, bool decode_too, uint64_t max_grid) {
-  if (why = filters_trouble(dset); !why.empty()) return false;
+  Hid dcpl = plist_id(H5Dget_create_plist(dset));
+  if (!dcpl.valid()) return why = "unreadable creation properties: " + last_error(), false;
+  return check_chunks(dset, dcpl, why, decode_too, max_grid);
+}
+
+bool check_chunks(hid_t dset, hid_t dcpl, std::string& why, bool decode_too, uint64_t max_grid) {
+  if (why = filters_trouble_of(dcpl); !why.empty()) return false;
   Layout L;
-  if (!layout_of(dset, L)) return true;  // not chunked, or nothing stored to check
+  if (!layout_of(dset, L, dcpl)) return true;  // not chunked, or nothing stored to check
   if (L.nchunks > max_grid) return true;
   Inflater inflater;
   std::vector<unsigned char> plain(size_t(L.chunk_bytes())), tmp;

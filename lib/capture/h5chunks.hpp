@@ -14,6 +14,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,11 +55,17 @@ bool read_rows_parallel(hid_t dset, const std::vector<std::pair<uint64_t, uint64
 // Rows of several datasets at once (each as above): their chunks are read and decoded as one
 // stream, so that a few rows of each of many datasets (a destination rank's rows of every
 // sender) keep every worker busy. False as soon as one dataset is declined.
+struct Layout;
 struct RowsRead {
   hid_t dset = -1;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   void* out = nullptr;
+  // readable_layout(dset) when the caller keeps it (a dataset read many times); null: looked
+  // up here, one H5Dget_create_plist per call.
+  std::shared_ptr<const Layout> layout;
 };
+// The layout of `dset` as the read path takes it, or null when it is declined.
+std::shared_ptr<const Layout> readable_layout(hid_t dset);
 bool read_rows_parallel(const std::vector<RowsRead>& reads, int threads,
                         ChunkTrouble* trouble = nullptr);
 
@@ -66,6 +73,9 @@ bool read_rows_parallel(const std::vector<RowsRead>& reads, int threads,
 // which one it cannot ("filter lzf (id 32000) cannot be decoded: ..."). libhdf5 would report
 // an unavailable filter as "can't open directory <plugin path>".
 std::string filters_trouble(hid_t dset);
+// The same from the dataset's creation property list (H5Dget_create_plist copies it: a caller
+// that holds it passes it on).
+std::string filters_trouble_of(hid_t dcpl);
 
 // True when every stored chunk of `dset` (when chunked) has a record consistent with the
 // chunk shape and pipeline and decodes to exactly its size; else `why` names the first that
@@ -76,6 +86,9 @@ std::string filters_trouble(hid_t dset);
 // from the chunk index, no chunk read). A grid of more than `max_grid` chunks is not checked
 // (true): one index look-up per chunk of the grid.
 bool check_chunks(hid_t dset, std::string& why, bool decode_too = true,
+                  uint64_t max_grid = UINT64_MAX);
+// The same with the dataset's creation property list given.
+bool check_chunks(hid_t dset, hid_t dcpl, std::string& why, bool decode_too = true,
                   uint64_t max_grid = UINT64_MAX);
 
 // check_chunks of every dataset reachable from `file` by hard links; false with the first

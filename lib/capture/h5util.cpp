@@ -48,19 +48,13 @@ Hid make_f16_type() {
 }
 
 bool exists(hid_t file, const std::string& path) {
-  // H5Lexists fails (rather than returning false) when an intermediate component is missing.
-  size_t pos = 1;
-  while (pos <= path.size()) {
-    size_t next = path.find('/', pos);
-    if (next == std::string::npos) next = path.size();
-    const std::string prefix = path.substr(0, next);
-    if (H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0) {
-      H5Eclear2(H5E_DEFAULT);
-      return false;
-    }
-    pos = next + 1;
-  }
-  return true;
+  // One H5Lexists of the whole path: it resolves every intermediate component and fails
+  // (negative, rather than 0) when one is missing or is not a group, which is "no" here too.
+  // (Asking each prefix in turn costs a link lookup per level per prefix: quadratic in the
+  // depth, and the capture's rank groups hold hundreds of links each.)
+  const htri_t r = H5Lexists(file, path.c_str(), H5P_DEFAULT);
+  if (r < 0) H5Eclear2(H5E_DEFAULT);
+  return r > 0;
 }
 
 bool has_attr(hid_t obj, const char* name) {
@@ -71,7 +65,11 @@ bool has_attr(hid_t obj, const char* name) {
 
 int64_t compact_stored_bytes(hid_t dset) {
   Hid dcpl = plist_id(H5Dget_create_plist(dset));
-  if (!dcpl.valid() || H5Pget_layout(dcpl) != H5D_COMPACT) return -1;
+  return compact_stored_bytes(dset, dcpl.valid() ? dcpl.get() : H5I_INVALID_HID);
+}
+
+int64_t compact_stored_bytes(hid_t dset, hid_t dcpl) {
+  if (dcpl < 0 || H5Pget_layout(dcpl) != H5D_COMPACT) return -1;
   return static_cast<int64_t>(H5Dget_storage_size(dset));
 }
 

@@ -101,6 +101,8 @@ bool has_attr(hid_t obj, const char* name);
 // libhdf5 1.10 copies the extent's bytes from compact data without comparing them with this
 // (out of bounds, or from NULL, when it is shorter: found by fuzz_capture), so readers check.
 int64_t compact_stored_bytes(hid_t dset);
+// The same with the dataset's creation property list given (H5Dget_create_plist copies it).
+int64_t compact_stored_bytes(hid_t dset, hid_t dcpl);
 
 // Human name of a dataset's element type: "int32", "uint16", "float16", "float32", ...
 std::string type_name(hid_t type);
