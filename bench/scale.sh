@@ -15,7 +15,9 @@
 # --quick: W = 8 and 64, 4 batches, P = 1 and 2 (a 2-core machine).
 # Env: DYNEMB (default build/dynemb-dist, built with MPI), MPIRUN (default mpirun on PATH),
 # WORLDS (default "8 64 512"), PROCS (default 1 2 4 ... nproc), BATCHES, B, SCALE_DIR (scratch
-# for the captures; default a temporary directory, removed at the end), PYTHON (python3).
+# for the captures; default a temporary directory, removed at the end), PYTHON (python3),
+# BACKEND (default cpu: one GPU shared by P processes measures the GPU, not the split),
+# MPIRUN_ARGS (default --bind-to none).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 exe=${DYNEMB:-$here/../build/dynemb-dist}
@@ -47,6 +49,11 @@ elif ! ldd "$exe" 2>/dev/null | grep -q libmpi; then
     "replay every batch; only P = 1 is measured" >&2
   PROCS=1
 fi
+# Each process runs a pool of threads over the CPUs it may use: Open MPI's default binding (one
+# core per process at -np 2, a socket beyond) would leave P = 2 one core each where P = 1 has
+# them all. MPIRUN_ARGS replaces this (e.g. "--map-by slot:PE=4" for four cores each).
+read -r -a mpi_args <<<"${MPIRUN_ARGS:---bind-to none}"
+backend=${BACKEND:-cpu}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 dir=${SCALE_DIR:-}
@@ -80,10 +87,11 @@ for w in $worlds; do
     rm -f "$dir"/rss.*
     start=$(date +%s.%N)
     if ((p == 1)); then
-      "$PYTHON" "$wrap" "$dir/rss" "$exe" replay "$cap" -q >"$dir/out.txt" 2>"$dir/err.txt" || true
-    else
-      "$mpirun" -np "$p" "$PYTHON" "$wrap" "$dir/rss" "$exe" replay "$cap" -q \
+      "$PYTHON" "$wrap" "$dir/rss" "$exe" replay "$cap" -q --backend "$backend" \
         >"$dir/out.txt" 2>"$dir/err.txt" || true
+    else
+      "$mpirun" "${mpi_args[@]}" -np "$p" "$PYTHON" "$wrap" "$dir/rss" "$exe" replay "$cap" -q \
+        --backend "$backend" >"$dir/out.txt" 2>"$dir/err.txt" || true
     fi
     end=$(date +%s.%N)
     same=same

@@ -1,5 +1,6 @@
 #include "common/parallel.hpp"
 
+#include <sched.h>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -8,6 +9,19 @@
 #include <system_error>
 
 namespace dynemb {
+
+int hardware_threads() {
+  static const int n = [] {
+    int cpus = static_cast<int>(std::thread::hardware_concurrency());
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    if (sched_getaffinity(0, sizeof mask, &mask) == 0 && CPU_COUNT(&mask) > 0)
+      cpus = CPU_COUNT(&mask);
+    return std::max(1, cpus);
+  }();
+  return n;
+}
+
 namespace {
 
 // One run_on_pool call: chunks are claimed by `next`; `done` counts the finished ones.

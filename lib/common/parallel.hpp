@@ -19,11 +19,10 @@
 
 namespace dynemb {
 
-// Threads for work spread over every core: one per hardware thread, at least one.
-inline int hardware_threads() {
-  static const int n = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  return n;
-}
+// Threads for work spread over every core this process may run on: one per CPU of its affinity
+// mask (taskset, a cgroup cpuset, a launcher that binds each process to its cores), else one per
+// hardware thread; at least one.
+int hardware_threads();
 
 // Runs task(0), ..., task(n - 1) on the worker pool (hardware_threads() - 1 workers, started at
 // the first call; fewer when a thread cannot start, down to none) and on the calling thread;
