@@ -76,7 +76,9 @@ inline std::pair<int64_t, int64_t> nccl_process_ranks(int64_t world_size,
 // remote error, or `timeout_s`), but a peer blocked in NCCL's initialisation or connection
 // setup is only ended by its launcher: the caller must end the job (MPI_Abort) on such an error.
 // Throws DeviceError when a device is missing or NCCL cannot initialise, UsageError on a
-// repeated device, a bad `pg`, or a GPU count that differs from process 0's.
+// repeated device, a bad `pg`, or a GPU count that differs from process 0's; such a failure is
+// this process's alone, its peers wait in the broadcast or in ncclCommInitRank: the caller must
+// end the job on any exception from this call too.
 std::unique_ptr<Backend> make_nccl_backend(const std::vector<int>& devices, const NcclOptions& opt,
                                            const NcclProcessGroup& pg);
 
