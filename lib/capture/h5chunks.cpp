@@ -403,6 +403,37 @@ struct Worker {
   }
 };
 
+// Workers kept between calls: a wide batch read one destination at a time makes a call per
+// destination, each of a chunk or two, and a worker's decompressor and chunk buffer cost more
+// to make than such a read. At most one per hardware thread is kept (a call's most): what they
+// hold between calls is what one call held at its peak.
+class KeptWorkers {
+ public:
+  std::unique_ptr<Worker> take() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      if (!kept_.empty()) {
+        std::unique_ptr<Worker> w = std::move(kept_.back());
+        kept_.pop_back();
+        return w;
+      }
+    }
+    return std::make_unique<Worker>();
+  }
+  void give(std::unique_ptr<Worker> w) {
+    std::lock_guard<std::mutex> lock(m_);
+    if (kept_.size() < size_t(hardware_threads())) kept_.push_back(std::move(w));
+  }
+
+ private:
+  std::mutex m_;
+  std::vector<std::unique_ptr<Worker>> kept_;
+};
+KeptWorkers& kept_workers() {
+  static KeptWorkers* k = new KeptWorkers;  // never destroyed: workers may outlive main's statics
+  return *k;
+}
+
 // The layouts the read path takes: layout_of's, of little-endian integers or floats.
 bool readable(hid_t dset, Layout& L) {
   if (!layout_of(dset, L)) return false;
@@ -432,10 +463,21 @@ template <class Offset, class Place>
 bool decode_chunks(uint64_t n, int threads, ChunkTrouble* trouble, Offset&& offset, Place&& place) {
   if (threads <= 0) threads = hardware_threads();
   const uint64_t window = std::min<uint64_t>(n, uint64_t(4 * threads));
+  // No more workers (a decompressor and a chunk buffer each) than parallel_for below can run at
+  // once on a window (grain 2): a read of a few rows of one chunk, made once per destination of
+  // a wide batch, needs one.
+  threads = int(std::min<uint64_t>(uint64_t(threads), window / 2 + 1));
   std::vector<RawChunk> raw(static_cast<size_t>(window));
   std::vector<std::pair<hid_t, const Layout*>> of(static_cast<size_t>(window));
   std::vector<std::unique_ptr<Worker>> workers(static_cast<size_t>(threads));
-  for (auto& w : workers) w = std::make_unique<Worker>();
+  for (auto& w : workers) w = kept_workers().take();
+  struct GiveBack {  // whatever way this returns
+    std::vector<std::unique_ptr<Worker>>& w;
+    ~GiveBack() {
+      for (auto& x : w)
+        if (x) kept_workers().give(std::move(x));
+    }
+  } give_back{workers};
   const auto bad = [&](hid_t dset, const Layout& L, const std::vector<hsize_t>& off,
                        const std::string& why) {
     if (trouble) {
