@@ -18,6 +18,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -733,8 +734,13 @@ bool check_chunks(hid_t dset, hid_t dcpl, std::string& why, bool decode_too, uin
   Layout L;
   if (!layout_of(dset, L, dcpl)) return true;  // not chunked, or nothing stored to check
   if (L.nchunks > max_grid) return true;
-  Inflater inflater;
-  std::vector<unsigned char> plain(size_t(L.chunk_bytes())), tmp;
+  // Decoding needs a decompressor and a chunk's buffer; checking records alone needs neither.
+  std::optional<Inflater> inflater;
+  std::vector<unsigned char> plain, tmp;
+  if (decode_too) {
+    inflater.emplace();
+    plain.resize(size_t(L.chunk_bytes()));
+  }
   RawChunk c;
   for (uint64_t i = 0; i < L.nchunks; ++i) {
     L.offset_of(i, c.offset);
@@ -751,7 +757,7 @@ bool check_chunks(hid_t dset, hid_t dcpl, std::string& why, bool decode_too, uin
       if (H5Dread_chunk(dset, H5P_DEFAULT, c.offset.data(), &mask2, c.bytes.data()) < 0)
         return why = chunk_name(i, c.offset) + ": unreadable: " + last_error(), false;
       c.mask = mask2;
-      why = decode(c, L.pipe, L.es, inflater, plain.data(), plain.size(), tmp);
+      why = decode(c, L.pipe, L.es, *inflater, plain.data(), plain.size(), tmp);
     }
     if (!why.empty()) return why = chunk_name(i, c.offset) + ": " + why, false;
   }
