@@ -80,6 +80,14 @@ TEST_CASE("property: one destination's blocks give its output, over 500 random b
                                          ? pooled_block(*pchk, s, d, p.sum_dim, vbe)
                                          : sequence_block(seq->senders[size_t(s)], d, p.seq_dim());
         REQUIRE(b);  // derived contexts send in increasing row order
+        {            // the piece's id count, without making it
+          const LookupKjt& lk = der.ranks[size_t(s)].lookup_kjt;
+          const LookupKjtIndex ix = lookup_kjt_index(lk);
+          CHECK(lookup_kjt_from_ids(lk, ix, d, 0, INT64_MAX) ==
+                int64_t(lookup_kjt_from(lk, ix, d, 0, INT64_MAX).values.size()));
+          CHECK(lookup_kjt_from_ids(lk, ix, d, 1, 2) ==
+                int64_t(lookup_kjt_from(lk, ix, d, 1, 2).values.size()));
+        }
         const EmbTensor want =
             be->lookup(p, int(s), lookup_kjt_from(der.ranks[size_t(s)].lookup_kjt, d), oracle,
                        Place::host)

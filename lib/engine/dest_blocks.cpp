@@ -154,6 +154,17 @@ LookupKjt lookup_kjt_from(const LookupKjt& k, const LookupKjtIndex& ix, int64_t 
   return out;
 }
 
+int64_t lookup_kjt_from_ids(const LookupKjt& k, const LookupKjtIndex& ix, int64_t d, int64_t b0,
+                            int64_t b1) {
+  int64_t n = 0;
+  for (int64_t f = 0; f < k.num_features; ++f) {
+    const int64_t j = ix.bags[size_t(f * k.world_size + d)];
+    const int64_t nb = k.stride_per_key_per_rank[size_t(f)][size_t(d)];
+    n += ix.values[size_t(j + std::min(b1, nb))] - ix.values[size_t(j + std::min(b0, nb))];
+  }
+  return n;
+}
+
 Kjt kjt_samples(const Kjt& kjt, int64_t b0, int64_t b1) {
   Kjt out;
   out.num_features = kjt.num_features;

@@ -72,6 +72,9 @@ LookupKjtIndex lookup_kjt_index(const LookupKjt& k);
 // pieces of each of W lookup KJTs cost O(W^2 F), not O(W^3 F).
 LookupKjt lookup_kjt_from(const LookupKjt& k, const LookupKjtIndex& ix, int64_t d, int64_t b0,
                           int64_t b1);
+// The number of ids (values) that piece holds, without making it.
+int64_t lookup_kjt_from_ids(const LookupKjt& k, const LookupKjtIndex& ix, int64_t d, int64_t b0,
+                            int64_t b1);
 
 // Rows [r0, r1) of a pooled non-VBE block (pooled_block): a destination's output is the sum of
 // its senders' chunks row by row, so it can be made and checked a few rows at a time.

@@ -151,11 +151,12 @@ void run_destinations(RunContext& rc, BatchState& st, const DestinationCut& cut,
       DestBlock some_rows;
       const DestBlock* b = &cut.where[size_t(s)][size_t(d)];
       if (u.rows) b = &(some_rows = unit_block(cut, s, u));
-      const LookupKjt part = lookup_kjt_from(st.der.ranks[size_t(s)].lookup_kjt, index[size_t(s)],
-                                             d, u.rows ? u.r0 : 0, u.rows ? u.r1 : INT64_MAX);
+      const LookupKjt& lk = st.der.ranks[size_t(s)].lookup_kjt;
+      const int64_t b0 = u.rows ? u.r0 : 0, b1 = u.rows ? u.r1 : INT64_MAX;
       // Most (s, d) pairs of a wide sequence batch carry nothing (d's few ids reach few
       // senders): an empty block of an empty piece adds nothing to s's diff.
-      if (b->numel() == 0 && part.values.empty()) continue;
+      if (b->numel() == 0 && lookup_kjt_from_ids(lk, index[size_t(s)], d, b0, b1) == 0) continue;
+      const LookupKjt part = lookup_kjt_from(lk, index[size_t(s)], d, b0, b1);
       looked.check(int(s),
                    TensorRef::span(rows.block(size_t(s)), b->numel(), st.cap_local[0]->dtype), part,
                    [b](int64_t e) { return b->to_whole(e); });
