@@ -27,11 +27,16 @@ bool same_file(const std::string& a, const std::string& b) {
   return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-// The test hook DYNEMB_BY_DESTINATION=report says on stderr how each batch ran.
-void report_cut(int64_t k, bool by_destination) {
-  if (test_hooks::by_destination() == test_hooks::ByDestination::report)
-    std::fprintf(stderr, "DYNEMB_BY_DESTINATION: batch %lld: %s\n", static_cast<long long>(k),
-                 by_destination ? "one destination at a time" : "whole");
+// The test hook DYNEMB_BY_DESTINATION=report says on stderr how each batch ran, and under a rank
+// split (team.hpp) which destinations this process ran: "process q: ranks [a, b)".
+void report_cut(int64_t k, bool by_destination, const RunContext& rc) {
+  if (test_hooks::by_destination() != test_hooks::ByDestination::report) return;
+  std::string own;
+  if (by_destination && rc.own_ranks)
+    own = fmt::format("; process {}: ranks [{}, {})", rc.opt.team->index(), rc.own_ranks->first,
+                      rc.own_ranks->second);
+  std::fprintf(stderr, "DYNEMB_BY_DESTINATION: batch %lld: %s%s\n", static_cast<long long>(k),
+               by_destination ? "one destination at a time" : "whole", own.c_str());
 }
 
 }  // namespace
@@ -57,6 +62,9 @@ class Replayer {
 
  private:
   bool by_destination(BatchSource& src, int64_t k, int64_t next);
+  // Batch k under a rank split (team.hpp): its destinations shared by rank blocks, or, when it
+  // cannot run one destination at a time, replayed whole by process 0 alone; then the exchange.
+  void split_batch(BatchSource& src, int64_t k, int64_t next);
   void replay_read(int64_t k, std::optional<Batch>& read);
   // The first replayed batch decides --ctx automatic (captured when it has a ctx/ group), and
   // the header may be shown from then on.
@@ -66,6 +74,7 @@ class Replayer {
   // fn() with its trouble recorded as batch k's (out of memory named by the step running).
   template <class Fn>
   bool guarded(int64_t k, Fn&& fn);
+  void batch_trouble(int64_t k, int rank, const std::string& stage, const std::string& msg);
   void drop_writer();
 
   const ReplayOptions& opt_;
@@ -77,6 +86,7 @@ class Replayer {
   Sizing sizing_;
   std::set<int64_t> selected_;             // the batches replayed (--batches)
   bool started_ = false;                   // the first replayed batch has begun
+  bool split_ = false;                     // the team splits each batch by rank blocks
   std::unique_ptr<CaptureWriter> writer_;  // --write-output; reset on trouble
   bool write_output_finished_ = false;
 };
@@ -104,6 +114,13 @@ void Replayer::run() {
 
   const std::vector<int64_t>& batches = rep_.info.batches;
   selected_ = std::set<int64_t>(batches.begin(), batches.end());
+  // Under a team, batches that run one destination at a time are shared by destination rank
+  // blocks (every process visits every batch); otherwise by whole batches (team.hpp).
+  if (const ReplayTeam* t = opt_.team.get(); t && t->size() > 1 && sizing_.by_destination) {
+    split_ = true;
+    rc_.own_ranks = rank_block(rc_.plan.world_size, t->index(), t->size());
+    team_.split_by_ranks();
+  }
   // --write-output copies every batch, replayed or not; otherwise read only the selected.
   std::vector<int64_t> order = team_.share(batches);  // under a team, this process's
   if (writer_) {
@@ -124,6 +141,10 @@ void Replayer::run() {
   for (size_t i = 0; i < order.size(); ++i) {
     const int64_t k = order[i];
     team_.at_batch();
+    if (split_) {
+      split_batch(src, k, i + 1 < order.size() ? order[i + 1] : -1);
+      continue;
+    }
     if (sizing_.by_destination && selected_.count(k)) {
       int64_t next = -1;  // the next batch this loop replays
       for (size_t j = i + 1; j < order.size() && next < 0; ++j)
@@ -155,6 +176,34 @@ void Replayer::run() {
   if (writer_ && !opt_.write_output_file) writer_->commit();
 }
 
+void Replayer::split_batch(BatchSource& src, int64_t k, int64_t next) {
+  log_.split_begin(k, rc_.own_ranks->first, rc_.own_ranks->second);
+  std::exception_ptr fatal;
+  try {
+    if (!by_destination(src, k, next) && !team_.worker()) {
+      rc_.clock.tick("read");
+      BatchRead read = src.read(k);
+      for (const ReadTrouble& t : read.troubles) log_.trouble(t.batch, t.rank, t.stage, t.message);
+      rc_.clock.tick("replay");
+      replay_read(k, read.batch);
+    }
+  } catch (...) {
+    fatal = std::current_exception();
+  }
+  log_.split_end(fatal);  // throws when the batch ends the run
+  if (!team_.worker()) log_.batch_done(k);
+}
+
+// Trouble that ends batch k where guarded() caught it; under a rank split, recorded in its place
+// once every process's part of the batch is in.
+void Replayer::batch_trouble(int64_t k, int rank, const std::string& stage,
+                             const std::string& msg) {
+  if (log_.splitting())
+    log_.split_stop(rank, stage, msg);
+  else
+    log_.trouble(k, rank, stage, msg);
+}
+
 template <class Fn>
 bool Replayer::guarded(int64_t k, Fn&& fn) {
   try {
@@ -162,17 +211,17 @@ bool Replayer::guarded(int64_t k, Fn&& fn) {
     return true;
   } catch (const DeviceError& e) {
     if (rc_.backend.failed()) throw;  // it could not start: the run's trouble, not a batch's
-    log_.trouble(k, -1, "replay", e.what());
+    batch_trouble(k, -1, "replay", e.what());
   } catch (const CaptureError& e) {
-    log_.trouble(k, rank_of_h5path(e.h5path()), "replay", e.what());
+    batch_trouble(k, rank_of_h5path(e.h5path()), "replay", e.what());
   } catch (const Error& e) {
-    log_.trouble(k, -1, "replay", e.what());
+    batch_trouble(k, -1, "replay", e.what());
   } catch (const std::bad_alloc&) {
     const StepClock& at = rc_.clock;
     const std::string rank = at.rank() >= 0 ? fmt::format("rank {}", at.rank()) : "all ranks";
-    log_.trouble(k, at.rank(), at.report_stage(),
-                 fmt::format("{}:/batches/{}: {} in the {} step ({}) of this batch",
-                             opt_.capture_path, k, out_of_memory_text(), at.step(), rank));
+    batch_trouble(k, at.rank(), at.report_stage(),
+                  fmt::format("{}:/batches/{}: {} in the {} step ({}) of this batch",
+                              opt_.capture_path, k, out_of_memory_text(), at.step(), rank));
   }
   drop_writer();
   return false;
@@ -190,7 +239,7 @@ bool Replayer::by_destination(BatchSource& src, int64_t k, int64_t next) {
     fits = shapes->ranks[r].local_embs && !shapes->ranks[r].module_output;
   if (fits) choose_ctx_mode(k, *shapes);
   if (!fits || !rc_.use_captured) {
-    report_cut(k, false);
+    report_cut(k, false, rc_);
     return false;
   }
   std::optional<Batch> whole;
@@ -205,6 +254,7 @@ bool Replayer::by_destination(BatchSource& src, int64_t k, int64_t next) {
       run_destinations(rc_, st, *cut, src, next);
       return;
     }
+    if (split_ && team_.worker()) return;  // process 0 replays it whole
     // Cut whole after all: its float data is read now, and the steps go on from the contexts.
     BatchRead read = src.read(k);
     for (const ReadTrouble& t : read.troubles) log_.trouble(t.batch, t.rank, t.stage, t.message);
@@ -214,7 +264,7 @@ bool Replayer::by_destination(BatchSource& src, int64_t k, int64_t next) {
     run_whole(rc_, st);
   });
   rc_.clock.tick("replay");
-  report_cut(k, cut_so);
+  report_cut(k, cut_so, rc_);
   return true;
 }
 

@@ -23,7 +23,7 @@ bool has_ctx(const CaptureReader& reader, int64_t k) {
 }  // namespace
 
 std::vector<int64_t> TeamRun::share(const std::vector<int64_t>& selected) const {
-  if (!team_) return selected;
+  if (!team_ || split_) return selected;
   if (!opt_.write_output.empty() || opt_.write_output_file)
     return team_->index() == 0 ? selected : std::vector<int64_t>{};
   return team_share(selected, team_->index(), team_->size());
@@ -51,7 +51,7 @@ std::optional<bool> TeamRun::begin(const CaptureReader& reader,
   rep_.pass_log = PassLog();
   rep_.pass_counts.clear();
   rep_.warnings.clear();
-  if (mine.empty()) return std::nullopt;
+  if (mine.empty() || split_) return std::nullopt;
   const int64_t first = mine.front();
   rc_.ctx_before = [&reader, &selected, first] {
     for (int64_t k : selected)

@@ -22,6 +22,9 @@ class TeamRun {
   // The batches this process replays, out of the selected (sorted). --write-output copies every
   // batch through one writer: process 0 replays them all, the others none.
   std::vector<int64_t> share(const std::vector<int64_t>& selected) const;
+  // The team splits each batch by destination rank blocks (team.hpp): every process replays
+  // every selected batch from the first, so no latch or context mode is passed on.
+  void split_by_ranks() { split_ = carry_in_ = carry_out_ = true; }
   // A worker, before its first batch: the findings of the setup forgotten (process 0 has the same),
   // the latch of the batches before its own received. Returns whether the replay's first selected
   // batch has a ctx/ group (the context mode it chose) when this worker replays any batch.
@@ -41,7 +44,7 @@ class TeamRun {
   RunContext& rc_;
   CheckLog& log_;
   Report& rep_;
-  bool carry_in_ = false, carry_out_ = false, began_ = false;
+  bool carry_in_ = false, carry_out_ = false, began_ = false, split_ = false;
 };
 
 }  // namespace dynemb::replay_detail

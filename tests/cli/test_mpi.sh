@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# `mpirun -np P dynemb-dist replay` (docs/multi-node.md): the processes split the batches and
-# process 0 writes the one report, byte for byte what one process writes (argv aside): the text
-# report, --json, --junit and --write-output, for every fixture, multi-batch synth captures (the
-# pooled module's latch carried from process to process), a W = 512 capture and planted faults
-# (a golden output, a ctx field, a missing dataset, --fail-fast). A process killed mid-run ends
+# `mpirun -np P dynemb-dist replay` (docs/multi-node.md): the processes split the batches, or each
+# batch by destination rank blocks, and process 0 writes the one report, byte for byte what one
+# process writes (argv aside): the text report, --json, --junit and --write-output, for every
+# fixture, multi-batch synth captures, a W = 512 capture of one and of two batches split by rank
+# blocks, and planted faults (a golden output, a ctx field, a missing dataset, an id out of its
+# table, --fail-fast, the passes listed or counted). A process killed mid-run ends
 # the run with exit 2 and a line naming it, in bounded time, with no temporary left.
 # Env (tests/CMakeLists.txt): DYNEMB, DYNEMB_SRC, DYNEMB_PYTHON, DYNEMB_HAVE_MPI, DYNEMB_MPIEXEC.
 set -u
@@ -127,6 +128,77 @@ same gone 2 2 gone.h5
 same gone 3 2 gone.h5
 same gone-ff 3 2 gone.h5 --fail-fast
 grep -q "batches/3" gone.2.txt gone.2.err 2>/dev/null || fail "gone: the missing dataset of batch 3 is not named"
+
+# ---- one batch split by destination rank blocks (captured local_embs and contexts): every
+# process runs the destinations of its block, [q W / P, (q + 1) W / P); the DYNEMB_BY_DESTINATION=report
+# hook (builds with test hooks) says so on stderr. The reports do not depend on the hook.
+split_seen() {  # split_seen NAME NP LINE...: each LINE is in NAME.NP.err
+  local name=$1 np=$2 line
+  shift 2
+  has_test_hooks || return 0
+  for line in "$@"; do
+    grep -qF "$line" "$name.$np.err" ||
+      { fail "$name -np $np: no '$line' on stderr: the batch was not split by rank blocks"; return; }
+  done
+  ok "$name -np $np: split by destination rank blocks"
+}
+# same_text NAME NP WANT_RC CAPTURE [ARGS...]: the text report alone (the passes only counted).
+same_text() {
+  local name=$1 np=$2 want=$3 cap=$4
+  shift 4
+  timeout 600 "$DYNEMB" replay "$cap" "$@" >"$name.1.txt" 2>"$name.1.err"
+  expect_rc "$name (one process)" "$want" $?
+  LSAN_OPTIONS=$lsan_mpi timeout 600 "$MPIRUN" -np "$np" "$DYNEMB" replay "$cap" "$@" \
+    >"$name.$np.txt" 2>"$name.$np.err"
+  expect_rc "$name (mpirun -np $np)" "$want" $?
+  if cmp -s "$name.1.txt" "$name.$np.txt"; then
+    ok "$name: -np $np gives the one-process text report (passes counted)"
+  else
+    fail "$name: the text reports of 1 and $np processes differ"
+    diff "$name.1.txt" "$name.$np.txt" | head -10
+  fi
+}
+export DYNEMB_BY_DESTINATION=report
+same w512-one 2 0 w512.h5 --batches 0
+split_seen w512-one 2 "batch 0: one destination at a time; process 0: ranks [0, 256)" \
+  "batch 0: one destination at a time; process 1: ranks [256, 512)"
+same w512-one 3 0 w512.h5 --batches 0
+split_seen w512-one 3 "process 1: ranks [170, 341)" "process 2: ranks [341, 512)"
+same w512-both 3 0 w512.h5
+split_seen w512-both 3 "batch 1: one destination at a time; process 2: ranks [341, 512)"
+same_text w512-counted 2 0 w512.h5
+# Planted faults in ranks of process 1's block: a golden output value, an id out of its table
+# (every process meets it in its own destinations' units: one trouble, said once), a missing
+# golden output, a context field (the batch then runs whole, on process 0).
+plant w512-gold w512 'd = f["batches/0/rank300/output"]; v = d[...]; v.flat[3] += 1; d[...] = v'
+same w512-gold 2 1 w512-gold.h5 --batches 0
+split_seen w512-gold 2 "process 1: ranks [256, 512)"
+grep -q "batch 0 rank 300 output golden" w512-gold.2.txt || fail "w512-gold: rank 300's golden is not reported"
+same w512-gold 3 1 w512-gold.h5 --batches 0
+plant w512-oob w512 'd = f["batches/0/rank400/values"]; v = d[...]; v.flat[0] = np.iinfo(v.dtype).max // 2; d[...] = v'
+same w512-oob 2 "$(solo w512-oob w512-oob.h5 --batches 0; cat w512-oob.1.rc)" w512-oob.h5 --batches 0
+same w512-oob-ff 3 "$(solo w512-oob-ff w512-oob.h5 --batches 0 --fail-fast; cat w512-oob-ff.1.rc)" \
+  w512-oob.h5 --batches 0 --fail-fast
+plant w512-noout w512 'del f["batches/1/rank260/output"]'
+same w512-noout 2 "$(solo w512-noout w512-noout.h5; cat w512-noout.1.rc)" w512-noout.h5
+plant w512-ctx w512 'd = f["batches/0/rank270/ctx/input_splits"]; v = d[...]; v[0] += 1; v[1] -= 1; d[...] = v'
+same w512-ctx 2 1 w512-ctx.h5 --batches 0
+same_text w512-ctx-counted 3 1 w512-ctx.h5 --batches 0
+# Pooled (one batch, not VBE; VBE with its latch), sequence: W = 8 over 3 processes.
+"$DYNEMB" synth --preset unit-pooled-w8 --batches 1 --batch-size 4 --seed 3 -o pooled.h5 >/dev/null ||
+  fail "synth pooled"
+same pooled 3 0 pooled.h5
+split_seen pooled 3 "process 0: ranks [0, 2)" "process 1: ranks [2, 5)" "process 2: ranks [5, 8)"
+same vbe-split 2 0 vbe.h5 --batches 2-3
+split_seen vbe-split 2 "batch 3: one destination at a time; process 1: ranks [4, 8)"
+plant vbe-gold vbe 'd = f["batches/1/rank6/output"]; v = d[...]; v.flat[2] += 1; d[...] = v'
+same vbe-gold 3 1 vbe-gold.h5 --batches 1
+same_text vbe-gold-counted 2 1 vbe-gold.h5 --batches 1
+same seq-one 3 0 seq.h5 --batches 4
+split_seen seq-one 3 "process 2: ranks [5, 8)"
+plant seq-lost seq 'del f["batches/2/rank5/local_embs"]'
+same seq-lost 3 2 seq-lost.h5 --batches 2
+unset DYNEMB_BY_DESTINATION
 
 # ---- --write-output: the same file
 timeout 120 "$DYNEMB" replay seq.h5 -q --write-output wo.1.h5 >/dev/null 2>&1
