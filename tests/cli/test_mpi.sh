@@ -164,27 +164,15 @@ split_seen w512-one 2 "batch 0: one destination at a time; process 0: ranks [0, 
   "batch 0: one destination at a time; process 1: ranks [256, 512)"
 same w512-one 3 0 w512.h5 --batches 0
 split_seen w512-one 3 "process 1: ranks [170, 341)" "process 2: ranks [341, 512)"
-same w512-both 3 0 w512.h5
-split_seen w512-both 3 "batch 1: one destination at a time; process 2: ranks [341, 512)"
-same_text w512-counted 2 0 w512.h5
-# Planted faults in ranks of process 1's block: a golden output value, an id out of its table
-# (every process meets it in its own destinations' units: one trouble, said once), a missing
-# golden output, a context field (the batch then runs whole, on process 0).
+# A planted fault in a rank of process 1's block: a golden output value.
 plant w512-gold w512 'd = f["batches/0/rank300/output"]; v = d[...]; v.flat[3] += 1; d[...] = v'
 same w512-gold 2 1 w512-gold.h5 --batches 0
 split_seen w512-gold 2 "process 1: ranks [256, 512)"
 grep -q "batch 0 rank 300 output golden" w512-gold.2.txt || fail "w512-gold: rank 300's golden is not reported"
-same w512-gold 3 1 w512-gold.h5 --batches 0
-plant w512-oob w512 'd = f["batches/0/rank400/values"]; v = d[...]; v.flat[0] = np.iinfo(v.dtype).max // 2; d[...] = v'
-same w512-oob 2 "$(solo w512-oob w512-oob.h5 --batches 0; cat w512-oob.1.rc)" w512-oob.h5 --batches 0
-same w512-oob-ff 3 "$(solo w512-oob-ff w512-oob.h5 --batches 0 --fail-fast; cat w512-oob-ff.1.rc)" \
-  w512-oob.h5 --batches 0 --fail-fast
-plant w512-noout w512 'del f["batches/1/rank260/output"]'
-same w512-noout 2 "$(solo w512-noout w512-noout.h5; cat w512-noout.1.rc)" w512-noout.h5
-plant w512-ctx w512 'd = f["batches/0/rank270/ctx/input_splits"]; v = d[...]; v[0] += 1; v[1] -= 1; d[...] = v'
-same w512-ctx 2 1 w512-ctx.h5 --batches 0
-same_text w512-ctx-counted 3 1 w512-ctx.h5 --batches 0
-# Pooled (one batch, not VBE; VBE with its latch), sequence: W = 8 over 3 processes.
+# Pooled (one batch, not VBE; VBE with its latch), sequence: W = 8 over 2 and 3 processes, and
+# their faults: a golden output, an id out of its table (--fail-fast too), a missing golden
+# output, a missing local_embs and a context field (those batches then run whole, on process 0);
+# the passes listed (--json, --junit) and counted (the text report alone).
 "$DYNEMB" synth --preset unit-pooled-w8 --batches 1 --batch-size 4 --seed 3 -o pooled.h5 >/dev/null ||
   fail "synth pooled"
 same pooled 3 0 pooled.h5
@@ -196,8 +184,22 @@ same vbe-gold 3 1 vbe-gold.h5 --batches 1
 same_text vbe-gold-counted 2 1 vbe-gold.h5 --batches 1
 same seq-one 3 0 seq.h5 --batches 4
 split_seen seq-one 3 "process 2: ranks [5, 8)"
+# Rank 6's third id of f0 (934, on rank 7's shard of t0) out of the table, routed to rank 7 still:
+# the contexts hold, and the units of destination 6 (process 2's, of 3) meet it.
+plant seq-oob seq 'd = f["batches/1/rank6/values"]; v = d[...]; assert v[2] == 934; v[2] = 1007; d[...] = v'
+same seq-oob 3 2 seq-oob.h5 --batches 1
+grep -q "ERROR batch 1 rank 7 lookup trouble" seq-oob.3.txt || fail "seq-oob: the id out of t0 is not reported"
+split_seen seq-oob 3 "batch 1: one destination at a time; process 2: ranks [5, 8)"
+grep -q "trouble in batch 1 (destination 6)" seq-oob.3.json ||
+  fail "seq-oob: the skipped checks do not name destination 6 (process 2's)"
+same seq-oob-ff 2 2 seq-oob.h5 --fail-fast
+same_text seq-oob-counted 3 2 seq-oob.h5 --batches 1
+plant seq-noout seq 'del f["batches/2/rank6/output"]'
+same seq-noout 3 "$(solo seq-noout seq-noout.h5 --batches 2; cat seq-noout.1.rc)" seq-noout.h5 --batches 2
 plant seq-lost seq 'del f["batches/2/rank5/local_embs"]'
-same seq-lost 3 2 seq-lost.h5 --batches 2
+same seq-lost 3 "$(solo seq-lost seq-lost.h5 --batches 2; cat seq-lost.1.rc)" seq-lost.h5 --batches 2
+plant seq-ctx seq 'd = f["batches/1/rank6/ctx/input_splits"]; v = d[...]; v[0] += 1; v[1] -= 1; d[...] = v'
+same_text seq-ctx-counted 3 1 seq-ctx.h5 --batches 1
 unset DYNEMB_BY_DESTINATION
 
 # ---- --write-output: the same file
