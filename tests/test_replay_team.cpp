@@ -263,6 +263,30 @@ class ThreadTeam final : public ReplayTeam {
 
 }  // namespace
 
+// P processes on threads, each with its own backend, joined by a ThreadTeam: process 0's JSON
+// report, and its last progress.
+std::pair<std::string, ReplayProgress> run_team(const ReplayOptions& opt, int P, int64_t& calls) {
+  Hub hub;
+  std::vector<Report> reps(static_cast<size_t>(P));
+  ReplayProgress last;
+  std::vector<std::thread> threads;
+  for (int q = 0; q < P; ++q)
+    threads.emplace_back([&, q] {
+      ReplayOptions o = opt;
+      o.team = std::make_shared<ThreadTeam>(hub, q, P);
+      ReplayCallbacks cb;
+      if (q == 0)
+        cb.on_progress = [&](const ReplayProgress& p) {
+          last = p;
+          ++calls;
+        };
+      auto b = make_cpu_backend(1);
+      reps[size_t(q)] = run_replay(o, *b, cb);
+    });
+  for (std::thread& t : threads) t.join();
+  return {json_report(reps[0]), last};
+}
+
 TEST_CASE("P replays joined by a team: process 0's report is the one-process report") {
   const std::string path = "test_replay_team_vbe.h5";
   const Plan plan = preset_plan("unit-pooled-w8");
@@ -281,33 +305,46 @@ TEST_CASE("P replays joined by a team: process 0's report is the one-process rep
   const std::string want = json_report(one);
   CHECK(want.find("1 matches the mode latched at batch 0") != std::string::npos);
 
+  // 2 and 3 processes split the 5 batches; 6 split each batch by destination rank blocks.
   for (int P : {2, 3, 6}) {
     CAPTURE(P);
-    Hub hub;
-    std::vector<Report> reps(static_cast<size_t>(P));
-    ReplayProgress last;
     int64_t calls = 0;
-    std::vector<std::thread> threads;
-    for (int q = 0; q < P; ++q)
-      threads.emplace_back([&, q] {
-        ReplayOptions o = opt;
-        o.team = std::make_shared<ThreadTeam>(hub, q, P);
-        ReplayCallbacks cb;
-        if (q == 0)
-          cb.on_progress = [&](const ReplayProgress& p) {
-            last = p;
-            ++calls;
-          };
-        auto b = make_cpu_backend(1);
-        reps[size_t(q)] = run_replay(o, *b, cb);
-      });
-    for (std::thread& t : threads) t.join();
-    CHECK(json_report(reps[0]) == want);
+    const auto [json, last] = run_team(opt, P, calls);
+    CHECK(json == want);
     CHECK(last.batches_done == 5);
     CHECK(last.rank_batches_done == 5 * 8);
     CHECK(last.rank_batches_done == last.rank_batches_total);
     CHECK(last.bytes_done == doctest::Approx(last.bytes_total));
     CHECK(calls >= 5);
+  }
+  std::remove(path.c_str());
+}
+
+TEST_CASE("a batch split by destination rank blocks: the one-process report, every pass mode") {
+  const std::string path = "test_replay_team_seq.h5";
+  const Plan plan = preset_plan("unit-seq-w8");
+  SynthOptions so = preset_workload("unit-seq-w8");
+  so.batches = 2;
+  so.batch_sizes = {4};
+  so.seed = 9;
+  synth_capture(plan, so, path);
+  ReplayOptions opt;
+  opt.capture_path = path;
+  opt.batches = "1";
+  for (PassMode mode : {PassMode::compact, PassMode::counted, PassMode::whole}) {
+    CAPTURE(int(mode));
+    opt.passes = mode;
+    auto backend = make_cpu_backend(1);
+    const Report one = run_replay(opt, *backend);
+    REQUIRE(one.trouble.empty());
+    for (int P : {2, 3, 11}) {  // 11: more processes than ranks, some own none
+      CAPTURE(P);
+      int64_t calls = 0;
+      const auto [json, last] = run_team(opt, P, calls);
+      CHECK(json == json_report(one));
+      CHECK(last.batches_done == 1);
+      CHECK(last.rank_batches_done == 8);
+    }
   }
   std::remove(path.c_str());
 }

@@ -114,9 +114,12 @@ void Replayer::run() {
 
   const std::vector<int64_t>& batches = rep_.info.batches;
   selected_ = std::set<int64_t>(batches.begin(), batches.end());
-  // Under a team, batches that run one destination at a time are shared by destination rank
-  // blocks (every process visits every batch); otherwise by whole batches (team.hpp).
-  if (const ReplayTeam* t = opt_.team.get(); t && t->size() > 1 && sizing_.by_destination) {
+  // Under a team with more processes than selected batches, batches that run one destination at
+  // a time are shared by destination rank blocks (every process visits every batch); otherwise by
+  // whole batches (team.hpp). With a batch each, the batch split does less: under the rank split
+  // every process still reads every batch's KJTs and contexts and derives its input dist.
+  if (const ReplayTeam* t = opt_.team.get();
+      t && t->size() > 1 && sizing_.by_destination && int64_t(batches.size()) < t->size()) {
     split_ = true;
     rc_.own_ranks = rank_block(rc_.plan.world_size, t->index(), t->size());
     team_.split_by_ranks();

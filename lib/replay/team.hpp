@@ -2,8 +2,9 @@
 // Two splits, chosen once per run:
 //   batches     process q of P replays a contiguous block of the selected batches (process 0 the
 //               first) and sends its findings to process 0, which merges them in batch order.
-//   rank blocks when the batches run one destination at a time (unit_planner.hpp), every process
-//               visits every selected batch and runs the destinations of its block of ranks;
+//   rank blocks when the batches run one destination at a time (unit_planner.hpp) and there are
+//               fewer selected batches than processes, every process visits every selected
+//               batch and runs the destinations of its block of ranks;
 //               after each batch the processes exchange what they decided, and process 0
 //               records it in the order one process decides it.
 // Either way the report is exactly the one-process report. Only mpi_team.cpp speaks MPI; the

@@ -129,9 +129,10 @@ same gone 3 2 gone.h5
 same gone-ff 3 2 gone.h5 --fail-fast
 grep -q "batches/3" gone.2.txt gone.2.err 2>/dev/null || fail "gone: the missing dataset of batch 3 is not named"
 
-# ---- one batch split by destination rank blocks (captured local_embs and contexts): every
-# process runs the destinations of its block, [q W / P, (q + 1) W / P); the DYNEMB_BY_DESTINATION=report
-# hook (builds with test hooks) says so on stderr. The reports do not depend on the hook.
+# ---- fewer batches than processes, split by destination rank blocks (captured local_embs and
+# contexts): every process runs the destinations of its block, [q W / P, (q + 1) W / P); the
+# DYNEMB_BY_DESTINATION=report hook (builds with test hooks) says so on stderr. The reports do
+# not depend on the hook.
 split_seen() {  # split_seen NAME NP LINE...: each LINE is in NAME.NP.err
   local name=$1 np=$2 line
   shift 2
@@ -164,6 +165,8 @@ split_seen w512-one 2 "batch 0: one destination at a time; process 0: ranks [0, 
   "batch 0: one destination at a time; process 1: ranks [256, 512)"
 same w512-one 3 0 w512.h5 --batches 0
 split_seen w512-one 3 "process 1: ranks [170, 341)" "process 2: ranks [341, 512)"
+same w512-both 3 0 w512.h5 -q
+split_seen w512-both 3 "batch 1: one destination at a time; process 2: ranks [341, 512)"
 # A planted fault in a rank of process 1's block: a golden output value.
 plant w512-gold w512 'd = f["batches/0/rank300/output"]; v = d[...]; v.flat[3] += 1; d[...] = v'
 same w512-gold 2 1 w512-gold.h5 --batches 0
@@ -177,8 +180,8 @@ grep -q "batch 0 rank 300 output golden" w512-gold.2.txt || fail "w512-gold: ran
   fail "synth pooled"
 same pooled 3 0 pooled.h5
 split_seen pooled 3 "process 0: ranks [0, 2)" "process 1: ranks [2, 5)" "process 2: ranks [5, 8)"
-same vbe-split 2 0 vbe.h5 --batches 2-3
-split_seen vbe-split 2 "batch 3: one destination at a time; process 1: ranks [4, 8)"
+same vbe-split 3 0 vbe.h5 --batches 2-3
+split_seen vbe-split 3 "batch 3: one destination at a time; process 1: ranks [2, 5)"
 plant vbe-gold vbe 'd = f["batches/1/rank6/output"]; v = d[...]; v.flat[2] += 1; d[...] = v'
 same vbe-gold 3 1 vbe-gold.h5 --batches 1
 same_text vbe-gold-counted 2 1 vbe-gold.h5 --batches 1
@@ -192,7 +195,7 @@ grep -q "ERROR batch 1 rank 7 lookup trouble" seq-oob.3.txt || fail "seq-oob: th
 split_seen seq-oob 3 "batch 1: one destination at a time; process 2: ranks [5, 8)"
 grep -q "trouble in batch 1 (destination 6)" seq-oob.3.json ||
   fail "seq-oob: the skipped checks do not name destination 6 (process 2's)"
-same seq-oob-ff 2 2 seq-oob.h5 --fail-fast
+same seq-oob-ff 3 2 seq-oob.h5 --batches 0-1 --fail-fast
 same_text seq-oob-counted 3 2 seq-oob.h5 --batches 1
 plant seq-noout seq 'del f["batches/2/rank6/output"]'
 same seq-noout 3 "$(solo seq-noout seq-noout.h5 --batches 2; cat seq-noout.1.rc)" seq-noout.h5 --batches 2
@@ -226,6 +229,18 @@ if has_test_hooks; then
   [[ -z "$(ls -A out)" ]] || fail "killed process: files left in out/: $(ls -A out)"
   no_temps "$tmp" "killed process"
   ((SECONDS - start < 60 && fails == before)) && ok "killed process: exit 2 in $((SECONDS - start)) s, nothing left"
+  # Under the rank split (2 batches, 3 processes), the others wait for it in an exchange.
+  start=$SECONDS
+  before=$fails
+  LSAN_OPTIONS=$lsan_mpi timeout 60 "$MPIRUN" -np 3 -x DYNEMB_MPI_KILL=2 "$DYNEMB" replay seq.h5 --batches 0-1 \
+    --json out/k.json --junit out/k.xml >kill.out 2>kill.err
+  expect_rc "killed process (rank split)" 2 $?
+  grep -q "process 2 of 3 (pid [0-9]*) was killed by SIGKILL" kill.err ||
+    { fail "killed process (rank split): no line names it"; sed 's/^/    /' kill.err | head -20; }
+  [[ -z "$(ls -A out)" ]] || fail "killed process (rank split): files left in out/: $(ls -A out)"
+  no_temps "$tmp" "killed process (rank split)"
+  ((SECONDS - start < 60 && fails == before)) &&
+    ok "killed process (rank split): exit 2 in $((SECONDS - start)) s, nothing left"
 else
   echo "skipped: killed process ($DYNEMB reads no test hooks: a build without -DDYNEMB_TEST_HOOKS=ON)"
 fi
