@@ -263,11 +263,29 @@ void run_destinations(RunContext& rc, BatchState& st, const DestinationCut& cut,
       fmt::format("not every part of it could be checked: trouble in batch {} (destination {})", k,
                   failed.empty() ? 0 : *failed.begin());
   rc.log.split_phase(1);
-  for (int64_t s = lo; rc.source && s < hi; ++s) {
-    if (failed.empty())
-      looked.decide(int(s));
-    else
-      rc.log.record(skipped(k, int(s), "lookup", "local_embs", why));
+  const auto decide_lookups = [&] {
+    for (int64_t s = lo; rc.source && s < hi; ++s) {
+      if (failed.empty())
+        looked.decide(int(s));
+      else
+        rc.log.record(skipped(k, int(s), "lookup", "local_embs", why));
+    }
+  };
+  if (!own) {
+    decide_lookups();
+  } else {
+    // A failed lookup is the cause every output check names (BatchState::lookup_bad): each
+    // process must know whether any sender's failed, whoever decided it. A process whose lookup
+    // decisions met trouble takes part in the exchange first (the others wait in it), then stops.
+    std::exception_ptr stopped;
+    try {
+      decide_lookups();
+    } catch (...) {
+      stopped = std::current_exception();
+    }
+    for (const std::string& b : rc.log.exchange('L', st.lookup_bad ? "1" : "0"))
+      st.lookup_bad = st.lookup_bad || b == "1";
+    if (stopped) std::rethrow_exception(stopped);
   }
   rc.log.split_phase(2);
   for (int64_t d = lo; d < hi; ++d) {

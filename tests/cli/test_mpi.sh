@@ -197,12 +197,25 @@ grep -q "trouble in batch 1 (destination 6)" seq-oob.3.json ||
   fail "seq-oob: the skipped checks do not name destination 6 (process 2's)"
 same seq-oob-ff 3 2 seq-oob.h5 --batches 0-1 --fail-fast
 same_text seq-oob-counted 3 2 seq-oob.h5 --batches 1
+# Rank 3's local_embs off in many rows: its blocks to every destination differ, the lookup check
+# merges every process's part (--max-mismatches keeps the first 3 of all), and every output
+# check, whichever process decides it, names the lookup as its cause.
+plant seq-local seq 'd = f["batches/1/rank3/local_embs"]; v = d[...]; v.flat[::257] += 1; d[...] = v'
+same seq-local 2 1 seq-local.h5 --batches 1 --max-mismatches 3
+same seq-local 3 1 seq-local.h5 --batches 1 --max-mismatches 3
+grep -q "cause: lookup/local_embs" seq-local.3.txt || fail "seq-local: no output check names the lookup"
 plant seq-noout seq 'del f["batches/2/rank6/output"]'
 same seq-noout 3 "$(solo seq-noout seq-noout.h5 --batches 2; cat seq-noout.1.rc)" seq-noout.h5 --batches 2
 plant seq-lost seq 'del f["batches/2/rank5/local_embs"]'
 same seq-lost 3 "$(solo seq-lost seq-lost.h5 --batches 2; cat seq-lost.1.rc)" seq-lost.h5 --batches 2
 plant seq-ctx seq 'd = f["batches/1/rank6/ctx/input_splits"]; v = d[...]; v[0] += 1; v[1] -= 1; d[...] = v'
+same seq-ctx 3 1 seq-ctx.h5 --batches 1
 same_text seq-ctx-counted 3 1 seq-ctx.h5 --batches 1
+# A batch without a dataset after a batch split by ranks: process 0 meets it alone (with
+# --fail-fast every process stops there).
+same gone-split 3 2 gone.h5 --batches 2-3
+split_seen gone-split 3 "batch 2: one destination at a time; process 2: ranks [5, 8)"
+same gone-ff-split 3 2 gone.h5 --batches 2-3 --fail-fast
 unset DYNEMB_BY_DESTINATION
 
 # ---- --write-output: the same file
