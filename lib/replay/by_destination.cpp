@@ -103,6 +103,86 @@ UnitRows read_unit(BatchSource& src, int64_t k, const Unit& u, bool sequence,
   return out;
 }
 
+// A rank split's units are done (RunContext::own_ranks = [lo, hi)): every process's troubles
+// (`met`: this process's, in unit order) said in unit order as one process says them (the blocks
+// are in rank order), each message once, and the lookup diff of each of this process's senders
+// merged over every process's destinations.
+void share_units(RunContext& rc, const BatchState& st, LookupChecks& looked,
+                 std::vector<UnitTrouble> met, std::set<int64_t>& failed,
+                 std::set<std::string>& said, std::pair<int64_t, int64_t> own) {
+  UnitFindings found;
+  found.troubles = std::move(met);
+  for (int64_t s = 0; rc.source && s < st.W; ++s) {
+    found.lookups.push_back(std::move(looked.diff(int(s))));
+    found.comparable.push_back(looked.comparable(int(s)));
+  }
+  std::vector<UnitFindings> all;
+  for (const std::string& b : rc.log.exchange('A', encode_units(found))) {
+    try {
+      all.push_back(decode_units(b));
+    } catch (const Error& e) {
+      rc.opt.team->abort(fmt::format("batch {}: {}", st.k, e.what()));
+    }
+  }
+  for (const UnitFindings& f : all)
+    for (const UnitTrouble& t : f.troubles) {
+      if (t.stop) throw std::bad_alloc();  // as the one process's units stop there
+      failed.insert(t.d);
+      if (said.insert(t.message).second) rc.log.trouble(st.k, t.rank, t.stage, t.message);
+    }
+  for (int64_t s = own.first; rc.source && s < own.second; ++s) {
+    TensorDiff d;
+    bool comparable = true;
+    for (UnitFindings& f : all) {
+      merge_diff(d, std::move(f.lookups[size_t(s)]), rc.opt.max_mismatches);
+      comparable = comparable && f.comparable[size_t(s)] != 0;
+    }
+    looked.adopt(int(s), std::move(d), comparable);
+  }
+}
+
+// The checks of ranks [lo, hi) decided, in the whole batch's order: lookups by rank, then
+// outputs by rank; those a failed destination was part of skipped.
+void decide_checks(RunContext& rc, BatchState& st, LookupChecks& looked, OutputChecks& checks,
+                   const std::set<int64_t>& failed, int64_t lo, int64_t hi) {
+  const int64_t k = st.k;
+  const std::string why =
+      fmt::format("not every part of it could be checked: trouble in batch {} (destination {})", k,
+                  failed.empty() ? 0 : *failed.begin());
+  rc.log.split_phase(1);
+  const auto decide_lookups = [&] {
+    for (int64_t s = lo; rc.source && s < hi; ++s) {
+      if (failed.empty())
+        looked.decide(int(s));
+      else
+        rc.log.record(skipped(k, int(s), "lookup", "local_embs", why));
+    }
+  };
+  if (!rc.own_ranks) {
+    decide_lookups();
+  } else {
+    // A failed lookup is the cause every output check names (BatchState::lookup_bad): each
+    // process must know whether any sender's failed, whoever decided it. A process whose lookup
+    // decisions met trouble takes part in the exchange first (the others wait in it), then stops.
+    std::exception_ptr stopped;
+    try {
+      decide_lookups();
+    } catch (...) {
+      stopped = std::current_exception();
+    }
+    for (const std::string& b : rc.log.exchange('L', st.lookup_bad ? "1" : "0"))
+      st.lookup_bad = st.lookup_bad || b == "1";
+    if (stopped) std::rethrow_exception(stopped);
+  }
+  rc.log.split_phase(2);
+  for (int64_t d = lo; d < hi; ++d) {
+    if (failed.count(d))
+      checks.skip(int(d), why);
+    else
+      checks.decide(int(d), nullptr);
+  }
+}
+
 }  // namespace
 
 // For each unit (a destination d, or some rows of it): the block of every sender (a part of its
@@ -225,75 +305,9 @@ void run_destinations(RunContext& rc, BatchState& st, const DestinationCut& cut,
     }
     if (i + 1 == units.size() || units[i + 1].d != d) rc.log.rank_done(k);
   }
-  if (own) {
-    // Every process's troubles in unit order (the blocks are in rank order), said as one process
-    // says them, and the lookup diff of each sender merged over every destination.
-    UnitFindings found;
-    found.troubles = std::move(met);
-    for (int64_t s = 0; rc.source && s < W; ++s) {
-      found.lookups.push_back(std::move(looked.diff(int(s))));
-      found.comparable.push_back(looked.comparable(int(s)));
-    }
-    std::vector<UnitFindings> all;
-    for (const std::string& b : rc.log.exchange('A', encode_units(found))) {
-      try {
-        all.push_back(decode_units(b));
-      } catch (const Error& e) {
-        rc.opt.team->abort(fmt::format("batch {}: {}", k, e.what()));
-      }
-    }
-    for (const UnitFindings& f : all)
-      for (const UnitTrouble& t : f.troubles) {
-        if (t.stop) throw std::bad_alloc();
-        failed.insert(t.d);
-        if (said.insert(t.message).second) rc.log.trouble(k, t.rank, t.stage, t.message);
-      }
-    for (int64_t s = lo; rc.source && s < hi; ++s) {
-      TensorDiff d;
-      bool comparable = true;
-      for (UnitFindings& f : all) {
-        merge_diff(d, std::move(f.lookups[size_t(s)]), rc.opt.max_mismatches);
-        comparable = comparable && f.comparable[size_t(s)] != 0;
-      }
-      looked.adopt(int(s), std::move(d), comparable);
-    }
-  }
+  if (own) share_units(rc, st, looked, std::move(met), failed, said, *own);
   rc.note_latch(k);
-  const std::string why =
-      fmt::format("not every part of it could be checked: trouble in batch {} (destination {})", k,
-                  failed.empty() ? 0 : *failed.begin());
-  rc.log.split_phase(1);
-  const auto decide_lookups = [&] {
-    for (int64_t s = lo; rc.source && s < hi; ++s) {
-      if (failed.empty())
-        looked.decide(int(s));
-      else
-        rc.log.record(skipped(k, int(s), "lookup", "local_embs", why));
-    }
-  };
-  if (!own) {
-    decide_lookups();
-  } else {
-    // A failed lookup is the cause every output check names (BatchState::lookup_bad): each
-    // process must know whether any sender's failed, whoever decided it. A process whose lookup
-    // decisions met trouble takes part in the exchange first (the others wait in it), then stops.
-    std::exception_ptr stopped;
-    try {
-      decide_lookups();
-    } catch (...) {
-      stopped = std::current_exception();
-    }
-    for (const std::string& b : rc.log.exchange('L', st.lookup_bad ? "1" : "0"))
-      st.lookup_bad = st.lookup_bad || b == "1";
-    if (stopped) std::rethrow_exception(stopped);
-  }
-  rc.log.split_phase(2);
-  for (int64_t d = lo; d < hi; ++d) {
-    if (failed.count(d))
-      checks.skip(int(d), why);
-    else
-      checks.decide(int(d), nullptr);
-  }
+  decide_checks(rc, st, looked, checks, failed, lo, hi);
 }
 
 }  // namespace dynemb::replay_detail

@@ -161,7 +161,9 @@ void CheckLog::split_begin(int64_t k, int64_t lo, int64_t hi) {
   split_found_ = SplitFindings();
 }
 
-void CheckLog::split_stop(int rank, const std::string& stage, const std::string& msg) {
+void CheckLog::batch_trouble(int64_t k, int rank, const std::string& stage,
+                             const std::string& msg) {
+  if (!split_) return trouble(k, rank, stage, msg);
   SplitStop& s = split_found_.stop;
   if (s.set) return;
   s.set = true;

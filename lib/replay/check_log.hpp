@@ -68,9 +68,9 @@ class CheckLog {
   void split_begin(int64_t k, int64_t lo, int64_t hi);
   bool splitting() const { return split_; }
   void split_phase(int phase) { phase_ = phase; }
-  // Trouble that ends this process's part of the batch (what guarded() records in one process):
-  // recorded, in its place, once every process's part is in.
-  void split_stop(int rank, const std::string& stage, const std::string& msg);
+  // Trouble that ends batch k where the replay caught it: trouble(), or under a rank split, the
+  // end of this process's part of the batch, recorded in its place once every process's is in.
+  void batch_trouble(int64_t k, int rank, const std::string& stage, const std::string& msg);
   // The batch's exchange: every process's findings to every process, process 0 records them in
   // the one-process order. Then the batch's stop, on every process alike: `fatal` (this process's
   // trouble that ends the run) rethrown or another's thrown, a --fail-fast trouble thrown.

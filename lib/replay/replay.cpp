@@ -62,9 +62,6 @@ class Replayer {
 
  private:
   bool by_destination(BatchSource& src, int64_t k, int64_t next);
-  // Batch k under a rank split (team.hpp): its destinations shared by rank blocks, or, when it
-  // cannot run one destination at a time, replayed whole by process 0 alone; then the exchange.
-  void split_batch(BatchSource& src, int64_t k, int64_t next);
   void replay_read(int64_t k, std::optional<Batch>& read);
   // The first replayed batch decides --ctx automatic (captured when it has a ctx/ group), and
   // the header may be shown from then on.
@@ -74,7 +71,6 @@ class Replayer {
   // fn() with its trouble recorded as batch k's (out of memory named by the step running).
   template <class Fn>
   bool guarded(int64_t k, Fn&& fn);
-  void batch_trouble(int64_t k, int rank, const std::string& stage, const std::string& msg);
   void drop_writer();
 
   const ReplayOptions& opt_;
@@ -86,7 +82,6 @@ class Replayer {
   Sizing sizing_;
   std::set<int64_t> selected_;             // the batches replayed (--batches)
   bool started_ = false;                   // the first replayed batch has begun
-  bool split_ = false;                     // the team splits each batch by rank blocks
   std::unique_ptr<CaptureWriter> writer_;  // --write-output; reset on trouble
   bool write_output_finished_ = false;
 };
@@ -114,16 +109,7 @@ void Replayer::run() {
 
   const std::vector<int64_t>& batches = rep_.info.batches;
   selected_ = std::set<int64_t>(batches.begin(), batches.end());
-  // Under a team with more processes than selected batches, batches that run one destination at
-  // a time are shared by destination rank blocks (every process visits every batch); otherwise by
-  // whole batches (team.hpp). With a batch each, the batch split does less: under the rank split
-  // every process still reads every batch's KJTs and contexts and derives its input dist.
-  if (const ReplayTeam* t = opt_.team.get();
-      t && t->size() > 1 && sizing_.by_destination && int64_t(batches.size()) < t->size()) {
-    split_ = true;
-    rc_.own_ranks = rank_block(rc_.plan.world_size, t->index(), t->size());
-    team_.split_by_ranks();
-  }
+  team_.choose_split(sizing_.by_destination, int64_t(batches.size()));
   // --write-output copies every batch, replayed or not; otherwise read only the selected.
   std::vector<int64_t> order = team_.share(batches);  // under a team, this process's
   if (writer_) {
@@ -144,8 +130,17 @@ void Replayer::run() {
   for (size_t i = 0; i < order.size(); ++i) {
     const int64_t k = order[i];
     team_.at_batch();
-    if (split_) {
-      split_batch(src, k, i + 1 < order.size() ? order[i + 1] : -1);
+    if (team_.splits()) {  // its destinations shared by rank blocks, or whole on process 0
+      team_.split_batch(k, [&] {
+        if (by_destination(src, k, i + 1 < order.size() ? order[i + 1] : -1) || team_.worker())
+          return;
+        rc_.clock.tick("read");
+        BatchRead read = src.read(k);
+        for (const ReadTrouble& t : read.troubles)
+          log_.trouble(t.batch, t.rank, t.stage, t.message);
+        rc_.clock.tick("replay");
+        replay_read(k, read.batch);
+      });
       continue;
     }
     if (sizing_.by_destination && selected_.count(k)) {
@@ -179,34 +174,6 @@ void Replayer::run() {
   if (writer_ && !opt_.write_output_file) writer_->commit();
 }
 
-void Replayer::split_batch(BatchSource& src, int64_t k, int64_t next) {
-  log_.split_begin(k, rc_.own_ranks->first, rc_.own_ranks->second);
-  std::exception_ptr fatal;
-  try {
-    if (!by_destination(src, k, next) && !team_.worker()) {
-      rc_.clock.tick("read");
-      BatchRead read = src.read(k);
-      for (const ReadTrouble& t : read.troubles) log_.trouble(t.batch, t.rank, t.stage, t.message);
-      rc_.clock.tick("replay");
-      replay_read(k, read.batch);
-    }
-  } catch (...) {
-    fatal = std::current_exception();
-  }
-  log_.split_end(fatal);  // throws when the batch ends the run
-  if (!team_.worker()) log_.batch_done(k);
-}
-
-// Trouble that ends batch k where guarded() caught it; under a rank split, recorded in its place
-// once every process's part of the batch is in.
-void Replayer::batch_trouble(int64_t k, int rank, const std::string& stage,
-                             const std::string& msg) {
-  if (log_.splitting())
-    log_.split_stop(rank, stage, msg);
-  else
-    log_.trouble(k, rank, stage, msg);
-}
-
 template <class Fn>
 bool Replayer::guarded(int64_t k, Fn&& fn) {
   try {
@@ -214,17 +181,17 @@ bool Replayer::guarded(int64_t k, Fn&& fn) {
     return true;
   } catch (const DeviceError& e) {
     if (rc_.backend.failed()) throw;  // it could not start: the run's trouble, not a batch's
-    batch_trouble(k, -1, "replay", e.what());
+    log_.batch_trouble(k, -1, "replay", e.what());
   } catch (const CaptureError& e) {
-    batch_trouble(k, rank_of_h5path(e.h5path()), "replay", e.what());
+    log_.batch_trouble(k, rank_of_h5path(e.h5path()), "replay", e.what());
   } catch (const Error& e) {
-    batch_trouble(k, -1, "replay", e.what());
+    log_.batch_trouble(k, -1, "replay", e.what());
   } catch (const std::bad_alloc&) {
     const StepClock& at = rc_.clock;
     const std::string rank = at.rank() >= 0 ? fmt::format("rank {}", at.rank()) : "all ranks";
-    batch_trouble(k, at.rank(), at.report_stage(),
-                  fmt::format("{}:/batches/{}: {} in the {} step ({}) of this batch",
-                              opt_.capture_path, k, out_of_memory_text(), at.step(), rank));
+    log_.batch_trouble(k, at.rank(), at.report_stage(),
+                       fmt::format("{}:/batches/{}: {} in the {} step ({}) of this batch",
+                                   opt_.capture_path, k, out_of_memory_text(), at.step(), rank));
   }
   drop_writer();
   return false;
@@ -257,7 +224,7 @@ bool Replayer::by_destination(BatchSource& src, int64_t k, int64_t next) {
       run_destinations(rc_, st, *cut, src, next);
       return;
     }
-    if (split_ && team_.worker()) return;  // process 0 replays it whole
+    if (team_.splits() && team_.worker()) return;  // process 0 replays it whole
     // Cut whole after all: its float data is read now, and the steps go on from the contexts.
     BatchRead read = src.read(k);
     for (const ReadTrouble& t : read.troubles) log_.trouble(t.batch, t.rank, t.stage, t.message);

@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <exception>
 #include <sstream>
 
 #include "common/error.hpp"
@@ -59,6 +60,24 @@ std::optional<bool> TeamRun::begin(const CaptureReader& reader,
     return false;
   };
   return has_ctx(reader, selected.front());
+}
+
+void TeamRun::choose_split(bool by_destination, int64_t selected) {
+  if (!team_ || team_->size() <= 1 || !by_destination || selected >= team_->size()) return;
+  split_ = carry_in_ = carry_out_ = true;
+  rc_.own_ranks = rank_block(rc_.plan.world_size, team_->index(), team_->size());
+}
+
+void TeamRun::split_batch(int64_t k, const std::function<void()>& fn) {
+  log_.split_begin(k, rc_.own_ranks->first, rc_.own_ranks->second);
+  std::exception_ptr fatal;
+  try {
+    fn();
+  } catch (...) {
+    fatal = std::current_exception();
+  }
+  log_.split_end(fatal);
+  if (!worker()) log_.batch_done(k);
 }
 
 void TeamRun::at_batch() {

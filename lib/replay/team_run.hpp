@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -22,9 +23,16 @@ class TeamRun {
   // The batches this process replays, out of the selected (sorted). --write-output copies every
   // batch through one writer: process 0 replays them all, the others none.
   std::vector<int64_t> share(const std::vector<int64_t>& selected) const;
-  // The team splits each batch by destination rank blocks (team.hpp): every process replays
-  // every selected batch from the first, so no latch or context mode is passed on.
-  void split_by_ranks() { split_ = carry_in_ = carry_out_ = true; }
+  // The rank split (team.hpp), chosen when the batches run one destination at a time and the
+  // `selected` batches are fewer than the processes (with a batch each, the batch split does
+  // less: under the rank split every process still reads every batch's KJTs and contexts and
+  // derives its input dist). Every process then replays every selected batch from the first, so
+  // no latch or context mode is passed on; this process's ranks go to the run's context.
+  void choose_split(bool by_destination, int64_t selected);
+  bool splits() const { return split_; }
+  // Batch k under the rank split: fn() with what it records kept back, then the batch's exchange
+  // (throws when the batch ends the run); process 0 then counts the batch done.
+  void split_batch(int64_t k, const std::function<void()>& fn);
   // A worker, before its first batch: the findings of the setup forgotten (process 0 has the same),
   // the latch of the batches before its own received. Returns whether the replay's first selected
   // batch has a ctx/ group (the context mode it chose) when this worker replays any batch.
