@@ -129,8 +129,9 @@ std::vector<NamedPath> report_paths(const ReplayCliOptions& o) {
 }
 
 // A worker of a replay under a launcher (replay/team.hpp): it replays its share of the batches
-// and sends what it found to process 0, which writes the one report (and --write-output: the
-// worker's option only sizes its replay as process 0's); it writes nothing itself.
+// (or of each batch's destination ranks) and sends what it found to process 0, which writes the one
+// report (and --write-output: the worker's option only sizes its replay as process 0's); it writes
+// nothing itself.
 int run_replay_worker(const ReplayCliOptions& o, std::shared_ptr<ReplayTeam> team) {
   ReplayOptions opt = replay_options(o);
   opt.team = std::move(team);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <exception>
 #include <future>
+#include <new>
 #include <set>
 #include <system_error>
 
@@ -14,6 +15,7 @@
 #include "replay/lookup_check.hpp"
 #include "replay/output_check.hpp"
 #include "replay/spare_rows.hpp"
+#include "replay/team.hpp"
 
 namespace dynemb::replay_detail {
 
@@ -101,16 +103,104 @@ UnitRows read_unit(BatchSource& src, int64_t k, const Unit& u, bool sequence,
   return out;
 }
 
+// A rank split's units are done (RunContext::own_ranks = [lo, hi)): every process's troubles
+// (`met`: this process's, in unit order) said in unit order as one process says them (the blocks
+// are in rank order), each message once, and the lookup diff of each of this process's senders
+// merged over every process's destinations.
+void share_units(RunContext& rc, const BatchState& st, LookupChecks& looked,
+                 std::vector<UnitTrouble> met, std::set<int64_t>& failed,
+                 std::set<std::string>& said, std::pair<int64_t, int64_t> own) {
+  UnitFindings found;
+  found.troubles = std::move(met);
+  for (int64_t s = 0; rc.source && s < st.W; ++s) {
+    found.lookups.push_back(std::move(looked.diff(int(s))));
+    found.comparable.push_back(looked.comparable(int(s)));
+  }
+  std::vector<UnitFindings> all;
+  for (const std::string& b : rc.log.exchange('A', encode_units(found))) {
+    try {
+      all.push_back(decode_units(b));
+    } catch (const Error& e) {
+      rc.opt.team->abort(fmt::format("batch {}: {}", st.k, e.what()));
+    }
+  }
+  for (const UnitFindings& f : all)
+    for (const UnitTrouble& t : f.troubles) {
+      if (t.stop) throw std::bad_alloc();  // as the one process's units stop there
+      failed.insert(t.d);
+      if (said.insert(t.message).second) rc.log.trouble(st.k, t.rank, t.stage, t.message);
+    }
+  for (int64_t s = own.first; rc.source && s < own.second; ++s) {
+    TensorDiff d;
+    bool comparable = true;
+    for (UnitFindings& f : all) {
+      merge_diff(d, std::move(f.lookups[size_t(s)]), rc.opt.max_mismatches);
+      comparable = comparable && f.comparable[size_t(s)] != 0;
+    }
+    looked.adopt(int(s), std::move(d), comparable);
+  }
+}
+
+// The checks of ranks [lo, hi) decided, in the whole batch's order: lookups by rank, then
+// outputs by rank; those a failed destination was part of skipped.
+void decide_checks(RunContext& rc, BatchState& st, LookupChecks& looked, OutputChecks& checks,
+                   const std::set<int64_t>& failed, int64_t lo, int64_t hi) {
+  const int64_t k = st.k;
+  const std::string why =
+      fmt::format("not every part of it could be checked: trouble in batch {} (destination {})", k,
+                  failed.empty() ? 0 : *failed.begin());
+  rc.log.split_phase(1);
+  const auto decide_lookups = [&] {
+    for (int64_t s = lo; rc.source && s < hi; ++s) {
+      if (failed.empty())
+        looked.decide(int(s));
+      else
+        rc.log.record(skipped(k, int(s), "lookup", "local_embs", why));
+    }
+  };
+  if (!rc.own_ranks) {
+    decide_lookups();
+  } else {
+    // A failed lookup is the cause every output check names (BatchState::lookup_bad): each
+    // process must know whether any sender's failed, whoever decided it. A process whose lookup
+    // decisions met trouble takes part in the exchange first (the others wait in it), then stops.
+    std::exception_ptr stopped;
+    try {
+      decide_lookups();
+    } catch (...) {
+      stopped = std::current_exception();
+    }
+    for (const std::string& b : rc.log.exchange('L', st.lookup_bad ? "1" : "0"))
+      st.lookup_bad = st.lookup_bad || b == "1";
+    if (stopped) std::rethrow_exception(stopped);
+  }
+  rc.log.split_phase(2);
+  for (int64_t d = lo; d < hi; ++d) {
+    if (failed.count(d))
+      checks.skip(int(d), why);
+    else
+      checks.decide(int(d), nullptr);
+  }
+}
+
 }  // namespace
 
 // For each unit (a destination d, or some rows of it): the block of every sender (a part of its
 // lookup check), the unit's output from those blocks alone and its part of d's output checks,
 // while the next unit's rows are read on another thread. Decided in the whole batch's order:
-// lookups by rank, then outputs by rank.
+// lookups by rank, then outputs by rank. Under a rank split (RunContext::own_ranks) only the units
+// of this process's destinations run; their troubles and lookup diffs are exchanged with the
+// other processes' before any check is decided, and this process decides its ranks' checks.
 void run_destinations(RunContext& rc, BatchState& st, const DestinationCut& cut, BatchSource& src,
                       int64_t next_batch) {
   const int64_t W = st.W, k = st.k;
-  const std::vector<Unit>& units = cut.units;
+  const std::optional<std::pair<int64_t, int64_t>>& own = rc.own_ranks;
+  const int64_t lo = own ? own->first : 0, hi = own ? own->second : W;
+  std::vector<Unit> mine;  // a rank split's: the units of destinations [lo, hi)
+  if (own)
+    for (const Unit& u : cut.units)
+      if (u.d >= lo && u.d < hi) mine.push_back(u);
+  const std::vector<Unit>& units = own ? mine : cut.units;
   drop_bucketized(st);
   // A unit's blocks and its golden rows. Per batch: kept to the next one, they would sit beside
   // its input dist while it is derived, the replay's peak.
@@ -121,7 +211,11 @@ void run_destinations(RunContext& rc, BatchState& st, const DestinationCut& cut,
                      spare);
   };
   const bool ahead = rc.opt.read_ahead > 0;  // --read-ahead 0: read, then check, in turn
-  std::future<UnitRows> next = read_ahead_task(read, size_t{0}, ahead);
+  std::future<UnitRows> next;
+  if (!units.empty())
+    next = read_ahead_task(read, size_t{0}, ahead);
+  else if (ahead && next_batch >= 0)
+    src.shapes_ahead(next_batch);
   Backend& backend = rc.backend.get();
   LookupChecks looked(rc, st);
   OutputChecks checks(rc, st);
@@ -188,7 +282,9 @@ void run_destinations(RunContext& rc, BatchState& st, const DestinationCut& cut,
   // the next one runs; the checks it was part of are skipped, never decided on part of their data.
   std::set<int64_t> failed;  // destinations
   std::set<std::string> said;
+  std::vector<UnitTrouble> met;  // a rank split's: said once every process's are in
   const auto trouble = [&](int64_t d, int rank, const std::string& stage, const std::string& msg) {
+    if (own) return met.push_back({d, rank, stage, msg, false});
     failed.insert(d);
     if (said.insert(msg).second) rc.log.trouble(k, rank, stage, msg);
   };
@@ -201,25 +297,18 @@ void run_destinations(RunContext& rc, BatchState& st, const DestinationCut& cut,
       trouble(d, rank_of_h5path(e.h5path()), "capture", e.what());
     } catch (const Error& e) {
       trouble(d, rc.clock.rank(), rc.clock.report_stage(), e.what());
+    } catch (const std::bad_alloc&) {
+      if (!own) throw;
+      // One process stops the batch here (guarded()): so does every process of the split, once
+      // all of them know it.
+      met.push_back({d, rc.clock.rank(), rc.clock.report_stage(), "", true});
+      break;
     }
     if (i + 1 == units.size() || units[i + 1].d != d) rc.log.rank_done(k);
   }
+  if (own) share_units(rc, st, looked, std::move(met), failed, said, *own);
   rc.note_latch(k);
-  const std::string why =
-      fmt::format("not every part of it could be checked: trouble in batch {} (destination {})", k,
-                  failed.empty() ? 0 : *failed.begin());
-  for (int64_t s = 0; rc.source && s < W; ++s) {
-    if (failed.empty())
-      looked.decide(int(s));
-    else
-      rc.log.record(skipped(k, int(s), "lookup", "local_embs", why));
-  }
-  for (int64_t d = 0; d < W; ++d) {
-    if (failed.count(d))
-      checks.skip(int(d), why);
-    else
-      checks.decide(int(d), nullptr);
-  }
+  decide_checks(rc, st, looked, checks, failed, lo, hi);
 }
 
 }  // namespace dynemb::replay_detail

@@ -1,5 +1,7 @@
 #include "replay/check_log.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <system_error>
@@ -14,6 +16,12 @@ void CheckLog::record(CheckResult c) {
   if (began_ && !backend_ok_) {
     backend_.get();
     backend_ok_ = true;
+  }
+  if (split_) {
+    const bool zero = !team_ || team_->index() == 0;
+    const bool keep = phase_ == 0 || c.rank < 0 ? zero : c.rank >= split_lo_ && c.rank < split_hi_;
+    if (keep) split_found_.records.push_back({phase_, std::move(c)});
+    return;
   }
   show_header_when_hashed();
   if (cb_.on_check) {
@@ -108,12 +116,14 @@ void CheckLog::batch_done(int64_t k) {
 }
 
 void CheckLog::count_done(int64_t k, bool whole_batch) {
+  if (finished_.count(k)) return;
   const int64_t W = world_size_;
   int64_t& done = ranks_done_[k];
   if (whole_batch) {
     progress_.rank_batches_done += W - done;
     progress_.bytes_done += batch_bytes_[k] * double(W - done) / double(W);
     ranks_done_.erase(k);
+    finished_.insert(k);
     ++progress_.batches_done;
   } else {
     if (done >= W) return;
@@ -140,6 +150,94 @@ void CheckLog::merge(Findings&& f) {
   for (std::string& w : f.warnings)
     if (std::find(rep_.warnings.begin(), rep_.warnings.end(), w) == rep_.warnings.end())
       rep_.warnings.push_back(std::move(w));
+}
+
+void CheckLog::split_begin(int64_t k, int64_t lo, int64_t hi) {
+  split_ = true;
+  phase_ = 0;
+  split_k_ = k;
+  split_lo_ = lo;
+  split_hi_ = hi;
+  split_found_ = SplitFindings();
+}
+
+void CheckLog::batch_trouble(int64_t k, int rank, const std::string& stage,
+                             const std::string& msg) {
+  if (!split_) return trouble(k, rank, stage, msg);
+  SplitStop& s = split_found_.stop;
+  if (s.set) return;
+  s.set = true;
+  s.phase = phase_;
+  s.rank = rank;
+  s.stage = stage;
+  s.message = msg;
+}
+
+std::vector<std::string> CheckLog::exchange(char tag, const std::string& bytes) {
+  std::vector<std::string> all =
+      team_->allgather(std::string(1, tag) + bytes, [this](int64_t k, bool whole) {
+        if (cb_.on_progress) count_done(k, whole);
+      });
+  for (std::string& b : all) {
+    if (b.empty() || b[0] != tag)
+      team_->abort(
+          fmt::format("batch {}: the processes are out of step (one is at exchange '{}', "
+                      "another at '{}')",
+                      split_k_, tag, b.empty() ? '?' : b[0]));
+    b.erase(0, 1);
+  }
+  return all;
+}
+
+void CheckLog::split_end(std::exception_ptr fatal) {
+  const int64_t k = split_k_;
+  split_ = false;
+  if (fatal) {
+    try {
+      std::rethrow_exception(fatal);
+    } catch (const std::exception& e) {
+      split_found_.fatal = e.what();
+    } catch (...) {
+      split_found_.fatal = "unknown trouble";
+    }
+    if (split_found_.fatal.empty()) split_found_.fatal = "trouble";
+    SplitStop& s = split_found_.stop;
+    if (!s.set) {
+      s.set = s.fatal = true;
+      s.phase = phase_;
+      s.message = split_found_.fatal;
+    }
+  }
+  const std::vector<std::string> bytes = exchange('B', encode_split(split_found_));
+  split_found_ = SplitFindings();
+  std::vector<SplitFindings> all;
+  for (const std::string& b : bytes) {
+    try {
+      all.push_back(decode_split(b));
+    } catch (const Error& e) {
+      team_->abort(fmt::format("batch {}: {}", k, e.what()));
+    }
+  }
+  // Trouble that ends the run: this process's own rethrown, else the first process's.
+  const auto end_run = [&] {
+    if (fatal) std::rethrow_exception(fatal);
+    for (const SplitFindings& f : all)
+      if (!f.fatal.empty()) throw Error(f.fatal);
+  };
+  const bool zero = team_->index() == 0;
+  for (const SplitEvent& ev : split_order(all)) {
+    if (ev.check) {
+      if (zero) record(*ev.check);
+      continue;
+    }
+    const SplitStop& s = *ev.stop;
+    if (s.fatal) end_run();
+    if (zero)
+      trouble(k, s.rank, s.stage, s.message);  // throws under --fail-fast
+    else if (opt_.fail_fast)
+      throw Error(s.message);
+  }
+  end_run();
 }
 
 }  // namespace dynemb::replay_detail

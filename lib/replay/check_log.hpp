@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <future>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -60,6 +62,22 @@ class CheckLog {
   // (troubles counted, warnings that this log has already given once not repeated).
   void merge(Findings&& f);
 
+  // A batch split by rank blocks across the team (team.hpp): from split_begin to split_end every
+  // process buffers what it records of batch k, keeping in phase 0 only what process 0 keeps
+  // (everything) and in later phases only the checks of its ranks [lo, hi) (rank -1: process 0).
+  void split_begin(int64_t k, int64_t lo, int64_t hi);
+  bool splitting() const { return split_; }
+  void split_phase(int phase) { phase_ = phase; }
+  // Trouble that ends batch k where the replay caught it: trouble(), or under a rank split, the
+  // end of this process's part of the batch, recorded in its place once every process's is in.
+  void batch_trouble(int64_t k, int rank, const std::string& stage, const std::string& msg);
+  // The batch's exchange: every process's findings to every process, process 0 records them in
+  // the one-process order. Then the batch's stop, on every process alike: `fatal` (this process's
+  // trouble that ends the run) rethrown or another's thrown, a --fail-fast trouble thrown.
+  void split_end(std::exception_ptr fatal);
+  // Every process's `bytes` (tagged: the processes must be at the same point of the batch).
+  std::vector<std::string> exchange(char tag, const std::string& bytes);
+
  private:
   void show_header_when_hashed();
   bool relays() const { return team_ && team_->index() > 0; }
@@ -78,6 +96,11 @@ class CheckLog {
   std::map<int64_t, double> batch_bytes_;
   std::map<int64_t, int64_t> ranks_done_;  // [batch]: rank-batches counted of a batch not done
   ReplayTeam* team_ = nullptr;
+  std::set<int64_t> finished_;  // batches counted as done: progress that comes late is dropped
+  bool split_ = false;
+  int phase_ = 0;
+  int64_t split_k_ = -1, split_lo_ = 0, split_hi_ = 0;
+  SplitFindings split_found_;
 };
 
 }  // namespace dynemb::replay_detail

@@ -27,6 +27,15 @@ class LookupChecks {
   // Rank s's whole captured local_embs checked at once (`got`: kept by the backend, or the host
   // tensor), then decided.
   void check_whole(int s, const TensorRef& got, const EmbTensor* derived);
+  // Rank s's diff so far (its parts merged, not decided), and whether every part was compared
+  // where the lookup is made: what a process of a rank split sends to the process owning s, which
+  // adopts the processes' merge.
+  TensorDiff& diff(int s) { return diffs_[size_t(s)]; }
+  bool comparable(int s) const { return comparable_[size_t(s)]; }
+  void adopt(int s, TensorDiff d, bool comparable) {
+    diffs_[size_t(s)] = std::move(d);
+    comparable_[size_t(s)] = comparable;
+  }
 
  private:
   RunContext& rc_;

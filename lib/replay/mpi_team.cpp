@@ -11,6 +11,7 @@
 
 #include <array>
 #include <chrono>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -241,8 +242,51 @@ class MpiTeam final : public ReplayTeam {
         "receiving the latch");
     return bytes;
   }
+  // Non-blocking collectives, tested between naps: a waiting process leaves its core free, and
+  // process 0 takes in progress meanwhile. A dead peer never answers: its supervising parent then
+  // exits 2 and the launcher stops every process.
+  std::vector<std::string> allgather(const std::string& bytes, const ProgressFn& fn) override {
+    std::vector<int64_t> sizes(size_t(size_), 0);
+    const int64_t mine = int64_t(bytes.size());
+    MPI_Request req;
+    check(MPI_Iallgather(&mine, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, MPI_COMM_WORLD, &req),
+          "exchanging a batch's findings");
+    wait(req, fn);
+    std::vector<int> counts, at;
+    int64_t total = 0;
+    for (int64_t n : sizes) {
+      counts.push_back(int(n));
+      at.push_back(int(total));
+      total += n;
+      if (n < 0 || total > int64_t(INT_MAX))
+        abort(fmt::format("a batch's findings come to more than 2 GiB ({} bytes)", total));
+    }
+    std::string all(size_t(total), '\0');
+    check(MPI_Iallgatherv(bytes.data(), int(mine), MPI_CHAR, all.data(), counts.data(), at.data(),
+                          MPI_CHAR, MPI_COMM_WORLD, &req),
+          "exchanging a batch's findings");
+    wait(req, fn);
+    std::vector<std::string> out;
+    for (int q = 0; q < size_; ++q)
+      out.push_back(all.substr(size_t(at[size_t(q)]), size_t(sizes[size_t(q)])));
+    return out;
+  }
+  [[noreturn]] void abort(const std::string& why) override {
+    put_stderr(fmt::format("dynemb-dist: {}: {}; the run stops (exit 2)\n", launched_place(), why));
+    MPI_Abort(MPI_COMM_WORLD, 2);
+    ::_exit(2);
+  }
 
  private:
+  void wait(MPI_Request& req, const ProgressFn& fn) {
+    for (;;) {
+      int done = 0;
+      check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "exchanging a batch's findings");
+      if (done) return;
+      if (index_ == 0) poll_progress(fn);
+      nap();
+    }
+  }
   void flush_progress() {
     if (pending_[2] < 0) return;
     sent_.emplace_back();

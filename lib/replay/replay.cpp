@@ -27,11 +27,16 @@ bool same_file(const std::string& a, const std::string& b) {
   return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-// The test hook DYNEMB_BY_DESTINATION=report says on stderr how each batch ran.
-void report_cut(int64_t k, bool by_destination) {
-  if (test_hooks::by_destination() == test_hooks::ByDestination::report)
-    std::fprintf(stderr, "DYNEMB_BY_DESTINATION: batch %lld: %s\n", static_cast<long long>(k),
-                 by_destination ? "one destination at a time" : "whole");
+// The test hook DYNEMB_BY_DESTINATION=report says on stderr how each batch ran, and under a rank
+// split (team.hpp) which destinations this process ran: "process q: ranks [a, b)".
+void report_cut(int64_t k, bool by_destination, const RunContext& rc) {
+  if (test_hooks::by_destination() != test_hooks::ByDestination::report) return;
+  std::string own;
+  if (by_destination && rc.own_ranks)
+    own = fmt::format("; process {}: ranks [{}, {})", rc.opt.team->index(), rc.own_ranks->first,
+                      rc.own_ranks->second);
+  std::fprintf(stderr, "DYNEMB_BY_DESTINATION: batch %lld: %s%s\n", static_cast<long long>(k),
+               by_destination ? "one destination at a time" : "whole", own.c_str());
 }
 
 }  // namespace
@@ -104,6 +109,7 @@ void Replayer::run() {
 
   const std::vector<int64_t>& batches = rep_.info.batches;
   selected_ = std::set<int64_t>(batches.begin(), batches.end());
+  team_.choose_split(sizing_.by_destination, int64_t(batches.size()));
   // --write-output copies every batch, replayed or not; otherwise read only the selected.
   std::vector<int64_t> order = team_.share(batches);  // under a team, this process's
   if (writer_) {
@@ -124,6 +130,19 @@ void Replayer::run() {
   for (size_t i = 0; i < order.size(); ++i) {
     const int64_t k = order[i];
     team_.at_batch();
+    if (team_.splits()) {  // its destinations shared by rank blocks, or whole on process 0
+      team_.split_batch(k, [&] {
+        if (by_destination(src, k, i + 1 < order.size() ? order[i + 1] : -1) || team_.worker())
+          return;
+        rc_.clock.tick("read");
+        BatchRead read = src.read(k);
+        for (const ReadTrouble& t : read.troubles)
+          log_.trouble(t.batch, t.rank, t.stage, t.message);
+        rc_.clock.tick("replay");
+        replay_read(k, read.batch);
+      });
+      continue;
+    }
     if (sizing_.by_destination && selected_.count(k)) {
       int64_t next = -1;  // the next batch this loop replays
       for (size_t j = i + 1; j < order.size() && next < 0; ++j)
@@ -162,17 +181,17 @@ bool Replayer::guarded(int64_t k, Fn&& fn) {
     return true;
   } catch (const DeviceError& e) {
     if (rc_.backend.failed()) throw;  // it could not start: the run's trouble, not a batch's
-    log_.trouble(k, -1, "replay", e.what());
+    log_.batch_trouble(k, -1, "replay", e.what());
   } catch (const CaptureError& e) {
-    log_.trouble(k, rank_of_h5path(e.h5path()), "replay", e.what());
+    log_.batch_trouble(k, rank_of_h5path(e.h5path()), "replay", e.what());
   } catch (const Error& e) {
-    log_.trouble(k, -1, "replay", e.what());
+    log_.batch_trouble(k, -1, "replay", e.what());
   } catch (const std::bad_alloc&) {
     const StepClock& at = rc_.clock;
     const std::string rank = at.rank() >= 0 ? fmt::format("rank {}", at.rank()) : "all ranks";
-    log_.trouble(k, at.rank(), at.report_stage(),
-                 fmt::format("{}:/batches/{}: {} in the {} step ({}) of this batch",
-                             opt_.capture_path, k, out_of_memory_text(), at.step(), rank));
+    log_.batch_trouble(k, at.rank(), at.report_stage(),
+                       fmt::format("{}:/batches/{}: {} in the {} step ({}) of this batch",
+                                   opt_.capture_path, k, out_of_memory_text(), at.step(), rank));
   }
   drop_writer();
   return false;
@@ -190,7 +209,7 @@ bool Replayer::by_destination(BatchSource& src, int64_t k, int64_t next) {
     fits = shapes->ranks[r].local_embs && !shapes->ranks[r].module_output;
   if (fits) choose_ctx_mode(k, *shapes);
   if (!fits || !rc_.use_captured) {
-    report_cut(k, false);
+    report_cut(k, false, rc_);
     return false;
   }
   std::optional<Batch> whole;
@@ -205,6 +224,7 @@ bool Replayer::by_destination(BatchSource& src, int64_t k, int64_t next) {
       run_destinations(rc_, st, *cut, src, next);
       return;
     }
+    if (team_.splits() && team_.worker()) return;  // process 0 replays it whole
     // Cut whole after all: its float data is read now, and the steps go on from the contexts.
     BatchRead read = src.read(k);
     for (const ReadTrouble& t : read.troubles) log_.trouble(t.batch, t.rank, t.stage, t.message);
@@ -214,7 +234,7 @@ bool Replayer::by_destination(BatchSource& src, int64_t k, int64_t next) {
     run_whole(rc_, st);
   });
   rc_.clock.tick("replay");
-  report_cut(k, cut_so);
+  report_cut(k, cut_so, rc_);
   return true;
 }
 

@@ -55,7 +55,8 @@ struct ReplayOptions {
   // bytes each, for a report file that lists every check), or only Report::pass_counts
   // (counted: the replay's memory then does not grow with the batches).
   PassMode passes = PassMode::whole;
-  // Under a launcher (team.hpp): this process replays its share of the batches; process 0's
+  // Under a launcher (team.hpp): this process replays its share of the batches (or of each
+  // batch's destination ranks); process 0's
   // report holds every process's findings, a worker's holds nothing to show. Null: one process.
   std::shared_ptr<ReplayTeam> team;
 };

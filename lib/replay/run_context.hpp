@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/backend.hpp"
@@ -52,6 +53,9 @@ struct RunContext {
   // Under a team (replay/team.hpp), a process whose first batch is not the replay's first:
   // whether an earlier selected batch has a ctx/ group, asked once when ctx_seen matters.
   std::function<bool()> ctx_before;
+  // Under a team whose processes split each batch by destination rank blocks (team.hpp): this
+  // process's ranks [first, second). Unset: every rank.
+  std::optional<std::pair<int64_t, int64_t>> own_ranks;
 
   bool pooled_mean() const { return plan.module == ModuleKind::pooled && plan.any_mean; }
   TileCompare how() const { return TileCompare{tol, kCompareTile, opt.max_mismatches}; }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/error.hpp"
@@ -13,6 +14,12 @@ std::vector<int64_t> team_share(const std::vector<int64_t>& batches, int q, int 
   const int64_t n = int64_t(batches.size());
   const auto start = [&](int64_t i) { return (i * n + P - 1) / P; };
   return {batches.begin() + start(q), batches.begin() + start(q + 1)};
+}
+
+std::pair<int64_t, int64_t> rank_block(int64_t W, int q, int P) {
+  // 64-bit: W * P stays far below 2^63 for any W and P a launcher starts.
+  const auto start = [&](int64_t i) { return i * W / P; };
+  return {start(q), start(q + 1)};
 }
 
 namespace {
@@ -170,6 +177,140 @@ Findings decode_findings(const std::string& bytes) {
   for (std::string& s : f.warnings) s = r.str();
   f.trouble = r.str();
   if (!r.done()) throw Error("a worker's findings run on past their end");
+  return f;
+}
+
+namespace {
+
+constexpr uint32_t kSplitMagic = 0x54494c53;  // "SLIT"
+constexpr uint32_t kUnitsMagic = 0x53544e55;  // "UNTS"
+
+}  // namespace
+
+std::string encode_split(const SplitFindings& f) {
+  Writer w;
+  w.pod<uint32_t>(kSplitMagic);
+  w.pod<uint64_t>(f.records.size());
+  for (const SplitRecord& r : f.records) {
+    w.pod<int32_t>(r.phase);
+    put_check(w, r.check);
+  }
+  w.pod<uint8_t>(f.stop.set);
+  w.pod<uint8_t>(f.stop.fatal);
+  w.pod<int32_t>(f.stop.phase);
+  w.pod<int32_t>(f.stop.rank);
+  w.str(f.stop.stage);
+  w.str(f.stop.message);
+  w.str(f.fatal);
+  return w.take();
+}
+
+SplitFindings decode_split(const std::string& bytes) {
+  Reader r(bytes);
+  if (r.pod<uint32_t>() != kSplitMagic)
+    throw Error("a process's findings of a batch do not begin as they should");
+  SplitFindings f;
+  f.records.resize(r.pod<uint64_t>());
+  for (SplitRecord& x : f.records) {
+    x.phase = r.pod<int32_t>();
+    x.check = get_check(r);
+  }
+  f.stop.set = r.pod<uint8_t>() != 0;
+  f.stop.fatal = r.pod<uint8_t>() != 0;
+  f.stop.phase = r.pod<int32_t>();
+  f.stop.rank = r.pod<int32_t>();
+  f.stop.stage = r.str();
+  f.stop.message = r.str();
+  f.fatal = r.str();
+  if (!r.done()) throw Error("a process's findings of a batch run on past their end");
+  return f;
+}
+
+std::vector<SplitEvent> split_order(const std::vector<SplitFindings>& all) {
+  int phases = 0;
+  for (const SplitFindings& f : all) {
+    for (const SplitRecord& r : f.records) phases = std::max(phases, r.phase + 1);
+    if (f.stop.set) phases = std::max(phases, f.stop.phase + 1);
+  }
+  std::vector<SplitEvent> out;
+  for (int p = 0; p < phases; ++p)
+    for (const SplitFindings& f : all) {
+      for (const SplitRecord& r : f.records)
+        if (r.phase == p) out.push_back({&r.check, nullptr});
+      if (f.stop.set && f.stop.phase == p) {
+        out.push_back({nullptr, &f.stop});
+        return out;
+      }
+    }
+  return out;
+}
+
+std::string encode_units(const UnitFindings& f) {
+  Writer w;
+  w.pod<uint32_t>(kUnitsMagic);
+  w.pod<uint64_t>(f.troubles.size());
+  for (const UnitTrouble& t : f.troubles) {
+    w.pod<int64_t>(t.d);
+    w.pod<int32_t>(t.rank);
+    w.str(t.stage);
+    w.str(t.message);
+    w.pod<uint8_t>(t.stop);
+  }
+  w.pod<uint64_t>(f.lookups.size());
+  for (size_t s = 0; s < f.lookups.size(); ++s) {
+    const TensorDiff& d = f.lookups[s];
+    w.pod<uint8_t>(s < f.comparable.size() ? f.comparable[s] : 1);
+    w.pod<uint8_t>(d.shape_ok);
+    w.str(d.shape_note);
+    w.pod<int64_t>(d.compared);
+    w.pod<int64_t>(d.mismatches);
+    w.pod<double>(d.max_abs_err);
+    w.pod<double>(d.max_rel_err);
+    w.pod<int64_t>(d.max_ulp);
+    w.pod<uint64_t>(d.first.size());
+    for (const ElementMismatch& m : d.first) {  // not located yet: no coordinates
+      w.pod<int64_t>(m.flat);
+      w.pod<float>(m.got);
+      w.pod<float>(m.want);
+    }
+  }
+  return w.take();
+}
+
+UnitFindings decode_units(const std::string& bytes) {
+  Reader r(bytes);
+  if (r.pod<uint32_t>() != kUnitsMagic)
+    throw Error("a process's findings of its units do not begin as they should");
+  UnitFindings f;
+  f.troubles.resize(r.pod<uint64_t>());
+  for (UnitTrouble& t : f.troubles) {
+    t.d = r.pod<int64_t>();
+    t.rank = r.pod<int32_t>();
+    t.stage = r.str();
+    t.message = r.str();
+    t.stop = r.pod<uint8_t>() != 0;
+  }
+  const uint64_t W = r.pod<uint64_t>();
+  f.lookups.resize(W);
+  f.comparable.resize(W);
+  for (uint64_t s = 0; s < W; ++s) {
+    TensorDiff& d = f.lookups[s];
+    f.comparable[s] = r.pod<uint8_t>();
+    d.shape_ok = r.pod<uint8_t>() != 0;
+    d.shape_note = r.str();
+    d.compared = r.pod<int64_t>();
+    d.mismatches = r.pod<int64_t>();
+    d.max_abs_err = r.pod<double>();
+    d.max_rel_err = r.pod<double>();
+    d.max_ulp = r.pod<int64_t>();
+    d.first.resize(r.pod<uint64_t>());
+    for (ElementMismatch& m : d.first) {
+      m.flat = r.pod<int64_t>();
+      m.got = r.pod<float>();
+      m.want = r.pod<float>();
+    }
+  }
+  if (!r.done()) throw Error("a process's findings of its units run on past their end");
   return f;
 }
 

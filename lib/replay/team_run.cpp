@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <exception>
 #include <sstream>
 
 #include "common/error.hpp"
@@ -23,7 +24,7 @@ bool has_ctx(const CaptureReader& reader, int64_t k) {
 }  // namespace
 
 std::vector<int64_t> TeamRun::share(const std::vector<int64_t>& selected) const {
-  if (!team_) return selected;
+  if (!team_ || split_) return selected;
   if (!opt_.write_output.empty() || opt_.write_output_file)
     return team_->index() == 0 ? selected : std::vector<int64_t>{};
   return team_share(selected, team_->index(), team_->size());
@@ -51,7 +52,7 @@ std::optional<bool> TeamRun::begin(const CaptureReader& reader,
   rep_.pass_log = PassLog();
   rep_.pass_counts.clear();
   rep_.warnings.clear();
-  if (mine.empty()) return std::nullopt;
+  if (mine.empty() || split_) return std::nullopt;
   const int64_t first = mine.front();
   rc_.ctx_before = [&reader, &selected, first] {
     for (int64_t k : selected)
@@ -59,6 +60,24 @@ std::optional<bool> TeamRun::begin(const CaptureReader& reader,
     return false;
   };
   return has_ctx(reader, selected.front());
+}
+
+void TeamRun::choose_split(bool by_destination, int64_t selected) {
+  if (!team_ || team_->size() <= 1 || !by_destination || selected >= team_->size()) return;
+  split_ = carry_in_ = carry_out_ = true;
+  rc_.own_ranks = rank_block(rc_.plan.world_size, team_->index(), team_->size());
+}
+
+void TeamRun::split_batch(int64_t k, const std::function<void()>& fn) {
+  log_.split_begin(k, rc_.own_ranks->first, rc_.own_ranks->second);
+  std::exception_ptr fatal;
+  try {
+    fn();
+  } catch (...) {
+    fatal = std::current_exception();
+  }
+  log_.split_end(fatal);
+  if (!worker()) log_.batch_done(k);
 }
 
 void TeamRun::at_batch() {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -22,6 +23,16 @@ class TeamRun {
   // The batches this process replays, out of the selected (sorted). --write-output copies every
   // batch through one writer: process 0 replays them all, the others none.
   std::vector<int64_t> share(const std::vector<int64_t>& selected) const;
+  // The rank split (team.hpp), chosen when the batches run one destination at a time and the
+  // `selected` batches are fewer than the processes (with a batch each, the batch split does
+  // less: under the rank split every process still reads every batch's KJTs and contexts and
+  // derives its input dist). Every process then replays every selected batch from the first, so
+  // no latch or context mode is passed on; this process's ranks go to the run's context.
+  void choose_split(bool by_destination, int64_t selected);
+  bool splits() const { return split_; }
+  // Batch k under the rank split: fn() with what it records kept back, then the batch's exchange
+  // (throws when the batch ends the run); process 0 then counts the batch done.
+  void split_batch(int64_t k, const std::function<void()>& fn);
   // A worker, before its first batch: the findings of the setup forgotten (process 0 has the same),
   // the latch of the batches before its own received. Returns whether the replay's first selected
   // batch has a ctx/ group (the context mode it chose) when this worker replays any batch.
@@ -41,7 +52,7 @@ class TeamRun {
   RunContext& rc_;
   CheckLog& log_;
   Report& rep_;
-  bool carry_in_ = false, carry_out_ = false, began_ = false;
+  bool carry_in_ = false, carry_out_ = false, began_ = false, split_ = false;
 };
 
 }  // namespace dynemb::replay_detail

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# `mpirun -np P dynemb-dist replay` (docs/multi-node.md): the processes split the batches and
-# process 0 writes the one report, byte for byte what one process writes (argv aside): the text
-# report, --json, --junit and --write-output, for every fixture, multi-batch synth captures (the
-# pooled module's latch carried from process to process), a W = 512 capture and planted faults
-# (a golden output, a ctx field, a missing dataset, --fail-fast). A process killed mid-run ends
+# `mpirun -np P dynemb-dist replay` (docs/multi-node.md): the processes split the batches, or each
+# batch by destination rank blocks, and process 0 writes the one report, byte for byte what one
+# process writes (argv aside): the text report, --json, --junit and --write-output, for every
+# fixture, multi-batch synth captures, a W = 512 capture of one and of two batches split by rank
+# blocks, and planted faults (a golden output, a ctx field, a missing dataset, an id out of its
+# table, --fail-fast, the passes listed or counted). A process killed mid-run ends
 # the run with exit 2 and a line naming it, in bounded time, with no temporary left.
 # Env (tests/CMakeLists.txt): DYNEMB, DYNEMB_SRC, DYNEMB_PYTHON, DYNEMB_HAVE_MPI, DYNEMB_MPIEXEC.
 set -u
@@ -25,6 +26,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # tmp, fails, ok, fail, expec
 # not ours (LeakSanitizer under the ASan build).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1  # -np 3 on 2 cores
+# Unbound (mpirun --bind-to none): the CPU backend's threads follow the process's affinity mask,
+# and the report's header names their count; bound to one core each, it would say 1, not the
+# one-process run's count.
+export OMPI_MCA_hwloc_base_binding_policy=none
 # Under mpirun, full stacks (fast_unwind_on_malloc=0, slower): the fast unwinder stops in
 # libraries built without frame pointers, before the Open MPI frame the suppressions name.
 lsan_mpi="suppressions=$DYNEMB_SRC/tests/cli/mpi_lsan.supp:print_suppressions=0:fast_unwind_on_malloc=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
@@ -128,6 +133,95 @@ same gone 3 2 gone.h5
 same gone-ff 3 2 gone.h5 --fail-fast
 grep -q "batches/3" gone.2.txt gone.2.err 2>/dev/null || fail "gone: the missing dataset of batch 3 is not named"
 
+# ---- fewer batches than processes, split by destination rank blocks (captured local_embs and
+# contexts): every process runs the destinations of its block, [q W / P, (q + 1) W / P); the
+# DYNEMB_BY_DESTINATION=report hook (builds with test hooks) says so on stderr. The reports do
+# not depend on the hook.
+split_seen() {  # split_seen NAME NP LINE...: each LINE is in NAME.NP.err
+  local name=$1 np=$2 line
+  shift 2
+  has_test_hooks || return 0
+  for line in "$@"; do
+    grep -qF "$line" "$name.$np.err" ||
+      { fail "$name -np $np: no '$line' on stderr: the batch was not split by rank blocks"; return; }
+  done
+  ok "$name -np $np: split by destination rank blocks"
+}
+# same_text NAME NP WANT_RC CAPTURE [ARGS...]: the text report alone (the passes only counted).
+same_text() {
+  local name=$1 np=$2 want=$3 cap=$4
+  shift 4
+  timeout 600 "$DYNEMB" replay "$cap" "$@" >"$name.1.txt" 2>"$name.1.err"
+  expect_rc "$name (one process)" "$want" $?
+  LSAN_OPTIONS=$lsan_mpi timeout 600 "$MPIRUN" -np "$np" "$DYNEMB" replay "$cap" "$@" \
+    >"$name.$np.txt" 2>"$name.$np.err"
+  expect_rc "$name (mpirun -np $np)" "$want" $?
+  if cmp -s "$name.1.txt" "$name.$np.txt"; then
+    ok "$name: -np $np gives the one-process text report (passes counted)"
+  else
+    fail "$name: the text reports of 1 and $np processes differ"
+    diff "$name.1.txt" "$name.$np.txt" | head -10
+  fi
+}
+export DYNEMB_BY_DESTINATION=report
+same w512-one 2 0 w512.h5 --batches 0
+split_seen w512-one 2 "batch 0: one destination at a time; process 0: ranks [0, 256)" \
+  "batch 0: one destination at a time; process 1: ranks [256, 512)"
+same w512-one 3 0 w512.h5 --batches 0
+split_seen w512-one 3 "process 1: ranks [170, 341)" "process 2: ranks [341, 512)"
+same w512-both 3 0 w512.h5 -q
+split_seen w512-both 3 "batch 1: one destination at a time; process 2: ranks [341, 512)"
+# A planted fault in a rank of process 1's block: a golden output value.
+plant w512-gold w512 'd = f["batches/0/rank300/output"]; v = d[...]; v.flat[3] += 1; d[...] = v'
+same w512-gold 2 1 w512-gold.h5 --batches 0
+split_seen w512-gold 2 "process 1: ranks [256, 512)"
+grep -q "batch 0 rank 300 output golden" w512-gold.2.txt || fail "w512-gold: rank 300's golden is not reported"
+# Pooled (one batch, not VBE; VBE with its latch), sequence: W = 8 over 2 and 3 processes, and
+# their faults: a golden output, an id out of its table (--fail-fast too), a missing golden
+# output, a missing local_embs and a context field (those batches then run whole, on process 0);
+# the passes listed (--json, --junit) and counted (the text report alone).
+"$DYNEMB" synth --preset unit-pooled-w8 --batches 1 --batch-size 4 --seed 3 -o pooled.h5 >/dev/null ||
+  fail "synth pooled"
+same pooled 3 0 pooled.h5
+split_seen pooled 3 "process 0: ranks [0, 2)" "process 1: ranks [2, 5)" "process 2: ranks [5, 8)"
+same vbe-split 3 0 vbe.h5 --batches 2-3
+split_seen vbe-split 3 "batch 3: one destination at a time; process 1: ranks [2, 5)"
+plant vbe-gold vbe 'd = f["batches/1/rank6/output"]; v = d[...]; v.flat[2] += 1; d[...] = v'
+same vbe-gold 3 1 vbe-gold.h5 --batches 1
+same_text vbe-gold-counted 2 1 vbe-gold.h5 --batches 1
+same seq-one 3 0 seq.h5 --batches 4
+split_seen seq-one 3 "process 2: ranks [5, 8)"
+# Rank 6's third id of f0 (934, on rank 7's shard of t0) out of the table, routed to rank 7 still:
+# the contexts hold, and the units of destination 6 (process 2's, of 3) meet it.
+plant seq-oob seq 'd = f["batches/1/rank6/values"]; v = d[...]; assert v[2] == 934; v[2] = 1007; d[...] = v'
+same seq-oob 3 2 seq-oob.h5 --batches 1
+grep -q "ERROR batch 1 rank 7 lookup trouble" seq-oob.3.txt || fail "seq-oob: the id out of t0 is not reported"
+split_seen seq-oob 3 "batch 1: one destination at a time; process 2: ranks [5, 8)"
+grep -q "trouble in batch 1 (destination 6)" seq-oob.3.json ||
+  fail "seq-oob: the skipped checks do not name destination 6 (process 2's)"
+same seq-oob-ff 3 2 seq-oob.h5 --batches 0-1 --fail-fast
+same_text seq-oob-counted 3 2 seq-oob.h5 --batches 1
+# Rank 3's local_embs off in many rows: its blocks to every destination differ, the lookup check
+# merges every process's part (--max-mismatches keeps the first 3 of all), and every output
+# check, whichever process decides it, names the lookup as its cause.
+plant seq-local seq 'd = f["batches/1/rank3/local_embs"]; v = d[...]; v.flat[::257] += 1; d[...] = v'
+same seq-local 2 1 seq-local.h5 --batches 1 --max-mismatches 3
+same seq-local 3 1 seq-local.h5 --batches 1 --max-mismatches 3
+grep -q "cause: lookup/local_embs" seq-local.3.txt || fail "seq-local: no output check names the lookup"
+plant seq-noout seq 'del f["batches/2/rank6/output"]'
+same seq-noout 3 "$(solo seq-noout seq-noout.h5 --batches 2; cat seq-noout.1.rc)" seq-noout.h5 --batches 2
+plant seq-lost seq 'del f["batches/2/rank5/local_embs"]'
+same seq-lost 3 "$(solo seq-lost seq-lost.h5 --batches 2; cat seq-lost.1.rc)" seq-lost.h5 --batches 2
+plant seq-ctx seq 'd = f["batches/1/rank6/ctx/input_splits"]; v = d[...]; v[0] += 1; v[1] -= 1; d[...] = v'
+same seq-ctx 3 1 seq-ctx.h5 --batches 1
+same_text seq-ctx-counted 3 1 seq-ctx.h5 --batches 1
+# A batch without a dataset after a batch split by ranks: process 0 meets it alone (with
+# --fail-fast every process stops there).
+same gone-split 3 2 gone.h5 --batches 2-3
+split_seen gone-split 3 "batch 2: one destination at a time; process 2: ranks [5, 8)"
+same gone-ff-split 3 2 gone.h5 --batches 2-3 --fail-fast
+unset DYNEMB_BY_DESTINATION
+
 # ---- --write-output: the same file
 timeout 120 "$DYNEMB" replay seq.h5 -q --write-output wo.1.h5 >/dev/null 2>&1
 rc1=$?
@@ -152,6 +246,18 @@ if has_test_hooks; then
   [[ -z "$(ls -A out)" ]] || fail "killed process: files left in out/: $(ls -A out)"
   no_temps "$tmp" "killed process"
   ((SECONDS - start < 60 && fails == before)) && ok "killed process: exit 2 in $((SECONDS - start)) s, nothing left"
+  # Under the rank split (2 batches, 3 processes), the others wait for it in an exchange.
+  start=$SECONDS
+  before=$fails
+  LSAN_OPTIONS=$lsan_mpi timeout 60 "$MPIRUN" -np 3 -x DYNEMB_MPI_KILL=2 "$DYNEMB" replay seq.h5 --batches 0-1 \
+    --json out/k.json --junit out/k.xml >kill.out 2>kill.err
+  expect_rc "killed process (rank split)" 2 $?
+  grep -q "process 2 of 3 (pid [0-9]*) was killed by SIGKILL" kill.err ||
+    { fail "killed process (rank split): no line names it"; sed 's/^/    /' kill.err | head -20; }
+  [[ -z "$(ls -A out)" ]] || fail "killed process (rank split): files left in out/: $(ls -A out)"
+  no_temps "$tmp" "killed process (rank split)"
+  ((SECONDS - start < 60 && fails == before)) &&
+    ok "killed process (rank split): exit 2 in $((SECONDS - start)) s, nothing left"
 else
   echo "skipped: killed process ($DYNEMB reads no test hooks: a build without -DDYNEMB_TEST_HOOKS=ON)"
 fi
