@@ -87,6 +87,29 @@ BackendStartup start_backend(const std::string& name, const std::string& devices
   return BackendStartup(make_backend(name, devices));
 }
 
+bool backend_spans_processes(const std::string& name) {
+#if defined(DYNEMB_HAVE_NCCL)
+  return name == "nccl";
+#else
+  (void)name;
+  return false;
+#endif
+}
+
+BackendStartup start_backend(const std::string& name, const std::string& devices,
+                             const BackendProcesses& processes) {
+  if (processes.size <= 1 || !backend_spans_processes(name)) return start_backend(name, devices);
+#if defined(DYNEMB_HAVE_NCCL)
+  NcclProcessGroup pg;
+  pg.index = processes.index;
+  pg.size = processes.size;
+  pg.broadcast = processes.broadcast;
+  return BackendStartup(make_nccl_backend(parse_devices(devices), NcclOptions{}, pg));
+#else
+  return start_backend(name, devices);
+#endif
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& name, const std::string& devices) {
   if (!devices.empty() && name != "nccl")
     throw UsageError("--devices applies to --backend nccl only");

@@ -2,6 +2,7 @@
 // bench library, cli/) asks here by name and never sees a CUDA or NCCL type.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -33,5 +34,22 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const std::string
 // throws); the BackendStartup's name() is known at once, its get() waits until the backend is
 // made and rethrows what making it threw. Every other backend comes made already.
 BackendStartup start_backend(const std::string& name, const std::string& devices = "");
+
+// The processes of one backend spread over a launcher's processes (process `index` of `size`),
+// and process 0's bytes to every process (the same length everywhere).
+struct BackendProcesses {
+  int index = 0, size = 1;
+  std::function<void(std::string&)> broadcast;
+};
+// Whether `name` spans the processes when made with start_backend(name, devices, processes):
+// nccl, in a build that has it; its output dists are then collective (every process calls each
+// with the same batch) and hand each process only its own ranks' outputs.
+bool backend_spans_processes(const std::string& name);
+// start_backend under a launcher: a backend that spans the processes (nccl: one communicator
+// over every process's GPUs, made collectively: every process calls this at the same time) or,
+// for any other, start_backend(name, devices) in each process. On any exception from the
+// spanning backend the peers may be left waiting in its bootstrap: the caller ends the job.
+BackendStartup start_backend(const std::string& name, const std::string& devices,
+                             const BackendProcesses& processes);
 
 }  // namespace dynemb

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "common/error.hpp"
 #include "common/memory.hpp"
 #include "common/output_file.hpp"
+#include "common/test_hooks.hpp"
 #include "common/trace.hpp"
 #include "engine/backend.hpp"
 #include "engine/tolerance.hpp"
@@ -128,14 +130,41 @@ std::vector<NamedPath> report_paths(const ReplayCliOptions& o) {
   return outputs;
 }
 
+// Under a launcher: --backend nccl spans the processes (one communicator over every process's
+// GPUs), so the processes replay in lockstep (ReplayOptions::team_split); so does any backend
+// under the test hook DYNEMB_TEAM_SPLIT=lockstep.
+TeamSplit team_split(const ReplayCliOptions& o, const ReplayTeam* team) {
+  if (!team || team->size() <= 1) return TeamSplit::automatic;
+  if (backend_spans_processes(o.backend)) return TeamSplit::collective;
+  return test_hooks::team_split_lockstep() ? TeamSplit::lockstep : TeamSplit::automatic;
+}
+
+// The backend of a process under a launcher. One that spans the processes is made collectively;
+// trouble making it may be this process's alone while its peers wait in the bootstrap, so it
+// ends the job (exit 2, the reason on stderr).
+BackendStartup start_team_backend(const ReplayCliOptions& o, ReplayTeam& team) {
+  if (!backend_spans_processes(o.backend)) return start_backend(o.backend, o.devices);
+  BackendProcesses p;
+  p.index = team.index();
+  p.size = team.size();
+  p.broadcast = [&team](std::string& bytes) { team.broadcast(bytes); };
+  try {
+    return start_backend(o.backend, o.devices, p);
+  } catch (const std::exception& e) {
+    team.abort(fmt::format("--backend {} across the processes: {}", o.backend, e.what()));
+    throw;  // not reached: abort ends the process
+  }
+}
+
 // A worker of a replay under a launcher (replay/team.hpp): it replays its share of the batches
 // (or of each batch's destination ranks) and sends what it found to process 0, which writes the one
 // report (and --write-output: the worker's option only sizes its replay as process 0's); it writes
 // nothing itself.
 int run_replay_worker(const ReplayCliOptions& o, std::shared_ptr<ReplayTeam> team) {
   ReplayOptions opt = replay_options(o);
-  opt.team = std::move(team);
-  BackendStartup backend = start_backend(o.backend, o.devices);
+  opt.team = team;
+  opt.team_split = team_split(o, team.get());
+  BackendStartup backend = start_team_backend(o, *team);
   run_replay(opt, backend, {});
   return 0;
 }
@@ -147,7 +176,13 @@ int run_replay_cli(const ReplayCliOptions& o) {
   if (team && team->index() > 0) return run_replay_worker(o, std::move(team));
   ReplayOptions opt = replay_options(o);
   opt.team = team;
+  opt.team_split = team_split(o, team.get());
   opt.argv = process_argv();
+  // A backend spanning the processes is made first, collectively, before any output exists (a
+  // failure ends the job, which would leave the outputs' temporaries behind).
+  std::optional<BackendStartup> spanning;
+  if (team && opt.team_split == TeamSplit::collective)
+    spanning.emplace(start_team_backend(o, *team));
   // Before any work: no output is an input or another output (by device and inode, whatever
   // the spelling), and every output's temporary exists, so a long run never ends in "cannot
   // write the report".
@@ -168,7 +203,7 @@ int run_replay_cli(const ReplayCliOptions& o) {
   if (!o.write_output.empty())
     opt.write_output_file = std::make_shared<OutputFile>(o.write_output, existing);
   // A GPU backend starts while the capture is opened and its first batch read.
-  BackendStartup backend = start_backend(o.backend, o.devices);
+  BackendStartup backend = spanning ? std::move(*spanning) : start_backend(o.backend, o.devices);
 
   const char* no_color = std::getenv("NO_COLOR");
   // Under a launcher, stdout is its pipe or pseudo-terminal, whatever the user's is: no colour.

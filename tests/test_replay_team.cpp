@@ -251,6 +251,12 @@ class ThreadTeam final : public ReplayTeam {
       }
     return all;
   }
+  void broadcast(std::string& b) override {
+    if (q_ == 0)
+      for (int to = 1; to < P_; ++to) hub_.put(to, 0, 5, b);
+    else
+      hub_.take(q_, 0, 5, b, true);
+  }
   [[noreturn]] void abort(const std::string& why) override {
     std::fprintf(stderr, "ThreadTeam abort: %s\n", why.c_str());
     std::abort();

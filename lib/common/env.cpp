@@ -78,6 +78,7 @@ void check_all() {
   count("DYNEMB_SYNTH_UNIT_ROWS");
   count("DYNEMB_MPI_KILL");
   choice("DYNEMB_BY_DESTINATION", {"off", "report"});
+  choice("DYNEMB_TEAM_SPLIT", {"lockstep"});
   choice("DYNEMB_SYNTH_BY_DESTINATION", {"off"});
   choice("DYNEMB_HOLD_OUTPUTS", {"host"});
   choice("DYNEMB_H5_SERIAL_WRITE", {"0", "1"});

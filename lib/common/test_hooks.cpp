@@ -64,6 +64,9 @@ bool h5_serial_write() {
 std::optional<int64_t> mpi_kill() {
   return count("DYNEMB_MPI_KILL");
 }
+bool team_split_lockstep() {
+  return is("DYNEMB_TEAM_SPLIT", "lockstep");
+}
 const char* gpu_node() {
   return value("DYNEMB_GPU_NODE");
 }

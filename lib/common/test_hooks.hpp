@@ -38,5 +38,9 @@ std::optional<int64_t> mpi_kill();
 // /dev/nvidia0 (null: unset): a CUDA build on a machine without a GPU points it at /dev/null to
 // take the path of a device node without a usable device.
 const char* gpu_node();
+// DYNEMB_TEAM_SPLIT=lockstep: under a launcher, the replay takes the lockstep split that
+// --backend nccl takes (every process replays every batch whole and records only its ranks'
+// checks; replay.hpp TeamSplit) on any backend, and each process says so on stderr.
+bool team_split_lockstep();
 
 }  // namespace dynemb::test_hooks

@@ -76,6 +76,39 @@ void forward(RunContext& rc, const BatchState& st, const std::vector<TensorRef>&
   rc.note_latch(st.k);
 }
 
+// `dist()` under the collective split (ReplayOptions::team_split): an OutputDistFailure or a
+// UsageError is thrown in every process alike before any collective, and goes on as in one
+// process; anything else leaves the peers waiting in the collective, so the run ends here.
+template <class Dist>
+void collectively(RunContext& rc, int64_t k, Dist&& dist) {
+  if (!rc.lockstep() || rc.opt.team_split != TeamSplit::collective) return dist();
+  try {
+    dist();
+  } catch (const OutputDistFailure&) {
+    throw;
+  } catch (const UsageError&) {
+    throw;
+  } catch (const std::exception& e) {
+    rc.opt.team->abort(
+        fmt::format("batch {}: the output dist across the processes: {}", k, e.what()));
+  }
+}
+
+// Under the lockstep split, after this process decided its ranks' lookup checks (`stopped`:
+// the trouble that ended them): whether any process's lookup check failed (the cause every output
+// check names) and whether any process stopped. False when one did: the batch then ends for every
+// process before the output dist, which would otherwise wait for the stopped one.
+bool lookups_shared(RunContext& rc, BatchState& st, const std::exception_ptr& stopped) {
+  bool any_stopped = false;
+  for (const std::string& b :
+       rc.log.exchange('L', fmt::format("{}{}", int(st.lookup_bad), int(bool(stopped))))) {
+    st.lookup_bad = st.lookup_bad || (b.size() > 0 && b[0] == '1');
+    any_stopped = any_stopped || (b.size() > 1 && b[1] == '1');
+  }
+  if (stopped) std::rethrow_exception(stopped);
+  return !any_stopped;
+}
+
 }  // namespace
 
 // 3. Lookup: captured local_embs vs the lookup derived from the embedding source. When the output
@@ -88,23 +121,35 @@ std::vector<std::optional<EmbTensor>> run_whole(RunContext& rc, BatchState& st) 
   for (int64_t r = 0; r < W; ++r) need_all_derived |= !(rc.use_captured && st.cap_local[size_t(r)]);
   std::vector<Tensor> derived;                                          // [W] on the host, or none
   std::vector<std::optional<TensorRef>> kept(size_t(W), std::nullopt);  // captured, kept
-  if (rc.source) {
-    if (need_all_derived) {
-      rc.clock.enter("lookup");
-      derived = lookups(rc, st, -1, rc.plan, *rc.source, false);
+  // Under the lockstep split each process decides its own ranks' lookup checks (phase 1) and
+  // output checks (phase 2; the backend may hand over no other rank's output).
+  const bool lockstep = rc.lockstep();
+  if (lockstep) rc.log.split_phase(1);
+  std::exception_ptr stopped;  // the lockstep split's: trouble in this process's lookup checks
+  if (rc.source) try {
+      if (need_all_derived) {
+        rc.clock.enter("lookup");
+        derived = lookups(rc, st, -1, rc.plan, *rc.source, false);
+      }
+      LookupChecks checks(rc, st);
+      for (int64_t r = 0; r < W; ++r) {
+        const EmbTensor* captured = st.cap_local[size_t(r)];
+        if (!captured || !rc.owns(r)) continue;
+        rc.clock.enter("lookup", int(r));
+        // The dist takes the captured lookups: kept where the backend compares them, sent once.
+        if (!need_all_derived)
+          if (const std::optional<Kept> k = rc.backend.get().keep(*captured, int(r)))
+            kept[size_t(r)] = kept_ref(*captured, *k);
+        checks.check_whole(int(r), kept[size_t(r)].value_or(TensorRef(*captured)),
+                           need_all_derived ? &derived[size_t(r)].t : nullptr);
+      }
+    } catch (...) {
+      if (!lockstep) throw;
+      stopped = std::current_exception();
     }
-    LookupChecks checks(rc, st);
-    for (int64_t r = 0; r < W; ++r) {
-      const EmbTensor* captured = st.cap_local[size_t(r)];
-      if (!captured) continue;
-      rc.clock.enter("lookup", int(r));
-      // The dist takes the captured lookups: kept where the backend compares them, sent once.
-      if (!need_all_derived)
-        if (const std::optional<Kept> k = rc.backend.get().keep(*captured, int(r)))
-          kept[size_t(r)] = kept_ref(*captured, *k);
-      checks.check_whole(int(r), kept[size_t(r)].value_or(TensorRef(*captured)),
-                         need_all_derived ? &derived[size_t(r)].t : nullptr);
-    }
+  if (lockstep) {
+    if (!lookups_shared(rc, st, stopped)) return {};
+    rc.log.split_phase(2);
   }
   std::vector<TensorRef> local(static_cast<size_t>(W));
   bool runnable = true;
@@ -132,6 +177,7 @@ std::vector<std::optional<EmbTensor>> run_whole(RunContext& rc, BatchState& st) 
     return outputs;
   }
   auto check = [&](int r, Tensor&& out) {
+    if (!rc.owns(r)) return;  // another process's (the CPU backend hands over every rank)
     OutputPart p;
     p.rank = r;
     p.out = &out;
@@ -148,8 +194,10 @@ std::vector<std::optional<EmbTensor>> run_whole(RunContext& rc, BatchState& st) 
   Arrivals arrivals;
   rc.clock.enter("output dist");
   try {
-    forward(rc, st, local, outputs_may_stay(rc, st) ? Place::kept : Place::host,
-            arrivals.sink(rc, check));
+    collectively(rc, st.k, [&] {
+      forward(rc, st, local, outputs_may_stay(rc, st) ? Place::kept : Place::host,
+              arrivals.sink(rc, check));
+    });
   } catch (const OutputDistFailure& e) {
     checks.dist_failed(e);
     return outputs;
@@ -190,7 +238,8 @@ void run_columns(RunContext& rc, BatchState& st, int64_t width) {
     std::fprintf(stderr, "DYNEMB_SLICE_COLUMNS: batch %lld: slices of %lld columns\n",
                  static_cast<long long>(st.k), static_cast<long long>(width));
   OutputChecks checks(rc, st);
-  std::vector<Tensor> local;  // [W]: the slice of every rank's lookup
+  if (rc.lockstep()) rc.log.split_phase(2);  // output checks only, each process its ranks'
+  std::vector<Tensor> local;                 // [W]: the slice of every rank's lookup
   bool variable_batch = false;
   // The first slice is one column: the bucketize outputs (W times three id-sized vectors) stay
   // until a first lookup has met every id, so they sit beside one column's lookups, not a whole
@@ -207,6 +256,7 @@ void run_columns(RunContext& rc, BatchState& st, int64_t width) {
     local = lookups(rc, st, -1, slice.plan, *slice.source, true);
     if (c0 == 0) drop_bucketized(st);
     auto check = [&](int r, Tensor&& out) {
+      if (!rc.owns(r)) return;
       const RankBatch& rb = st.batch().ranks[size_t(r)];
       const SliceLayout l = output_slice_layout(rc.plan, slice, out.t, rb.kjt);
       EmbTensor golden;
@@ -229,26 +279,28 @@ void run_columns(RunContext& rc, BatchState& st, int64_t width) {
     Arrivals arrivals;
     rc.clock.enter("output dist");
     try {
-      Backend& backend = rc.backend.get();
-      if (c0 == 0) {
-        std::vector<EmbTensor> whole(static_cast<size_t>(W));  // shapes only
-        std::vector<const EmbTensor*> whole_ptr(static_cast<size_t>(W));
-        for (int64_t r = 0; r < W; ++r) {
-          whole[size_t(r)] =
-              whole_lookup_shape(rc.plan, st.der.ranks[size_t(r)].lookup_kjt, local[size_t(r)].t);
-          whole_ptr[size_t(r)] = &whole[size_t(r)];
+      collectively(rc, st.k, [&] {
+        Backend& backend = rc.backend.get();
+        if (c0 == 0) {
+          std::vector<EmbTensor> whole(static_cast<size_t>(W));  // shapes only
+          std::vector<const EmbTensor*> whole_ptr(static_cast<size_t>(W));
+          for (int64_t r = 0; r < W; ++r) {
+            whole[size_t(r)] =
+                whole_lookup_shape(rc.plan, st.der.ranks[size_t(r)].lookup_kjt, local[size_t(r)].t);
+            whole_ptr[size_t(r)] = &whole[size_t(r)];
+          }
+          if (rc.seq_dist)
+            check_sequence_dist(rc.plan, whole_ptr, st.used_ptr);
+          else
+            variable_batch = rc.pooled_dist->check(st.k, refs(whole_ptr), st.used_ptr);
         }
         if (rc.seq_dist)
-          check_sequence_dist(rc.plan, whole_ptr, st.used_ptr);
+          backend.sequence_output_dist(slice.plan, refs(local), st.used_ptr, Place::kept,
+                                       arrivals.sink(rc, check));
         else
-          variable_batch = rc.pooled_dist->check(st.k, refs(whole_ptr), st.used_ptr);
-      }
-      if (rc.seq_dist)
-        backend.sequence_output_dist(slice.plan, refs(local), st.used_ptr, Place::kept,
-                                     arrivals.sink(rc, check));
-      else
-        backend.pooled_output_dist(slice.plan, variable_batch, refs(local), st.used_ptr,
-                                   Place::kept, arrivals.sink(rc, check));
+          backend.pooled_output_dist(slice.plan, variable_batch, refs(local), st.used_ptr,
+                                     Place::kept, arrivals.sink(rc, check));
+      });
     } catch (const OutputDistFailure& e) {
       checks.dist_failed(e);
       return;
@@ -257,7 +309,8 @@ void run_columns(RunContext& rc, BatchState& st, int64_t width) {
   }
   local.clear();
   rc.note_latch(st.k);
-  for (int64_t r = 0; r < W; ++r) checks.decide(int(r), nullptr);
+  for (int64_t r = 0; r < W; ++r)
+    if (rc.owns(r)) checks.decide(int(r), nullptr);
 }
 
 }  // namespace dynemb::replay_detail

@@ -271,6 +271,9 @@ class MpiTeam final : public ReplayTeam {
       out.push_back(all.substr(size_t(at[size_t(q)]), size_t(sizes[size_t(q)])));
     return out;
   }
+  void broadcast(std::string& bytes) override {
+    check(MPI_Bcast(bytes.data(), int(bytes.size()), MPI_CHAR, 0, MPI_COMM_WORLD), "MPI_Bcast");
+  }
   [[noreturn]] void abort(const std::string& why) override {
     put_stderr(fmt::format("dynemb-dist: {}: {}; the run stops (exit 2)\n", launched_place(), why));
     MPI_Abort(MPI_COMM_WORLD, 2);

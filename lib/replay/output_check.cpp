@@ -160,6 +160,9 @@ void OutputChecks::dist_failed(const OutputDistFailure& e) {
   c.message = fmt::format("the output dist cannot run with this context (field {}): {}", e.field(),
                           e.what());
   rc_.log.record(std::move(c));
+  // Under the lockstep split the failure is recorded by the process of its rank, and the skips by
+  // each process of its ranks: a later phase keeps the failure first, as one process records it.
+  if (rc_.lockstep()) rc_.log.split_phase(3);
   skip_rest(fmt::format("the output dist failed on rank {} ({})", e.rank(), e.field()));
 }
 

@@ -131,8 +131,10 @@ void Replayer::run() {
     const int64_t k = order[i];
     team_.at_batch();
     if (team_.splits()) {  // its destinations shared by rank blocks, or whole on process 0
+      // (lockstep: whole on every process, each recording its ranks' checks)
       team_.split_batch(k, [&] {
-        if (by_destination(src, k, i + 1 < order.size() ? order[i + 1] : -1) || team_.worker())
+        if (!team_.lockstep() &&
+            (by_destination(src, k, i + 1 < order.size() ? order[i + 1] : -1) || team_.worker()))
           return;
         rc_.clock.tick("read");
         BatchRead read = src.read(k);

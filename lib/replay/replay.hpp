@@ -27,6 +27,20 @@ enum class CtxMode : uint8_t { automatic, captured, derived };
 
 enum class PassMode : uint8_t { whole, compact, counted };
 
+// How the processes of a team (team.hpp) share a replay.
+//   automatic  by batches, or by destination rank blocks (team.hpp).
+//   lockstep   every process visits every selected batch, reads it whole, derives its input dist
+//              and chooses its contexts as one process does, runs the whole output dist, and
+//              records only the checks of its block of ranks [q W / P, (q + 1) W / P) (the
+//              batch-level ones: process 0); process 0 merges them per batch in the one-process
+//              order. --backend nccl under a launcher takes it: the dist is then one collective
+//              over the processes, and the backend hands each process only its ranks' outputs.
+//   collective lockstep, on such a backend: a process whose dist throws anything but an
+//              OutputDistFailure or a UsageError (which every process throws alike, before any
+//              collective) ends the run (ReplayTeam::abort), since its peers wait in the
+//              collective.
+enum class TeamSplit : uint8_t { automatic, lockstep, collective };
+
 struct ReplayOptions {
   std::string capture_path;
   std::string plan_path;  // empty: the plan embedded in the capture
@@ -59,6 +73,7 @@ struct ReplayOptions {
   // batch's destination ranks); process 0's
   // report holds every process's findings, a worker's holds nothing to show. Null: one process.
   std::shared_ptr<ReplayTeam> team;
+  TeamSplit team_split = TeamSplit::automatic;
 };
 
 // Where a replay stands, after each rank-batch: rank-batches and the capture's logical bytes

@@ -56,6 +56,12 @@ struct RunContext {
   // Under a team whose processes split each batch by destination rank blocks (team.hpp): this
   // process's ranks [first, second). Unset: every rank.
   std::optional<std::pair<int64_t, int64_t>> own_ranks;
+  // The lockstep split (ReplayOptions::team_split): every process runs each batch whole, and
+  // decides the lookup and output checks of own_ranks alone.
+  bool lockstep() const { return own_ranks && opt.team_split != TeamSplit::automatic; }
+  bool owns(int64_t r) const {
+    return !own_ranks || (r >= own_ranks->first && r < own_ranks->second);
+  }
 
   bool pooled_mean() const { return plan.module == ModuleKind::pooled && plan.any_mean; }
   TileCompare how() const { return TileCompare{tol, kCompareTile, opt.max_mismatches}; }

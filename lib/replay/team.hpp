@@ -46,6 +46,9 @@ class ReplayTeam {
   // Every process's `bytes`, in process order, to every process (a rank split's exchange; each
   // process calls it at the same points). Process 0 hands progress to `fn` while it waits.
   virtual std::vector<std::string> allgather(const std::string& bytes, const ProgressFn& fn) = 0;
+  // Process 0's `bytes` to every process; every process passes a string of the same length (a
+  // backend spanning the processes bootstraps through it: NcclProcessGroup::broadcast).
+  virtual void broadcast(std::string& bytes) = 0;
   // The processes are out of step (a bug, or a failure that only some of them met): the run ends
   // at once with exit 2 and `why` on stderr, never a hang.
   [[noreturn]] virtual void abort(const std::string& why) = 0;

@@ -63,6 +63,20 @@ std::optional<bool> TeamRun::begin(const CaptureReader& reader,
 }
 
 void TeamRun::choose_split(bool by_destination, int64_t selected) {
+  if (team_ && team_->size() > 1 && opt_.team_split != TeamSplit::automatic) {
+    if (!opt_.write_output.empty() || opt_.write_output_file)
+      throw UsageError(
+          "--write-output under a launcher with --backend nccl: each process receives only its "
+          "own ranks' outputs, and the copy needs every rank's in one process; run the replay "
+          "as one process to write the output");
+    split_ = carry_in_ = carry_out_ = lockstep_ = true;
+    rc_.own_ranks = rank_block(rc_.plan.world_size, team_->index(), team_->size());
+    if (test_hooks::team_split_lockstep())  // the test hook says it was taken
+      std::fprintf(stderr, "DYNEMB_TEAM_SPLIT: process %d of %d: lockstep, ranks [%lld, %lld)\n",
+                   team_->index(), team_->size(), static_cast<long long>(rc_.own_ranks->first),
+                   static_cast<long long>(rc_.own_ranks->second));
+    return;
+  }
   if (!team_ || team_->size() <= 1 || !by_destination || selected >= team_->size()) return;
   split_ = carry_in_ = carry_out_ = true;
   rc_.own_ranks = rank_block(rc_.plan.world_size, team_->index(), team_->size());

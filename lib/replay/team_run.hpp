@@ -28,8 +28,12 @@ class TeamRun {
   // less: under the rank split every process still reads every batch's KJTs and contexts and
   // derives its input dist). Every process then replays every selected batch from the first, so
   // no latch or context mode is passed on; this process's ranks go to the run's context.
+  // Under the lockstep split (ReplayOptions::team_split), whatever the batches: every process
+  // replays every selected batch whole and records its ranks' checks. --write-output, which needs
+  // every rank's output in one process, is refused (UsageError, alike in every process).
   void choose_split(bool by_destination, int64_t selected);
   bool splits() const { return split_; }
+  bool lockstep() const { return lockstep_; }
   // Batch k under the rank split: fn() with what it records kept back, then the batch's exchange
   // (throws when the batch ends the run); process 0 then counts the batch done.
   void split_batch(int64_t k, const std::function<void()>& fn);
@@ -52,7 +56,7 @@ class TeamRun {
   RunContext& rc_;
   CheckLog& log_;
   Report& rep_;
-  bool carry_in_ = false, carry_out_ = false, began_ = false, split_ = false;
+  bool carry_in_ = false, carry_out_ = false, began_ = false, split_ = false, lockstep_ = false;
 };
 
 }  // namespace dynemb::replay_detail
