@@ -354,3 +354,40 @@ TEST_CASE("a batch split by destination rank blocks: the one-process report, eve
   }
   std::remove(path.c_str());
 }
+
+TEST_CASE("the lockstep split: every process replays every batch whole, the one-process report") {
+  // Pooled VBE (the latch) and sequence, 3 batches; every pass mode; 2 and 3 processes, and 11
+  // (more processes than ranks: some own none). Each process's checks are only its ranks', so a
+  // report equal to one process's has every rank's once, in the one-process order.
+  const std::string path = "test_replay_team_lockstep.h5";
+  for (const char* preset : {"unit-pooled-w8", "unit-seq-w8"}) {
+    CAPTURE(preset);
+    const Plan plan = preset_plan(preset);
+    SynthOptions so = preset_workload(preset);
+    so.batches = 3;
+    so.batch_sizes = {4};
+    so.vbe = plan.module == ModuleKind::pooled;
+    so.seed = 13;
+    synth_capture(plan, so, path);
+    ReplayOptions opt;
+    opt.capture_path = path;
+    for (PassMode mode : {PassMode::compact, PassMode::counted, PassMode::whole}) {
+      CAPTURE(int(mode));
+      opt.passes = mode;
+      opt.team_split = TeamSplit::automatic;
+      auto backend = make_cpu_backend(1);
+      const Report one = run_replay(opt, *backend);
+      REQUIRE(one.trouble.empty());
+      opt.team_split = TeamSplit::lockstep;
+      for (int P : {2, 3, 11}) {
+        CAPTURE(P);
+        int64_t calls = 0;
+        const auto [json, last] = run_team(opt, P, calls);
+        CHECK(json == json_report(one));
+        CHECK(last.batches_done == 3);
+        CHECK(last.rank_batches_done == 3 * 8);
+      }
+    }
+  }
+  std::remove(path.c_str());
+}

@@ -48,13 +48,20 @@ TensorRef kept_ref(const EmbTensor& like, const Kept& k) {
 // backend's dist.
 struct Arrivals {
   std::vector<std::pair<int, Tensor>> held;
+  bool check_threw = false;  // the trouble out of the dist is a check's, not the backend's
   template <class Check>
   OutputSink sink(RunContext& rc, Check& check) {
     return [this, &rc, &check](int r, Tensor&& out) {
-      if (out.kept)
+      if (out.kept) {
         held.emplace_back(r, std::move(out));
-      else
-        check(r, std::move(out));
+      } else {
+        try {
+          check(r, std::move(out));
+        } catch (...) {
+          check_threw = true;
+          throw;
+        }
+      }
       rc.clock.enter("output dist");
     };
   }
@@ -77,10 +84,11 @@ void forward(RunContext& rc, const BatchState& st, const std::vector<TensorRef>&
 }
 
 // `dist()` under the collective split (ReplayOptions::team_split): an OutputDistFailure or a
-// UsageError is thrown in every process alike before any collective, and goes on as in one
-// process; anything else leaves the peers waiting in the collective, so the run ends here.
+// UsageError is thrown in every process alike before any collective, and a check's trouble in the
+// sink comes once the collective completed: they go on as in one process. Anything else may leave
+// the peers waiting in the collective, so the run ends here.
 template <class Dist>
-void collectively(RunContext& rc, int64_t k, Dist&& dist) {
+void collectively(RunContext& rc, int64_t k, const Arrivals& arrivals, Dist&& dist) {
   if (!rc.lockstep() || rc.opt.team_split != TeamSplit::collective) return dist();
   try {
     dist();
@@ -89,6 +97,7 @@ void collectively(RunContext& rc, int64_t k, Dist&& dist) {
   } catch (const UsageError&) {
     throw;
   } catch (const std::exception& e) {
+    if (arrivals.check_threw) throw;
     rc.opt.team->abort(
         fmt::format("batch {}: the output dist across the processes: {}", k, e.what()));
   }
@@ -194,7 +203,7 @@ std::vector<std::optional<EmbTensor>> run_whole(RunContext& rc, BatchState& st) 
   Arrivals arrivals;
   rc.clock.enter("output dist");
   try {
-    collectively(rc, st.k, [&] {
+    collectively(rc, st.k, arrivals, [&] {
       forward(rc, st, local, outputs_may_stay(rc, st) ? Place::kept : Place::host,
               arrivals.sink(rc, check));
     });
@@ -279,7 +288,7 @@ void run_columns(RunContext& rc, BatchState& st, int64_t width) {
     Arrivals arrivals;
     rc.clock.enter("output dist");
     try {
-      collectively(rc, st.k, [&] {
+      collectively(rc, st.k, arrivals, [&] {
         Backend& backend = rc.backend.get();
         if (c0 == 0) {
           std::vector<EmbTensor> whole(static_cast<size_t>(W));  // shapes only

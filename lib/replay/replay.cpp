@@ -125,6 +125,9 @@ void Replayer::run() {
   // it goes.
   const bool prefetch = opt_.read_ahead > 0 && !writer_ && !sizing_.by_destination &&
                         order.size() > 1 && 2 * sizing_.batch_bytes <= memory_budget(opt_) / 4 * 3;
+  // The lockstep split reads every batch whole, whatever its sizing.
+  const bool lockstep_ahead = opt_.read_ahead > 0 && team_.lockstep() && order.size() > 1 &&
+                              2 * sizing_.batch_bytes <= memory_budget(opt_) / 4 * 3;
   BatchSource src(reader, plan_choice_.read_plan(rc_),
                   BatchSource::Options{opt_.read_ahead, opt_.fail_fast});
   for (size_t i = 0; i < order.size(); ++i) {
@@ -140,6 +143,7 @@ void Replayer::run() {
         BatchRead read = src.read(k);
         for (const ReadTrouble& t : read.troubles)
           log_.trouble(t.batch, t.rank, t.stage, t.message);
+        if (lockstep_ahead && i + 1 < order.size()) src.read_ahead(order[i + 1]);
         rc_.clock.tick("replay");
         replay_read(k, read.batch);
       });
