@@ -59,8 +59,11 @@ struct RunContext {
   // The lockstep split (ReplayOptions::team_split): every process runs each batch whole, and
   // decides the lookup and output checks of own_ranks alone.
   bool lockstep() const { return own_ranks && opt.team_split != TeamSplit::automatic; }
+  // Whether this process decides rank r's checks of a batch replayed whole: every rank, but
+  // under the lockstep split only its own (under the rank split a batch replayed whole is
+  // process 0's alone, every rank of it).
   bool owns(int64_t r) const {
-    return !own_ranks || (r >= own_ranks->first && r < own_ranks->second);
+    return !lockstep() || (r >= own_ranks->first && r < own_ranks->second);
   }
 
   bool pooled_mean() const { return plan.module == ModuleKind::pooled && plan.any_mean; }
