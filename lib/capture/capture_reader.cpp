@@ -242,7 +242,7 @@ struct CaptureReader::Impl {
     auto it = rows_open.find(path);
     if (it == rows_open.end()) {
       RowsDs r{open(path), nullptr};
-      r.layout = h5::readable_layout(r.ds.d);
+      r.layout = h5::readable_layout(r.ds.d, r.ds.dcpl.valid() ? r.ds.dcpl.get() : -1);
       it = rows_open.emplace(path, std::move(r)).first;
     }
     return it->second;

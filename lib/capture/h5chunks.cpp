@@ -436,8 +436,8 @@ KeptWorkers& kept_workers() {
 }
 
 // The layouts the read path takes: layout_of's, of little-endian integers or floats.
-bool readable(hid_t dset, Layout& L) {
-  if (!layout_of(dset, L)) return false;
+bool readable(hid_t dset, Layout& L, hid_t dcpl = H5I_INVALID_HID) {
+  if (!layout_of(dset, L, dcpl)) return false;
   const H5T_class_t cls = H5Tget_class(L.type);
   return (cls == H5T_INTEGER || cls == H5T_FLOAT) && H5Tget_order(L.type) == H5T_ORDER_LE;
 }
@@ -445,8 +445,12 @@ bool readable(hid_t dset, Layout& L) {
 }  // namespace
 
 std::shared_ptr<const Layout> readable_layout(hid_t dset) {
+  return readable_layout(dset, H5I_INVALID_HID);
+}
+
+std::shared_ptr<const Layout> readable_layout(hid_t dset, hid_t dcpl) {
   auto L = std::make_shared<Layout>();
-  if (!readable(dset, *L)) return nullptr;
+  if (!readable(dset, *L, dcpl)) return nullptr;
   return L;
 }
 

@@ -66,6 +66,8 @@ struct RowsRead {
 };
 // The layout of `dset` as the read path takes it, or null when it is declined.
 std::shared_ptr<const Layout> readable_layout(hid_t dset);
+// The same with the dataset's creation property list given (H5Dget_create_plist copies it).
+std::shared_ptr<const Layout> readable_layout(hid_t dset, hid_t dcpl);
 bool read_rows_parallel(const std::vector<RowsRead>& reads, int threads,
                         ChunkTrouble* trouble = nullptr);
 
