@@ -13,6 +13,17 @@ void finish(DestBlock& b) {
   for (const auto& [a, e] : b.ranges) b.starts.push_back(b.starts.back() + (e - a));
 }
 
+// Rows [r0, r1) of the sender's local_embs appended to b's ranges (merged with the last when
+// they continue it); false when they lie before its end (the send order is not increasing).
+bool append_rows(DestBlock& b, int64_t r0, int64_t r1) {
+  if (!b.ranges.empty() && r0 < b.ranges.back().second) return false;
+  if (!b.ranges.empty() && r0 == b.ranges.back().second)
+    b.ranges.back().second = r1;
+  else
+    b.ranges.emplace_back(r0, r1);
+  return true;
+}
+
 }  // namespace
 
 int64_t DestBlock::numel() const {
@@ -41,12 +52,8 @@ std::optional<DestBlock> sequence_block(const SequenceSendPlan& sp, int64_t d, i
     const int64_t t = sp.forward_recat[k], len = sp.segment_lengths[size_t(t)];
     const int64_t a = std::max(lo, pos), e = std::min(hi, pos + len);
     if (a < e) {
-      const int64_t r0 = in_off[size_t(t)] + (a - pos), r1 = r0 + (e - a);
-      if (!b.ranges.empty() && r0 < b.ranges.back().second) return std::nullopt;
-      if (!b.ranges.empty() && r0 == b.ranges.back().second)
-        b.ranges.back().second = r1;
-      else
-        b.ranges.emplace_back(r0, r1);
+      const int64_t r0 = in_off[size_t(t)] + (a - pos);
+      if (!append_rows(b, r0, r0 + (e - a))) return std::nullopt;
     }
     pos += len;
   }
@@ -70,12 +77,8 @@ std::optional<std::vector<DestBlock>> sequence_blocks(const SequenceSendPlan& sp
       if (d == W) break;
       const int64_t e = std::min(pos + len, sp.send_off[size_t(d) + 1]);
       DestBlock& b = out[size_t(d)];
-      const int64_t r0 = in_off[size_t(t)] + (a - pos), r1 = r0 + (e - a);
-      if (!b.ranges.empty() && r0 < b.ranges.back().second) return std::nullopt;
-      if (!b.ranges.empty() && r0 == b.ranges.back().second)
-        b.ranges.back().second = r1;
-      else
-        b.ranges.emplace_back(r0, r1);
+      const int64_t r0 = in_off[size_t(t)] + (a - pos);
+      if (!append_rows(b, r0, r0 + (e - a))) return std::nullopt;
       a = e;
     }
     pos += len;
