@@ -132,6 +132,14 @@ class CudaBackend final : public Backend, private cuda::DeviceTensors {
                           const std::vector<const ShardingContext*>& ctx, Place place,
                           const OutputSink& sink) override;
   Comparator& comparator() override { return *comparator_; }
+  // What the device has free now: the workspace is allocated already, and kept tensors grow
+  // into the rest.
+  uint64_t device_memory_for_kept() const override {
+    CUDA_CHECK(cudaSetDevice(device_));
+    size_t free = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return free;
+  }
 
  private:
   // cuda::DeviceTensors: the memory of each kept tensor (workspace.hpp says where), and the

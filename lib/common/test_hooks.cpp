@@ -49,6 +49,9 @@ ByDestination by_destination() {
 bool hold_outputs_on_host() {
   return is("DYNEMB_HOLD_OUTPUTS", "host");
 }
+std::optional<uint64_t> device_memory() {
+  return enabled() ? env::size("DYNEMB_DEVICE_MEMORY") : std::nullopt;
+}
 bool synth_by_destination_off() {
   return is("DYNEMB_SYNTH_BY_DESTINATION", "off");
 }

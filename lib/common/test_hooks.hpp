@@ -23,6 +23,10 @@ enum class ByDestination : uint8_t { normal, off, report };
 ByDestination by_destination();
 // DYNEMB_HOLD_OUTPUTS=host: the CPU backend keeps what a step may keep, in host memory.
 bool hold_outputs_on_host();
+// DYNEMB_DEVICE_MEMORY=size (with DYNEMB_HOLD_OUTPUTS=host): the CPU backend says it has this
+// much device memory for what it keeps, so that a replay sizes its column slices as it does
+// for a GPU (Backend::device_memory_for_kept).
+std::optional<uint64_t> device_memory();
 // DYNEMB_SYNTH_BY_DESTINATION=off: synth makes every batch's output dist whole.
 bool synth_by_destination_off();
 // DYNEMB_SYNTH_UNIT_ROWS=n: synth's by-destination units have at most n rows.

@@ -193,6 +193,12 @@ class Backend {
   // Where this backend's tensors are compared.
   virtual Comparator& comparator() = 0;
 
+  // The device memory, in bytes, still free for the tensors a step keeps (Place::kept lookups
+  // and outputs, keep()): a replay whose lookups stay on the device sizes its column slices by
+  // this rather than by host memory, so a batch whose W lookups fit the device is made in one
+  // pass over its ids. 0: this backend keeps nothing on a device of its own.
+  virtual uint64_t device_memory_for_kept() const { return 0; }
+
  private:
   std::string name_;
 };

@@ -13,6 +13,7 @@
 
 #include "common/error.hpp"
 #include "common/parallel.hpp"
+#include "common/test_hooks.hpp"
 #include "engine/backend.hpp"
 #include "engine/dist_checks.hpp"
 #include "engine/embedding_source.hpp"
@@ -90,6 +91,10 @@ class CpuBackend final : public Backend, public Comparator {
                           const std::vector<const ShardingContext*>& ctx, Place place,
                           const OutputSink& sink) override;
   Comparator& comparator() override { return *this; }
+  // A keeping CPU backend stands in for a device (tests): the hook gives its memory.
+  uint64_t device_memory_for_kept() const override {
+    return keeps_ ? test_hooks::device_memory().value_or(0) : 0;
+  }
 
   std::optional<std::vector<TileDiff>> compare(const TensorRef& got, const TensorRef& want,
                                                const TileCompare& how) override;

@@ -241,19 +241,19 @@ EmbTensor whole_lookup_shape(const Plan& plan, const LookupKjt& lk, const EmbTen
 // each rank's output slice checked against the golden output's and the reference's same columns.
 // The context checks the dist makes (dist_checks.hpp) run first on the whole shapes, so a context
 // that cannot work fails with the whole batch's words and numbers.
-void run_columns(RunContext& rc, BatchState& st, int64_t width) {
-  const int64_t W = st.W, C = embedding_columns(rc.plan);
-  if (test_hooks::slice_columns())  // the test hook says it was taken
+void run_columns(RunContext& rc, BatchState& st, const ColumnSlices& slices) {
+  const int64_t W = st.W, C = embedding_columns(rc.plan), width = slices.width;
+  if (test_hooks::slice_columns() || test_hooks::device_memory())  // the hook says it was taken
     std::fprintf(stderr, "DYNEMB_SLICE_COLUMNS: batch %lld: slices of %lld columns\n",
                  static_cast<long long>(st.k), static_cast<long long>(width));
   OutputChecks checks(rc, st);
   if (rc.lockstep()) rc.log.split_phase(2);  // output checks only, each process its ranks'
   std::vector<Tensor> local;                 // [W]: the slice of every rank's lookup
   bool variable_batch = false;
-  // The first slice is one column: the bucketize outputs (W times three id-sized vectors) stay
-  // until a first lookup has met every id, so they sit beside one column's lookups, not a whole
-  // slice's. The peak is then the larger of the two, not their sum.
-  for (int64_t c0 = 0, c1 = std::min<int64_t>(C, 1); c0 < C;
+  // The first slice is one column on the host (slice_width): the bucketize outputs (W times
+  // three id-sized vectors) stay until a first lookup has met every id, so they sit beside one
+  // column's lookups, not a whole slice's. The peak is then the larger of the two, not their sum.
+  for (int64_t c0 = 0, c1 = std::min<int64_t>(C, slices.first); c0 < C;
        c0 = c1, c1 = std::min(C, c1 + width)) {
     ColumnSlice slice = make_column_slice(rc.plan, rc.source, c0, c1);
     // warn_zero_row warns of out-of-table ids once per lookup of the batch: on the first slice.

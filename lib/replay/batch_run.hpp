@@ -18,7 +18,7 @@ namespace dynemb::replay_detail {
 std::vector<std::optional<EmbTensor>> run_whole(RunContext& rc, BatchState& st);
 
 // Over column slices of `width` columns (the lookups derived, no whole output kept).
-void run_columns(RunContext& rc, BatchState& st, int64_t width);
+void run_columns(RunContext& rc, BatchState& st, const ColumnSlices& slices);
 
 // One destination at a time, as `cut` says, its rows read from `src` as each unit needs them
 // (the next unit's on another thread while this one is checked; after the last, the KJTs and

@@ -296,8 +296,8 @@ void Replayer::replay_read(int64_t k, std::optional<Batch>& read) {
     derive_batch(rc_, st);
     check_contexts(rc_, st);
     choose_contexts(rc_, st);
-    if (const int64_t width = slice_width(rc_, st, sizing_); width > 0)
-      run_columns(rc_, st, width);  // nothing kept: no --write-output
+    if (const ColumnSlices slices = slice_width(rc_, st, sizing_); slices.width > 0)
+      run_columns(rc_, st, slices);  // nothing kept: no --write-output
     else
       outputs = run_whole(rc_, st);
     rc_.clock.tick("replay");

@@ -83,7 +83,12 @@ Sizing size_up(const RunContext& rc, const CaptureReader& reader, int64_t first_
   // whole runs).
   if (const std::optional<int64_t> n = test_hooks::slice_columns(); n && !whole_only)
     slice_cols = std::min<int64_t>(slice_cols > 0 ? slice_cols : C, *n);
-  if (slice_cols >= C) slice_cols = 0;
+  // All columns in one slice still hold less than the whole batch (one output and reference
+  // at a time, not W): a batch that does not fit whole runs as that one slice.
+  if (slice_cols >= C) slice_cols = have > 0 && need > double(have) ? C : 0;
+  if (slice_cols > 0)
+    sz.kept_per_column =
+        (m.lookup + m.output + 2 * m.output / double(std::max<int64_t>(1, W))) / double(C);
   const double sliced = fixed + double(slice_cols) * per_column;
   sz.batch_bytes = uint64_t(slice_cols > 0 ? sliced : need);
   if (sz.by_destination)
@@ -117,7 +122,7 @@ Sizing size_up(const RunContext& rc, const CaptureReader& reader, int64_t first_
   return sz;
 }
 
-// The width of this batch's column slices, 0 to run it whole. Slices pay off when the output
+// How this batch is cut into column slices (width 0: whole). Slices pay off when the output
 // dist runs on lookups derived from the embedding source (all W of them in memory at once
 // otherwise), and are taken only where the sliced checks are exactly the whole ones and no whole
 // output must be kept: no --write-output, no captured local_embs (their lookup check and the
@@ -126,15 +131,14 @@ Sizing size_up(const RunContext& rc, const CaptureReader& reader, int64_t first_
 // outputs), and for a variable batch the contexts' batch_size_per_rank_per_feature as derived
 // (the reduce-scatter's chunks then hold whole bags, so a column of each is reduced on its own;
 // a captured context that cuts bags elsewhere runs whole, to give the whole batch's result).
-int64_t slice_width(const RunContext& rc, const BatchState& st, const Sizing& sizing) {
+ColumnSlices slice_width(const RunContext& rc, const BatchState& st, const Sizing& sizing) {
   const Plan& plan = rc.plan;
-  if (sizing.slice_cols <= 0 || sizing.slice_cols >= embedding_columns(plan) || !rc.source ||
-      rc.writing)
-    return 0;
+  const int64_t C = embedding_columns(plan);
+  if (sizing.slice_cols <= 0 || !rc.source || rc.writing) return {};
   for (int64_t r = 0; r < st.W; ++r) {
     const RankBatch& rb = st.batch().ranks[size_t(r)];
-    if (rb.local_embs || rb.module_output) return 0;
-    if (rb.output && rc.pooled_mean()) return 0;
+    if (rb.local_embs || rb.module_output) return {};
+    if (rb.output && rc.pooled_mean()) return {};
   }
   if (plan.module == ModuleKind::pooled) {
     bool vbe = st.der.variable_batch || rc.pooled_dist->latched_variable_batch().value_or(false);
@@ -143,9 +147,20 @@ int64_t slice_width(const RunContext& rc, const BatchState& st, const Sizing& si
     for (int64_t r = 0; vbe && r < st.W; ++r)
       if (st.used_ptr[size_t(r)]->batch_size_per_rank_per_feature !=
           st.der.ranks[size_t(r)].ctx.batch_size_per_rank_per_feature)
-        return 0;
+        return {};
   }
-  return sizing.slice_cols;
+  // A device backend keeps a slice's lookups and outputs on its device (Place::kept), so the
+  // host holds none of their floats: slices as wide as half its free memory holds, the first
+  // as wide as the rest (a first slice of one column keeps a host peak down, the bucketize
+  // outputs beside the first lookups, which device-resident lookups do not add to). Each slice
+  // walks the batch's ids again, so fewer, wider slices are what make it fast.
+  const uint64_t device = rc.backend.get().device_memory_for_kept();
+  if (device > 0 && sizing.kept_per_column > 0) {
+    int64_t w = std::clamp<int64_t>(int64_t(0.5 * double(device) / sizing.kept_per_column), 1, C);
+    if (const std::optional<int64_t> n = test_hooks::slice_columns()) w = std::min(w, *n);
+    return {w, w};
+  }
+  return {1, sizing.slice_cols};
 }
 
 namespace {

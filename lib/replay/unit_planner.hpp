@@ -23,6 +23,10 @@ namespace dynemb::replay_detail {
 struct Sizing {
   // Embedding columns per slice when a batch's lookups are derived; 0: the whole batch at once.
   int64_t slice_cols = 0;
+  // Bytes per embedding column a device holds when a slice's lookups and outputs stay on it
+  // (the W lookups, the W outputs held for their checks, a reference and a golden slice): what
+  // Backend::device_memory_for_kept is weighed against. 0 when the batch is never sliced.
+  double kept_per_column = 0;
   // Batches whose every rank has local_embs may run one destination at a time.
   bool by_destination = false;
   uint64_t batch_bytes = 0;  // the estimate of one batch's replay
@@ -36,9 +40,16 @@ uint64_t memory_budget(const ReplayOptions& opt);
 // differently from the capture (its local_embs are re-sharded or dropped).
 Sizing size_up(const RunContext& rc, const CaptureReader& reader, int64_t first_batch, bool replan);
 
-// The width of this batch's column slices, 0 to run it whole. Slices are taken only where the
-// sliced checks are exactly the whole ones and no whole output must be kept (column_slice.hpp).
-int64_t slice_width(const RunContext& rc, const BatchState& st, const Sizing& sizing);
+// The column slices of a batch: the first `first` columns, then `width` at a time; width 0 runs
+// the batch whole.
+struct ColumnSlices {
+  int64_t first = 0;
+  int64_t width = 0;
+};
+
+// How this batch is cut into column slices. Slices are taken only where the sliced checks are
+// exactly the whole ones and no whole output must be kept (column_slice.hpp).
+ColumnSlices slice_width(const RunContext& rc, const BatchState& st, const Sizing& sizing);
 
 // A batch cut by destination: where each (sender, destination) block lies ([s][d]) and the
 // units, in destination order.

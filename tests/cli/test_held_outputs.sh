@@ -40,9 +40,14 @@ same() {
   local rc_held=$?
   [[ $rc_host == "$rc_held" ]] || fail "$name: exit $rc_host unheld, $rc_held held"
   ((rc_host < 2)) || fail "$name: exit $rc_host: $(head -3 "$name.host.err")"
-  grep -v "^DYNEMB_HOLD_OUTPUTS:" "$name.held.err" | cmp -s - "$name.host.err" ||
-    fail "$name: stderr differs"
+  # The hooks' own lines aside (the two runs may cut different column slices).
+  cmp -s <(grep -v "^DYNEMB_\(HOLD_OUTPUTS\|SLICE_COLUMNS\):" "$name.held.err") \
+    <(grep -v "^DYNEMB_SLICE_COLUMNS:" "$name.host.err") || fail "$name: stderr differs"
   reports_equal "$name.host.json" "$name.held.json" || fail "$name: reports differ"
+  if [[ -n "${SLICES:-}" ]]; then  # the kept run's slices, as its device memory sizes them
+    grep -q "^DYNEMB_SLICE_COLUMNS: batch 0: slices of $SLICES columns" "$name.held.err" ||
+      fail "$name: want slices of $SLICES columns: $(grep -m1 SLICE_COLUMNS "$name.held.err")"
+  fi
   if [[ "${DYNEMB_BACKEND:-cpu}" == cuda ]]; then
     ok "$name (exit $rc_host, cuda)"
     return
@@ -118,6 +123,20 @@ for c in seq pooled vbe; do
   DYNEMB_BY_DESTINATION=off same "$c-whole" "$c.h5"
 done
 KEPT=1 DYNEMB_SLICE_COLUMNS=5 same seqctx-sliced seqctx.h5
+
+# Column slices sized by the device's memory (Backend::device_memory_for_kept), not the host's:
+# under --max-memory 16M the whole batch does not fit, so the host run cuts slices of 22 of
+# the 128 columns (a first of one), while the kept run, whose lookups and outputs stay on its
+# "device" (DYNEMB_DEVICE_MEMORY, which only a keeping CPU backend reads), cuts all 128 in one
+# slice with 1G and 10 a slice (the estimate's width for half of 4M) with 4M. Planted golden
+# values lie in different slices of each cut; the reports must be the same. On cuda the device
+# reports its own free memory: one slice of all 128.
+synth --preset unit-seq-w8 --store ctx,output -o devslice.h5 --batches 2
+plant devslice.h5
+KEPT=1 SLICES=128 DYNEMB_DEVICE_MEMORY=1G same devslice-1g devslice.h5 --max-memory 16M \
+  --max-mismatches 2
+[[ "${DYNEMB_BACKEND:-cpu}" == cuda ]] ||
+  KEPT=1 SLICES=10 DYNEMB_DEVICE_MEMORY=4M same devslice-4m devslice.h5 --max-memory 16M
 
 echo "$fails failure(s)"
 [[ $fails -eq 0 ]]
