@@ -3,9 +3,11 @@
 # W = 8, 64 and 512 (bench/plans/scale-seq-w*.yaml: D = 16, fp32, the same per-rank batch at
 # every W), each replayed with P = 1 (one process, no launcher) and `mpirun -np P` for P = 2, 4,
 # ... up to the cores (nproc). Per run: the wall time, the throughput (bytes of the capture
-# file per second of wall time), the peak RSS of every process (getrusage of each process's
+# file per second of wall time), the cost per logical byte (wall time over the uncompressed
+# bytes of every dataset), the peak RSS of every process (getrusage of each process's
 # children, by a wrapper mpirun starts: the replaying process and its supervisor), and whether
-# the text report is the same bytes as P = 1's. One table on stdout; with OUT set, also
+# the text report is the same bytes as P = 1's. One table on stdout, then the targets with
+# PASS or MISS (cost per logical byte within 1.5x as W grows; P = 8 >= 5x); with OUT set, also
 # $OUT/scale.md and each run's per-process RSS in $OUT/rss-W<w>-P<p>.txt.
 #
 #   bench/scale.sh [--quick]
@@ -75,13 +77,28 @@ with open(f"{sys.argv[1]}.{rank}", "w") as f:
 sys.exit(rc)
 PY
 
-table="| W | P | batches | capture MB | wall s | MB/s | speed-up | peak RSS per process, MiB (p0 / max / min) | report |
-|---|---|---|---|---|---|---|---|---|"
+table="| W | P | batches | capture MB | logical MB | wall s | MB/s | ns per logical byte | speed-up | peak RSS per process, MiB (p0 / max / min) | report |
+|---|---|---|---|---|---|---|---|---|---|---|"
+costs=""    # "W:ns" per world at P = 1
+speedups="" # "W:P:x" per run
 for w in $worlds; do
   cap=$dir/w$w.h5
   "$exe" synth "$here/plans/scale-seq-w$w.yaml" --batches "$batches" --batch-size "$b" --seed 1 \
     -o "$cap" --force >/dev/null
   mb=$("$PYTHON" -c "import os,sys; print(f'{os.path.getsize(sys.argv[1]) / 1e6:.1f}')" "$cap")
+  # Logical bytes: every dataset's elements times their size, uncompressed (no data read).
+  logical=$("$PYTHON" - "$cap" <<'PY'
+import sys, h5py
+n = 0
+def visit(name, obj):
+    global n
+    if isinstance(obj, h5py.Dataset):
+        n += obj.size * obj.dtype.itemsize
+with h5py.File(sys.argv[1], "r") as f:
+    f.visititems(visit)
+print(f"{n / 1e6:.1f}")
+PY
+)
   base=""
   for p in $PROCS; do
     rm -f "$dir"/rss.*
@@ -101,28 +118,54 @@ for w in $worlds; do
       same="DIFFERS"
     fi
     grep -q "^# result: PASS" "$dir/out.txt" || same="$same, not PASS: $(head -c 200 "$dir/err.txt")"
-    row=$("$PYTHON" - "$dir" "$p" "$start" "$end" "$mb" "${base:-0}" <<'PY'
+    row=$("$PYTHON" - "$dir" "$p" "$start" "$end" "$mb" "${base:-0}" "$logical" <<'PY'
 import glob, sys
-d, p, start, end, mb, base = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
+d, p, start, end, mb, base, logical = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7])
 wall = end - start
 rss = {int(f.rsplit(".", 1)[1]): int(open(f).read()) / 1024 for f in glob.glob(f"{d}/rss.*")}
 r = [rss[k] for k in sorted(rss)]
 rs = f"{r[0]:.0f} / {max(r):.0f} / {min(r):.0f}" if r else "n/a"
 up = f"{base / wall:.2f}" if base > 0 else "1.00"
-print(f"{wall:.2f}|{mb / wall:.1f}|{up}|{rs}|{' '.join(f'{x:.0f}' for x in r)}")
+print(f"{wall:.2f}|{mb / wall:.1f}|{wall / logical * 1e3:.2f}|{up}|{rs}|{' '.join(f'{x:.0f}' for x in r)}")
 PY
 )
-    IFS='|' read -r wall rate up rss all <<<"$row"
-    ((p == 1)) && base=$wall
+    IFS='|' read -r wall rate ns up rss all <<<"$row"
+    ((p == 1)) && base=$wall && costs+=" $w:$ns"
+    speedups+=" $w:$p:$up"
     [[ -n ${OUT:-} ]] && { mkdir -p "$OUT"; echo "$all" >"$OUT/rss-W$w-P$p.txt"; }
-    line="| $w | $p | $batches | $mb | $wall | $rate | $up | $rss | $same |"
+    line="| $w | $p | $batches | $mb | $logical | $wall | $rate | $ns | $up | $rss | $same |"
     table+=$'\n'"$line"
     echo "$line" >&2
   done
 done
-echo "# bench/scale.sh: $(nproc) cores, $(basename "$mpirun" 2>/dev/null || echo "no mpirun"), B = $b samples per rank"
+# The targets: the cost per logical byte at P = 1 within 1.5x from the smallest W to the
+# largest (and, stricter, from any W to any larger one); the largest W at P = 8 at least 5x
+# faster than at P = 1 (on 16 cores).
+verdicts=$("$PYTHON" - "$costs" "$speedups" <<'PY'
+import sys
+cost = [(int(w), float(x)) for w, x in (t.split(":") for t in sys.argv[1].split())]
+runs = [(int(w), int(p), float(x)) for w, p, x in (t.split(":") for t in sys.argv[2].split())]
+verdict = lambda ok: "PASS" if ok else "MISS"
+if len(cost) > 1:
+    (w0, c0), (w1, c1) = cost[0], cost[-1]
+    # Growth: the most the cost rises from any W to a larger one (a small W's fixed start-up
+    # costs make it dearer per byte, which is not growth).
+    g, gw = max(((cj / ci, (wi, wj)) for i, (wi, ci) in enumerate(cost) for wj, cj in cost[i + 1:]))
+    print(f"- cost per logical byte, P = 1: W = {w1} / W = {w0}: {c1 / c0:.2f}x (target <= 1.5x: "
+          f"{verdict(c1 / c0 <= 1.5)}); the most it grows from one W to a larger one: {g:.2f}x, "
+          f"W = {gw[0]} to {gw[1]} ({verdict(g <= 1.5)})")
+if runs:
+    wmax = max(w for w, _, _ in runs)
+    at8 = [x for w, p, x in runs if w == wmax and p == 8]
+    if at8:
+        print(f"- W = {wmax}, P = 8: {at8[0]:.2f}x faster than P = 1 (target >= 5x: {verdict(at8[0] >= 5)})")
+PY
+)
+echo "# bench/scale.sh: $(nproc) cores, $(basename "$mpirun" 2>/dev/null || echo "no mpirun"), B = $b samples per rank, --backend $backend"
 echo "$table"
+echo
+echo "$verdicts"
 if [[ -n ${OUT:-} ]]; then
   mkdir -p "$OUT"
-  echo "$table" >"$OUT/scale.md"
+  printf '%s\n\n%s\n' "$table" "$verdicts" >"$OUT/scale.md"
 fi
