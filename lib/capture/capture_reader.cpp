@@ -376,26 +376,9 @@ struct CaptureReader::Impl {
 CaptureReader::CaptureReader(const std::string& path) try : path_(path), impl_(new Impl) {
   capture_detail::note_capture_open(path);
   const capture_detail::OpenWatchdog watchdog(path);
-  h5::quiet();
   Impl& I = *impl_;
   I.file = path;
-  {
-    // Tell "not there" from "not HDF5" from "truncated" before HDF5's generic message.
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) I.fail("/", std::string("cannot open file: ") + std::strerror(errno));
-    std::fclose(f);
-    struct stat st;
-    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-      I.fail("/", "is a directory, not a capture file");
-  }
-  const htri_t is_h5 = H5Fis_hdf5(path.c_str());
-  if (is_h5 <= 0) {
-    h5::last_error();
-    I.fail("/", "not an HDF5 file (no HDF5 signature)");
-  }
-  I.fid = h5::file_id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
-  if (!I.fid.valid())
-    I.fail("/", "cannot open as HDF5 (truncated or damaged?): " + h5::last_error());
+  I.fid = h5::open_file_read_only(path);  // "not there" vs "not HDF5" vs "truncated"
   I.raw = h5::RawFile::open_path(path);
   read_root();
 } catch (...) {

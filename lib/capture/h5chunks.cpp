@@ -776,11 +776,17 @@ herr_t collect_hard_links(hid_t, const char* name, const h5::LinkInfo* info, voi
 }
 }  // namespace
 
+bool hard_link_names(hid_t file, std::vector<std::string>& names, std::string& why) {
+  names.clear();
+  if (H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, collect_hard_links, &names) < 0)
+    return why = "cannot list its objects: " + last_error(), false;
+  return true;
+}
+
 bool check_chunks_under(hid_t file, std::string& path, std::string& why, bool decode_too,
                         uint64_t max_grid) {
   std::vector<std::string> names;
-  if (H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, collect_hard_links, &names) < 0)
-    return path = "/", why = "cannot list its objects: " + last_error(), false;
+  if (!hard_link_names(file, names, why)) return path = "/", false;
   for (const std::string& name : names) {
     Hid obj(H5Oopen(file, name.c_str(), H5P_DEFAULT), H5Oclose);
     if (!obj.valid()) {

@@ -93,6 +93,11 @@ bool check_chunks(hid_t dset, std::string& why, bool decode_too = true,
 bool check_chunks(hid_t dset, hid_t dcpl, std::string& why, bool decode_too = true,
                   uint64_t max_grid = UINT64_MAX);
 
+// The names (relative to the root, "batches/0/rank0/ids") of every hard link reachable from
+// `file`, in H5Lvisit's order (by name, groups depth first); false with `why` when libhdf5
+// cannot list them.
+bool hard_link_names(hid_t file, std::vector<std::string>& names, std::string& why);
+
 // check_chunks of every dataset reachable from `file` by hard links; false with the first
 // bad dataset's absolute `path` and `why`.
 bool check_chunks_under(hid_t file, std::string& path, std::string& why, bool decode_too,

@@ -2,6 +2,11 @@
 #include "capture/h5util.hpp"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 
 namespace dynemb::h5 {
 
@@ -45,6 +50,26 @@ Hid make_f16_type() {
   H5Tset_size(t, 2);
   H5Tset_ebias(t, 15);
   return t;
+}
+
+Hid open_file_read_only(const std::string& path) {
+  quiet();
+  {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) throw CaptureError(path, "/", std::string("cannot open file: ") + std::strerror(errno));
+    std::fclose(f);
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      throw CaptureError(path, "/", "is a directory, not a capture file");
+  }
+  if (H5Fis_hdf5(path.c_str()) <= 0) {
+    last_error();
+    throw CaptureError(path, "/", "not an HDF5 file (no HDF5 signature)");
+  }
+  Hid fid = file_id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  if (!fid.valid())
+    throw CaptureError(path, "/", "cannot open as HDF5 (truncated or damaged?): " + last_error());
+  return fid;
 }
 
 bool exists(hid_t file, const std::string& path) {

@@ -91,6 +91,12 @@ inline Hid plist_id(hid_t id) {
 // IEEE binary16, little-endian (the type numpy/h5py use for float16).
 Hid make_f16_type();
 
+// Opens `path` read-only for libhdf5, telling "cannot open file: <errno's reason>" (missing,
+// permission denied), "is a directory", "not an HDF5 file" and "cannot open as HDF5
+// (truncated or damaged?)" apart before libhdf5's generic message; each a CaptureError(path,
+// "/", ...). Turns off HDF5's error printing on this thread first.
+Hid open_file_read_only(const std::string& path);
+
 // True when `path` (absolute, "/a/b") exists as a link in `file`, checking each component.
 bool exists(hid_t file, const std::string& path);
 
