@@ -45,6 +45,18 @@ Workload load_workload(const Options& o) {
 }
 
 std::string check_options(const Options& o) {
+  if (o.read_floor) {
+    // It reads the file and times nothing else: no stage, backend or workload option applies.
+    for (const std::string& name : o.given)
+      if (name != "--json" && name != "--read-floor" && name != "capture")
+        throw UsageError(fmt::format(
+            "bench --read-floor: {} does not apply (the read floor reads every dataset of the "
+            "capture on the CPU; it takes CAPTURE.h5 and --json only)",
+            name));
+    if (o.capture.empty())
+      throw UsageError("bench --read-floor: give a CAPTURE.h5 (the file whose datasets it reads)");
+    return "cpu";
+  }
   if (o.iters < 1) throw UsageError("bench: --iters must be >= 1");
   if (o.scale < 1) throw UsageError("bench: --scale must be >= 1");
   std::string backend = o.backend;
@@ -104,6 +116,24 @@ nlohmann::json json_report(const Options& o, const Workload& w, const Result& r)
   }
   js["checks"] = r.checks;
   js["diagnostics"] = r.diagnostics;
+  return js;
+}
+
+nlohmann::json read_floor_json(const Options& o, const ReadFloor& f, const std::string& inflate) {
+  nlohmann::json js;
+  js["schema_version"] = "1.0.0";
+  js["tool"] = {{"name", "dynemb-dist"}, {"version", DYNEMB_VERSION}};
+  js["report"] = "bench-read-floor";
+  js["capture"] = o.capture;
+  js["datasets"] = f.datasets;
+  js["logical_bytes"] = f.logical_bytes;
+  js["stored_bytes"] = f.stored_bytes;
+  js["largest_dataset_bytes"] = f.largest_bytes;
+  js["seconds"] = f.seconds;
+  js["logical_gbps"] = f.seconds > 0 ? nlohmann::json(double(f.logical_bytes) / 1e9 / f.seconds)
+                                     : nlohmann::json(nullptr);
+  js["inflate"] = inflate;
+  js["threads"] = f.threads;
   return js;
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "capture/read_floor.hpp"
 #include "model/types.hpp"
 #include "plan/plan.hpp"
 
@@ -26,6 +27,10 @@ struct Options {
   uint64_t seed = 1;
   bool diagnostics = false;  // floors, the one-pass trace, the bucketize path taken
   bool sweep = false;        // CUDA: only the bucketize, at B = 512 ... 65536 per rank
+  bool read_floor = false;   // only the capture's read floor (capture/read_floor.hpp)
+  // The options named on the command line ("--iters", ...), for refusing with --read-floor
+  // those it does not take (a default value cannot tell).
+  std::vector<std::string> given;
 };
 
 // The batch benched: a preset's (generated in memory) or batch 0 of a capture.
@@ -59,6 +64,7 @@ struct Result {
 
 // Runs every stage of the workload on o.backend. Throws UsageError for a bad option or a
 // backend this build lacks, DeviceError when the GPU disagrees with the CPU reference.
+// With --read-floor: throws UsageError for any option given but CAPTURE and --json.
 // Throws UsageError for options that cannot run here (--sweep or --export without CUDA, ...);
 // returns the backend that will run ("cpu" or "cuda", auto resolved). Call before any work.
 std::string check_options(const Options& o);
@@ -66,5 +72,8 @@ Result run(const Options& o, const Workload& w);
 
 // The report as JSON: the schema_version/tool header of the other reports, then the run.
 nlohmann::json json_report(const Options& o, const Workload& w, const Result& r);
+
+// --read-floor's report as JSON: the same header, then the numbers of read_floor().
+nlohmann::json read_floor_json(const Options& o, const ReadFloor& f, const std::string& inflate);
 
 }  // namespace dynemb::bench

@@ -1,5 +1,6 @@
 // `dynemb-dist bench (CAPTURE.h5 | --preset NAME) [--backend auto|cuda|cpu] [--iters N]
-//  [--json FILE] [--diagnostics]` (docs/cli.md): the options and the table; the stages, timers
+//  [--json FILE] [--diagnostics]` and `bench CAPTURE.h5 --read-floor [--json FILE]` (docs/cli.md):
+//  the options and the table; the stages, timers
 // and checks are the bench library's (bench/).
 #include <fmt/core.h>
 
@@ -7,6 +8,8 @@
 #include <memory>
 #include <string>
 
+#include "capture/capture.hpp"
+#include "capture/read_floor.hpp"
 #include "commands.hpp"
 #include "common/console.hpp"
 #include "common/error.hpp"
@@ -46,7 +49,31 @@ void print_table(const bench::Options& o, const bench::Workload& w, const bench:
   for (const std::string& n : r.diagnostics) console::outf("# {}\n", escape_field(n));
 }
 
+// `bench CAPTURE --read-floor [--json FILE]`: one line, and the same numbers as JSON.
+int run_read_floor(const bench::Options& o) {
+  bench::check_options(o);  // nothing but CAPTURE and --json
+  bench::check_export_outputs(o);
+  std::unique_ptr<OutputFile> json_out;
+  if (!o.json.empty()) json_out = std::make_unique<OutputFile>(o.json);
+  const ReadFloor f = read_floor(o.capture);
+  const std::string inflate = inflate_library_name();
+  const double gbps = f.seconds > 0 ? double(f.logical_bytes) / 1e9 / f.seconds : 0;
+  console::outf(
+      "read floor: {}: {} datasets, {:.2f} GB logical, {:.2f} GB stored, {:.3f} s, {:.2f} GB/s "
+      "logical (inflate: {}, {} threads)\n",
+      escape_field(o.capture), f.datasets, double(f.logical_bytes) / 1e9,
+      double(f.stored_bytes) / 1e9, f.seconds, gbps, inflate, f.threads);
+  if (json_out) {
+    nlohmann::json j = bench::read_floor_json(o, f, inflate);
+    escape_json_strings(j);  // the capture's path: valid UTF-8 whatever it holds
+    json_out->write(j.dump(2) + "\n");
+    commit_outputs({json_out.get()}, 0);
+  }
+  return 0;
+}
+
 int run_bench(const bench::Options& o) {
+  if (o.read_floor) return run_read_floor(o);
   if (o.capture.empty() == o.preset.empty())
     throw UsageError("bench: give either a CAPTURE.h5 or --preset NAME");
   // Outputs are checked against the capture (any spelling) and --json's temporary is created
@@ -121,7 +148,17 @@ void setup_bench(CLI::App& app, RunFn& run) {
   sub->add_flag("--diagnostics", o->diagnostics,
                 "CUDA: also print the bucketize path taken, its floors and the step trace "
                 "of its cooperative kernels (bench/README.md)");
-  sub->callback([&run, o] { run = [o] { return run_bench(*o); }; });
+  sub->add_flag("--read-floor", o->read_floor,
+                "Only read and inflate every dataset of CAPTURE (chunks on every core, no "
+                "checks of what they hold) and print the time and logical GB/s: the least any "
+                "replay of the file could take on this CPU; memory: one buffer the size of the "
+                "largest dataset. Takes --json, no other option");
+  sub->callback([&run, o, sub] {
+    o->given.clear();
+    for (const CLI::Option* opt : sub->get_options())
+      if (opt->count() > 0) o->given.push_back(opt->get_name());
+    run = [o] { return run_bench(*o); };
+  });
 }
 
 }  // namespace dynemb::cli
