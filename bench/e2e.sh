@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # End to end, capture data in and out: for each capture below, synth it, replay it (cuda when
 # this build has it and a GPU is present, then cpu), take its load under the captured plan and
-# every dist_type (`load --alternatives dist-types`), and read it with plain h5py; per step the
-# wall time, the cores kept busy ((user + sys) / wall), the peak RSS, and the logical GB/s
-# (the uncompressed bytes of every dataset, as bench/h5py_read.py counts them, per second).
-# One markdown table per run, with the targets and PASS/MISS, printed last and written to
-# $OUT/e2e.md when OUT is set (with each step's log).
+# every dist_type (`load --alternatives dist-types`), read it with plain h5py, and take its read
+# floor (`bench CAPTURE --read-floor`: every dataset read and inflated on every core, no
+# checks; the least any replay of the file could take on this CPU); per step the wall time,
+# the cores kept busy ((user + sys) / wall), the peak RSS, and the logical GB/s (the
+# uncompressed bytes of every dataset, as bench/h5py_read.py counts them, per second).
+# The replays run with DYNEMB_STEP_TIMES=1 (it only reads clocks at each step's start): their
+# seconds per step are listed under the table. One markdown table per run, with the targets
+# and PASS/MISS, printed last and written to $OUT/e2e.md when OUT is set (with each step's
+# log).
 #
 #   bench/e2e.sh [--quick] [--only a,b,c] [--runs N]
 #
@@ -90,15 +94,31 @@ judge() {
 
 have_load=0
 "$exe" load --help >/dev/null 2>&1 && have_load=1
+have_floor=0
+"$exe" bench --help 2>/dev/null | grep -q -- --read-floor && have_floor=1
 echo "e2e: $version"
 echo "e2e: inflate library: ${inflate:-not reported by this build}"
 echo "e2e: $(nproc) cores, cuda replay: $([[ $cuda == 1 ]] && echo yes || echo "skipped (no CUDA backend or no GPU)")"
 echo "e2e: h5py: $([[ $have_h5py == 1 ]] && echo "$PYTHON" || echo "not found (no logical bytes, no h5py row)")"
+echo "e2e: read floor: $([[ $have_floor == 1 ]] && echo yes || echo "not in this build (no read floor row)")"
 ((quick)) && echo "e2e: --quick: smaller batches, time targets not judged"
+
+# step_times LOG: a replay's DYNEMB_STEP_TIMES table in LOG as "read 0.40, input dist 0.43, ..."
+# (the lines "#   <step>  <seconds>  <percent> %" after its heading).
+step_times() {
+  awk '/^# step times \(DYNEMB_STEP_TIMES\)/ { on = 1; next }
+       on && /^#   [^(].* %$/ {
+         sub(/^#   /, ""); sub(/ +[0-9.]+ +%$/, "")
+         secs = $NF; sub(/ +[0-9.]+$/, "")
+         out = out (out == "" ? "" : ", ") $0 " " sprintf("%.2f", secs)
+       }
+       END { print out }' "$1"
+}
 
 tables=()
 for ((run = 1; run <= runs; run++)); do
   rows=()
+  steps=()
   for k in ${only//,/ }; do
     [[ -n ${synth[$k]:-} ]] || { echo "e2e: no capture '$k'" >&2; exit 2; }
     file=$scratch/$k.h5
@@ -116,6 +136,21 @@ for ((run = 1; run <= runs; run++)); do
       hbusy=$(awk -v u="$huser" -v s="$hsys" -v w="$hwall" 'BEGIN { printf "%.2f", (u + s) / w }')
       ((hrc == 0)) && h5row="h5py read (1 thread)|$hsec|$hbusy|$((hrss / 1024))|$hsec"
     fi
+    floorrow=""
+    if ((have_floor)); then
+      read -r fwall fuser fsys frss frc < <(measure "$logs/$k-floor.log" "$exe" bench "$file" --read-floor --json "$logs/$k-floor.json")
+      if ((frc == 0)); then
+        # the reads' own seconds (not the process's start or the walk that sizes the buffer);
+        # cores busy over the whole process
+        read -r fsec fbytes < <(python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); print(j["seconds"], j["logical_bytes"])' "$logs/$k-floor.json")
+        fbusy=$(awk -v u="$fuser" -v s="$fsys" -v w="$fwall" 'BEGIN { printf "%.2f", (u + s) / w }')
+        ((bytes > 0)) || bytes=$fbytes  # no h5py: the floor's own count (the same sum)
+        floorrow="read floor (every dataset inflated on every core, no checks)|$fsec|$fbusy|$((frss / 1024))|$fbytes"
+      else
+        echo "e2e: read floor ($k) failed, see $logs/$k-floor.log" >&2
+        floorrow="read floor (every dataset inflated on every core, no checks)|-|-|$((frss / 1024))|0|$frc"
+      fi
+    fi
     gb=$(awk -v b="$bytes" 'BEGIN { printf "%.2f", b / 1e9 }')
     row() {  # step wall user sys rss_kb rc target_key
       local busy gbs t rsst
@@ -127,15 +162,23 @@ for ((run = 1; run <= runs; run++)); do
     }
     row "$wall" "$user" "$sys" "$rss" "$rc" synth
     if ((cuda)); then
-      read -r wall user sys rss rc < <(measure "$logs/$k-replay-cuda.log" "$exe" replay "$file" --backend cuda --quiet)
+      read -r wall user sys rss rc < <(DYNEMB_STEP_TIMES=1 measure "$logs/$k-replay-cuda.log" "$exe" replay "$file" --backend cuda --quiet)
       row "$wall" "$user" "$sys" "$rss" "$rc" replay-cuda
+      steps+=("($k) replay --backend cuda: $(step_times "$logs/$k-replay-cuda.log")")
     fi
-    read -r wall user sys rss rc < <(measure "$logs/$k-replay-cpu.log" "$exe" replay "$file" --backend cpu --quiet)
+    read -r wall user sys rss rc < <(DYNEMB_STEP_TIMES=1 measure "$logs/$k-replay-cpu.log" "$exe" replay "$file" --backend cpu --quiet)
     row "$wall" "$user" "$sys" "$rss" "$rc" replay-cpu
+    steps+=("($k) replay --backend cpu: $(step_times "$logs/$k-replay-cpu.log")")
     target[load.$k]=$wall  # load: no slower than replay --backend cpu of the same file
     if ((have_load)); then  # per-rank load and traffic of the same batches (KJTs only)
       read -r wall user sys rss rc < <(measure "$logs/$k-load.log" "$exe" load "$file" --alternatives dist-types)
       row "$wall" "$user" "$sys" "$rss" "$rc" load
+    fi
+    if [[ -n $floorrow ]]; then  # beside its peer, the h5py read
+      IFS='|' read -r step fsec busy frss fbytes frc <<<"$floorrow"
+      fgbs=$(awk -v b="$fbytes" -v w="$fsec" 'BEGIN { if (b > 0 && w > 0) printf "%.2f", b / 1e9 / w; else print "-" }')
+      [[ $fsec == - ]] || fsec=$(printf '%.3f' "$fsec")
+      rows+=("| ($k) | $step | $fsec | $busy | $frss | $fgbs | - | - | - | - | ${frc:-0} |")
     fi
     if [[ -n $h5row ]]; then
       IFS='|' read -r step hsec busy hrss _ <<<"$h5row"
@@ -151,6 +194,8 @@ for ((run = 1; run <= runs; run++)); do
 | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: |"
   for r in "${rows[@]}"; do table+=$'\n'"$r"; done
   table+=$'\n\n'"inflate: ${inflate:-not reported}. Captures: $(for k in ${only//,/ }; do printf '(%s) synth %s; ' "$k" "${synth[$k]}"; done)"
+  table+=$'\n\n'"Replay steps (DYNEMB_STEP_TIMES=1, wall seconds summed over batches):"$'\n'
+  for st in "${steps[@]}"; do table+=$'\n'"- $st"; done
   tables+=("$table")
 done
 
