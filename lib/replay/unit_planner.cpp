@@ -154,9 +154,13 @@ ColumnSlices slice_width(const RunContext& rc, const BatchState& st, const Sizin
   // as wide as the rest (a first slice of one column keeps a host peak down, the bucketize
   // outputs beside the first lookups, which device-resident lookups do not add to). Each slice
   // walks the batch's ids again, so fewer, wider slices are what make it fast.
+  // Under a launcher the team's processes may share the one device (each sees the same free
+  // memory at once): each plans for its share.
   const uint64_t device = rc.backend.get().device_memory_for_kept();
+  const int processes = rc.opt.team ? std::max(1, rc.opt.team->size()) : 1;
   if (device > 0 && sizing.kept_per_column > 0) {
-    int64_t w = std::clamp<int64_t>(int64_t(0.5 * double(device) / sizing.kept_per_column), 1, C);
+    const double share = 0.5 * double(device) / double(processes);
+    int64_t w = std::clamp<int64_t>(int64_t(share / sizing.kept_per_column), 1, C);
     if (const std::optional<int64_t> n = test_hooks::slice_columns()) w = std::min(w, *n);
     return {w, w};
   }

@@ -117,6 +117,20 @@ grep -q '"message": "1 matches the mode latched at batch 0"' vbe.3.json 2>/dev/n
   fail "vbe3: the latch checks of the later processes do not name batch 0"
 same w512 2 0 w512.h5 -q
 
+# ---- column slices on a device the processes share: each plans for its share of the free
+# memory the backend reports (a keeping CPU reference with DYNEMB_DEVICE_MEMORY stands in for a
+# GPU): 10 columns a slice alone, 5 with two processes, and the one-process report.
+if has_test_hooks; then
+  "$DYNEMB" synth --preset unit-seq-w8 --store ctx,output --batches 2 --seed 5 -o devslice.h5 \
+    >/dev/null || fail "synth devslice"
+  DYNEMB_HOLD_OUTPUTS=host DYNEMB_DEVICE_MEMORY=4M same devslice 2 0 devslice.h5 -q --max-memory 16M \
+    --backend cpu
+  grep -q "^DYNEMB_SLICE_COLUMNS: batch 0: slices of 10 columns" devslice.1.err ||
+    fail "devslice: one process: $(grep -m1 SLICE devslice.1.err)"
+  grep -q "^DYNEMB_SLICE_COLUMNS: batch [01]: slices of 5 columns" devslice.2.err ||
+    fail "devslice: two processes: $(grep -m1 SLICE devslice.2.err)"
+fi
+
 # ---- planted faults in batches that the workers replay
 plant gold seq 'd = f["batches/4/rank3/output"]; v = d[...]; v.flat[7] += 1; d[...] = v'
 same gold 3 1 gold.h5
