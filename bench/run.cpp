@@ -89,11 +89,21 @@ Result run(const Options& o, const Workload& w) {
   throw UsageError("bench: --backend must be auto, cuda or cpu, got '" + o.backend + "'");
 }
 
-nlohmann::json json_report(const Options& o, const Workload& w, const Result& r) {
+namespace {
+
+// What every bench JSON report begins with: its schema, the tool and which report it is.
+nlohmann::json report_head(const char* report) {
   nlohmann::json js;
   js["schema_version"] = "1.0.0";
   js["tool"] = {{"name", "dynemb-dist"}, {"version", DYNEMB_VERSION}};
-  js["report"] = "bench";
+  js["report"] = report;
+  return js;
+}
+
+}  // namespace
+
+nlohmann::json json_report(const Options& o, const Workload& w, const Result& r) {
+  nlohmann::json js = report_head("bench");
   js["workload"] = w.name;
   js["preset"] = o.preset;
   js["scale"] = o.scale;
@@ -120,10 +130,7 @@ nlohmann::json json_report(const Options& o, const Workload& w, const Result& r)
 }
 
 nlohmann::json read_floor_json(const Options& o, const ReadFloor& f, const std::string& inflate) {
-  nlohmann::json js;
-  js["schema_version"] = "1.0.0";
-  js["tool"] = {{"name", "dynemb-dist"}, {"version", DYNEMB_VERSION}};
-  js["report"] = "bench-read-floor";
+  nlohmann::json js = report_head("bench-read-floor");
   js["capture"] = o.capture;
   js["datasets"] = f.datasets;
   js["logical_bytes"] = f.logical_bytes;
