@@ -2,6 +2,7 @@
 #pragma once
 
 #include <fmt/format.h>
+#include <hdf5.h>
 
 #include <cstdint>
 #include <string>
@@ -27,5 +28,14 @@ inline const char* dtype_h5_name(DType t) {
   }
   return "?";
 }
+
+// The header damage of a dataset that would have libhdf5 1.10 read out of bounds, or have a
+// reader allocate what the file does not hold: an implausible extent, data or chunks past the
+// end of the file, compact or unfiltered chunk sizes that disagree with the extent, a claim
+// far beyond what the file stores, a filter that cannot be undone, a bad chunk record. "" when
+// none; else what is wrong, for the caller to name with the dataset's path. `dcpl`: the
+// dataset's creation property list, or -1 (fetched where needed).
+std::string header_trouble(hid_t fid, hid_t dset, hid_t type, hid_t dcpl,
+                           const std::vector<int64_t>& dims);
 
 }  // namespace dynemb::capture_detail

@@ -83,6 +83,101 @@ int64_t kjt_bag_begin(const Kjt& k, int64_t f) {
 
 namespace capture_detail {
 
+std::string header_trouble(hid_t fid, hid_t dset, hid_t type, hid_t dcpl,
+                           const std::vector<int64_t>& dims) {
+  // A damaged header can claim any extent: refuse what no capture holds (> 2^38 bytes in
+  // one dataset of one rank) before anything is allocated from it.
+  constexpr double kMaxBytes = 274877906944.0;  // 2^38
+  double bytes = static_cast<double>(H5Tget_size(type));
+  for (int64_t x : dims) bytes *= static_cast<double>(x);
+  if (bytes > kMaxBytes)
+    return fmt::format("extent {} is implausibly large ({:.3g} bytes)", shape_str(dims), bytes);
+  // Below that cap a damaged header can still claim gigabytes that the file does not hold
+  // (unwritten chunks read back as fill values). A real capture stores its data: deflate
+  // compresses at most ~1032:1, so a claim beyond kMaxRatio x the bytes stored (and past a
+  // small floor that leaves tiny, fill-valued datasets alone) is refused before allocation.
+  // Contiguous data must lie inside the file: a truncated copy, or a damaged address, would
+  // otherwise have libhdf5 1.10 read past its buffer of an in-memory image (found by
+  // fuzz_capture) or return garbage.
+  // Chunks likewise (libhdf5's sieve buffer is sized by the file, and a chunk claimed past
+  // its end is copied out of bounds); checked up to kMaxCheckedChunks chunks, as
+  // H5Dget_chunk_info walks the index from the start on every call.
+  hsize_t fsize = 0;
+  if (bytes > 0 && H5Fget_filesize(fid, &fsize) >= 0) {
+    auto past_eof = [&](haddr_t addr, double n, const char* what) -> std::string {
+      if (addr != HADDR_UNDEF && (addr > fsize || n > static_cast<double>(fsize - addr)))
+        return fmt::format(
+            "{} of extent {} ({:.0f} bytes at offset {}) lies past the end "
+            "of the file ({} bytes): truncated or damaged",
+            what, shape_str(dims), n, static_cast<uint64_t>(addr), static_cast<uint64_t>(fsize));
+      return "";
+    };
+    if (std::string why = past_eof(H5Dget_offset(dset), bytes, "data");  // HADDR_UNDEF unless
+        !why.empty())                                                    // contiguous
+      return why;
+    if (const int64_t stored = h5::compact_stored_bytes(dset, dcpl);
+        stored >= 0 && static_cast<double>(stored) != bytes)
+      return fmt::format("compact data of extent {} stores {} bytes, want {:.0f}: damaged",
+                         shape_str(dims), stored, bytes);
+    hsize_t nchunks = 0;
+    constexpr hsize_t kMaxCheckedChunks = 256;
+    if (dcpl >= 0 && H5Pget_layout(dcpl) == H5D_CHUNKED) {
+      // Without filters a chunk stores exactly its bytes; a shorter one is copied from out
+      // of bounds by libhdf5 1.10 (found by fuzz_capture).
+      double raw_chunk = static_cast<double>(H5Tget_size(type));
+      std::vector<hsize_t> cdims(dims.size());
+      const int crank = H5Pget_chunk(dcpl, static_cast<int>(cdims.size()), cdims.data());
+      // A chunk has the dataset's rank; a damaged layout can claim another (fills only the
+      // first min(rank, crank) of cdims: found by fuzz_capture, a scalar with chunk rank 1).
+      if (crank != static_cast<int>(cdims.size()))
+        return fmt::format("chunk rank {} != rank {} of extent {}: damaged", crank, cdims.size(),
+                           shape_str(dims));
+      for (int i = 0; i < crank; ++i) raw_chunk *= static_cast<double>(cdims[i]);
+      const bool unfiltered = H5Pget_nfilters(dcpl) == 0;
+      Hid space = h5::space_id(H5Dget_space(dset));
+      if (H5Dget_num_chunks(dset, space, &nchunks) >= 0 && nchunks <= kMaxCheckedChunks)
+        for (hsize_t i = 0; i < nchunks; ++i) {
+          unsigned mask = 0;
+          haddr_t caddr = HADDR_UNDEF;
+          hsize_t csize = 0;
+          if (H5Dget_chunk_info(dset, space, i, nullptr, &mask, &caddr, &csize) < 0)
+            return "unreadable chunk index: " + h5::last_error();
+          if (std::string why = past_eof(caddr, static_cast<double>(csize), "a chunk");
+              !why.empty())
+            return why;
+          if (unfiltered && crank > 0 && static_cast<double>(csize) != raw_chunk)
+            return fmt::format("chunk {} stores {} bytes, want {} (no filters): damaged",
+                               static_cast<uint64_t>(i), static_cast<uint64_t>(csize), raw_chunk);
+        }
+    }
+  }
+  constexpr double kFloorBytes = 64.0 * 1024 * 1024;
+  constexpr double kMaxRatio = 1100.0;
+  if (bytes > kFloorBytes) {
+    const double stored = static_cast<double>(H5Dget_storage_size(dset));
+    if (bytes > kMaxRatio * stored)
+      return fmt::format(
+          "extent {} claims {:.3g} bytes but the file stores only {:.0f} "
+          "bytes for it (a damaged header, or chunks never written)",
+          shape_str(dims), bytes, stored);
+  }
+  // A filter this reader cannot undo (h5py's lzf) is named here, before libhdf5 reports it
+  // as "can't open directory <plugin path>".
+  if (std::string why = dcpl >= 0 ? h5::filters_trouble_of(dcpl) : h5::filters_trouble(dset);
+      !why.empty())
+    return why;
+  // Each stored chunk's record (size, filter mask) against the chunk shape, from the chunk
+  // index alone, so `validate --capture` (which reads shapes, not data) names a bad one too;
+  // for chunk grids of up to kMaxRecordChecks chunks (one index look-up each). Decoded sizes are
+  // checked when the data is read.
+  constexpr hsize_t kMaxRecordChecks = 4096;
+  if (std::string why;
+      !(dcpl >= 0 ? h5::check_chunks(dset, dcpl, why, false, kMaxRecordChecks)
+                  : h5::check_chunks(dset, why, /*decode_too=*/false, kMaxRecordChecks)))
+    return why;
+  return "";
+}
+
 // The shapes of a batch's optional parts that depend on every rank's KJT (sum_s B_s, the
 // routing of the ids), and the float dtypes they must have.
 struct BatchGeometry {
@@ -129,97 +224,11 @@ struct CaptureReader::Impl {
     if (nd < 0) fail(path, "unreadable dataspace: " + h5::last_error());
     std::vector<hsize_t> d(static_cast<size_t>(nd));
     if (nd > 0) H5Sget_simple_extent_dims(sp, d.data(), nullptr);
-    // A damaged header can claim any extent: refuse what no capture holds (> 2^38 bytes in
-    // one dataset of one rank) before anything is allocated from it.
-    constexpr double kMaxBytes = 274877906944.0;  // 2^38
-    double bytes = static_cast<double>(H5Tget_size(ds.t));
+    for (hsize_t x : d) ds.dims.push_back(static_cast<int64_t>(x));
     ds.numel = 1;
-    for (hsize_t x : d) {
-      ds.dims.push_back(static_cast<int64_t>(x));
-      bytes *= static_cast<double>(x);
-    }
-    if (bytes > kMaxBytes)
-      fail(path,
-           fmt::format("extent {} is implausibly large ({:.3g} bytes)", shape_str(ds.dims), bytes));
-    // Below that cap a damaged header can still claim gigabytes that the file does not hold
-    // (unwritten chunks read back as fill values). A real capture stores its data: deflate
-    // compresses at most ~1032:1, so a claim beyond kMaxRatio x the bytes stored (and past a
-    // small floor that leaves tiny, fill-valued datasets alone) is refused before allocation.
-    // Contiguous data must lie inside the file: a truncated copy, or a damaged address, would
-    // otherwise have libhdf5 1.10 read past its buffer of an in-memory image (found by
-    // fuzz_capture) or return garbage.
-    // Chunks likewise (libhdf5's sieve buffer is sized by the file, and a chunk claimed past
-    // its end is copied out of bounds); checked up to kMaxCheckedChunks chunks, as
-    // H5Dget_chunk_info walks the index from the start on every call.
-    hsize_t fsize = 0;
-    if (bytes > 0 && H5Fget_filesize(fid, &fsize) >= 0) {
-      auto past_eof = [&](haddr_t addr, double n, const char* what) {
-        if (addr != HADDR_UNDEF && (addr > fsize || n > static_cast<double>(fsize - addr)))
-          fail(path, fmt::format("{} of extent {} ({:.0f} bytes at offset {}) lies past the end "
-                                 "of the file ({} bytes): truncated or damaged",
-                                 what, shape_str(ds.dims), n, static_cast<uint64_t>(addr),
-                                 static_cast<uint64_t>(fsize)));
-      };
-      past_eof(H5Dget_offset(ds.d), bytes, "data");  // HADDR_UNDEF unless contiguous
-      const Hid& dcpl = ds.dcpl;
-      if (const int64_t stored = h5::compact_stored_bytes(ds.d, dcpl.valid() ? dcpl.get() : -1);
-          stored >= 0 && static_cast<double>(stored) != bytes)
-        fail(path, fmt::format("compact data of extent {} stores {} bytes, want {:.0f}: damaged",
-                               shape_str(ds.dims), stored, bytes));
-      hsize_t nchunks = 0;
-      constexpr hsize_t kMaxCheckedChunks = 256;
-      if (dcpl.valid() && H5Pget_layout(dcpl) == H5D_CHUNKED) {
-        // Without filters a chunk stores exactly its bytes; a shorter one is copied from out
-        // of bounds by libhdf5 1.10 (found by fuzz_capture).
-        double raw_chunk = static_cast<double>(H5Tget_size(ds.t));
-        std::vector<hsize_t> cdims(ds.dims.size());
-        const int crank = H5Pget_chunk(dcpl, static_cast<int>(cdims.size()), cdims.data());
-        // A chunk has the dataset's rank; a damaged layout can claim another (fills only the
-        // first min(rank, crank) of cdims: found by fuzz_capture, a scalar with chunk rank 1).
-        if (crank != static_cast<int>(cdims.size()))
-          fail(path, fmt::format("chunk rank {} != rank {} of extent {}: damaged", crank,
-                                 cdims.size(), shape_str(ds.dims)));
-        for (int i = 0; i < crank; ++i) raw_chunk *= static_cast<double>(cdims[i]);
-        const bool unfiltered = H5Pget_nfilters(dcpl) == 0;
-        Hid space = h5::space_id(H5Dget_space(ds.d));
-        if (H5Dget_num_chunks(ds.d, space, &nchunks) >= 0 && nchunks <= kMaxCheckedChunks)
-          for (hsize_t i = 0; i < nchunks; ++i) {
-            unsigned mask = 0;
-            haddr_t caddr = HADDR_UNDEF;
-            hsize_t csize = 0;
-            if (H5Dget_chunk_info(ds.d, space, i, nullptr, &mask, &caddr, &csize) < 0)
-              fail(path, "unreadable chunk index: " + h5::last_error());
-            past_eof(caddr, static_cast<double>(csize), "a chunk");
-            if (unfiltered && crank > 0 && static_cast<double>(csize) != raw_chunk)
-              fail(path,
-                   fmt::format("chunk {} stores {} bytes, want {} (no filters): damaged",
-                               static_cast<uint64_t>(i), static_cast<uint64_t>(csize), raw_chunk));
-          }
-      }
-    }
-    constexpr double kFloorBytes = 64.0 * 1024 * 1024;
-    constexpr double kMaxRatio = 1100.0;
-    if (bytes > kFloorBytes) {
-      const double stored = static_cast<double>(H5Dget_storage_size(ds.d));
-      if (bytes > kMaxRatio * stored)
-        fail(path, fmt::format("extent {} claims {:.3g} bytes but the file stores only {:.0f} "
-                               "bytes for it (a damaged header, or chunks never written)",
-                               shape_str(ds.dims), bytes, stored));
-    }
-    // A filter this reader cannot undo (h5py's lzf) is named here, before libhdf5 reports it
-    // as "can't open directory <plugin path>".
-    if (std::string why =
-            ds.dcpl.valid() ? h5::filters_trouble_of(ds.dcpl) : h5::filters_trouble(ds.d);
+    if (std::string why = capture_detail::header_trouble(
+            fid, ds.d, ds.t, ds.dcpl.valid() ? ds.dcpl.get() : -1, ds.dims);
         !why.empty())
-      fail(path, why);
-    // Each stored chunk's record (size, filter mask) against the chunk shape, from the chunk
-    // index alone, so `validate --capture` (which reads shapes, not data) names a bad one too;
-    // for chunk grids of up to kMaxRecordChecks chunks (one index look-up each). Decoded sizes are
-    // checked when the data is read.
-    constexpr hsize_t kMaxRecordChecks = 4096;
-    if (std::string why;
-        !(ds.dcpl.valid() ? h5::check_chunks(ds.d, ds.dcpl, why, false, kMaxRecordChecks)
-                          : h5::check_chunks(ds.d, why, /*decode_too=*/false, kMaxRecordChecks)))
       fail(path, why);
     for (int64_t x : ds.dims) ds.numel *= x;
     return ds;

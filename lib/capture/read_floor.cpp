@@ -10,6 +10,7 @@
 #include <set>
 #include <vector>
 
+#include "capture/capture_internal.hpp"
 #include "capture/h5chunks.hpp"
 #include "capture/h5string.hpp"
 #include "capture/h5util.hpp"
@@ -65,12 +66,10 @@ ReadFloor read_floor(const std::string& path, int threads) {
   };
   std::vector<std::string> names;
   if (std::string why; !h5::hard_link_names(fid, names, why)) fail("/", why);
-  hsize_t fsize = 0;
-  if (H5Fget_filesize(fid, &fsize) < 0) fail("/", "cannot tell its size: " + h5::last_error());
 
   // The walk (not timed): which datasets, their sizes, and the header damage that would have
   // libhdf5 1.10 read out of bounds or allocate what the file does not hold (the capture
-  // reader's own guards, capture_reader.cpp).
+  // reader's own guards: capture_detail::header_trouble).
   ReadFloor r;
   r.threads = threads > 0 ? threads : hardware_threads();
   std::vector<FloorDataset> sets;
@@ -90,26 +89,16 @@ ReadFloor read_floor(const std::string& path, int threads) {
     FloorDataset d{where, 0, H5Tis_variable_str(type) > 0};
     if (!d.vlen_string && H5Tdetect_class(type, H5T_VLEN) > 0)
       fail(where, "holds variable-length sequences, which the read floor does not read");
-    constexpr double kMaxBytes = 274877906944.0;  // 2^38, as the capture reader
-    const double bytes = double(numel) * double(es);
-    if (bytes > kMaxBytes)
-      fail(where, fmt::format("extent of {} elements is implausibly large ({:.3g} bytes)",
-                              int64_t(numel), bytes));
+    std::vector<hsize_t> extent(size_t(std::max(0, H5Sget_simple_extent_ndims(space))));
+    if (!extent.empty()) H5Sget_simple_extent_dims(space, extent.data(), nullptr);
+    const std::vector<int64_t> dims(extent.begin(), extent.end());
+    Hid dcpl = h5::plist_id(H5Dget_create_plist(obj));
+    if (std::string why =
+            capture_detail::header_trouble(fid, obj, type, dcpl.valid() ? dcpl.get() : -1, dims);
+        !why.empty())
+      fail(where, why);
     d.bytes = uint64_t(numel) * es;
     const uint64_t stored = H5Dget_storage_size(obj);
-    constexpr double kFloorBytes = 64.0 * 1024 * 1024, kMaxRatio = 1100.0;
-    if (bytes > kFloorBytes && bytes > kMaxRatio * double(stored))
-      fail(where, fmt::format("claims {:.3g} bytes but the file stores only {} bytes for it (a "
-                              "damaged header, or chunks never written)",
-                              bytes, stored));
-    if (const int64_t compact = h5::compact_stored_bytes(obj);
-        compact >= 0 && uint64_t(compact) != d.bytes)
-      fail(where, fmt::format("compact data stores {} bytes, want {}: damaged", compact, d.bytes));
-    if (const haddr_t addr = H5Dget_offset(obj);  // HADDR_UNDEF unless contiguous
-        d.bytes > 0 && addr != HADDR_UNDEF && (addr > fsize || d.bytes > fsize - addr))
-      fail(where, fmt::format("data ({} bytes at offset {}) lies past the end of the file ({} "
-                              "bytes): truncated or damaged",
-                              d.bytes, uint64_t(addr), uint64_t(fsize)));
     r.datasets += 1;
     r.logical_bytes += d.bytes;
     r.stored_bytes += stored;
