@@ -9,6 +9,9 @@
 # the text report is the same bytes as P = 1's. One table on stdout, then the targets with
 # PASS or MISS (cost per logical byte within 1.5x as W grows; P = 8 >= 5x); with OUT set, also
 # $OUT/scale.md and each run's per-process RSS in $OUT/rss-W<w>-P<p>.txt.
+# Then memory per process: a capture of big batches (MEM_B samples per rank, default 2048)
+# replayed under --max-memory MEM_BUDGET (default 1G), which the processes on the host share,
+# at P = 1, 2, 4: each process's peak RSS against its share (target: the share + 64 MiB).
 #
 #   bench/scale.sh [--quick]
 #
@@ -161,11 +164,61 @@ if runs:
         print(f"- W = {wmax}, P = 8: {at8[0]:.2f}x faster than P = 1 (target >= 5x: {verdict(at8[0] >= 5)})")
 PY
 )
+# ---- memory per process: a capture of big batches (lookups derived from the oracle, so a batch
+# can be cut into column slices) replayed under --max-memory MEM_BUDGET, which the processes on
+# this host share: each plans for MEM_BUDGET / P, and its peak RSS should follow that share
+# (target: at most the share plus 64 MiB for the binary, its libraries and MPI's own).
+mem_budget=${MEM_BUDGET:-1G}
+mem_b=${MEM_B:-2048}
+mem_batches=4
+((quick)) && mem_b=${MEM_B:-1024}
+mem_cap=$dir/mem.h5
+"$exe" synth --preset unit-seq-w8 --store ctx,output --batches "$mem_batches" --batch-size "$mem_b" \
+  --seed 5 -o "$mem_cap" --force >/dev/null
+budget_mib=$("$PYTHON" -c "import sys; s = sys.argv[1]; u = {'K': 2**-10, 'M': 1, 'G': 2**10}; print(float(s[:-1]) * u[s[-1].upper()] if s[-1].isalpha() else float(s) / 2**20)" "$mem_budget")
+mem_table="| P | --max-memory | share per process, MiB | peak RSS per process, MiB (max / min) | target (share + 64 MiB) | report |
+| ---: | ---: | ---: | ---: | --- | --- |"
+for p in $PROCS; do
+  ((p <= mem_batches)) || continue
+  rm -f "$dir"/rss.*
+  if ((p == 1)); then
+    "$PYTHON" "$wrap" "$dir/rss" "$exe" replay "$mem_cap" -q --backend "$backend" \
+      --max-memory "$mem_budget" >"$dir/out.txt" 2>"$dir/err.txt" || true
+    cp "$dir/out.txt" "$dir/mem-base.txt"
+  else
+    "$mpirun" "${mpi_args[@]}" -np "$p" "$PYTHON" "$wrap" "$dir/rss" "$exe" replay "$mem_cap" -q \
+      --backend "$backend" --max-memory "$mem_budget" >"$dir/out.txt" 2>"$dir/err.txt" || true
+  fi
+  same=same
+  ((p == 1)) || cmp -s "$dir/out.txt" "$dir/mem-base.txt" || same=DIFFERS
+  grep -q "^# result: PASS" "$dir/out.txt" ||
+    same="$same, not PASS: $(grep -m1 -o 'error: .*' "$dir/err.txt" | head -c 240)"
+  row=$("$PYTHON" - "$dir" "$p" "$budget_mib" <<'PY'
+import glob, sys
+d, p, budget = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+r = [int(open(f).read()) / 1024 for f in glob.glob(f"{d}/rss.*")]
+share = budget / p
+if r:
+    ok = "PASS" if max(r) <= share + 64 else "MISS"
+    print(f"{share:.0f}|{max(r):.0f} / {min(r):.0f}|{ok}")
+else:
+    print(f"{share:.0f}|n/a|n/a")
+PY
+)
+  IFS='|' read -r share rss verdict <<<"$row"
+  line="| $p | $mem_budget | $share | $rss | $verdict | $same |"
+  mem_table+=$'\n'"$line"
+  echo "$line" >&2
+done
+
 echo "# bench/scale.sh: $(nproc) cores, $(basename "$mpirun" 2>/dev/null || echo "no mpirun"), B = $b samples per rank, --backend $backend"
 echo "$table"
 echo
 echo "$verdicts"
+echo
+echo "# memory per process: unit-seq-w8, --store ctx,output, $mem_batches batches of B = $mem_b per rank, --max-memory $mem_budget shared by the processes"
+echo "$mem_table"
 if [[ -n ${OUT:-} ]]; then
   mkdir -p "$OUT"
-  printf '%s\n\n%s\n' "$table" "$verdicts" >"$OUT/scale.md"
+  printf '%s\n\n%s\n\n%s\n' "$table" "$verdicts" "$mem_table" >"$OUT/scale.md"
 fi

@@ -340,8 +340,9 @@ void setup_replay(CLI::App& app, RunFn& run) {
                 "memory) instead of reporting it for its batch and rank and going on");
   sub->add_option("--max-memory", o->max_memory,
                   "Memory the replay may plan for, e.g. 4G (default: the machine's, or its "
-                  "cgroup's limit): a batch that cannot fit is refused before any work, and "
-                  "batches are read ahead only while two fit in three quarters of it")
+                  "cgroup's limit), shared evenly by the processes an mpirun starts on this "
+                  "host: a batch that cannot fit is refused before any work, and batches are "
+                  "read ahead only while two fit in three quarters of it")
       ->type_name("SIZE");
   sub->add_option("--read-ahead", o->read_ahead,
                   "Batches read and decompressed on another thread while one is replayed: 1 "

@@ -211,6 +211,7 @@ class ThreadTeam final : public ReplayTeam {
   ThreadTeam(Hub& hub, int q, int P) : hub_(hub), q_(q), P_(P) {}
   int index() const override { return q_; }
   int size() const override { return P_; }
+  int host_size() const override { return P_; }  // every thread on this one host
   void send_progress(int64_t k, bool whole) override {
     hub_.put(0, q_, 1, std::to_string(k) + (whole ? " 1" : " 0"));
   }

@@ -151,6 +151,14 @@ class MpiTeam final : public ReplayTeam {
     check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
     MPI_Comm_rank(MPI_COMM_WORLD, &index_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    // The processes that share this host's memory (MPI-3's shared-memory split).
+    MPI_Comm host = MPI_COMM_NULL;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, index_, MPI_INFO_NULL, &host) ==
+            MPI_SUCCESS &&
+        host != MPI_COMM_NULL) {
+      MPI_Comm_size(host, &host_size_);
+      MPI_Comm_free(&host);
+    }
   }
   // MPI_Finalize waits for every process: only once this one's exchange is complete. A process
   // that stops before (trouble before the replay, which every process meets alike) exits
@@ -161,6 +169,7 @@ class MpiTeam final : public ReplayTeam {
   void alone() { complete_ = true; }  // a team of one: finalized as it ends
   int index() const override { return index_; }
   int size() const override { return size_; }
+  int host_size() const override { return host_size_; }
 
   // Progress goes out coalesced (a message per batch, or per 100 ms of one) and without
   // waiting: process 0 takes it in only between its own steps, and a blocking send would hold
@@ -307,7 +316,7 @@ class MpiTeam final : public ReplayTeam {
     }
   }
 
-  int index_ = 0, size_ = 1;
+  int index_ = 0, size_ = 1, host_size_ = 1;
   bool complete_ = false;
   // Progress not sent yet: {batch, rank-batches done, 1 when the batch is done (-1: nothing)},
   // and the sends in flight (a deque: their buffers stay where they are).

@@ -29,6 +29,9 @@ class ReplayTeam {
   virtual ~ReplayTeam() = default;
   virtual int index() const = 0;  // this process, 0 .. size() - 1
   virtual int size() const = 0;
+  // The processes of the team on this process's host, this one included (1 .. size()): they
+  // share its memory and its GPUs, so each plans for its share of them.
+  virtual int host_size() const = 0;
   // A worker (index > 0) to process 0: a rank-batch of batch k checked (whole_batch: the rest of
   // batch k counts as done). Small and unacknowledged.
   virtual void send_progress(int64_t k, bool whole_batch) = 0;

@@ -15,8 +15,13 @@
 
 namespace dynemb::replay_detail {
 
+int host_processes(const ReplayOptions& opt) {
+  return opt.team ? std::max(1, opt.team->host_size()) : 1;
+}
+
 uint64_t memory_budget(const ReplayOptions& opt) {
-  return opt.max_memory > 0 ? opt.max_memory : usable_memory_bytes();
+  const uint64_t host = opt.max_memory > 0 ? opt.max_memory : usable_memory_bytes();
+  return host / uint64_t(host_processes(opt));
 }
 
 namespace {
@@ -93,11 +98,13 @@ Sizing size_up(const RunContext& rc, const CaptureReader& reader, int64_t first_
   sz.batch_bytes = uint64_t(slice_cols > 0 ? sliced : need);
   if (sz.by_destination)
     sz.batch_bytes = uint64_t(m.ids + 2 * m.context + 2 * captured_floats / double(W));
-  const std::string limit =
-      fmt::format("{} {}", human_bytes(double(have)),
-                  opt_.max_memory > 0 ? "--max-memory allows"
-                                      : "this machine has (physical memory, cgroup limit or "
-                                        "DYNEMB_MEMORY_LIMIT)");
+  const int sharing = host_processes(opt_);
+  const std::string limit = fmt::format(
+      "{} {}{}", human_bytes(double(have)),
+      opt_.max_memory > 0 ? "--max-memory allows"
+                          : "this machine has (physical memory, cgroup limit or "
+                            "DYNEMB_MEMORY_LIMIT)",
+      sharing > 1 ? fmt::format(" for each of the {} processes on this host", sharing) : "");
   if (have == 0) return sz;
   if (sz.by_destination && double(sz.batch_bytes) > double(have))
     throw Error(fmt::format(
@@ -154,10 +161,10 @@ ColumnSlices slice_width(const RunContext& rc, const BatchState& st, const Sizin
   // as wide as the rest (a first slice of one column keeps a host peak down, the bucketize
   // outputs beside the first lookups, which device-resident lookups do not add to). Each slice
   // walks the batch's ids again, so fewer, wider slices are what make it fast.
-  // Under a launcher the team's processes may share the one device (each sees the same free
-  // memory at once): each plans for its share.
+  // Under a launcher the team's processes on this host may share the one device (each sees the
+  // same free memory at once): each plans for its share.
   const uint64_t device = rc.backend.get().device_memory_for_kept();
-  const int processes = rc.opt.team ? std::max(1, rc.opt.team->size()) : 1;
+  const int processes = host_processes(rc.opt);
   if (device > 0 && sizing.kept_per_column > 0) {
     const double share = 0.5 * double(device) / double(processes);
     int64_t w = std::clamp<int64_t>(int64_t(share / sizing.kept_per_column), 1, C);

@@ -32,8 +32,12 @@ struct Sizing {
   uint64_t batch_bytes = 0;  // the estimate of one batch's replay
 };
 
-// The memory the replay may plan for: --max-memory, or what the machine or its cgroup allows.
+// The memory this process may plan for: --max-memory, or what the machine or its cgroup allows,
+// shared evenly by the team's processes on this host (a launcher's processes on one machine
+// together stay within what one process would use).
 uint64_t memory_budget(const ReplayOptions& opt);
+// The team's processes on this host (1 without a team).
+int host_processes(const ReplayOptions& opt);
 
 // Sizes the replay from the first selected batch's metadata; throws Error when one batch cannot
 // fit in the budget, with the estimate (engine/memory_estimate.hpp). `replan`: --plan shards

@@ -123,13 +123,41 @@ same w512 2 0 w512.h5 -q
 if has_test_hooks; then
   "$DYNEMB" synth --preset unit-seq-w8 --store ctx,output --batches 2 --seed 5 -o devslice.h5 \
     >/dev/null || fail "synth devslice"
-  DYNEMB_HOLD_OUTPUTS=host DYNEMB_DEVICE_MEMORY=4M same devslice 2 0 devslice.h5 -q --max-memory 16M \
+  DYNEMB_HOLD_OUTPUTS=host DYNEMB_DEVICE_MEMORY=4M same devslice 2 0 devslice.h5 -q --max-memory 32M \
     --backend cpu
   grep -q "^DYNEMB_SLICE_COLUMNS: batch 0: slices of 10 columns" devslice.1.err ||
     fail "devslice: one process: $(grep -m1 SLICE devslice.1.err)"
   grep -q "^DYNEMB_SLICE_COLUMNS: batch [01]: slices of 5 columns" devslice.2.err ||
     fail "devslice: two processes: $(grep -m1 SLICE devslice.2.err)"
+
+  # The memory budget is the host's, shared by the processes on it: under --max-memory 32M a
+  # batch of this capture runs as one slice of all 128 columns in one process (it does not fit
+  # whole), and in slices of 22 columns in each of two processes (16M each), with the
+  # one-process report. (A slice-column hook past every width only makes the cut visible.)
+  DYNEMB_SLICE_COLUMNS=100000 same budget 2 0 devslice.h5 -q --max-memory 32M --backend cpu
+  grep -q "^DYNEMB_SLICE_COLUMNS: batch 0: slices of 128 columns" budget.1.err ||
+    fail "budget: one process: $(grep -m1 SLICE budget.1.err)"
+  grep -q "^DYNEMB_SLICE_COLUMNS: batch [01]: slices of 22 columns" budget.2.err ||
+    fail "budget: two processes: $(grep -m1 SLICE budget.2.err)"
 fi
+# A budget that one process may use but two may not share (8M each) is refused up front by each,
+# naming the share: exit 2, process 0's error report, no temporary left.
+"$DYNEMB" synth --preset unit-seq-w8 --store ctx,output --batches 2 --seed 5 -o budget.h5 \
+  >/dev/null || fail "synth budget"
+"$DYNEMB" replay budget.h5 -q --max-memory 16M --backend cpu >/dev/null 2>budget-16.1.err
+expect_rc "budget 16M (one process)" 0 $?
+LSAN_OPTIONS=$lsan_mpi timeout 600 "$MPIRUN" -np 2 "$DYNEMB" replay budget.h5 -q --max-memory 16M \
+  --backend cpu --json budget-16.json >budget-16.2.txt 2>budget-16.2.err
+expect_rc "budget 16M (mpirun -np 2)" 2 $?
+grep -q "replaying batch 0 needs about .* more than the 8.00 MiB --max-memory allows for each of the 2 processes on this host" \
+  budget-16.2.err || fail "budget 16M: the refusal does not name the share: $(grep -m1 error budget-16.2.err)"
+"$DYNEMB_PYTHON" - budget-16.json <<'PY' || fail "budget 16M: the JSON report is not the error report"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["summary"]["status"] == "error" and r["summary"]["checks"] == 0, r["summary"]
+assert "for each of the 2 processes on this host" in r["trouble"], r["trouble"]
+PY
+no_temps . "budget 16M"
 
 # ---- planted faults in batches that the workers replay
 plant gold seq 'd = f["batches/4/rank3/output"]; v = d[...]; v.flat[7] += 1; d[...] = v'
