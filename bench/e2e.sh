@@ -11,8 +11,10 @@
 # and PASS/MISS, printed last and written to $OUT/e2e.md when OUT is set (with each step's
 # log).
 #
-#   bench/e2e.sh [--quick] [--only a,b,c] [--runs N]
+#   bench/e2e.sh [--quick] [--only a,b,c,d] [--runs N]
 #
+# (d) is (b) with ten times the batches (asked for by --only; no h5py row): its replay's GB/s
+# against (b)'s shows whether the cost grows linearly with the capture.
 # --quick: smaller batches (for a 2-core machine without a GPU); the time targets are then
 # not judged (n/a), the memory targets still are. --runs N: the whole table N times.
 # Env: DYNEMB (the binary; default build/dynemb-dist), PYTHON (python3 with h5py; default
@@ -46,10 +48,13 @@ declare -A synth full_args quick_args
 full_args[a]="--preset unit-seq-w8 --batch-size 1024 --hotness 0..64 --batches 2"
 full_args[b]="--preset unit-pooled-w8 --batch-size 16384 --batches 2"
 full_args[c]="--preset ec-bench-criteo --store ctx"  # big: inputs and the context only
+# (d): (b) with 10x the batches, to see the cost grow linearly with the capture (not default)
+full_args[d]="--preset unit-pooled-w8 --batch-size 16384 --batches 20"
 quick_args[a]="--preset unit-seq-w8 --batch-size 256 --hotness 0..64 --batches 2"
 quick_args[b]="--preset unit-pooled-w8 --batch-size 4096 --batches 2"
 quick_args[c]="--preset ec-bench-criteo --store ctx --batch-size 1024 --batches 1"
-for k in a b c; do
+quick_args[d]="--preset unit-pooled-w8 --batch-size 4096 --batches 20"
+for k in a b c d; do
   if ((quick)); then synth[$k]=${quick_args[$k]}; else synth[$k]=${full_args[$k]}; fi
 done
 
@@ -115,6 +120,17 @@ step_times() {
        END { print out }' "$1"
 }
 
+# linear KIND: (d) holds ten times (b)'s batches; its replay should run at (b)'s logical GB/s
+# within 20 % (target: cost grows linearly with the capture).
+declare -A rate
+linear() {
+  local kind=$1 b=${rate[$1.b]:-} d=${rate[$1.d]:-}
+  [[ -n $b && -n $d && $b != - && $d != - ]] || return 0
+  awk -v b="$b" -v d="$d" -v k="$kind" 'BEGIN {
+    r = d / b
+    printf "- %s: (d), ten times (b), at %.2f GB/s against (b)'"'"'s %.2f: %.2fx (target 0.8 to 1.2: %s)\n", k, d, b, r, (r >= 0.8 && r <= 1.2) ? "PASS" : "MISS" }'
+}
+
 tables=()
 for ((run = 1; run <= runs; run++)); do
   rows=()
@@ -128,7 +144,7 @@ for ((run = 1; run <= runs; run++)); do
     read -r wall user sys rss rc < <(measure "$logs/$k-synth.log" "$exe" synth ${synth[$k]} -o "$file")
     ((rc == 0)) || { echo "e2e: synth ($k) failed, see $logs/$k-synth.log" >&2; tail -5 "$logs/$k-synth.log" >&2; exit 1; }
     bytes=0; h5row=""
-    if ((have_h5py)); then
+    if ((have_h5py)) && [[ $k != d ]]; then  # (d): ten times (b)'s, one thread: too long
       read -r hwall huser hsys hrss hrc < <(measure "$logs/$k-h5py.log" "$PYTHON" "$here/h5py_read.py" "$file")
       bytes=$(sed -n 's/.*bytes=\([0-9]*\).*/\1/p' "$logs/$k-h5py.log" | head -1)
       hsec=$(sed -n 's/.*seconds=\([0-9.]*\).*/\1/p' "$logs/$k-h5py.log" | head -1)
@@ -159,6 +175,7 @@ for ((run = 1; run <= runs; run++)); do
       t=${target[$6.$k]:--}
       rsst=${target[rss.$k]:--}
       rows+=("| ($k) | $6 | $1 | $busy | $(($4 / 1024)) | $gbs | $t | $(judge "$1" "$t" time) | $rsst | $(judge $(($4 / 1024)) "$rsst" mem) | $5 |")
+      rate[$6.$k]=$gbs
     }
     row "$wall" "$user" "$sys" "$rss" "$rc" synth
     if ((cuda)); then
@@ -196,6 +213,8 @@ for ((run = 1; run <= runs; run++)); do
   table+=$'\n\n'"inflate: ${inflate:-not reported}. Captures: $(for k in ${only//,/ }; do printf '(%s) synth %s; ' "$k" "${synth[$k]}"; done)"
   table+=$'\n\n'"Replay steps (DYNEMB_STEP_TIMES=1, wall seconds summed over batches):"$'\n'
   for st in "${steps[@]}"; do table+=$'\n'"- $st"; done
+  lin=$(linear replay-cuda; linear replay-cpu)
+  [[ -z $lin ]] || table+=$'\n\n'"Cost as the capture grows:"$'\n'"$lin"
   tables+=("$table")
 done
 
