@@ -5,7 +5,9 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include "common/error.hpp"
@@ -84,7 +86,18 @@ BackendStartup start_backend(const std::string& name, const std::string& devices
       }())
     return BackendStartup("cuda", [] { return make_cuda_backend(0); });
 #endif
-  return BackendStartup(make_backend(name, devices));
+  std::unique_ptr<Backend> made = make_backend(name, devices);
+  // The test hook DYNEMB_BACKEND_START_MS: this backend, made (and refused) now, is handed over
+  // only after the delay, from another thread, as a GPU backend's start is.
+  if (const std::optional<int64_t> ms = test_hooks::backend_start_ms()) {
+    const std::string named = made->name();
+    auto box = std::make_shared<std::unique_ptr<Backend>>(std::move(made));  // made once
+    return BackendStartup(named, [ms = *ms, box] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      return std::move(*box);
+    });
+  }
+  return BackendStartup(std::move(made));
 }
 
 bool backend_spans_processes(const std::string& name) {

@@ -77,6 +77,7 @@ void check_all() {
   count("DYNEMB_DESTINATION_ROWS");
   count("DYNEMB_SYNTH_UNIT_ROWS");
   count("DYNEMB_MPI_KILL");
+  count("DYNEMB_BACKEND_START_MS");
   size("DYNEMB_DEVICE_MEMORY");
   choice("DYNEMB_BY_DESTINATION", {"off", "report"});
   choice("DYNEMB_TEAM_SPLIT", {"lockstep"});

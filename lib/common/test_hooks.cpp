@@ -64,6 +64,9 @@ bool merge_no_space_check() {
 bool h5_serial_write() {
   return is("DYNEMB_H5_SERIAL_WRITE", "1");
 }
+std::optional<int64_t> backend_start_ms() {
+  return count("DYNEMB_BACKEND_START_MS");
+}
 std::optional<int64_t> mpi_kill() {
   return count("DYNEMB_MPI_KILL");
 }

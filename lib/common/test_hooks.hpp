@@ -46,5 +46,9 @@ const char* gpu_node();
 // --backend nccl takes (every process replays every batch whole and records only its ranks'
 // checks; replay.hpp TeamSplit) on any backend, and each process says so on stderr.
 bool team_split_lockstep();
+// DYNEMB_BACKEND_START_MS=n: a backend that start_backend makes at once (the CPU reference) is
+// made on another thread after n ms instead, as a GPU backend starts (BackendStartup), so that
+// what the replay does while its backend starts runs on any machine.
+std::optional<int64_t> backend_start_ms();
 
 }  // namespace dynemb::test_hooks

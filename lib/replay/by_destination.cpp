@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
+#include <deque>
 #include <exception>
 #include <future>
 #include <new>
@@ -16,6 +18,7 @@
 #include "replay/output_check.hpp"
 #include "replay/spare_rows.hpp"
 #include "replay/team.hpp"
+#include "replay/unit_planner.hpp"
 
 namespace dynemb::replay_detail {
 
@@ -62,6 +65,14 @@ DestBlock unit_block(const DestinationCut& cut, int64_t s, const Unit& u) {
 }
 
 // Unit u's rows, read through `src` (on whichever thread it reads).
+// The bytes of a unit's rows once read (as float32): every sender's block and its golden rows.
+double unit_bytes(const DestinationCut& cut, const Unit& u, const EmbTensor* golden) {
+  double n = 0;
+  for (size_t s = 0; s < cut.where.size(); ++s) n += double(unit_block(cut, int64_t(s), u).numel());
+  if (golden) n += u.rows ? double(u.r1 - u.r0) * double(golden->cols()) : double(golden->numel());
+  return 4.0 * n;
+}
+
 UnitRows read_unit(BatchSource& src, int64_t k, const Unit& u, bool sequence,
                    const DestinationCut& cut, const std::vector<const EmbTensor*>& local,
                    const EmbTensor* golden, SpareRows& spare) {
@@ -211,11 +222,37 @@ void run_destinations(RunContext& rc, BatchState& st, const DestinationCut& cut,
                      spare);
   };
   const bool ahead = rc.opt.read_ahead > 0;  // --read-ahead 0: read, then check, in turn
-  std::future<UnitRows> next;
-  if (!units.empty())
-    next = read_ahead_task(read, size_t{0}, ahead);
-  else if (ahead && next_batch >= 0)
-    src.shapes_ahead(next_batch);
+  // The reads of units [checked, launched): one at a time (the capture is read by one thread),
+  // each begun once the one before it is done. Normally one is in flight while a unit is
+  // checked; while the backend is still starting (a GPU's context), the units are read ahead,
+  // up to a quarter of the memory budget (at most 512 MiB), instead of waiting for it.
+  std::deque<std::future<UnitRows>> reads;
+  size_t launched = 0;
+  bool shapes_asked = false;
+  const auto launch = [&] {
+    if (launched < units.size()) {
+      reads.push_back(read_ahead_task(read, launched++, ahead));
+    } else if (ahead && next_batch >= 0 && !shapes_asked) {
+      src.shapes_ahead(next_batch);  // the next batch's KJTs and contexts, once no unit is left
+      shapes_asked = true;
+    }
+  };
+  const auto last_read_done = [&] {
+    using namespace std::chrono_literals;
+    return reads.empty() || reads.back().wait_for(0s) == std::future_status::ready;
+  };
+  launch();
+  if (ahead) {
+    const double room = std::min(512.0 * (1 << 20), double(memory_budget(rc.opt)) / 4);
+    double held = 0;
+    while (!rc.backend.ready() && launched < units.size()) {
+      reads.back().wait();
+      held += unit_bytes(cut, units[launched - 1], st.golden[size_t(units[launched - 1].d)]);
+      if (held + unit_bytes(cut, units[launched], st.golden[size_t(units[launched].d)]) > room)
+        break;
+      launch();
+    }
+  }
   Backend& backend = rc.backend.get();
   LookupChecks looked(rc, st);
   OutputChecks checks(rc, st);
@@ -226,19 +263,18 @@ void run_destinations(RunContext& rc, BatchState& st, const DestinationCut& cut,
     const Unit& u = units[i];
     const int64_t d = u.d;
     rc.clock.enter("read", int(d));
-    // This unit's rows, then the next unit's read begins (one read in flight at a time), whether
-    // or not this one's could be read.
+    // This unit's rows, then the next unit's read begins if none is in flight (one at a time),
+    // whether or not this one's could be read.
     std::optional<UnitRows> got;
     std::exception_ptr unread;
+    std::future<UnitRows> mine = std::move(reads.front());
+    reads.pop_front();
     try {
-      got = next.get();
+      got = mine.get();
     } catch (...) {
       unread = std::current_exception();
     }
-    if (i + 1 < units.size())
-      next = read_ahead_task(read, i + 1, ahead);
-    else if (ahead && next_batch >= 0)
-      src.shapes_ahead(next_batch);
+    if (last_read_done() && reads.size() < 2) launch();
     if (unread) std::rethrow_exception(unread);
     UnitRows& rows = *got;
     for (int64_t s = 0; rc.source && s < W; ++s) {

@@ -11,12 +11,32 @@
 namespace dynemb::replay_detail {
 
 void CheckLog::record(CheckResult c) {
-  // A backend that cannot start is the run's trouble, before any check counts (it throws here;
-  // a GPU backend still starting is waited for, as its first step would).
+  // A backend that cannot start is the run's trouble, before any check counts. A GPU backend
+  // still starting is not waited for here: what is decided meanwhile (a batch's context checks,
+  // which need no backend) waits unconfirmed, so that the host goes on with the batch (the first
+  // unit's read) while the device starts; the next check decided once it has started, or
+  // settle(), records them in their order. (Under a rank split the processes exchange each
+  // batch's checks in phases: there a check waits for the backend, as its first step would.)
   if (began_ && !backend_ok_) {
-    backend_.get();
-    backend_ok_ = true;
+    if (!split_ && !backend_.ready()) {
+      unconfirmed_.push_back(std::move(c));
+      return;
+    }
+    settle();
   }
+  record_confirmed(std::move(c));
+}
+
+void CheckLog::settle() {
+  if (!began_ || backend_ok_) return;
+  backend_.get();  // throws what the backend's start threw: the checks waiting are dropped
+  backend_ok_ = true;
+  std::vector<CheckResult> waiting = std::move(unconfirmed_);
+  unconfirmed_.clear();
+  for (CheckResult& c : waiting) record_confirmed(std::move(c));
+}
+
+void CheckLog::record_confirmed(CheckResult c) {
   if (split_) {
     const bool zero = !team_ || team_->index() == 0;
     const bool keep = phase_ == 0 || c.rank < 0 ? zero : c.rank >= split_lo_ && c.rank < split_hi_;
@@ -69,6 +89,7 @@ void CheckLog::batch_began() {
 }
 
 void CheckLog::show_header() {
+  settle();  // the header names the backend's device: it has started
   if (header_shown_) return;
   take_capture_sha();
   rep_.info.device = backend_.get().device();  // waits for a backend still starting
@@ -81,8 +102,11 @@ void CheckLog::show_header() {
 
 void CheckLog::show_header_when_hashed() {
   using namespace std::chrono_literals;
+  // The header names the capture's hash and the backend's device: shown once both are in,
+  // never waiting for either (at the latest, show_header() when the run ends).
   if (began_ && !header_shown_ &&
-      (!capture_sha_.valid() || capture_sha_.wait_for(0s) == std::future_status::ready))
+      (!capture_sha_.valid() || capture_sha_.wait_for(0s) == std::future_status::ready) &&
+      backend_.ready())
     show_header();
 }
 
@@ -140,6 +164,7 @@ void CheckLog::poll_team() {
 }
 
 void CheckLog::merge(Findings&& f) {
+  settle();  // this process's own checks first
   for (CheckResult& c : f.checks) {
     if (c.check == "trouble" && c.status == CheckStatus::error && troubles_++ == 0)
       first_trouble_batch_ = c.batch;
@@ -153,6 +178,7 @@ void CheckLog::merge(Findings&& f) {
 }
 
 void CheckLog::split_begin(int64_t k, int64_t lo, int64_t hi) {
+  settle();  // the batches before are recorded as one process records them
   split_ = true;
   phase_ = 0;
   split_k_ = k;

@@ -27,6 +27,10 @@ class CheckLog {
   // A check decided: to the report, and to the caller once the header is out (the header waits
   // for the capture's hash, and the run does not: the checks decided meanwhile wait instead).
   void record(CheckResult c);
+  // Waits for the backend still starting and records the checks decided meanwhile (record());
+  // throws what its start threw, and those checks are not the run's. Before the run's findings
+  // are reported or sent on.
+  void settle();
   void warn(const std::string& w) { rep_.warnings.push_back(w); }
   // Trouble in batch k (rank -1: the batch as a whole): an error check of its own, and the run
   // goes on with the rest (--fail-fast: thrown, and the run stops).
@@ -39,8 +43,8 @@ class CheckLog {
   void hash_capture(const std::string& path);
   // Rethrows a read error of the hash.
   void take_capture_sha();
-  // The first replayed batch began: the header is shown once the hash is in (at the latest when
-  // the run ends).
+  // The first replayed batch began: the header is shown once the hash is in and the backend has
+  // started (at the latest when the run ends).
   void batch_began();
   // The header now (a run whose every batch was trouble), and the checks decided before it.
   void show_header();
@@ -79,6 +83,7 @@ class CheckLog {
   std::vector<std::string> exchange(char tag, const std::string& bytes);
 
  private:
+  void record_confirmed(CheckResult c);
   void show_header_when_hashed();
   bool relays() const { return team_ && team_->index() > 0; }
   void count_done(int64_t k, bool whole_batch);
@@ -88,7 +93,8 @@ class CheckLog {
   Report& rep_;
   BackendStartup& backend_;
   std::future<std::string> capture_sha_;
-  std::vector<CheckResult> waiting_;  // decided before the header was shown
+  std::vector<CheckResult> waiting_;      // decided before the header was shown
+  std::vector<CheckResult> unconfirmed_;  // decided while the backend was starting (record())
   bool began_ = false, header_shown_ = false, backend_ok_ = false;
   int64_t troubles_ = 0, first_trouble_batch_ = -1;
   int64_t world_size_ = 1;
