@@ -350,13 +350,8 @@ Report run_replay(const ReplayOptions& opt, BackendStartup& backend, const Repla
         "writing --write-output)",
         opt.capture_path, out_of_memory_text());
   }
-  try {  // the checks decided while the backend was starting, once it has (a run that stopped)
-    rp.log().settle();
-  } catch (const Error& e) {
-    if (rep.trouble.empty()) rep.trouble = e.what();
-  }
-  // Under a team: a worker's findings go to process 0 (its report is not shown); process 0's
-  // take in every worker's, in batch order.
+  // The checks decided while the backend started are recorded; under a team, a worker's findings
+  // go to process 0 (its report is not shown), which takes in every worker's, in batch order.
   try {
     rp.team().finish();
   } catch (const Error& e) {

@@ -114,6 +114,11 @@ void TeamRun::after_batch() {
 
 void TeamRun::finish() {
   rc_.ctx_before = nullptr;
+  try {
+    log_.settle();  // what was decided while the backend started (CheckLog::record)
+  } catch (const Error& e) {
+    if (rep_.trouble.empty()) rep_.trouble = e.what();
+  }
   if (!team_) return;
   if (team_->index() > 0 && !carry_in_) {
     carry_in_ = true;

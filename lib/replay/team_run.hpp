@@ -44,9 +44,10 @@ class TeamRun {
                             const std::vector<int64_t>& mine);
   void at_batch();     // the test hook DYNEMB_MPI_KILL
   void after_batch();  // the latch passed on once it is final
-  // After the run: the latch exchanged if it was not, then the findings: a worker sends its own,
-  // process 0 merges every worker's in process order (after a worker that stopped on trouble,
-  // none: one process would have stopped there too).
+  // After the run: the checks decided while the backend started recorded (CheckLog::settle; a
+  // backend that could not start is the run's trouble), the latch exchanged if it was not, then
+  // the findings: a worker sends its own, process 0 merges every worker's in process order
+  // (after a worker that stopped on trouble, none: one process would have stopped there too).
   void finish();
 
  private:
