@@ -90,7 +90,7 @@ same gone-ff gone.h5 2 --fail-fast
 same fixture "$DYNEMB_SRC/fixtures/pooled-vbe.h5" 0
 
 # While the backend starts (1.5 s late), the first batch's units are read ahead: more than the
-# one a replay keeps in flight otherwise.
+# one a replay keeps in flight otherwise (a unit is two reads: its blocks, its golden rows).
 DYNEMB_BACKEND_START_MS=1500 DYNEMB_TRACE=trace.json "$DYNEMB" replay pooled.h5 --backend cpu -q \
   >/dev/null 2>trace.err || fail "trace: exit $?: $(head -3 trace.err)"
 "$DYNEMB_PYTHON" - trace.json <<'PY' || fail "trace: the units were not read ahead while the backend started"
@@ -99,7 +99,7 @@ ev = json.load(open(sys.argv[1]))["traceEvents"]
 started = [e["ts"] + e["dur"] for e in ev if e["name"] == "backend start"]
 assert len(started) == 1, started
 units = [e for e in ev if e["name"] == "read rows" and e["ts"] + e["dur"] <= started[0]]
-print(f"{len(units)} unit reads done before the backend started")
+print(f"{len(units)} reads of unit rows done before the backend started")
 sys.exit(0 if len(units) >= 3 else 1)
 PY
 [[ $fails -eq 0 ]] && ok "trace: units read while the backend started"
