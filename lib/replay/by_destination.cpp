@@ -6,6 +6,7 @@
 #include <chrono>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <future>
 #include <new>
 #include <set>
@@ -196,6 +197,61 @@ void decide_checks(RunContext& rc, BatchState& st, LookupChecks& looked, OutputC
 
 }  // namespace
 
+// The reads of a batch's units [0, n), in order and one at a time (the capture is read by one
+// thread), each begun once the one before it is done: normally one in flight while a unit is
+// checked. `after_last` runs once the last unit's read has begun and none is in flight.
+class UnitReads {
+ public:
+  UnitReads(std::function<UnitRows(size_t)> read, size_t n, bool ahead,
+            std::function<void()> after_last)
+      : read_(std::move(read)), n_(n), ahead_(ahead), after_last_(std::move(after_last)) {
+    begin();
+  }
+  // Reads ahead, one unit after another, while `waiting()` holds and the units read and the
+  // next one together take at most `room` bytes (`bytes(i)`: unit i's).
+  void read_while(const std::function<bool()>& waiting, double room,
+                  const std::function<double(size_t)>& bytes) {
+    double held = 0;
+    while (waiting() && begun_ < n_) {
+      reads_.back().wait();
+      held += bytes(begun_ - 1);
+      if (held + bytes(begun_) > room) break;
+      begin();
+    }
+  }
+  // The next unit's rows (nullopt and `unread` set: its read failed), and the read after it
+  // begun when none is in flight, whether or not this one's could be read.
+  std::optional<UnitRows> next(std::exception_ptr& unread) {
+    std::future<UnitRows> mine = std::move(reads_.front());
+    reads_.pop_front();
+    std::optional<UnitRows> got;
+    try {
+      got = mine.get();
+    } catch (...) {
+      unread = std::current_exception();
+    }
+    using namespace std::chrono_literals;
+    const bool idle = reads_.empty() || reads_.back().wait_for(0s) == std::future_status::ready;
+    if (idle && reads_.size() < 2) begin();
+    return got;
+  }
+
+ private:
+  void begin() {
+    if (begun_ < n_) {
+      reads_.push_back(read_ahead_task(read_, begun_++, ahead_));
+    } else if (!after_last_done_) {
+      after_last_done_ = true;
+      after_last_();
+    }
+  }
+  std::function<UnitRows(size_t)> read_;
+  size_t n_, begun_ = 0;
+  bool ahead_, after_last_done_ = false;
+  std::function<void()> after_last_;
+  std::deque<std::future<UnitRows>> reads_;  // of units [checked, begun_)
+};
+
 // For each unit (a destination d, or some rows of it): the block of every sender (a part of its
 // lookup check), the unit's output from those blocks alone and its part of d's output checks,
 // while the next unit's rows are read on another thread. Decided in the whole batch's order:
@@ -222,37 +278,16 @@ void run_destinations(RunContext& rc, BatchState& st, const DestinationCut& cut,
                      spare);
   };
   const bool ahead = rc.opt.read_ahead > 0;  // --read-ahead 0: read, then check, in turn
-  // The reads of units [checked, launched): one at a time (the capture is read by one thread),
-  // each begun once the one before it is done. Normally one is in flight while a unit is
-  // checked; while the backend is still starting (a GPU's context), the units are read ahead,
-  // up to a quarter of the memory budget (at most 512 MiB), instead of waiting for it.
-  std::deque<std::future<UnitRows>> reads;
-  size_t launched = 0;
-  bool shapes_asked = false;
-  const auto launch = [&] {
-    if (launched < units.size()) {
-      reads.push_back(read_ahead_task(read, launched++, ahead));
-    } else if (ahead && next_batch >= 0 && !shapes_asked) {
-      src.shapes_ahead(next_batch);  // the next batch's KJTs and contexts, once no unit is left
-      shapes_asked = true;
-    }
-  };
-  const auto last_read_done = [&] {
-    using namespace std::chrono_literals;
-    return reads.empty() || reads.back().wait_for(0s) == std::future_status::ready;
-  };
-  launch();
-  if (ahead) {
-    const double room = std::min(512.0 * (1 << 20), double(memory_budget(rc.opt)) / 4);
-    double held = 0;
-    while (!rc.backend.ready() && launched < units.size()) {
-      reads.back().wait();
-      held += unit_bytes(cut, units[launched - 1], st.golden[size_t(units[launched - 1].d)]);
-      if (held + unit_bytes(cut, units[launched], st.golden[size_t(units[launched].d)]) > room)
-        break;
-      launch();
-    }
-  }
+  UnitReads reads(read, units.size(), ahead, [&] {
+    if (ahead && next_batch >= 0) src.shapes_ahead(next_batch);  // once no unit is left
+  });
+  // While the backend is still starting (a GPU's context), units are read ahead instead of
+  // waiting for it, up to a quarter of the memory budget (at most 512 MiB).
+  if (ahead)
+    reads.read_while(
+        [&] { return !rc.backend.ready(); },
+        std::min(512.0 * (1 << 20), double(memory_budget(rc.opt)) / 4),
+        [&](size_t i) { return unit_bytes(cut, units[i], st.golden[size_t(units[i].d)]); });
   Backend& backend = rc.backend.get();
   LookupChecks looked(rc, st);
   OutputChecks checks(rc, st);
@@ -265,16 +300,8 @@ void run_destinations(RunContext& rc, BatchState& st, const DestinationCut& cut,
     rc.clock.enter("read", int(d));
     // This unit's rows, then the next unit's read begins if none is in flight (one at a time),
     // whether or not this one's could be read.
-    std::optional<UnitRows> got;
     std::exception_ptr unread;
-    std::future<UnitRows> mine = std::move(reads.front());
-    reads.pop_front();
-    try {
-      got = mine.get();
-    } catch (...) {
-      unread = std::current_exception();
-    }
-    if (last_read_done() && reads.size() < 2) launch();
+    std::optional<UnitRows> got = reads.next(unread);
     if (unread) std::rethrow_exception(unread);
     UnitRows& rows = *got;
     for (int64_t s = 0; rc.source && s < W; ++s) {
