@@ -47,8 +47,8 @@ const char* gpu_node();
 // checks; replay.hpp TeamSplit) on any backend, and each process says so on stderr.
 bool team_split_lockstep();
 // DYNEMB_BACKEND_START_MS=n: a backend that start_backend makes at once (the CPU reference) is
-// made on another thread after n ms instead, as a GPU backend starts (BackendStartup), so that
-// what the replay does while its backend starts runs on any machine.
+// handed over from another thread only n ms later, as a GPU backend's start is (BackendStartup),
+// so that what the replay does while its backend starts runs on any machine.
 std::optional<int64_t> backend_start_ms();
 
 }  // namespace dynemb::test_hooks

@@ -65,7 +65,6 @@ DestBlock unit_block(const DestinationCut& cut, int64_t s, const Unit& u) {
   return u.rows ? block_rows(b, u.r0, u.r1) : b;
 }
 
-// Unit u's rows, read through `src` (on whichever thread it reads).
 // The bytes of a unit's rows once read (as float32): every sender's block and its golden rows.
 double unit_bytes(const DestinationCut& cut, const Unit& u, const EmbTensor* golden) {
   double n = 0;
@@ -74,6 +73,7 @@ double unit_bytes(const DestinationCut& cut, const Unit& u, const EmbTensor* gol
   return 4.0 * n;
 }
 
+// Unit u's rows, read through `src` (on whichever thread it reads).
 UnitRows read_unit(BatchSource& src, int64_t k, const Unit& u, bool sequence,
                    const DestinationCut& cut, const std::vector<const EmbTensor*>& local,
                    const EmbTensor* golden, SpareRows& spare) {
