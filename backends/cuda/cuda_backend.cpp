@@ -98,7 +98,7 @@ struct FeatureRows {
 // those tables are the host's (the device still runs the dists and the checks).
 constexpr double kDenseShare = 0.25;
 
-class CudaBackend final : public Backend, private cuda::DeviceTensors {
+class CudaBackend final : public Backend, public HostLending, private cuda::DeviceTensors {
  public:
   explicit CudaBackend(int device) : Backend("cuda"), device_(device) {
     if (!cuda::device_available(device))
@@ -132,6 +132,18 @@ class CudaBackend final : public Backend, private cuda::DeviceTensors {
                           const std::vector<const ShardingContext*>& ctx, Place place,
                           const OutputSink& sink) override;
   Comparator& comparator() override { return *comparator_; }
+  bool lend(void* p, size_t bytes) override {
+    CUDA_CHECK(cudaSetDevice(device_));
+    return ws_->staging.lend(p, bytes);
+  }
+  void unlend(void* p) override {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // the one stream that uploads from it
+    ws_->staging.unlend(p);
+  }
+  void forget(void* p) override {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    ws_->staging.forget(p);
+  }
   // What the device has free now: the workspace is allocated already, and kept tensors grow
   // into the rest.
   uint64_t device_memory_for_kept() const override {

@@ -2,8 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
+
+#include <unistd.h>
 
 #include "common/parallel.hpp"
+#include "common/trace.hpp"
 
 namespace dynemb::cuda {
 
@@ -15,6 +19,8 @@ size_t round_up(size_t n, size_t to) {
 
 constexpr size_t kGrain = size_t{1} << 20;  // a half's size is a multiple of this
 constexpr size_t kAlign = 256;              // every chunk starts on this boundary
+// Lent memory smaller than this is staged: pinning it costs more than copying it.
+constexpr uintptr_t kMinLend = uintptr_t{1} << 20;
 
 // memcpy on every core for large copies: one core moves a fraction of what the host's memory
 // and the PCIe link carry, and every transfer of the backend passes through here twice (into
@@ -59,6 +65,7 @@ PinnedStaging::~PinnedStaging() {
     cudaFreeHost(h_[0].p);
     pinned_alloc_counters().bytes_held -= static_cast<int64_t>(2 * half_);
   }
+  for (const auto& [a, l] : lent_) cudaHostUnregister(reinterpret_cast<void*>(a));
 }
 
 void PinnedStaging::drain(Half& h) {
@@ -108,7 +115,80 @@ char* PinnedStaging::take(size_t want, size_t* got) {
   return p;
 }
 
+uintptr_t PinnedStaging::page() {
+  static const uintptr_t bytes =
+      uintptr_t(sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096);
+  return bytes;
+}
+
+bool PinnedStaging::lend(void* p, size_t bytes) {
+  const uintptr_t pg = page(), a = (uintptr_t(p) + pg - 1) / pg * pg,
+                  b = (uintptr_t(p) + bytes) / pg * pg;
+  if (b <= a || b - a < kMinLend) return false;
+  auto it = lent_.find(a);
+  if (it != lent_.end() && it->second.end == b) return it->second.active = true;
+  // Whatever overlaps [a, b) is a registration of memory freed since (lent memory never
+  // overlaps other live memory): unpinned first, or the driver refuses the range.
+  for (it = lent_.lower_bound(a); it != lent_.begin() && std::prev(it)->second.end > a;) --it;
+  while (it != lent_.end() && it->first < b) {
+    cudaHostUnregister(reinterpret_cast<void*>(it->first));
+    it = lent_.erase(it);
+  }
+  const TraceSpan span("pin host", int64_t(b - a));
+  if (cudaHostRegister(reinterpret_cast<void*>(a), b - a, cudaHostRegisterDefault) != cudaSuccess) {
+    (void)cudaGetLastError();  // a refusal (memlock limits) is not an error: staged instead
+    return false;
+  }
+  lent_[a] = Lent{b, true};
+  return true;
+}
+
+void PinnedStaging::unlend(void* p) {
+  const uintptr_t pg = page();
+  const auto it = lent_.find((uintptr_t(p) + pg - 1) / pg * pg);
+  if (it != lent_.end()) it->second.active = false;
+}
+
+void PinnedStaging::forget(void* p) {
+  const uintptr_t pg = page();
+  const auto it = lent_.find((uintptr_t(p) + pg - 1) / pg * pg);
+  if (it == lent_.end()) return;
+  cudaHostUnregister(reinterpret_cast<void*>(it->first));
+  lent_.erase(it);
+}
+
+size_t PinnedStaging::lent_bytes() const {
+  size_t n = 0;
+  for (const auto& [a, l] : lent_) n += l.end - a;
+  return n;
+}
+
+// The part of [h, h + bytes) inside memory lent now ([a, b), empty when none).
+std::pair<uintptr_t, uintptr_t> PinnedStaging::lent_part(uintptr_t h, size_t bytes) const {
+  if (lent_.empty()) return {0, 0};
+  const uintptr_t end = h + bytes;
+  auto it = lent_.upper_bound(h);  // the first range beginning after h
+  if (it != lent_.begin() && std::prev(it)->second.end > h) --it;  // one holding h
+  if (it == lent_.end() || !it->second.active || it->first >= end) return {0, 0};
+  return {std::max(h, it->first), std::min(end, it->second.end)};
+}
+
 void PinnedStaging::upload(void* dev, const void* host, size_t bytes, cudaStream_t s) {
+  const auto [a, b] = lent_part(uintptr_t(host), bytes);
+  if (a < b) {  // staged before and after, one copy by the device from the lent pages
+    const size_t head = a - uintptr_t(host);
+    char* d = static_cast<char*>(dev);
+    staged_upload(d, host, head, s);
+    CUDA_CHECK(cudaMemcpyAsync(d + head, reinterpret_cast<const void*>(a), b - a,
+                               cudaMemcpyHostToDevice, s));
+    direct_bytes_ += b - a;
+    staged_upload(d + head + (b - a), reinterpret_cast<const void*>(b), bytes - head - (b - a), s);
+    return;
+  }
+  staged_upload(dev, host, bytes, s);
+}
+
+void PinnedStaging::staged_upload(void* dev, const void* host, size_t bytes, cudaStream_t s) {
   char* d = static_cast<char*>(dev);
   const char* src = static_cast<const char*>(host);
   while (bytes > 0) {

@@ -19,6 +19,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "device_buffer.hpp"
@@ -63,7 +65,26 @@ class PinnedStaging {
 
   size_t half_bytes() const { return half_; }
 
+  // Host memory lent for direct uploads (HostLending): the whole pages inside [p, p + bytes),
+  // registered with the driver (cudaHostRegister) the first time, unregistered first where an
+  // earlier registration overlaps them (memory freed since). false: too small to be worth it,
+  // or the driver refused (uploads from it are staged). While lent, an upload from inside it is
+  // one cudaMemcpyAsync from there (the bytes before and after its pages are staged).
+  bool lend(void* p, size_t bytes);
+  // Not lent any more. The caller has drained every stream that read it.
+  void unlend(void* p);
+  // Unpinned. The caller has drained every stream that read it.
+  void forget(void* p);
+  size_t lent_bytes() const;                               // pinned by lend(), lent or not
+  uint64_t direct_bytes() const { return direct_bytes_; }  // uploaded from lent memory so far
+
  private:
+  struct Lent {
+    uintptr_t end;
+    bool active;
+  };
+  std::map<uintptr_t, Lent> lent_;  // page-aligned begin -> its pages, registered
+  uint64_t direct_bytes_ = 0;
   struct Pending {  // a chunk copied device -> pinned, to be copied on to the host
     void* host;
     size_t off, bytes;
@@ -74,6 +95,9 @@ class PinnedStaging {
     size_t used = 0;
     std::vector<Pending> pending;
   };
+  static uintptr_t page();
+  std::pair<uintptr_t, uintptr_t> lent_part(uintptr_t h, size_t bytes) const;
+  void staged_upload(void* dev, const void* host, size_t bytes, cudaStream_t s);
   // Room for up to `want` bytes (at least one) in the current half, moving to the other half
   // when this one is full; *got is how much of it the caller may use.
   char* take(size_t want, size_t* got);

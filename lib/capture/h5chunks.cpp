@@ -456,95 +456,141 @@ std::shared_ptr<const Layout> readable_layout(hid_t dset, hid_t dcpl) {
 
 namespace {
 
+// How far the fetch of a window's stored chunks has come: chunks [0, done) are fetched; once
+// `stopped`, no more will be (the window is fetched, or a chunk could not be).
+class Fetched {
+ public:
+  void publish(uint64_t done) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      done_ = done;
+    }
+    cv_.notify_all();
+  }
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      stopped_ = true;
+    }
+    cv_.notify_all();
+  }
+  // Waits until chunk i is fetched (true) or will not be (false).
+  bool wait_for(uint64_t i) {
+    std::unique_lock<std::mutex> lock(m_);
+    cv_.wait(lock, [&] { return done_ > i || stopped_; });
+    return done_ > i;
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  uint64_t done_ = 0;
+  bool stopped_ = false;
+};
+
 // Reads the stored bytes of chunks 0..n-1 (offset(k, off) sets `off` to chunk k's dataset
 // offset and returns its dataset and that dataset's layout: the chunks may be of several
-// datasets) here, a window of 4 x `threads` at a time (libhdf5 on one thread), and calls
-// place(k, chunk, worker) for each on the workers, which decodes it and puts its bytes where
-// they belong; memory beyond the output is one window of stored chunks and the workers'
-// buffers. False as soon as a chunk is not stored or cannot be read (declined: the caller
-// checks and reads otherwise), or a chunk's record is inconsistent or place says false (a bad
-// chunk: `trouble` says which and why, when given).
+// datasets) here, a window of 4 x `threads` at a time (libhdf5 on this thread only), and calls
+// place(k, chunk, worker) for each on the workers as soon as it is fetched, which decodes it and
+// puts its bytes where they belong: the fetch of a window's later chunks overlaps the decode of
+// its first ones. Memory beyond the output is one window of stored chunks and a worker's
+// buffers per thread decoding. False as soon as a chunk is not stored or cannot be read
+// (declined: the caller checks and reads otherwise), or a chunk's record is inconsistent or
+// place says false (a bad chunk: `trouble` says which and why, when given; of two, the first).
 template <class Offset, class Place>
 bool decode_chunks(uint64_t n, int threads, ChunkTrouble* trouble, Offset&& offset, Place&& place) {
   if (threads <= 0) threads = hardware_threads();
   const uint64_t window = std::min<uint64_t>(n, uint64_t(4 * threads));
-  // No more workers (a decompressor and a chunk buffer each) than parallel_for below can run at
-  // once on a window (grain 2): a read of a few rows of one chunk, made once per destination of
-  // a wide batch, needs one.
-  threads = int(std::min<uint64_t>(uint64_t(threads), window / 2 + 1));
   std::vector<RawChunk> raw(static_cast<size_t>(window));
   std::vector<std::pair<hid_t, const Layout*>> of(static_cast<size_t>(window));
-  std::vector<std::unique_ptr<Worker>> workers(static_cast<size_t>(threads));
-  for (auto& w : workers) w = kept_workers().take();
-  struct GiveBack {  // whatever way this returns
-    std::vector<std::unique_ptr<Worker>>& w;
-    ~GiveBack() {
-      for (auto& x : w)
-        if (x) kept_workers().give(std::move(x));
-    }
-  } give_back{workers};
-  const auto bad = [&](hid_t dset, const Layout& L, const std::vector<hsize_t>& off,
-                       const std::string& why) {
+  const auto bad = [&](uint64_t i, const std::string& why) {
     if (trouble) {
+      const auto [dset, L] = of[size_t(i)];
       trouble->dset = dset;
-      trouble->what = chunk_name(L.index_of(off), off) + ": " + why;
+      trouble->what =
+          chunk_name(L->index_of(raw[size_t(i)].offset), raw[size_t(i)].offset) + ": " + why;
     }
     return false;
   };
   for (uint64_t first = 0; first < n; first += window) {
     const uint64_t count = std::min(window, n - first);
-    {
-      const TraceSpan raw_span("raw chunks", int64_t(count));  // libhdf5, this thread only
-      for (uint64_t i = 0; i < count; ++i) {
-        RawChunk& c = raw[size_t(i)];
-        of[size_t(i)] = offset(first + i, c.offset);
-        const auto [dset, L] = of[size_t(i)];
-        unsigned mask = 0;
-        haddr_t addr = HADDR_UNDEF;
-        hsize_t size = 0;
-        if (H5Dget_chunk_info_by_coord(dset, c.offset.data(), &mask, &addr, &size) < 0) {
-          last_error();
-          return false;
-        }
-        if (addr == HADDR_UNDEF) return false;  // not stored: fill values, H5Dread's
-        const std::string why = record_trouble(L->pipe, L->nfilters, mask, size, L->chunk_bytes());
-        if (!why.empty()) return bad(dset, *L, c.offset, why);
-        c.bytes.resize(size_t(size));
-        uint32_t mask2 = 0;
-        if (H5Dread_chunk(dset, H5P_DEFAULT, c.offset.data(), &mask2, c.bytes.data()) < 0) {
-          last_error();
-          return false;
-        }
-        c.mask = mask2;
+    // The fetch: which chunk stopped it (count: none) and why ("": declined, not bad).
+    Fetched fetched;
+    uint64_t fetch_stop = count;
+    std::string fetch_why;
+    std::exception_ptr fetch_error;
+    // Chunk i of the window fetched; false (with fetch_why when it is bad) when it cannot be.
+    const auto fetch_one = [&](uint64_t i) {
+      RawChunk& c = raw[size_t(i)];
+      of[size_t(i)] = offset(first + i, c.offset);
+      const auto [dset, L] = of[size_t(i)];
+      unsigned mask = 0;
+      haddr_t addr = HADDR_UNDEF;
+      hsize_t size = 0;
+      if (H5Dget_chunk_info_by_coord(dset, c.offset.data(), &mask, &addr, &size) < 0) {
+        last_error();
+        return false;
       }
-    }
-    const TraceSpan decode_span("decode", int64_t(count));
-    std::atomic<bool> ok{true};
-    std::atomic<size_t> next_worker{0};
-    std::mutex m;
-    int64_t failed = -1;  // the first chunk of the window that did not decode, under m
-    std::string failed_why;
-    parallel_for(
-        threads, static_cast<int64_t>(count),
-        [&](int64_t b, int64_t e) {
-          Worker& w = *workers[next_worker.fetch_add(1) % workers.size()];
-          for (int64_t i = b; i < e && ok.load(std::memory_order_relaxed); ++i) {
-            if (!place(first + uint64_t(i), raw[size_t(i)], w)) {
-              std::lock_guard<std::mutex> lk(m);
-              if (failed < 0 || i < failed) {
-                failed = i;
-                failed_why = w.why;
-              }
-              ok = false;
-              return;
-            }
+      if (addr == HADDR_UNDEF) return false;  // not stored: fill values, H5Dread's
+      fetch_why = record_trouble(L->pipe, L->nfilters, mask, size, L->chunk_bytes());
+      if (!fetch_why.empty()) return false;
+      c.bytes.resize(size_t(size));
+      uint32_t mask2 = 0;
+      if (H5Dread_chunk(dset, H5P_DEFAULT, c.offset.data(), &mask2, c.bytes.data()) < 0) {
+        last_error();
+        return false;
+      }
+      c.mask = mask2;
+      return true;
+    };
+    const std::function<void()> fetch_all = [&] {
+      const TraceSpan raw_span("raw chunks", int64_t(count));
+      try {
+        for (uint64_t i = 0; i < count; ++i) {
+          if (!fetch_one(i)) {
+            fetch_stop = i;
+            break;
           }
-        },
-        /*grain=*/2);
-    if (!ok) {
-      const auto [dset, L] = of[size_t(failed)];
-      return bad(dset, *L, raw[size_t(failed)].offset, failed_why);
-    }
+          fetched.publish(i + 1);
+        }
+      } catch (...) {  // no memory for a chunk's bytes
+        fetch_error = std::current_exception();
+        fetch_stop = 0;
+      }
+      fetched.stop();
+    };
+    // The decode: the first chunk that did not decode (count: none) and why, and the first
+    // exception (of the lowest chunk); a chunk after a failed one is not decoded.
+    std::mutex m;
+    std::atomic<uint64_t> failed{count};
+    std::string failed_why;
+    std::exception_ptr error;
+    uint64_t error_at = count;
+    const TraceSpan decode_span("decode", int64_t(count));
+    const std::function<void(int64_t)> decode_one = [&](int64_t t) {
+      const uint64_t i = uint64_t(t);
+      if (!fetched.wait_for(i) || i > failed.load(std::memory_order_relaxed)) return;
+      std::unique_ptr<Worker> w;
+      try {
+        w = kept_workers().take();
+        if (!place(first + i, raw[size_t(i)], *w)) {
+          std::lock_guard<std::mutex> lk(m);
+          if (i < failed.load()) {
+            failed = i;
+            failed_why = w->why;
+          }
+        }
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(m);
+        if (i < error_at) error_at = i, error = std::current_exception();
+      }
+      if (w) kept_workers().give(std::move(w));
+    };
+    run_on_pool(int64_t(count), decode_one, fetch_all);
+    if (error) std::rethrow_exception(error);
+    if (failed < count) return bad(failed, failed_why);  // before any chunk the fetch stopped at
+    if (fetch_error) std::rethrow_exception(fetch_error);
+    if (fetch_stop < count) return fetch_why.empty() ? false : bad(fetch_stop, fetch_why);
   }
   return true;
 }

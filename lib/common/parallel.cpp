@@ -56,7 +56,8 @@ class Pool {
     }
   }
 
-  void run(int64_t n, const std::function<void(int64_t)>& task) {
+  void run(int64_t n, const std::function<void(int64_t)>& task,
+           const std::function<void()>* alongside = nullptr) {
     auto job = std::make_shared<Job>();
     job->n = n;
     job->task = &task;
@@ -65,6 +66,7 @@ class Pool {
       queue_.push_back(job);
     }
     ready_.notify_all();
+    if (alongside) (*alongside)();
     if (job->work()) return;  // the calling thread ran the last chunk
     std::unique_lock<std::mutex> lock(job->m);
     job->finished.wait(lock, [&] { return job->done.load(std::memory_order_acquire) == n; });
@@ -98,17 +100,27 @@ class Pool {
   std::deque<std::shared_ptr<Job>> queue_;
 };
 
+// Never destroyed: detached workers wait on it until the process exits.
+Pool& the_pool() {
+  static Pool* const pool = new Pool;
+  return *pool;
+}
+
 }  // namespace
 
 void run_on_pool(int64_t n, const std::function<void(int64_t)>& task) {
   if (n <= 0) return;
-  // Never destroyed: detached workers wait on it until the process exits.
-  static Pool* const pool = new Pool;
   if (n == 1) {
     task(0);
     return;
   }
-  pool->run(n, task);
+  the_pool().run(n, task);
+}
+
+void run_on_pool(int64_t n, const std::function<void(int64_t)>& task,
+                 const std::function<void()>& alongside) {
+  if (n <= 0) return alongside();
+  the_pool().run(n, task, &alongside);
 }
 
 }  // namespace dynemb

@@ -28,6 +28,11 @@ int hardware_threads();
 // the first call; fewer when a thread cannot start, down to none) and on the calling thread;
 // returns when all have returned. `task` must not throw.
 void run_on_pool(int64_t n, const std::function<void(int64_t)>& task);
+// The same, with `alongside()` run on the calling thread once the tasks are queued, before it
+// claims any: work that must stay on this thread (libhdf5's calls) while the workers start on
+// the tasks, which may wait for what it makes. `alongside` must not throw.
+void run_on_pool(int64_t n, const std::function<void(int64_t)>& task,
+                 const std::function<void()>& alongside);
 
 // `grain`: the least work a thread is given (elements by default; 1 for items that are each
 // large, such as compressed chunks).

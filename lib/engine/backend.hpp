@@ -203,6 +203,22 @@ class Backend {
   std::string name_;
 };
 
+// A backend's capability to read host memory lent to it directly (a GPU's DMA from page-locked
+// memory; found by dynamic_cast, the CPU reference has none). A replay run by destination reads
+// its unit rows into buffers reused unit after unit and lends each while the unit's checks read
+// it, so that an upload from it is one copy by the device, not a copy into staging first.
+class HostLending {
+ public:
+  virtual ~HostLending() = default;
+  // Until unlend(p), uploads from inside [p, p + bytes) may read it directly (pinned the first
+  // time, once per buffer). false: not lent (too small, or refused), uploads copy as before.
+  virtual bool lend(void* p, size_t bytes) = 0;
+  // No read of p is pending on return: the memory may be written, grown or freed (still
+  // pinned, never read directly again, until forget(p) or a lend of memory overlapping it).
+  virtual void unlend(void* p) = 0;
+  virtual void forget(void* p) = 0;  // unpinned
+};
+
 // The CPU reference (cpu_backend.cpp) on `threads` cores (0: all). `keeps`: it keeps the
 // tensors a step may keep (Place::kept, keep()) in host memory, as a device backend keeps them
 // on its device, so that the replay's kept paths run and are compared with the host ones on any

@@ -59,6 +59,26 @@ struct UnitRows {
   }
 };
 
+// A unit's rows lent to the backend while its checks read them (a GPU uploads them directly),
+// each until it is given back; what is not (a check that threw) is unlent when this ends.
+class LentRows {
+ public:
+  LentRows(SpareRows& spare, const UnitRows& rows) : spare_(spare) {
+    for (const EmbTensor& b : rows.blocks) spare.lend(b.data);
+    spare.lend(rows.recv.data);
+    if (rows.golden) spare.lend(rows.golden->data);
+  }
+  ~LentRows() {
+    try {
+      spare_.unlend_all();
+    } catch (...) {  // a device lost: its next call says so
+    }
+  }
+
+ private:
+  SpareRows& spare_;
+};
+
 // The block of sender s in unit u.
 DestBlock unit_block(const DestinationCut& cut, int64_t s, const Unit& u) {
   const DestBlock& b = cut.where[size_t(s)][size_t(u.d)];
@@ -290,6 +310,7 @@ void run_destinations(RunContext& rc, BatchState& st, const DestinationCut& cut,
         std::min(256.0 * (1 << 20), double(memory_budget(rc.opt)) / 4),
         [&](size_t i) { return unit_bytes(cut, units[i], st.golden[size_t(units[i].d)]); });
   Backend& backend = rc.backend.get();
+  spare.lend_to(dynamic_cast<HostLending*>(&backend));
   LookupChecks looked(rc, st);
   OutputChecks checks(rc, st);
   std::vector<LookupKjtIndex> index(static_cast<size_t>(W));  // [s]: of its lookup KJT
@@ -305,6 +326,7 @@ void run_destinations(RunContext& rc, BatchState& st, const DestinationCut& cut,
     std::optional<UnitRows> got = reads.next(unread);
     if (unread) std::rethrow_exception(unread);
     UnitRows& rows = *got;
+    const LentRows lent(spare, rows);
     for (int64_t s = 0; rc.source && s < W; ++s) {
       DestBlock some_rows;
       const DestBlock* b = &cut.where[size_t(s)][size_t(d)];

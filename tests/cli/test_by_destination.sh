@@ -13,7 +13,8 @@
 # ones), which the planner cuts whole; and a damaged chunk of one rank's local_embs, whose units
 # are trouble while the others run.
 # Env (tests/CMakeLists.txt): DYNEMB (binary), DYNEMB_SRC, DYNEMB_PYTHON (python3 + h5py);
-# DYNEMB_BACKEND (default cpu): the backend both replays use (cuda on the GPU machine).
+# DYNEMB_BACKEND (default cpu): the backend both replays use (cuda on the GPU machine, which
+# also compares large units on cuda with the CPU).
 set -u
 : "${DYNEMB:?}" "${DYNEMB_SRC:?}" "${DYNEMB_PYTHON:=python3}"
 "$DYNEMB_PYTHON" -c 'import h5py, numpy' 2>/dev/null || { echo "no h5py for $DYNEMB_PYTHON"; exit 77; }
@@ -180,6 +181,40 @@ done
 grep -q '"status": "fail"' pooled-dense.dest.json || fail "pooled-dense: no failed check"
 grep -q '"column"' pooled-gold.dest.json || fail "pooled-gold: no mismatch coordinates"
 grep -q '"status": "fail"' seq-local.dest.json || fail "seq-local: no failed check"
+
+# On the GPU: units large enough that their rows are lent to the device (pinned once, uploaded
+# without staging, HostLending), clean and with planted faults in several destinations' golden
+# outputs and lookups: the cuda replay's report is the CPU's, and the trace shows the pinning.
+if [[ $backend == cuda ]]; then
+  synth --preset unit-pooled-w8 -o big-pooled.h5 --batch-size 4096 --batches 2
+  synth --preset unit-seq-w8 -o big-seq.h5 --batch-size 512 --hotness 0..64 --batches 2
+  "$DYNEMB_PYTHON" - <<'EOF'
+import shutil, h5py
+for src in ("big-pooled", "big-seq"):
+    shutil.copy(src + ".h5", src + "-bad.h5")
+    with h5py.File(src + "-bad.h5", "r+") as f:
+        for path, at in (("batches/1/rank2/output", (7, 3)), ("batches/1/rank5/output", (-1, 0)),
+                         ("batches/0/rank6/local_embs", (0, 1)),
+                         ("batches/1/rank1/local_embs", (-1, -1))):
+            d = f[path]
+            v = d[...]
+            v[at] += 0.5
+            d[...] = v
+EOF
+  for c in big-pooled big-seq big-pooled-bad big-seq-bad; do
+    "$DYNEMB" replay "$c.h5" --backend cpu --quiet --json "$c.cpu.json" >/dev/null 2>&1
+    rc_cpu=$?
+    DYNEMB_TRACE="$c.trace.json" "$DYNEMB" replay "$c.h5" --backend cuda --quiet \
+      --json "$c.cuda.json" >/dev/null 2>&1
+    rc_cuda=$?
+    [[ $rc_cpu == "$rc_cuda" ]] || fail "$c: exit $rc_cpu on cpu, $rc_cuda on cuda"
+    reports_equal "$c.cpu.json" "$c.cuda.json" || fail "$c: the cuda report is not the cpu one"
+    grep -q '"pin host"' "$c.trace.json" || fail "$c: no unit's rows were lent to the GPU"
+    ok "$c: cuda = cpu (exit $rc_cpu), unit rows lent to the GPU"
+  done
+  grep -q '"status": "fail"' big-seq-bad.cuda.json || fail "big-seq-bad: no failed check"
+  grep -q '"status": "fail"' big-pooled-bad.cuda.json || fail "big-pooled-bad: no failed check"
+fi
 
 [[ $fails -eq 0 ]] && echo "by destination: all cases pass" || echo "$fails failure(s)"
 [[ $fails -eq 0 ]]

@@ -6,6 +6,7 @@
 // own with transfers larger than a half (chunked, wrapping). Exits 77 when no GPU is present.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,8 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cuda/cuda_backend.hpp"
 #include "cuda/staging.hpp"
@@ -240,6 +243,74 @@ TEST_CASE("pinned staging: chunked and wrapping transfers round-trip exactly") {
       // One more download of a single large buffer, alone.
       CHECK(st.download(dev[10], s) == host[10]);
     }
+  }
+  CUDA_CHECK(cudaStreamDestroy(s));
+}
+
+// Lent host memory (HostLending): an upload from inside it is one copy by the device from its
+// whole pages, the bytes around them staged; once unlent, the host may rewrite it and the next
+// upload is staged again; a lend overlapping an earlier registration (memory freed and reused)
+// replaces it. Every byte must come back whichever way it went.
+TEST_CASE("pinned staging: uploads from lent host memory") {
+  require_gpu();
+  CUDA_CHECK(cudaSetDevice(0));
+  cudaStream_t s = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  {
+    cuda::PinnedStaging st(size_t{1} << 20);
+    std::mt19937_64 rng(27);
+    std::vector<uint32_t> host(size_t{3} << 20);  // 12 MiB, wherever the heap put it
+    for (uint32_t& x : host) x = static_cast<uint32_t>(rng());
+    cuda::DeviceBuffer<uint32_t> dev;
+    dev.resize(int64_t(host.size()));
+    // [first, first + n) of host uploaded to dev and read back
+    const auto round_trip = [&](size_t first, size_t n) {
+      CUDA_CHECK(cudaMemsetAsync(dev.data(), 0, 4 * host.size(), s));
+      st.upload(dev.data(), host.data() + first, 4 * n, s);
+      std::vector<uint32_t> back(n);
+      st.download({{back.data(), dev.data(), 4 * n}}, s);
+      return std::equal(back.begin(), back.end(), host.begin() + long(first));
+    };
+    CHECK_FALSE(st.lend(host.data(), size_t{512} << 10));  // under 1 MiB: not worth pinning
+    REQUIRE(st.lend(host.data(), 4 * host.size()));
+    const size_t pinned = st.lent_bytes();
+    CHECK(pinned > 4 * host.size() - 8192);  // its whole pages
+    CHECK(pinned <= 4 * host.size());
+    uint64_t direct = 0;
+    // whole; a head and a tail outside its pages; inside; a few bytes at the start only: all
+    // but the bytes outside its pages go direct
+    for (auto [first, n] : std::vector<std::pair<size_t, size_t>>{
+             {0, host.size()}, {1, host.size() - 2}, {1000, 700'001}, {0, 3}}) {
+      CHECK(round_trip(first, n));
+      const uint64_t went = st.direct_bytes() - direct;
+      std::printf("lent upload [%zu, +%zu): %" PRIu64 " bytes direct\n", first, n, went);
+      CHECK(went + (n > 3 ? 8192 : 12) >= 4 * n);
+      CHECK(went <= 4 * n);
+      direct = st.direct_bytes();
+    }
+    // Unlent: written again, staged again, the new bytes arrive.
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    st.unlend(host.data());
+    for (size_t i = 0; i < host.size(); i += 4099) host[i] ^= 0x5a5a5a5au;
+    CHECK(round_trip(0, host.size()));
+    CHECK(st.direct_bytes() == direct);
+    // Lent again: the same registration, direct again.
+    REQUIRE(st.lend(host.data(), 4 * host.size()));
+    CHECK(st.lent_bytes() == pinned);
+    CHECK(round_trip(5, host.size() - 5));
+    CHECK(st.direct_bytes() > direct);
+    // A lend overlapping it (the tail of the buffer, as memory reused would be) replaces it.
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    st.unlend(host.data());
+    REQUIRE(st.lend(host.data() + (size_t{1} << 20), 4 * (host.size() - (size_t{1} << 20))));
+    CHECK(st.lent_bytes() < pinned);
+    direct = st.direct_bytes();
+    CHECK(round_trip(size_t{1} << 20, host.size() - (size_t{1} << 20)));
+    CHECK(st.direct_bytes() > direct);
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    st.forget(host.data() + (size_t{1} << 20));
+    CHECK(st.lent_bytes() == 0);
+    CHECK(round_trip(0, host.size()));  // staged
   }
   CUDA_CHECK(cudaStreamDestroy(s));
 }
