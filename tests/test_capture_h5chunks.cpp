@@ -537,3 +537,45 @@ TEST_CASE("h5chunks: the inflate library names itself and its version") {
 #endif
   CHECK(lib.size() > std::string("zlib 1.").size());
 }
+
+TEST_CASE("h5chunks: of several bad chunks, the first is named, however the workers ran") {
+  // The stored chunks are fetched on the calling thread while the workers decode those already
+  // fetched, one chunk at a time: a chunk that fails to decode and one whose record is bad (the
+  // fetch stops there) must be told apart by their place, not by which worker was first.
+  TempDir tmp;
+  const Case c{"f32 rows", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 4, {40, 10}, {8, 10}, 4};
+  const std::vector<unsigned char> data = sample(40 * 10 * 4, 5);
+  const std::vector<unsigned char> hundred(100, 0x41);
+  const std::string decode = "stored 100 bytes that are not a valid deflate stream";
+  const std::string record = "stored 100 bytes, unfiltered chunk needs 320";
+  struct Damage {
+    hsize_t row;
+    unsigned mask;  // 0: a record like a deflated chunk's, bytes no stream; 3: a bad record
+  };
+  const auto name = [](hsize_t row, const std::string& why) {
+    return "chunk " + std::to_string(row / 8) + " (offset [" + std::to_string(row) +
+           ", 0]): " + why;
+  };
+  const std::vector<std::pair<std::vector<Damage>, std::string>> cases{
+      {{{8, 0}, {24, 0}}, name(8, decode)},     // two that do not decode
+      {{{8, 0}, {24, 3}}, name(8, decode)},     // a decode failure before a bad record
+      {{{8, 3}, {24, 0}}, name(8, record)},     // a bad record before a decode failure
+      {{{32, 0}, {16, 0}}, name(16, decode)}};  // written in the other order
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const std::string path = tmp.file("bad" + std::to_string(k) + ".h5");
+    make_file(path, c, data, /*serial=*/true);
+    h5::Hid f;
+    h5::Hid d = open_x(path, f);
+    for (const Damage& x : cases[k].first) {
+      const hsize_t off[2] = {x.row, 0};
+      REQUIRE(H5Dwrite_chunk(d, H5P_DEFAULT, x.mask, off, 100, hundred.data()) >= 0);
+    }
+    std::vector<unsigned char> out(data.size());
+    for (int rep = 0; rep < 20; ++rep)
+      for (int threads : {1, 2, 8}) {
+        h5::ChunkTrouble t;
+        CHECK_FALSE(h5::read_chunks_parallel(d, out.data(), out.size(), threads, &t));
+        CHECK(t.what == cases[k].second);
+      }
+  }
+}

@@ -91,3 +91,27 @@ TEST_CASE("parallel_for: many small calls in a row") {
   for (int k = 0; k < 20000; ++k) total += parallel_sum(16, 64, 1);
   CHECK(total == int64_t(20000) * 2016);
 }
+
+TEST_CASE("run_on_pool: work alongside runs on the calling thread while the tasks run") {
+  // The tasks wait for what the caller makes alongside (as the chunk decode waits for the chunk
+  // fetch, which must stay on the caller's thread): they must all finish, each seeing it.
+  for (int64_t n : {0, 1, 2, 7, 64}) {
+    const std::thread::id caller = std::this_thread::get_id();
+    std::atomic<int64_t> made{0}, seen{0};
+    std::thread::id alongside_on;
+    run_on_pool(
+        n,
+        [&](int64_t i) {
+          while (made.load() <= i) std::this_thread::yield();
+          seen.fetch_add(1);
+        },
+        [&] {
+          alongside_on = std::this_thread::get_id();
+          for (int64_t i = 0; i < n; ++i) made.store(i + 1);
+        });
+    const bool on_caller = alongside_on == caller;
+    CHECK(on_caller);
+    CHECK(seen.load() == n);
+    CHECK(made.load() == n);
+  }
+}
