@@ -162,6 +162,8 @@ class CaptureReader {
   void read_root();  // root attributes, /plan, /oracle (after the file is open)
   // The checks of batch k and every rank's KJT (read_batch's first pass).
   Batch read_kjts(const Plan& plan, int64_t k) const;
+  // The long int64 datasets read_batch(k, parts) reads, decoded at once on every core first.
+  void prefetch_batch(int64_t k, const ReadParts& parts) const;
   // read_batch of every part, keeping going past a rank whose ctx/, local_embs or output cannot
   // be read (BatchSource::read): rank_failed(r) is called inside the handler of that Error or
   // bad_alloc (it may rethrow), and rank r keeps its KJT alone. Any other failure throws, the

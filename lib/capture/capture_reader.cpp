@@ -263,6 +263,13 @@ struct CaptureReader::Impl {
   mutable std::map<std::string, RowsDs> rows_open;
   mutable int64_t rows_batch = -1;
 
+  // Int64 datasets of the batch being read, decoded as one stream by prefetch_ints before
+  // read_batch reads them one after another (each a few chunks: alone, they keep few cores
+  // busy). read_ints takes a dataset's values from here, after every check of it; whatever is
+  // not taken is dropped when the batch's read ends (PrefetchedBatch).
+  mutable std::map<std::string, std::vector<int64_t>> prefetched;
+  void prefetch_ints(const std::vector<std::string>& paths) const;
+
   // Signed integer of one of the given byte sizes ("int32|int64", "int64", "int32" in
   // docs/capture-format.md).
   void expect_int(const Ds& ds, std::initializer_list<size_t> sizes, const char* want) const {
@@ -323,6 +330,11 @@ struct CaptureReader::Impl {
   static constexpr int64_t kParallelReadBytes = 1 << 20;
 
   std::vector<int64_t> read_ints(const Ds& ds) const {
+    if (auto it = prefetched.find(ds.path); it != prefetched.end()) {
+      std::vector<int64_t> v = std::move(it->second);
+      prefetched.erase(it);
+      if (int64_t(v.size()) == ds.numel) return v;
+    }
     std::vector<int64_t> v(static_cast<size_t>(ds.numel));
     read_all(ds, H5T_NATIVE_INT64, v.data());
     return v;
@@ -1004,6 +1016,23 @@ std::vector<float> CaptureReader::read_rows_concat(int64_t k, const char* name, 
   return out;
 }
 
+// The int64 datasets read_batch(k, parts) will read, decoded at once (Impl::prefetch_ints): every
+// rank's lengths and values, and the long context fields of the ranks whose parts are read.
+void CaptureReader::prefetch_batch(int64_t k, const ReadParts& parts) const {
+  if (k < 0 || k >= num_batches_) return;  // read_kjts says so
+  std::vector<std::string> paths;
+  for (int64_t r = 0; r < world_size_; ++r) {
+    const std::string rp = fmt::format("/batches/{}/rank{}", k, r);
+    paths.push_back(rp + "/lengths");
+    paths.push_back(rp + "/values");
+    const bool part = parts.ranks.empty() || (r < int64_t(parts.ranks.size()) && parts.ranks[r]);
+    if (!parts.ctx || !part) continue;
+    paths.push_back(rp + "/ctx/unbucketize_permute");
+    paths.push_back(rp + "/ctx/lengths_after_input_dist");
+  }
+  impl_->prefetch_ints(paths);
+}
+
 // The checks of batch k and pass 1 of read_batch: every rank's KJT (the other shapes depend on
 // all of them: sum_s B_s, routing).
 Batch CaptureReader::read_kjts(const Plan& plan, int64_t k) const {
@@ -1025,9 +1054,61 @@ Batch CaptureReader::read_kjts(const Plan& plan, int64_t k) const {
   return batch;
 }
 
+namespace {
+
+// Below this, a dataset is read alone as fast (one or two chunks).
+constexpr int64_t kPrefetchBytes = int64_t{256} << 10;
+
+// The prefetch of one batch's read, dropped however the read ends.
+struct PrefetchedBatch {
+  std::map<std::string, std::vector<int64_t>>& prefetched;
+  ~PrefetchedBatch() { prefetched.clear(); }
+};
+
+}  // namespace
+
+// Every dataset of `paths` that the chunk path reads as it is (chunked, int64, no header
+// trouble, every chunk stored) decoded at once into `prefetched`; nothing when any chunk does not
+// decode or is not stored: each read alone then says what it says. Never fails: the reads that
+// follow check each dataset, and their errors are the batch's.
+void CaptureReader::Impl::prefetch_ints(const std::vector<std::string>& paths) const {
+  const TraceSpan span("prefetch", int64_t(paths.size()));
+  std::vector<Ds> open;
+  std::vector<h5::RowsRead> reads;
+  for (const std::string& p : paths) {
+    try {
+      std::optional<Ds> ds = try_open(p);
+      if (!ds || ds->dims.empty() || ds->numel * 8 < kPrefetchBytes ||
+          H5Tequal(ds->t, H5T_NATIVE_INT64) <= 0)
+        continue;
+      std::shared_ptr<const h5::Layout> layout =
+          h5::readable_layout(ds->d, ds->dcpl.valid() ? ds->dcpl.get() : -1);
+      if (!layout) continue;
+      reads.push_back({ds->d, {{0, uint64_t(ds->dims[0])}}, nullptr, std::move(layout)});
+      open.push_back(std::move(*ds));
+    } catch (const CaptureError&) {  // said by the read of it that follows
+    }
+  }
+  if (open.size() < 2) return;  // one dataset is read as fast alone
+  // Made (zeroed, faulted in) on every core: the decode then only writes them.
+  std::vector<std::vector<int64_t>> values(open.size());
+  parallel_for(
+      hardware_threads(), int64_t(open.size()),
+      [&](int64_t a, int64_t b) {
+        for (int64_t i = a; i < b; ++i) values[size_t(i)].resize(size_t(open[size_t(i)].numel));
+      },
+      /*grain=*/1);
+  for (size_t i = 0; i < open.size(); ++i) reads[i].out = values[i].data();
+  const TraceSpan decoded("prefetched", int64_t(open.size()));  // datasets
+  if (!h5::read_rows_parallel(reads, 0)) return;
+  for (size_t i = 0; i < open.size(); ++i) prefetched[open[i].path] = std::move(values[i]);
+}
+
 Batch CaptureReader::read_batch(const Plan& plan, int64_t k, const ReadParts& parts) const {
   const TraceSpan span("read batch", k);
   const Impl& I = *impl_;
+  const PrefetchedBatch forget{I.prefetched};
+  prefetch_batch(k, parts);
   Batch batch = read_kjts(plan, k);
   const BatchGeometry g = batch_geometry(plan, batch);
   // Pass 2: the optional parts, rank by rank.
@@ -1052,9 +1133,11 @@ Batch CaptureReader::read_batch_by_rank(const Plan& plan, int64_t k,
                                         const std::function<void(int64_t)>& rank_failed) const {
   const TraceSpan span("read batch", k);
   const Impl& I = *impl_;
+  const ReadParts all;
+  const PrefetchedBatch forget{I.prefetched};
+  prefetch_batch(k, all);
   Batch batch = read_kjts(plan, k);
   const BatchGeometry g = batch_geometry(plan, batch);
-  const ReadParts all;
   std::vector<char> failed(static_cast<size_t>(world_size_), 0);
   for (int64_t r = 0; r < world_size_; ++r) {
     const std::string rp = fmt::format("/batches/{}/rank{}", k, r);
