@@ -57,6 +57,16 @@ void put(DeviceBuffer<T>& dev, const std::vector<T>& host, cudaStream_t s, Pinne
     dev.upload(host, s);
 }
 
+// n elements host -> dev on s, as put() sends them.
+template <typename T>
+void put_at(T* dev, const T* host, size_t n, cudaStream_t s, PinnedStaging* st) {
+  if (n == 0) return;
+  if (st)
+    st->upload(dev, host, sizeof(T) * n, s);
+  else
+    CUDA_CHECK(cudaMemcpyAsync(dev, host, sizeof(T) * n, cudaMemcpyHostToDevice, s));
+}
+
 }  // namespace
 
 }  // namespace cuda
@@ -120,7 +130,9 @@ class CudaBackend final : public Backend, public HostLending, private cuda::Devi
   }
   std::string device() const override { return desc_; }
 
-  BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) override;
+  using Backend::bucketize;
+  std::vector<BucketizedKjt> bucketize(const Plan& plan,
+                                       const std::vector<const Kjt*>& kjts) override;
   Tensor lookup(const Plan& plan, int rank, const LookupKjt& kjt, const EmbeddingSource& source,
                 Place place) override;
   std::optional<Kept> keep(const EmbTensor& host, int rank) override;
@@ -246,31 +258,55 @@ bool resolve_ids(const Plan& plan, const std::vector<std::optional<uint64_t>>& l
   return !oob_error;
 }
 
-BucketizedKjt CudaBackend::bucketize(const Plan& plan, const Kjt& kjt) {
+std::vector<BucketizedKjt> CudaBackend::bucketize(const Plan& plan,
+                                                  const std::vector<const Kjt*>& kjts) {
   CUDA_CHECK(cudaSetDevice(device_));
-  const int64_t L = kjt.num_bags(), N = kjt.num_ids();
-  const std::vector<int64_t> off = complete_cumsum(kjt.lengths);
-  if (off.back() != N)
-    throw Error("bucketize: lengths sum to " + std::to_string(off.back()) + " but the KJT has " +
-                std::to_string(N) + " values");
-  if (kjt.weighted && static_cast<int64_t>(kjt.weights.size()) != N)
-    throw Error("bucketize: " + std::to_string(kjt.weights.size()) + " weights for " +
-                std::to_string(N) + " values");
-  // One rank's KJT: the batched bucketize with R = 1, in the workspace's buffers.
+  for (const Kjt* k : kjts) {
+    const int64_t N = k->num_ids();
+    int64_t sum = 0;
+    for (int64_t l : k->lengths) sum += l;
+    if (sum != N)
+      throw Error("bucketize: lengths sum to " + std::to_string(sum) + " but the KJT has " +
+                  std::to_string(N) + " values");
+    if (k->weighted != kjts.front()->weighted ||
+        (k->weighted && static_cast<int64_t>(k->weights.size()) != N))
+      throw Error("bucketize: " + std::to_string(k->weights.size()) + " weights for " +
+                  std::to_string(N) + " values");
+  }
+  std::vector<BucketizedKjt> out(kjts.size());
+  // One launch routes all its ids as int32 or as int64 values: KJTs of both types (ranks whose
+  // captures differ) go one launch each.
+  for (const Kjt* k : kjts)
+    if (k->values_type != kjts.front()->values_type) {
+      for (size_t q = 0; q < kjts.size(); ++q) out[q] = std::move(bucketize(plan, {kjts[q]})[0]);
+      return out;
+    }
   cuda::BatchedBucketize& bb = ws_->bucketize;
   {
     const TraceSpan span("bucketize upload");
-    bb.assign(plan, {&kjt}, /*with_dest_rank=*/true, stream_, &ws_->staging);
+    bb.assign(plan, kjts, /*with_dest_rank=*/true, stream_, &ws_->staging);
     bb.enable_one_pass(stream_);  // one bag per resident block: the one-kernel path (bucketize.cu)
-    if (L > 0) bb.launch(stream_);
+    if (!bb.lengths.empty()) bb.launch(stream_);
   }
   const TraceSpan span("bucketize download");
-
-  BucketizedKjt out;
-  std::vector<ToHost> parts{
-      into(out.new_lengths, bb.d_new_lengths), into(out.new_values, bb.d_new_values),
-      into(out.unbucketize_permute, bb.d_perm), into(out.dest_rank, bb.d_dest_rank)};
-  if (kjt.weighted) parts.push_back(into(out.new_weights, bb.d_new_weights));
+  // Rank q's outputs: its W x L_q new_lengths from W * rank_bag_off[q], its ids' from
+  // rank_id_off[q] (unbucketize_permute holds rank-local positions already).
+  const int64_t W = plan.world_size;
+  std::vector<ToHost> parts;
+  const auto slice = [&](auto& v, const auto& d, int64_t at, int64_t n) {
+    v.resize(static_cast<size_t>(n));
+    if (n > 0) parts.push_back({v.data(), d.data() + at, sizeof(v[0]) * static_cast<size_t>(n)});
+  };
+  for (size_t q = 0; q < kjts.size(); ++q) {
+    BucketizedKjt& o = out[q];
+    const int64_t b0 = bb.rank_bag_off[q], L = bb.rank_bag_off[q + 1] - b0;
+    const int64_t i0 = bb.rank_id_off[q], N = bb.rank_id_off[q + 1] - i0;
+    slice(o.new_lengths, bb.d_new_lengths, W * b0, W * L);
+    slice(o.new_values, bb.d_new_values, i0, N);
+    slice(o.unbucketize_permute, bb.d_perm, i0, N);
+    slice(o.dest_rank, bb.d_dest_rank, i0, N);
+    if (kjts[q]->weighted) slice(o.new_weights, bb.d_new_weights, i0, N);
+  }
   ws_->staging.download(parts, stream_);
   return out;
 }
@@ -732,31 +768,39 @@ void BatchedBucketize::assign(const Plan& plan, const std::vector<const Kjt*>& k
   const int64_t R = static_cast<int64_t>(kjts.size()), W = plan.world_size;
   const int64_t F = plan.num_features();
   std::vector<int64_t> fbo;  // [R x (F+1)] rank-local first bag of each feature
-  std::vector<float> wts;
-  ids.clear();
   lengths.clear();
   rank_bag_off = {0};
+  rank_id_off = {0};
   max_rank_bags = 0;
   int64_t max_len = 0;
+  bool weighted = false;
   for (const Kjt* k : kjts) {
-    ids.insert(ids.end(), k->values.begin(), k->values.end());
     lengths.insert(lengths.end(), k->lengths.begin(), k->lengths.end());
-    if (k->weighted) wts.insert(wts.end(), k->weights.begin(), k->weights.end());
+    weighted |= k->weighted;
     for (int64_t f = 0; f < F; ++f) fbo.push_back(k->bag_begin(f));
     fbo.push_back(k->num_bags());
     rank_bag_off.push_back(rank_bag_off.back() + k->num_bags());
+    rank_id_off.push_back(rank_id_off.back() + k->num_ids());
     max_rank_bags = std::max(max_rank_bags, k->num_bags());
     for (int64_t l : k->lengths) max_len = std::max(max_len, l);
   }
-  const int64_t N = static_cast<int64_t>(ids.size()), L = rank_bag_off.back();
-  const bool weighted = !wts.empty();
+  const int64_t N = rank_id_off.back(), L = rank_bag_off.back();
+  // The ids (and weights) go up rank by rank into one buffer: a host copy of all of them would
+  // be a second batch of ids in memory.
+  d_ids.resize(N);
+  d_weights.resize(weighted ? N : 0);
+  for (size_t q = 0; q < kjts.size(); ++q) {
+    const Kjt& k = *kjts[q];
+    const int64_t at = rank_id_off[q];
+    put_at(d_ids.data() + at, k.values.data(), k.values.size(), s, staging);
+    if (weighted) put_at(d_weights.data() + at, k.weights.data(), k.weights.size(), s, staging);
+  }
   std::vector<uint64_t> blk(static_cast<size_t>(F));
   std::vector<RouteRule> dt(static_cast<size_t>(F));
   for (int64_t f = 0; f < F; ++f) {
     blk[f] = static_cast<uint64_t>(plan.features[f].block_size);
     dt[f] = route_rule(plan.features[f].dist_type);
   }
-  put(d_ids, ids, s, staging);
   put(d_lengths, lengths, s, staging);
   put(d_rank_bag_off, rank_bag_off, s, staging);
   put(d_feat_bag_off, fbo, s, staging);
@@ -770,7 +814,6 @@ void BatchedBucketize::assign(const Plan& plan, const std::vector<const Kjt*>& k
   // An output this batch does not have is sized 0 (its allocation, if any, is kept).
   d_dest_rank.resize(with_dest_rank ? N : 0);
   d_new_weights.resize(weighted ? N : 0);
-  put(d_weights, wts, s, staging);
   const size_t tb = std::max(bucketize_scan_temp_bytes(W * L), bucketize_scan_temp_bytes(L));
   d_scan_temp.resize(static_cast<int64_t>(tb));
   args = BucketizeArgs{};

@@ -70,14 +70,14 @@ struct SeqDistDevice {
 
 // One batch's bucketize for all W ranks in one launch sequence (launch_bucketize
 // over the ranks' bags concatenated rank-major), with the device buffers it reads and writes.
-// `dynemb-dist bench` times it and the GPU test checks it against the CPU reference; the
-// backend itself bucketizes rank by rank, through one BatchedBucketize that it keeps across
-// calls (its workspace: assign() refills the buffers, which only grow). Outputs are laid out
-// rank after rank, each as the CPU reference's BucketizedKjt of that rank.
+// The backend's bucketize (a replay's input dist) runs every rank of a batch through one
+// BatchedBucketize that it keeps across calls (its workspace: assign() refills the buffers,
+// which only grow); `dynemb-dist bench` times it and the GPU tests check it against the CPU
+// reference. Outputs are laid out rank after rank, each as the CPU reference's BucketizedKjt of
+// that rank.
 struct BatchedBucketize {
   BatchedBucketize() = default;  // no batch yet: assign() one
-  // kjts[r] is rank r's input KJT (all of one values type): all W ranks, or any R of them
-  // (the backend passes one).
+  // kjts[r] is rank r's input KJT (all of one values type): all W ranks, or any R of them.
   BatchedBucketize(const Plan& plan, const std::vector<const Kjt*>& kjts, bool with_dest_rank,
                    cudaStream_t s) {
     assign(plan, kjts, with_dest_rank, s);
@@ -87,9 +87,10 @@ struct BatchedBucketize {
   // larger) and args. bag_path goes back to automatic; the one-pass workspace is kept.
   void assign(const Plan& plan, const std::vector<const Kjt*>& kjts, bool with_dest_rank,
               cudaStream_t s, PinnedStaging* staging = nullptr);
-  // Host copies of the concatenated inputs.
-  std::vector<int64_t> ids, lengths, rank_bag_off;  // [N], [L], [R+1]
-  int64_t max_rank_bags = 0;                        // bags of the largest rank
+  // Host copies of the concatenated lengths and of where each rank's bags and ids begin (the
+  // ids themselves are on the device only).
+  std::vector<int64_t> lengths, rank_bag_off, rank_id_off;  // [L], [R+1], [R+1]
+  int64_t max_rank_bags = 0;                                // bags of the largest rank
   DeviceBuffer<int64_t> d_ids, d_lengths, d_bag_offsets, d_rank_bag_off, d_feat_bag_off;
   DeviceBuffer<int64_t> d_new_lengths, d_new_offsets, d_new_values, d_perm, d_dest_rank;
   DeviceBuffer<uint64_t> d_block_sizes;

@@ -122,8 +122,10 @@ class NcclBackend final : public Backend {
   std::string device() const override { return desc_; }
 
   // Input dist and lookup are per rank: the CUDA backend of the rank's GPU runs them.
-  BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) override {
-    return cuda_[0]->bucketize(plan, kjt);
+  using Backend::bucketize;
+  std::vector<BucketizedKjt> bucketize(const Plan& plan,
+                                       const std::vector<const Kjt*>& kjts) override {
+    return cuda_[0]->bucketize(plan, kjts);
   }
   // This backend keeps nothing (a rank's lookup kept by its GPU's CUDA backend is not where the
   // dists read): every tensor it makes is on the host, whatever `place` asks.

@@ -222,7 +222,9 @@ class CudaStages {
         for (int64_t f = 0; f < p_.num_features(); ++f)
           bag_blk.insert(bag_blk.end(), static_cast<size_t>(k.batch_size(f)),
                          p_.features[f].block_size);
-      write_i64("bk_ids", bb.ids);
+      std::vector<int64_t> ids;  // the batch's ids, rank after rank (on the device only)
+      for (const Kjt& k : w_.kjts) ids.insert(ids.end(), k.values.begin(), k.values.end());
+      write_i64("bk_ids", ids);
       write_i64("bk_lengths", bb.lengths);
       write_i64("bk_bag_blk", bag_blk);
       write_i64("bk_rank_bag_off", bb.rank_bag_off);

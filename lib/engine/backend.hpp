@@ -154,12 +154,19 @@ class Backend {
   const std::string& name() const { return name_; }  // "cpu", "cuda", "nccl"
   virtual std::string device() const = 0;  // e.g. "host, 2 threads" or "NVIDIA H200 (sm_90)"
 
-  // Input dist stage 1 on one rank: block_bucketize_sparse_features (§3.2, §3.3, §10.2) with the
-  // plan's dist_type and block sizes; stable order, unbucketize_permute always. Routing never
-  // fails: out-of-table ids are a lookup (bounds_check) matter. A replay bucketizes on the host
-  // (bucketize_ranks, input_dist.hpp); a device backend's bucketize is its kernels, which the
-  // GPU tests and `bench` check against the host's.
-  virtual BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) = 0;
+  // Input dist stage 1 on the ranks of a batch: block_bucketize_sparse_features (§3.2, §3.3,
+  // §10.2) of each KJT with the plan's dist_type and block sizes; stable order,
+  // unbucketize_permute and dest_rank always; result[i] is kjts[i]'s, as bucketize_on_host makes
+  // it, bit for bit. kjts are checked already (check_kjt) and all of one values type. Routing
+  // never fails: out-of-table ids are a lookup (bounds_check) matter. The CPU backend runs the
+  // host's on every core; the CUDA backend its kernels, all ranks in one launch (a replay's
+  // input dist takes it once the backend has started: derive_input_dist).
+  virtual std::vector<BucketizedKjt> bucketize(const Plan& plan,
+                                               const std::vector<const Kjt*>& kjts) = 0;
+  // One KJT's (tests, bench).
+  BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) {
+    return std::move(bucketize(plan, std::vector<const Kjt*>{&kjt}).front());
+  }
 
   // Lookup on rank `rank` (§5). Sequence: [N_local, D] rows in LookupKjt value order. Pooled:
   // partial sums [sum_s B_s, sum_D] (non-VBE) or the 1-D VBE layout [s][f][b][d]. Ids outside

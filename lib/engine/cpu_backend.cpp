@@ -67,8 +67,10 @@ class CpuBackend final : public Backend, public Comparator {
   }
   std::string device() const override { return "host, " + std::to_string(threads_) + " threads"; }
 
-  BucketizedKjt bucketize(const Plan& plan, const Kjt& kjt) override {
-    return bucketize_on_host(plan, kjt);
+  using Backend::bucketize;
+  std::vector<BucketizedKjt> bucketize(const Plan& plan,
+                                       const std::vector<const Kjt*>& kjts) override {
+    return bucketize_ranks(plan, kjts);
   }
 
   Tensor lookup(const Plan& plan, int rank, const LookupKjt& kjt, const EmbeddingSource& source,

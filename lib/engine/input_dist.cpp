@@ -68,7 +68,8 @@ std::vector<BucketizedKjt> bucketize_ranks(const Plan& plan, const std::vector<c
   return out;
 }
 
-DerivedBatch derive_input_dist(const Plan& plan, const std::vector<const Kjt*>& kjts) {
+DerivedBatch derive_input_dist(const Plan& plan, const std::vector<const Kjt*>& kjts,
+                               Backend* stage1) {
   const int64_t W = plan.world_size;
   if (static_cast<int64_t>(kjts.size()) != W)
     throw Error("derive_input_dist: " + std::to_string(kjts.size()) +
@@ -95,7 +96,8 @@ DerivedBatch derive_input_dist(const Plan& plan, const std::vector<const Kjt*>& 
   DerivedBatch out;
   out.ranks.resize(W);
   std::vector<const BucketizedKjt*> bk(W);
-  std::vector<BucketizedKjt> bucketized = bucketize_ranks(plan, in);
+  std::vector<BucketizedKjt> bucketized =
+      stage1 ? stage1->bucketize(plan, in) : bucketize_ranks(plan, in);
   for (int64_t r = 0; r < W; ++r) {
     out.ranks[r].bucketized = std::move(bucketized[size_t(r)]);
     bk[r] = &out.ranks[r].bucketized;

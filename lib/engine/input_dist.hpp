@@ -30,11 +30,13 @@ struct DerivedBatch {
 // Input dist for all W ranks: bucketize, splits exchange, KJT all-to-all, recat, contexts.
 // Sequence plans pad VBE KJTs to max_f B_f first, as EmbeddingCollection does (§6.2).
 // Throws Error (trouble) when the KJTs are malformed for the plan (wrong F, lengths that do
-// not sum to the ids, negative lengths).
-DerivedBatch derive_input_dist(const Plan& plan, const std::vector<const Kjt*>& kjts);
-// Stage 1 of it for every rank of a batch: the host's bucketize_on_host, on every core at once,
-// rank by rank, whatever the backend (its results are used on the host: the KJT all-to-all and
-// the context checks).
+// not sum to the ids, negative lengths). Stage 1 (bucketize) is `stage1`'s when given (a replay
+// passes its backend once started: the CUDA backend bucketizes all ranks in one launch), else
+// the host's (bucketize_ranks); the rest runs on the host, which the context checks read.
+DerivedBatch derive_input_dist(const Plan& plan, const std::vector<const Kjt*>& kjts,
+                               Backend* stage1 = nullptr);
+// Stage 1 on the host for every rank of a batch: bucketize_on_host on every core at once, rank
+// by rank (the CPU backend's bucketize, and the reference the others are tested against).
 std::vector<BucketizedKjt> bucketize_ranks(const Plan& plan, const std::vector<const Kjt*>& kjts);
 
 // Lookup for every rank; result[r] = local_embs of rank r. `batch` names the batch in

@@ -114,11 +114,15 @@ void BatchState::rebind(const Batch& batch) {
   }
 }
 
-// The input dist every rank ran: bucketize, the KJT all-to-all, the contexts.
+// The input dist every rank ran: bucketize, the KJT all-to-all, the contexts. The backend
+// bucketizes once it has started (the CUDA backend's kernels, all ranks at once); a batch that
+// would wait for it (the first, while the GPU's context starts) is bucketized on the host, which
+// gives the same result bit for bit.
 void derive_batch(RunContext& rc, BatchState& st) {
   rc.clock.enter("input dist");
   try {
-    st.der = derive_input_dist(rc.plan, st.kjts);
+    Backend* stage1 = rc.backend.ready() && !rc.backend.failed() ? &rc.backend.get() : nullptr;
+    st.der = derive_input_dist(rc.plan, st.kjts, stage1);
   } catch (const OutputDistFailure& e) {
     throw Error(fmt::format("batch {}: input dist: {}", st.k, e.what()));
   } catch (const CaptureError&) {

@@ -184,7 +184,8 @@ grep -q '"status": "fail"' seq-local.dest.json || fail "seq-local: no failed che
 
 # On the GPU: units large enough that their rows are lent to the device (pinned once, uploaded
 # without staging, HostLending), clean and with planted faults in several destinations' golden
-# outputs and lookups: the cuda replay's report is the CPU's, and the trace shows the pinning.
+# outputs and lookups (and, in big-seq-bad, a context): the cuda replay's report is the CPU's,
+# and the trace shows the pinning and the GPU's bucketize.
 if [[ $backend == cuda ]]; then
   synth --preset unit-pooled-w8 -o big-pooled.h5 --batch-size 4096 --batches 2
   synth --preset unit-seq-w8 -o big-seq.h5 --batch-size 512 --hotness 0..64 --batches 2
@@ -200,6 +201,11 @@ for src in ("big-pooled", "big-seq"):
             v = d[...]
             v[at] += 0.5
             d[...] = v
+        if src == "big-seq":  # a context the GPU's input dist must find wrong, as the host's does
+            d = f["batches/1/rank3/ctx/unbucketize_permute"]
+            v = d[...]
+            v[[4, 9]] = v[[9, 4]]
+            d[...] = v
 EOF
   for c in big-pooled big-seq big-pooled-bad big-seq-bad; do
     "$DYNEMB" replay "$c.h5" --backend cpu --quiet --json "$c.cpu.json" >/dev/null 2>&1
@@ -210,8 +216,17 @@ EOF
     [[ $rc_cpu == "$rc_cuda" ]] || fail "$c: exit $rc_cpu on cpu, $rc_cuda on cuda"
     reports_equal "$c.cpu.json" "$c.cuda.json" || fail "$c: the cuda report is not the cpu one"
     grep -q '"pin host"' "$c.trace.json" || fail "$c: no unit's rows were lent to the GPU"
-    ok "$c: cuda = cpu (exit $rc_cpu), unit rows lent to the GPU"
+    # Batch 1 at least finds the backend started: the GPU bucketizes its ranks in one launch.
+    grep -q '"bucketize upload"' "$c.trace.json" || fail "$c: no batch was bucketized on the GPU"
+    ok "$c: cuda = cpu (exit $rc_cpu), unit rows lent to the GPU, bucketized on the GPU"
   done
+  "$DYNEMB_PYTHON" - big-seq-bad.cuda.json <<'EOF' || fail "big-seq-bad: the swapped context"
+import json, sys
+c = {x["name"]: x for x in json.load(open(sys.argv[1]))["checks"]}
+x = c["batch1.rank3.ctx.unbucketize_permute"]
+assert x["status"] == "fail" and x["mismatches"] == 2, x
+assert [d["where"]["index"] for d in x["details"]] == [4, 9], x["details"]
+EOF
   grep -q '"status": "fail"' big-seq-bad.cuda.json || fail "big-seq-bad: no failed check"
   grep -q '"status": "fail"' big-pooled-bad.cuda.json || fail "big-pooled-bad: no failed check"
 fi

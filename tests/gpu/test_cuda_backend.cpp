@@ -266,22 +266,53 @@ std::optional<std::vector<TileDiff>> lookup_check(Backend& be, const Plan& plan,
   return be.comparator().compare(got, want, how);
 }
 
+// The input dist with the GPU's bucketize (`got`) against the host's: what every rank looks up
+// and the context it would have filled.
+void check_same_input_dist(const DerivedBatch& got, const DerivedBatch& want) {
+  CHECK(got.variable_batch == want.variable_batch);
+  REQUIRE(got.ranks.size() == want.ranks.size());
+  for (size_t r = 0; r < want.ranks.size(); ++r) {
+    INFO("input dist rank " << r);
+    const LookupKjt &g = got.ranks[r].lookup_kjt, &w = want.ranks[r].lookup_kjt;
+    CHECK(g.stride_per_key_per_rank == w.stride_per_key_per_rank);
+    CHECK(g.lengths == w.lengths);
+    CHECK(g.values == w.values);
+    CHECK(same_bits(g.weights, w.weights));
+    CHECK(g.variable_batch == w.variable_batch);
+    const ShardingContext &gc = got.ranks[r].ctx, &wc = want.ranks[r].ctx;
+    CHECK(gc.input_splits == wc.input_splits);
+    CHECK(gc.output_splits == wc.output_splits);
+    CHECK(gc.batch_size_per_rank == wc.batch_size_per_rank);
+    CHECK(gc.batch_size_per_rank_per_feature == wc.batch_size_per_rank_per_feature);
+    CHECK(gc.sparse_features_recat == wc.sparse_features_recat);
+    CHECK(gc.unbucketize_permute == wc.unbucketize_permute);
+    CHECK(gc.lengths_after_input_dist == wc.lengths_after_input_dist);
+    CHECK(gc.variable_batch_per_feature == wc.variable_batch_per_feature);
+    CHECK(gc.batch_size_per_feature_pre_a2a == wc.batch_size_per_feature_pre_a2a);
+  }
+}
+
 // Runs one batch through both backends and compares every stage bit for bit.
 void compare_batch(const Plan& plan, const std::vector<const Kjt*>& kjts,
                    const EmbeddingSource& source, const std::string& desc) {
   INFO(desc);
   const int64_t W = plan.world_size;
+  // Rank by rank (R = 1) and the whole batch in one launch (the replay's input dist).
+  const std::vector<BucketizedKjt> all = gpu().bucketize(plan, kjts);
+  REQUIRE(all.size() == kjts.size());
   for (int64_t r = 0; r < W; ++r) {
     const BucketizedKjt a = cpu().bucketize(plan, *kjts[r]);
-    const BucketizedKjt b = gpu().bucketize(plan, *kjts[r]);
-    INFO("bucketize rank " << r);
-    CHECK(a.new_lengths == b.new_lengths);
-    CHECK(a.new_values == b.new_values);
-    CHECK(same_bits(a.new_weights, b.new_weights));
-    CHECK(a.unbucketize_permute == b.unbucketize_permute);
-    CHECK(a.dest_rank == b.dest_rank);
+    for (const BucketizedKjt& b : {gpu().bucketize(plan, *kjts[r]), all[size_t(r)]}) {
+      INFO("bucketize rank " << r << (&b == &all[size_t(r)] ? " (batch)" : " (alone)"));
+      CHECK(a.new_lengths == b.new_lengths);
+      CHECK(a.new_values == b.new_values);
+      CHECK(same_bits(a.new_weights, b.new_weights));
+      CHECK(a.unbucketize_permute == b.unbucketize_permute);
+      CHECK(a.dest_rank == b.dest_rank);
+    }
   }
   const DerivedBatch derived = derive_input_dist(plan, kjts);
+  check_same_input_dist(derive_input_dist(plan, kjts, &gpu()), derived);
   std::vector<EmbTensor> local = derive_local_embs(plan, derived, source, cpu(), 0);
   for (int64_t r = 0; r < W; ++r) {
     const Tensor g =
@@ -847,6 +878,47 @@ TEST_CASE("batched bucketize: every one-pass instance == cpu") {
       CHECK(c.path == cuda::BucketizePath::one_pass);
       CHECK(c.ids_cached == !long_bags);
     }
+}
+
+// The backend's bucketize of a whole batch whose ranks differ in values type (an int32 KJT
+// routes u32(id), so a negative id lands elsewhere than as int64) and in size (an empty rank),
+// weighted: each rank as the host bucketizes it, and the replay's input dist on it unchanged.
+TEST_CASE("backend bucketize: a batch of int32 and int64 ranks == cpu") {
+  require_gpu();
+  std::mt19937_64 rng(14);
+  for (const int64_t W : {1, 3, 8}) {
+    const Plan p = bucketize_plan(W);
+    std::vector<Kjt> kjts = bucketize_batch(
+        p, 5, [](std::mt19937_64& g) { return static_cast<int64_t>(g() % 9); }, rng);
+    for (size_t r = 0; r < kjts.size(); ++r) {
+      Kjt& k = kjts[r];
+      k.values_type = r % 2 ? IndexType::i32 : IndexType::i64;
+      for (int64_t& v : k.values)
+        if (rng() % 4 == 0) v = -v - 1;  // negative: u32 routing differs from int64
+      k.weighted = true;
+      for (size_t i = 0; i < k.values.size(); ++i) k.weights.push_back(0.25f * float(i));
+      if (r == 2) {  // an empty rank: bags of no ids
+        k.values.clear();
+        k.weights.clear();
+        for (int64_t& l : k.lengths) l = 0;
+      }
+    }
+    std::vector<const Kjt*> kp;
+    for (const Kjt& k : kjts) kp.push_back(&k);
+    INFO("W=" << W);
+    const std::vector<BucketizedKjt> got = gpu().bucketize(p, kp);
+    const std::vector<BucketizedKjt> want = bucketize_ranks(p, kp);
+    REQUIRE(got.size() == want.size());
+    for (size_t r = 0; r < want.size(); ++r) {
+      INFO("rank " << r);
+      CHECK(got[r].new_lengths == want[r].new_lengths);
+      CHECK(got[r].new_values == want[r].new_values);
+      CHECK(same_bits(got[r].new_weights, want[r].new_weights));
+      CHECK(got[r].unbucketize_permute == want[r].unbucketize_permute);
+      CHECK(got[r].dest_rank == want[r].dest_rank);
+    }
+    check_same_input_dist(derive_input_dist(p, kp, &gpu()), derive_input_dist(p, kp));
+  }
 }
 
 // Batches past the one-pass kernel's capacity (thousands to a million bags): the partition
