@@ -183,4 +183,18 @@ inline Case random_case(std::mt19937_64& rng) {
   return c;
 }
 
+// Every field of two contexts (a captured one read back, a derived one made another way).
+inline void check_same_context(const ShardingContext& c, const ShardingContext& d) {
+  CHECK(c.input_splits == d.input_splits);
+  CHECK(c.output_splits == d.output_splits);
+  CHECK(c.batch_size_per_rank == d.batch_size_per_rank);
+  CHECK(c.batch_size_per_rank_per_feature == d.batch_size_per_rank_per_feature);
+  CHECK(c.sparse_features_recat == d.sparse_features_recat);
+  CHECK(c.unbucketize_permute == d.unbucketize_permute);
+  CHECK(c.lengths_after_input_dist == d.lengths_after_input_dist);
+  if (c.lengths_after_input_dist)
+    CHECK(c.lengths_after_input_dist_cols == d.lengths_after_input_dist_cols);
+  CHECK(c.variable_batch_per_feature == d.variable_batch_per_feature);
+}
+
 }  // namespace dynemb::test

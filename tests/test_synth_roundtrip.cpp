@@ -12,6 +12,7 @@
 #include "common/hash.hpp"
 #include "synth/synth.hpp"
 #include "test_capture_util.hpp"
+#include "test_engine_util.hpp"
 
 using namespace dynemb;
 using namespace dynemb::testcap;
@@ -42,19 +43,7 @@ void check_same_batch(const Batch& a, const Batch& b) {
     CHECK(x.lengths_type == y.lengths_type);
     CHECK(x.values_type == y.values_type);
     REQUIRE(a.ranks[r].ctx.has_value() == b.ranks[r].ctx.has_value());
-    if (a.ranks[r].ctx) {
-      const ShardingContext &c = *a.ranks[r].ctx, &d = *b.ranks[r].ctx;
-      CHECK(c.input_splits == d.input_splits);
-      CHECK(c.output_splits == d.output_splits);
-      CHECK(c.batch_size_per_rank == d.batch_size_per_rank);
-      CHECK(c.batch_size_per_rank_per_feature == d.batch_size_per_rank_per_feature);
-      CHECK(c.sparse_features_recat == d.sparse_features_recat);
-      CHECK(c.unbucketize_permute == d.unbucketize_permute);
-      CHECK(c.lengths_after_input_dist == d.lengths_after_input_dist);
-      if (c.lengths_after_input_dist)
-        CHECK(c.lengths_after_input_dist_cols == d.lengths_after_input_dist_cols);
-      CHECK(c.variable_batch_per_feature == d.variable_batch_per_feature);
-    }
+    if (a.ranks[r].ctx) test::check_same_context(*a.ranks[r].ctx, *b.ranks[r].ctx);
     check_same_tensor(a.ranks[r].local_embs, b.ranks[r].local_embs);
     check_same_tensor(a.ranks[r].output, b.ranks[r].output);
   }
