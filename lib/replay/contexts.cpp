@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "common/error.hpp"
+#include "common/parallel.hpp"
 #include "replay/ctx_check.hpp"
 #include "replay/run_context.hpp"
 
@@ -143,15 +144,25 @@ void check_contexts(RunContext& rc, BatchState& st) {
   if (!all_ctx && !rc.ctx_seen && rc.ctx_before) rc.ctx_seen = rc.ctx_before();
   rc.ctx_before = nullptr;      // asked at most once: from here on, this process's batches tell
   std::vector<int64_t> no_ctx;  // ranks of this batch without ctx/ while others have one
+  // Each rank's fields on its own core (id-sized vectors: unbucketize_permute, the lengths after
+  // the input dist), recorded in rank order.
+  rc.clock.enter("ctx");
+  std::vector<std::vector<CheckResult>> diffs(static_cast<size_t>(W));
+  parallel_for(
+      hardware_threads(), W,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          if (const RankBatch& rb = st.batch().ranks[size_t(r)]; rb.ctx)
+            diffs[size_t(r)] = diff_context(rc.plan, k, int(r), rb.kjt, st.der.ranks[size_t(r)],
+                                            *rb.ctx, rc.opt.max_mismatches);
+      },
+      /*grain=*/1);
   for (int64_t r = 0; r < W; ++r) {
-    rc.clock.enter("ctx", int(r));
-    const RankBatch& rb = st.batch().ranks[size_t(r)];
-    if (!rb.ctx) {
+    if (!st.batch().ranks[size_t(r)].ctx) {
       if (rc.ctx_seen) no_ctx.push_back(r);
       continue;
     }
-    for (CheckResult& c : diff_context(rc.plan, k, int(r), rb.kjt, st.der.ranks[size_t(r)], *rb.ctx,
-                                       rc.opt.max_mismatches)) {
+    for (CheckResult& c : diffs[size_t(r)]) {
       st.ctx_bad |= c.status == CheckStatus::fail;
       rc.log.record(std::move(c));
     }
@@ -168,7 +179,6 @@ void check_contexts(RunContext& rc, BatchState& st) {
                   "no ctx/ group in this rank-batch (other rank-batches have one): the captured "
                   "context cannot be compared"));
   }
-  rc.clock.enter("ctx");
   for (CheckResult& c : consistency_checks(rc.plan, k, st.kjts, st.cap_ctx, st.cap_local, st.golden,
                                            rc.opt.max_mismatches)) {
     st.ctx_bad |= c.status == CheckStatus::fail;
@@ -182,15 +192,20 @@ void choose_contexts(RunContext& rc, BatchState& st) {
   const int64_t W = st.W;
   st.used.resize(size_t(W));
   st.used_ptr.resize(size_t(W));
-  for (int64_t r = 0; r < W; ++r) {
-    ShardingContext& d = st.der.ranks[size_t(r)].ctx;
-    if (rc.use_captured && st.cap_ctx[size_t(r)]) {
-      st.used[size_t(r)] = merge_ctx(*st.cap_ctx[size_t(r)], d);
-      st.used_ptr[size_t(r)] = &st.used[size_t(r)];
-    } else {
-      st.used_ptr[size_t(r)] = &d;  // not copied: a context holds id-sized vectors
-    }
-  }
+  parallel_for(
+      hardware_threads(), W,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          ShardingContext& d = st.der.ranks[size_t(r)].ctx;
+          if (rc.use_captured && st.cap_ctx[size_t(r)]) {
+            st.used[size_t(r)] = merge_ctx(*st.cap_ctx[size_t(r)], d);
+            st.used_ptr[size_t(r)] = &st.used[size_t(r)];
+          } else {
+            st.used_ptr[size_t(r)] = &d;  // not copied: a context holds id-sized vectors
+          }
+        }
+      },
+      /*grain=*/1);
   if (!rc.pooled_dist) return;
   const std::optional<bool> latched = rc.pooled_dist->latched_variable_batch();
   const bool mode = latched ? *latched : st.used_ptr[0]->variable_batch_per_feature.value_or(false);
