@@ -157,7 +157,7 @@ class Backend {
   // Input dist stage 1 on the ranks of a batch: block_bucketize_sparse_features (§3.2, §3.3,
   // §10.2) of each KJT with the plan's dist_type and block sizes; stable order,
   // unbucketize_permute and dest_rank always; result[i] is kjts[i]'s, as bucketize_on_host makes
-  // it, bit for bit. kjts are checked already (check_kjt) and all of one values type. Routing
+  // it, bit for bit. kjts are checked already (check_kjt); int32 and int64 ones may mix. Routing
   // never fails: out-of-table ids are a lookup (bounds_check) matter. The CPU backend runs the
   // host's on every core; the CUDA backend its kernels, all ranks in one launch (a replay's
   // input dist takes it once the backend has started: derive_input_dist).
