@@ -284,14 +284,16 @@ std::vector<BucketizedKjt> CudaBackend::bucketize(const Plan& plan,
   cuda::BatchedBucketize& bb = ws_->bucketize;
   {
     const TraceSpan span("bucketize upload");
-    bb.assign(plan, kjts, /*with_dest_rank=*/true, stream_, &ws_->staging);
+    bb.assign(plan, kjts, /*with_dest_rank=*/false, stream_, &ws_->staging);
     bb.enable_one_pass(stream_);  // one bag per resident block: the one-kernel path (bucketize.cu)
     if (!bb.lengths.empty()) bb.launch(stream_);
   }
   const TraceSpan span("bucketize download");
   // Rank q's outputs: its W x L_q new_lengths from W * rank_bag_off[q], its ids' from
-  // rank_id_off[q] (unbucketize_permute holds rank-local positions already).
+  // rank_id_off[q] (unbucketize_permute holds rank-local positions already). Only what the host
+  // reads next comes back: no dest_rank, and unbucketize_permute for a sequence plan's context.
   const int64_t W = plan.world_size;
+  const bool perm = plan.module == ModuleKind::sequence;
   std::vector<ToHost> parts;
   const auto slice = [&](auto& v, const auto& d, int64_t at, int64_t n) {
     v.resize(static_cast<size_t>(n));
@@ -303,8 +305,7 @@ std::vector<BucketizedKjt> CudaBackend::bucketize(const Plan& plan,
     const int64_t i0 = bb.rank_id_off[q], N = bb.rank_id_off[q + 1] - i0;
     slice(o.new_lengths, bb.d_new_lengths, W * b0, W * L);
     slice(o.new_values, bb.d_new_values, i0, N);
-    slice(o.unbucketize_permute, bb.d_perm, i0, N);
-    slice(o.dest_rank, bb.d_dest_rank, i0, N);
+    if (perm) slice(o.unbucketize_permute, bb.d_perm, i0, N);
     if (kjts[q]->weighted) slice(o.new_weights, bb.d_new_weights, i0, N);
   }
   ws_->staging.download(parts, stream_);

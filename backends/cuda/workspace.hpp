@@ -32,7 +32,7 @@ namespace dynemb::cuda {
 struct BackendWorkspace {
   PinnedStaging staging;  // every upload and download of the backend's calls
 
-  // bucketize(): one rank's KJT (R = 1), with dest_rank; keeps the one-pass scratch.
+  // bucketize(): a batch's KJTs (R ranks), without dest_rank; keeps the one-pass scratch.
   BatchedBucketize bucketize;
 
   // lookup() from the oracle, per id and per bag of the LookupKjt.

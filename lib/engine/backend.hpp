@@ -155,12 +155,15 @@ class Backend {
   virtual std::string device() const = 0;  // e.g. "host, 2 threads" or "NVIDIA H200 (sm_90)"
 
   // Input dist stage 1 on the ranks of a batch: block_bucketize_sparse_features (§3.2, §3.3,
-  // §10.2) of each KJT with the plan's dist_type and block sizes; stable order,
-  // unbucketize_permute and dest_rank always; result[i] is kjts[i]'s, as bucketize_on_host makes
-  // it, bit for bit. kjts are checked already (check_kjt); int32 and int64 ones may mix. Routing
-  // never fails: out-of-table ids are a lookup (bounds_check) matter. The CPU backend runs the
-  // host's on every core; the CUDA backend its kernels, all ranks in one launch (a replay's
-  // input dist takes it once the backend has started: derive_input_dist).
+  // §10.2) of each KJT with the plan's dist_type and block sizes, stable order; result[i] is
+  // kjts[i]'s, bit for bit as bucketize_on_host makes it, in what it holds: new_lengths,
+  // new_values, new_weights (weighted), and unbucketize_permute at least for a sequence plan
+  // (its context's). dest_rank and a pooled plan's permute may be left empty: a device backend
+  // sends back only what the host reads next (the KJT all-to-all, the contexts). kjts are
+  // checked already (check_kjt); int32 and int64 ones may mix. Routing never fails:
+  // out-of-table ids are a lookup (bounds_check) matter. The CPU backend runs the host's on
+  // every core; the CUDA backend its kernels, all ranks in one launch (a replay's input dist
+  // takes it once the backend has started: derive_input_dist).
   virtual std::vector<BucketizedKjt> bucketize(const Plan& plan,
                                                const std::vector<const Kjt*>& kjts) = 0;
   // One KJT's (tests, bench).

@@ -187,23 +187,25 @@ std::string describe_lookup_bounds_error(const Plan& plan, const std::vector<con
       f < 0 || f >= plan.num_features())
     return e.what();
   const Kjt& kjt = *kjts[size_t(s)];
-  const std::vector<int64_t>& dest = derived.ranks[size_t(s)].bucketized.dest_rank;
   if (e.sample < 0 || e.sample >= kjt.batch_size(f) ||
-      dest.size() != static_cast<size_t>(kjt.num_ids()))
+      static_cast<int64_t>(kjt.values.size()) != kjt.num_ids())
     return e.what();
   // The ids of the original bag routed to e.rank keep their order (a stable bucketize): the
-  // e.position-th of them is the one.
+  // e.position-th of them is the one. The bag's ids are routed again here (a device's bucketize
+  // hands back no dest_rank).
+  const FeatureInfo& fi = plan.features[size_t(f)];
   const int64_t j = kjt.bag_begin(f) + e.sample;
   int64_t start = 0;
   for (int64_t q = 0; q < j; ++q) start += kjt.lengths[size_t(q)];
+  if (start + kjt.lengths[size_t(j)] > kjt.num_ids()) return e.what();
   int64_t seen = 0, pos = -1;
   for (int64_t i = start; i < start + kjt.lengths[size_t(j)]; ++i)
-    if (dest[size_t(i)] == e.rank && seen++ == e.position) {
+    if (route_feature(fi, kjt.values[size_t(i)], kjt.values_type, plan.world_size).dest == e.rank &&
+        seen++ == e.position) {
       pos = i;
       break;
     }
   if (pos < 0) return e.what();
-  const FeatureInfo& fi = plan.features[size_t(f)];
   const TableConfig& t = plan.tables[size_t(fi.table)];
   std::string routed = "routed to rank " + std::to_string(e.rank);
   // A local row inside the block names the shortfall; ids past blk*W (or negative) are routed

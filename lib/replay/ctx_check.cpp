@@ -7,6 +7,7 @@
 #include <numeric>
 #include <optional>
 
+#include "engine/ops.hpp"
 #include "replay/ctx_check_parts.hpp"
 
 namespace dynemb {
@@ -206,10 +207,11 @@ void diff_lookup_layout(const Plan& plan, int64_t batch, int rank, const Kjt& kj
           batch, rank, "unbucketize_permute", *captured.unbucketize_permute, w, 0,
           [&](int64_t i) {
             const IdPosition p = index.locate(i);
-            const int64_t dest = size_t(i) < derived.bucketized.dest_rank.size()
-                                     ? derived.bucketized.dest_rank[size_t(i)]
-                                     : -1;
             const int64_t id = size_t(i) < kjt.values.size() ? kjt.values[size_t(i)] : 0;
+            const int64_t dest =
+                size_t(i) < kjt.values.size() && p.feature >= 0 && p.feature < F
+                    ? route_feature(plan.features[size_t(p.feature)], id, kjt.values_type, W).dest
+                    : -1;
             return fmt::format(
                 "id {} (feature {}, sample {}, position {}) is routed to rank {}, bucketized "
                 "position {}",
