@@ -184,6 +184,14 @@ class CudaBackend final : public Backend, public HostLending, private cuda::Devi
                                                        const LookupKjt& kjt,
                                                        const EmbeddingSource& source,
                                                        DeviceBuffer<float>* out = nullptr);
+  // Rank `rank`'s ids resolved on the device (resolve.hpp) into the workspace's lookup_g and
+  // lookup_tab (sequence) or lookup_valid (pooled); r.bag_feat made here. False when some id is
+  // refused: the host's lookup gives the error.
+  bool resolve_on_device(const Plan& plan, int rank, const std::vector<int64_t>& values,
+                         const FeatureRows& rows, ResolvedRuns& r);
+  // What the host resolved (r.g, r.valid) up to lookup_g and lookup_tab or lookup_valid.
+  void upload_resolved(const Plan& plan, const ResolvedRuns& r);
+  // The rows of the ids resolved above made into `out`: left queued on the stream.
   void make_on_device(const Plan& plan, const FeatureRows& rows, const ResolvedRuns& r,
                       const std::vector<float>& weights, DeviceBuffer<float>& out);
   // Where each feature's table rows are on the device, uploading dense weights not there yet;
@@ -421,10 +429,82 @@ std::optional<std::vector<int64_t>> CudaBackend::lookup_on_device(const Plan& pl
   r.shape = std::move(L.shape);
   r.bag0 = std::move(L.bag0);
   r.dst = std::move(L.dst);
-  const auto row_of = [&](int64_t f, int64_t p) { return lookup_row(plan, f, rank, k.values[p]); };
-  if (!resolve_ids(plan, rows->limit, r, row_of)) return std::nullopt;
+  if (!resolve_on_device(plan, rank, k.values, *rows, r)) return std::nullopt;
   make_on_device(plan, *rows, r, k.weights, out ? *out : ws_->rows_out);
   return r.shape;
+}
+
+bool CudaBackend::resolve_on_device(const Plan& plan, int rank, const std::vector<int64_t>& values,
+                                    const FeatureRows& rows, ResolvedRuns& r) {
+  const TraceSpan span("resolve ids on device");
+  CUDA_CHECK(cudaSetDevice(device_));
+  const int64_t F = plan.num_features(), N = r.off.back();
+  std::vector<int64_t> feat_ids(static_cast<size_t>(F + 1));
+  std::vector<cuda::RowRule> rules(static_cast<size_t>(F));
+  bool can_refuse = false;  // else nothing need come back before the rows are made
+  for (int64_t f = 0; f <= F; ++f) feat_ids[size_t(f)] = r.off[size_t(r.bag0[size_t(f)])];
+  for (int64_t f = 0; f < F; ++f) {
+    const FeatureInfo& fi = plan.features[size_t(f)];
+    cuda::RowRule& u = rules[size_t(f)];
+    if (fi.dist_type == DistType::continuous) {
+      const RankRows rr = rank_rows(fi, rank);
+      u.continuous = 1;
+      u.first = static_cast<uint64_t>(rr.first);
+      u.rows = static_cast<uint64_t>(rr.rows);
+      can_refuse |= plan.bounds_check == BoundsCheck::error;
+    }
+    if (const std::optional<uint64_t>& limit = rows.limit[size_t(f)]) {
+      u.has_limit = 1;
+      u.limit = *limit;
+      can_refuse = true;
+    }
+  }
+  const bool sequence = plan.module == ModuleKind::sequence;
+  if (!sequence) {  // the pooled kernel reads a bag's feature
+    r.bag_feat.resize(size_t(r.bag0.back()));
+    for (int64_t f = 0; f < F; ++f)
+      std::fill(r.bag_feat.begin() + r.bag0[size_t(f)], r.bag_feat.begin() + r.bag0[size_t(f + 1)],
+                static_cast<int32_t>(f));
+  }
+  cuda::BackendWorkspace& ws = *ws_;
+  ws.staging.upload(ws.lookup_values, values, stream_);
+  ws.staging.upload(ws.lookup_feat_ids, feat_ids, stream_);
+  ws.staging.upload(ws.lookup_rules, rules, stream_);
+  ws.lookup_g.resize(N);
+  if (sequence)
+    ws.lookup_tab.resize(N);
+  else
+    ws.lookup_valid.resize(N);
+  cuda::ResolveArgs a;
+  a.n = N;
+  a.values = ws.lookup_values.data();
+  a.num_features = F;
+  a.feat_id_off = ws.lookup_feat_ids.data();
+  a.rules = ws.lookup_rules.data();
+  a.bounds_error = plan.bounds_check == BoundsCheck::error ? 1 : 0;
+  a.g = ws.lookup_g.data();
+  a.feat = sequence ? ws.lookup_tab.data() : nullptr;
+  a.valid = sequence ? nullptr : ws.lookup_valid.data();
+  ws.lookup_refused.resize(1);
+  a.refused = ws.lookup_refused.data();
+  if (can_refuse) CUDA_CHECK(cudaMemsetAsync(a.refused, 0, sizeof(int32_t), stream_));
+  cuda::launch_resolve_rows(a, stream_);
+  if (!can_refuse) return true;
+  return ws.staging.download(ws.lookup_refused, stream_)[0] == 0;
+}
+
+void CudaBackend::upload_resolved(const Plan& plan, const ResolvedRuns& r) {
+  cuda::BackendWorkspace& ws = *ws_;
+  ws.staging.upload(ws.lookup_g, r.g, stream_);
+  if (plan.module != ModuleKind::sequence) {
+    ws.staging.upload(ws.lookup_valid, r.valid, stream_);
+    return;
+  }
+  const int64_t N = r.off.back(), nbags = r.bag0.back();
+  std::vector<int32_t> tab(static_cast<size_t>(N));
+  for (int64_t j = 0; j < nbags; ++j)
+    for (int64_t p = r.off[j]; p < r.off[j + 1]; ++p) tab[p] = r.valid[p] ? r.bag_feat[j] : -1;
+  ws.staging.upload(ws.lookup_tab, tab, stream_);
 }
 
 // The unsharded reference (reference_output): every id routed as the input dist routes it,
@@ -461,6 +541,8 @@ std::optional<std::vector<int64_t>> CudaBackend::reference_on_device(
     return lookup_row(plan, f, rt.dest, rt.local);
   };
   if (!resolve_ids(plan, rows->limit, r, row_of)) return std::nullopt;
+  CUDA_CHECK(cudaSetDevice(device_));
+  upload_resolved(plan, r);
   make_on_device(plan, *rows, r, kjt.weighted ? kjt.weights : std::vector<float>{}, ws_->rows_out);
   return r.shape;
 }
@@ -527,8 +609,9 @@ const float* CudaBackend::device_rows(const EmbeddingSource::TableRows& t) {
   return kept.back().dev.data();
 }
 
-// Uploads the runs and makes them into d_out: table rows per id (sequence) or the pooled sums
-// per bag, rounded to the TBE dtype. Leaves the work queued on the stream.
+// Makes the runs of the ids resolved in the workspace (resolve_on_device, upload_resolved) into
+// d_out: table rows per id (sequence) or the pooled sums per bag, rounded to the TBE dtype.
+// Leaves the work queued on the stream.
 void CudaBackend::make_on_device(const Plan& plan, const FeatureRows& rows, const ResolvedRuns& r,
                                  const std::vector<float>& weights, DeviceBuffer<float>& d_out) {
   CUDA_CHECK(cudaSetDevice(device_));
@@ -537,15 +620,10 @@ void CudaBackend::make_on_device(const Plan& plan, const FeatureRows& rows, cons
   for (int64_t f = 0; f < F; ++f) feat_dim[size_t(f)] = plan.features[f].dim;
   cuda::BackendWorkspace& ws = *ws_;
   cuda::PinnedStaging& st = ws.staging;
-  st.upload(ws.lookup_g, r.g, stream_);
   st.upload(ws.lookup_rows, rows.rows, stream_);
   const int64_t numel = shape_numel(r.shape);
   d_out.resize(numel);
   if (plan.module == ModuleKind::sequence) {
-    std::vector<int32_t> tab(static_cast<size_t>(N));
-    for (int64_t j = 0; j < nbags; ++j)
-      for (int64_t p = r.off[j]; p < r.off[j + 1]; ++p) tab[p] = r.valid[p] ? r.bag_feat[j] : -1;
-    st.upload(ws.lookup_tab, tab, stream_);
     cuda::launch_lookup_rows(ws.lookup_g.data(), ws.lookup_tab.data(), ws.lookup_rows.data(), N,
                              plan.seq_dim(), d_out.data(), stream_);
     return;
@@ -554,7 +632,6 @@ void CudaBackend::make_on_device(const Plan& plan, const FeatureRows& rows, cons
   st.upload(ws.lookup_bag_out, r.dst, stream_);
   st.upload(ws.lookup_feat_dim, feat_dim, stream_);
   st.upload(ws.lookup_bag_feat, r.bag_feat, stream_);
-  st.upload(ws.lookup_valid, r.valid, stream_);
   const bool weighted = !weights.empty();
   if (weighted) st.upload(ws.lookup_weights, weights, stream_);
   // Every output element belongs to exactly one bag, but zero first anyway (F == 0 etc.).

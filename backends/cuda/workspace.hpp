@@ -25,6 +25,7 @@
 #include "compare.hpp"
 #include "cuda_backend.hpp"
 #include "device_buffer.hpp"
+#include "resolve.hpp"
 #include "staging.hpp"
 
 namespace dynemb::cuda {
@@ -35,7 +36,12 @@ struct BackendWorkspace {
   // bucketize(): a batch's KJTs (R ranks), without dest_rank; keeps the one-pass scratch.
   BatchedBucketize bucketize;
 
-  // lookup() from the oracle, per id and per bag of the LookupKjt.
+  // lookup() from the oracle, per id and per bag of the LookupKjt. A rank's lookup resolves its
+  // ids on the device (resolve.hpp): its values go up, g and tab or valid are made there.
+  DeviceBuffer<int64_t> lookup_values;    // [N] the LookupKjt's local ids
+  DeviceBuffer<int64_t> lookup_feat_ids;  // [F+1] id offsets of the features
+  DeviceBuffer<RowRule> lookup_rules;     // [F] the rank's row rule of each feature
+  DeviceBuffer<int32_t> lookup_refused;   // [1] some id refused: the host's lookup instead
   DeviceBuffer<uint64_t> lookup_g;        // [N] unsharded row of each id
   DeviceBuffer<DeviceRows> lookup_rows;   // [F] where the feature's table rows are
   DeviceBuffer<int32_t> lookup_tab;       // [N] sequence: the id's feature, -1 when invalid

@@ -533,6 +533,41 @@ TEST_CASE("dense weights: lookups and references made on the device == cpu") {
   CHECK(refused > 0);
 }
 
+// Rows resolved on the device (resolve.cu) under bounds_check=error: a batch with an id outside
+// its shard is refused in the CPU reference's words; one without is made on the device == cpu
+// (every id of a continuous feature folded into its table in half the cases, so both occur).
+TEST_CASE("bounds_check=error: refused like the cpu, or made on the device == cpu") {
+  require_gpu();
+  std::mt19937_64 rng(20261207);
+  const int cases = gpu_cases(150);
+  int compared = 0, refused = 0;
+  for (int i = 0; i < cases; ++i) {
+    Case c = random_case(rng, i);
+    c.plan.bounds_check = BoundsCheck::error;
+    if (i % 2 == 0)
+      for (Kjt& k : c.kjts) {
+        const std::vector<int64_t> off = k.offsets();
+        for (int64_t f = 0; f < k.num_features; ++f) {
+          const FeatureInfo& fi = c.plan.features[size_t(f)];
+          if (fi.dist_type != DistType::continuous) continue;
+          const int64_t j0 = k.bag_begin(f), j1 = j0 + k.batch_size(f);
+          for (int64_t p = off[size_t(j0)]; p < off[size_t(j1)]; ++p)
+            k.values[size_t(p)] = int64_t(uint64_t(k.values[size_t(p)]) % uint64_t(fi.hash_size));
+        }
+      }
+    const std::vector<const Kjt*> kp = c.kjt_ptrs();
+    const CountingSource source(
+        random_source(rng, c.plan, 0xb0e40000ULL + uint64_t(i), i % 3 == 0));
+    if (compare_on_device(c.plan, kp, source, source, c.desc + " bounds_check=error"))
+      ++compared;
+    else
+      ++refused;
+  }
+  MESSAGE(compared << " batches compared, " << refused << " refused alike by both backends");
+  CHECK(compared > cases / 4);
+  CHECK(refused > cases / 4);
+}
+
 TEST_CASE("column slices: lookups and references made on the device == cpu") {
   require_gpu();
   std::mt19937_64 rng(20261206);
