@@ -6,7 +6,8 @@
 //   MODE: return  main returns (the CUDA runtime's exit-time teardown runs)
 //         _exit   _exit at once (no teardown in the process)
 //         free    every allocation freed and unregistered, then _exit
-// Prints "init S work S main_end EPOCH_S" (and "free S" for MODE free) on stdout.
+//         reset   the primary context destroyed (cudaDeviceReset), then _exit
+// Prints "init S work S main_end EPOCH_S" (and "free S" or "reset S") on stdout.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -35,8 +36,9 @@ void check(cudaError_t e, const char* what) {
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "return";
   if (std::strcmp(mode, "return") != 0 && std::strcmp(mode, "_exit") != 0 &&
-      std::strcmp(mode, "free") != 0) {
-    std::fprintf(stderr, "usage: process_end return|_exit|free [DEVICE_MIB [REGISTERED_MIB]]\n");
+      std::strcmp(mode, "free") != 0 && std::strcmp(mode, "reset") != 0) {
+    std::fprintf(stderr,
+                 "usage: process_end return|_exit|free|reset [DEVICE_MIB [REGISTERED_MIB]]\n");
     return 2;
   }
   const size_t dev_bytes = size_t(argc > 2 ? std::atol(argv[2]) : 2048) << 20;
@@ -66,6 +68,14 @@ int main(int argc, char** argv) {
     cudaFreeHost(staging);
     cudaFree(d);
     std::printf("free %.3f\n", now() - t2);
+    std::fflush(stdout);
+    _exit(0);
+  }
+  if (std::strcmp(mode, "reset") == 0) {
+    // Whether the driver's work at the end goes with the context (then a replay could destroy
+    // it early, beside its last host work) or with the device files' close.
+    check(cudaDeviceReset(), "cudaDeviceReset");
+    std::printf("reset %.3f\n", now() - t2);
     std::fflush(stdout);
     _exit(0);
   }
