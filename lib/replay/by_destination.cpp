@@ -302,12 +302,12 @@ void run_destinations(RunContext& rc, BatchState& st, const DestinationCut& cut,
     if (ahead && next_batch >= 0) src.shapes_ahead(next_batch);  // once no unit is left
   });
   // While the backend is still starting (a GPU's context), units are read ahead instead of
-  // waiting for it, up to a quarter of the memory budget and at most 256 MiB (what they add to
+  // waiting for it, up to a quarter of the memory budget and at most 512 MiB (what they add to
   // the peak of a batch run by destination, about two units' rows otherwise).
   if (ahead)
     reads.read_while(
         [&] { return !rc.backend.ready(); },
-        std::min(256.0 * (1 << 20), double(memory_budget(rc.opt)) / 4),
+        std::min(512.0 * (1 << 20), double(memory_budget(rc.opt)) / 4),
         [&](size_t i) { return unit_bytes(cut, units[i], st.golden[size_t(units[i].d)]); });
   Backend& backend = rc.backend.get();
   spare.lend_to(dynamic_cast<HostLending*>(&backend));
